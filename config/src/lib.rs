@@ -1,0 +1,1 @@
+//! nvmf-target configuration.

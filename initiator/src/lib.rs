@@ -1,0 +1,1 @@
+//! NVMe-oF initiator library.

@@ -1,0 +1,1 @@
+//! Safe owner types over libibverbs and librdmacm.

@@ -1,0 +1,1 @@
+//! nvmf-target library: controller core, backends, transports.
