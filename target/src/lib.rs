@@ -1,1 +1,9 @@
-//! nvmf-target library: controller core, backends, transports.
+//! nvmf-target: a userspace NVMe-over-Fabrics target.
+//!
+//! Layering (see DESIGN.md): `core` (controller state machines, no I/O) ← `transport` (TCP,
+//! RDMA: move capsules and data) and `backend` (io_uring: run reads/writes); the binary wires
+//! them together on poller threads.
+
+pub mod backend;
+pub mod core;
+pub mod transport;
