@@ -1,0 +1,364 @@
+//! The resolved configuration: what the target runs with, every default filled in.
+//!
+//! Each type documents its YAML keys; `config/REFERENCE.md` has the same in one page.
+
+use std::fmt;
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::str::FromStr;
+
+use serde::ser::SerializeStruct;
+use serde::{Serialize, Serializer};
+
+use crate::size::Size;
+
+/// The TCP/RDMA port IANA assigned to NVMe over Fabrics (NVMe/TCP spec §3.4.1; also used for
+/// RDMA by convention).
+pub const DEFAULT_PORT: u16 = 4420;
+/// Model number reported in Identify Controller when `model` is not given.
+pub const DEFAULT_MODEL: &str = "nvmf-rs";
+/// Logical block size of file and null namespaces when `block_size` is not given.
+pub const DEFAULT_BLOCK_SIZE: u32 = 4096;
+
+/// A whole configuration file.
+///
+/// ```yaml
+/// listeners: [...]     # required, at least one
+/// subsystems: [...]    # optional, default [] (the target then serves discovery only)
+/// target: {...}        # optional, every key has a default
+/// metrics: {...}       # optional, default: no metrics endpoint
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Config {
+    /// `listeners`: the addresses the target accepts connections on. Required, not empty.
+    pub listeners: Vec<Listener>,
+    /// `subsystems`: the NVM subsystems exported. Default: none (discovery only).
+    pub subsystems: Vec<Subsystem>,
+    /// `target`: daemon-wide tuning.
+    pub target: TargetSettings,
+    /// `metrics`: the optional Prometheus-style metrics endpoint.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub metrics: Option<Metrics>,
+}
+
+/// One entry of `listeners`: `{ transport: tcp, address: 0.0.0.0, port: 4420 }`.
+///
+/// Every listener also serves the discovery subsystem.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Listener {
+    /// `transport`: `tcp` or `rdma`. Required.
+    pub transport: Transport,
+    /// `address`: an IPv4 or IPv6 address to bind (`0.0.0.0` / `::` for all). Required; host
+    /// names are not resolved. For RDMA this is the IP address of an RDMA-capable interface.
+    pub address: IpAddr,
+    /// `port`: 1–65535. Default 4420.
+    pub port: u16,
+}
+
+/// `transport` of a listener.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Transport {
+    /// NVMe/TCP.
+    Tcp,
+    /// NVMe/RDMA (RoCE, iWARP, InfiniBand through rdma_cm).
+    Rdma,
+}
+
+impl fmt::Display for Transport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Transport::Tcp => "tcp",
+            Transport::Rdma => "rdma",
+        })
+    }
+}
+
+/// One entry of `subsystems`: an NVM subsystem, its access list and its namespaces.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Subsystem {
+    /// `nqn`: the subsystem NQN (NVMe Base 2.0 §4.5), unique in the file, not the discovery
+    /// NQN. Required.
+    pub nqn: String,
+    /// `allow_any_host`: accept every host NQN. Default `false`.
+    pub allow_any_host: bool,
+    /// `hosts`: host NQNs allowed to connect when `allow_any_host` is false. Default `[]`.
+    pub hosts: Vec<String>,
+    /// `serial`: Identify Controller serial number, 1–20 printable ASCII characters. Default:
+    /// `NVMF` followed by 16 hex digits of a hash of the NQN (stable across restarts).
+    pub serial: String,
+    /// `model`: Identify Controller model number, 1–40 printable ASCII characters. Default
+    /// `nvmf-rs`.
+    pub model: String,
+    /// `namespaces`: default `[]`.
+    pub namespaces: Vec<Namespace>,
+}
+
+/// One entry of `namespaces`.
+///
+/// ```yaml
+/// - { nsid: 1, path: /var/lib/nvmf/disk1.img, size: 1GiB }   # file, created if missing
+/// - { nsid: 2, path: /dev/nvme0n1 }                          # block device
+/// - { nsid: 3, null: 4GiB }                                  # null device
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Namespace {
+    /// `nsid`: 1 to 0xFFFFFFFE, unique within the subsystem. Required.
+    pub nsid: u32,
+    /// `path` (+ `size`) or `null`: where the blocks live. Exactly one of `path` and `null`.
+    pub backing: Backing,
+    /// `block_size`: logical block size, 512 or 4096. Default 4096 for files and null
+    /// namespaces; `None` only for a block device given without `block_size`, which then
+    /// uses the device's logical block size.
+    pub block_size: Option<u32>,
+    /// `read_only`: reject writes with a write-protect error. Default `false`.
+    pub read_only: bool,
+    /// `uuid`: the namespace UUID reported in the Namespace Identification Descriptor list.
+    /// Default: derived from the subsystem NQN and the nsid (stable across restarts).
+    pub uuid: Uuid,
+}
+
+/// Where a namespace's blocks live.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Backing {
+    /// `path: FILE` (and `size`): a regular file or a block device.
+    ///
+    /// A missing file is created (sparse) at `size` by the target; `size` is then required.
+    /// An existing file is used at its current length, which must be a multiple of the block
+    /// size; a `size` that differs draws a warning. `size` is not allowed for block devices.
+    /// A relative path is relative to the directory of the configuration file.
+    File {
+        /// The file or device.
+        path: PathBuf,
+        /// Size to create the file with if it does not exist.
+        size: Option<Size>,
+    },
+    /// `null: SIZE`: a namespace of that size that discards writes and reads zeroes.
+    Null {
+        /// Capacity.
+        size: Size,
+    },
+}
+
+/// A UUID (RFC 9562), written `xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Uuid(pub [u8; 16]);
+
+/// `target`: daemon-wide settings. Every key is optional.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct TargetSettings {
+    /// `threads`: poller threads, 1–1024. Default 1.
+    pub threads: u32,
+    /// `in_capsule_data`: bytes of write data a host may send inside the command capsule,
+    /// 0–128KiB, a multiple of 16, at most `max_io_size`. Default 8KiB.
+    pub in_capsule_data: Size,
+    /// `max_queue_depth`: entries per I/O queue (MQES + 1), 2–1024. Default 128.
+    pub max_queue_depth: u32,
+    /// `max_io_size`: largest data transfer of one command, 4KiB–4MiB, a multiple of 4KiB.
+    /// Advertised as MDTS, which is a power of two of 4KiB pages: other values draw a
+    /// warning and are rounded down when advertised. Default 128KiB.
+    pub max_io_size: Size,
+    /// `keep_alive_ms_min`: smallest keep-alive timeout a host may set, ms (smaller KATO
+    /// values are raised to it), 100–3600000. Default 1000.
+    pub keep_alive_ms_min: u32,
+    /// `idle_poll_us`: how long an idle poller keeps busy-polling before it sleeps until the
+    /// next event, µs, 0–1000000 (0: sleep at once). Default 1000.
+    pub idle_poll_us: u32,
+}
+
+impl Default for TargetSettings {
+    fn default() -> TargetSettings {
+        TargetSettings {
+            threads: 1,
+            in_capsule_data: Size::kib(8),
+            max_queue_depth: 128,
+            max_io_size: Size::kib(128),
+            keep_alive_ms_min: 1000,
+            idle_poll_us: 1000,
+        }
+    }
+}
+
+/// `metrics`: `{ listen: 127.0.0.1:9940 }`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Metrics {
+    /// `listen`: TCP address and port of the HTTP metrics endpoint. Required in `metrics`.
+    pub listen: SocketAddr,
+}
+
+impl Namespace {
+    /// The file or device path, for file-backed namespaces.
+    pub fn path(&self) -> Option<&std::path::Path> {
+        match &self.backing {
+            Backing::File { path, .. } => Some(path),
+            Backing::Null { .. } => None,
+        }
+    }
+}
+
+impl Serialize for Namespace {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut s = serializer.serialize_struct("Namespace", 6)?;
+        s.serialize_field("nsid", &self.nsid)?;
+        match &self.backing {
+            Backing::File { path, size } => {
+                s.serialize_field("path", &path.to_string_lossy())?;
+                match size {
+                    Some(size) => s.serialize_field("size", size)?,
+                    None => s.skip_field("size")?,
+                }
+            }
+            Backing::Null { size } => s.serialize_field("null", size)?,
+        }
+        match self.block_size {
+            Some(bs) => s.serialize_field("block_size", &bs)?,
+            None => s.skip_field("block_size")?,
+        }
+        s.serialize_field("read_only", &self.read_only)?;
+        s.serialize_field("uuid", &self.uuid)?;
+        s.end()
+    }
+}
+
+/// The nil UUID is "no UUID" on the wire, so it cannot name a namespace.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("`{0}` is not a UUID (expected 8-4-4-4-12 hex digits, not all zero)")]
+pub struct InvalidUuid(String);
+
+impl FromStr for Uuid {
+    type Err = InvalidUuid;
+
+    fn from_str(s: &str) -> Result<Uuid, InvalidUuid> {
+        if !crate::nqn::is_uuid_text(s) {
+            return Err(InvalidUuid(s.to_owned()));
+        }
+        let hex: Vec<u8> = s
+            .bytes()
+            .filter(|&b| b != b'-')
+            .map(|b| match b {
+                b'0'..=b'9' => b - b'0',
+                b'a'..=b'f' => b - b'a' + 10,
+                _ => b - b'A' + 10,
+            })
+            .collect();
+        let mut out = [0u8; 16];
+        for (i, byte) in out.iter_mut().enumerate() {
+            *byte = hex[2 * i] << 4 | hex[2 * i + 1];
+        }
+        if out == [0; 16] {
+            return Err(InvalidUuid(s.to_owned()));
+        }
+        Ok(Uuid(out))
+    }
+}
+
+impl fmt::Display for Uuid {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, b) in self.0.iter().enumerate() {
+            if matches!(i, 4 | 6 | 8 | 10) {
+                f.write_str("-")?;
+            }
+            write!(f, "{b:02x}")?;
+        }
+        Ok(())
+    }
+}
+
+impl Serialize for Uuid {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
+    }
+}
+
+impl Uuid {
+    /// The UUID a namespace gets when none is configured: an RFC 9562 version 8 UUID built from
+    /// a 128-bit FNV-1a hash of the subsystem NQN and the nsid, so it is stable across restarts
+    /// and distinct for every (subsystem, nsid).
+    pub fn derived(subsystem_nqn: &str, nsid: u32) -> Uuid {
+        let mut h = fnv1a128(subsystem_nqn.as_bytes(), FNV128_OFFSET);
+        h = fnv1a128(&[0], h);
+        h = fnv1a128(&nsid.to_be_bytes(), h);
+        let mut b = h.to_be_bytes();
+        b[6] = (b[6] & 0x0f) | 0x80; // version 8
+        b[8] = (b[8] & 0x3f) | 0x80; // variant 10xx
+        Uuid(b)
+    }
+}
+
+/// The serial number a subsystem gets when none is configured: `NVMF` and 16 upper-case hex
+/// digits of a 64-bit FNV-1a hash of the NQN (20 characters, the size of the SN field).
+pub fn default_serial(nqn: &str) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for &b in nqn.as_bytes() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    format!("NVMF{h:016X}")
+}
+
+const FNV128_OFFSET: u128 = 0x6c62_272e_07bb_0142_62b8_2175_6295_c58d;
+
+fn fnv1a128(bytes: &[u8], mut h: u128) -> u128 {
+    const PRIME: u128 = 0x0000_0000_0100_0000_0000_0000_0000_013b;
+    for &b in bytes {
+        h ^= u128::from(b);
+        h = h.wrapping_mul(PRIME);
+    }
+    h
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn uuid_text_round_trip() {
+        let text = "0c7b7e4a-1f2e-4c3d-9a8b-7c6d5e4f3a2b";
+        let u: Uuid = text.parse().unwrap();
+        assert_eq!(u.0[0], 0x0c);
+        assert_eq!(u.0[15], 0x2b);
+        assert_eq!(u.to_string(), text);
+        assert_eq!(
+            "0C7B7E4A-1F2E-4C3D-9A8B-7C6D5E4F3A2B".parse::<Uuid>(),
+            Ok(u)
+        );
+        assert!("00000000-0000-0000-0000-000000000000"
+            .parse::<Uuid>()
+            .is_err());
+        assert!("0c7b7e4a1f2e4c3d9a8b7c6d5e4f3a2b".parse::<Uuid>().is_err());
+    }
+
+    #[test]
+    fn fnv1a128_matches_reference_vectors() {
+        assert_eq!(fnv1a128(b"", FNV128_OFFSET), FNV128_OFFSET);
+        assert_eq!(
+            fnv1a128(b"a", FNV128_OFFSET),
+            0xd228_cb69_6f1a_8caf_7891_2b70_4e4a_8964
+        );
+    }
+
+    #[test]
+    fn derived_uuid_is_stable_v8_and_distinct() {
+        let a = Uuid::derived("nqn.2026-11.io.example:a", 1);
+        assert_eq!(a, Uuid::derived("nqn.2026-11.io.example:a", 1));
+        assert_ne!(a, Uuid::derived("nqn.2026-11.io.example:a", 2));
+        assert_ne!(a, Uuid::derived("nqn.2026-11.io.example:b", 1));
+        assert_eq!(a.0[6] >> 4, 8);
+        assert_eq!(a.0[8] >> 6, 0b10);
+        // Pinned: a change here would change every namespace's UUID after an upgrade.
+        assert_eq!(
+            Uuid::derived("nqn.2026-11.io.nvmf-rs:default", 1).to_string(),
+            "2c40487b-fbb2-807b-98c7-421f56ab32ae"
+        );
+    }
+
+    #[test]
+    fn default_serial_is_20_ascii_chars() {
+        let s = default_serial("nqn.2026-11.io.example:disk1");
+        assert_eq!(s.len(), 20);
+        assert!(s.starts_with("NVMF") && s[4..].bytes().all(|b| b.is_ascii_hexdigit()));
+        assert_ne!(s, default_serial("nqn.2026-11.io.example:disk2"));
+        // FNV-1a 64 of the empty string is its offset basis.
+        assert_eq!(default_serial(""), "NVMFCBF29CE484222325");
+    }
+}
