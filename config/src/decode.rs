@@ -1,8 +1,9 @@
 //! From a YAML node tree to a [`Config`], reporting every unknown key, missing key and value of
 //! the wrong type (not just the first) with its position.
 //!
-//! An item (listener, subsystem, namespace) that has any such error is left out of the result,
-//! so that later checks (duplicates, overlaps) only see items that were fully understood.
+//! An item (listener, subsystem, namespace) whose required keys fail to decode is left out of
+//! the result, so that later checks (duplicates, overlaps) only see items that were understood;
+//! an optional key that fails keeps its default so the rest of its item is still checked.
 //! Values are only given a type here; whether they are acceptable is `validate`'s business.
 
 use std::net::{IpAddr, SocketAddr};
@@ -45,54 +46,93 @@ const TARGET_KEYS: &[&str] = &[
 ];
 const METRICS_KEYS: &[&str] = &["listen"];
 
-/// Decodes the document. `base_dir` is where relative namespace paths start from.
-pub(crate) fn config(root: &Node, base_dir: Option<&Path>, r: &mut Report) -> Config {
-    let d = Decoder { base_dir };
-    r.record("", root.at);
-    let Some(m) = map(r, root, "", CONFIG_KEYS) else {
-        return Config {
-            listeners: Vec::new(),
-            subsystems: Vec::new(),
-            target: TargetSettings::default(),
-            metrics: None,
-        };
-    };
-    let listeners = match required(r, &m, "listeners") {
-        None => Vec::new(),
-        Some(node) => {
-            let items = seq(r, node, "listeners").unwrap_or_default();
-            if items.is_empty() && matches!(node.kind, Kind::Seq(_)) {
-                r.error_at(node.at, "listeners", "at least one listener is required");
-            }
-            items
+/// Where each item of a [`Config`] was written: `paths.listeners[i]` is the key path of
+/// `config.listeners[i]` (items that failed to decode are left out of the config, so indexes
+/// in the text and in the config can differ).
+#[derive(Debug, Default)]
+pub(crate) struct ItemPaths {
+    pub listeners: Vec<String>,
+    pub subsystems: Vec<String>,
+    /// Per subsystem, per namespace.
+    pub namespaces: Vec<Vec<String>>,
+}
+
+impl ItemPaths {
+    /// Paths for a configuration built in code: indexes as they are.
+    pub fn natural(config: &Config) -> ItemPaths {
+        ItemPaths {
+            listeners: (0..config.listeners.len())
+                .map(|i| format!("listeners[{i}]"))
+                .collect(),
+            subsystems: (0..config.subsystems.len())
+                .map(|i| format!("subsystems[{i}]"))
+                .collect(),
+            namespaces: config
+                .subsystems
                 .iter()
                 .enumerate()
-                .filter_map(|(i, n)| d.listener(r, n, &format!("listeners[{i}]")))
-                .collect()
+                .map(|(i, s)| {
+                    (0..s.namespaces.len())
+                        .map(|j| format!("subsystems[{i}].namespaces[{j}]"))
+                        .collect()
+                })
+                .collect(),
         }
+    }
+}
+
+/// Decodes the document. `base_dir` is where relative namespace paths start from.
+pub(crate) fn config(root: &Node, base_dir: Option<&Path>, r: &mut Report) -> (Config, ItemPaths) {
+    let d = Decoder { base_dir };
+    let mut paths = ItemPaths::default();
+    let mut config = Config {
+        listeners: Vec::new(),
+        subsystems: Vec::new(),
+        target: TargetSettings::default(),
+        metrics: None,
     };
+    r.record("", root.at);
+    let Some(m) = map(r, root, "", CONFIG_KEYS) else {
+        return (config, paths);
+    };
+    if let Some(node) = required(r, &m, "listeners") {
+        let items = seq(r, node, "listeners").unwrap_or_default();
+        if items.is_empty() && matches!(node.kind, Kind::Seq(_)) {
+            r.error_at(node.at, "listeners", "at least one listener is required");
+        }
+        for (i, n) in items.iter().enumerate() {
+            let p = format!("listeners[{i}]");
+            if let Some(l) = d.listener(r, n, &p) {
+                config.listeners.push(l);
+                paths.listeners.push(p);
+            }
+        }
+    }
     let subsystems = match m.get("subsystems") {
-        None => Vec::new(),
-        Some(node) => seq(r, node, "subsystems")
-            .unwrap_or_default()
-            .iter()
-            .enumerate()
-            .filter_map(|(i, n)| d.subsystem(r, n, &format!("subsystems[{i}]")))
-            .collect(),
+        None => Some(&[][..]),
+        Some(node) => seq(r, node, "subsystems"),
     };
-    let target = match m.get("target") {
-        None => TargetSettings::default(),
-        Some(node) => d.target(r, node, "target"),
-    };
-    let metrics = m
+    if subsystems.is_some_and(|s| s.is_empty()) {
+        r.warn(
+            "subsystems",
+            "no subsystems are configured: the target serves discovery only",
+        );
+    }
+    for (i, n) in subsystems.unwrap_or_default().iter().enumerate() {
+        let p = format!("subsystems[{i}]");
+        if let Some((s, ns_paths)) = d.subsystem(r, n, &p) {
+            config.subsystems.push(s);
+            paths.subsystems.push(p);
+            paths.namespaces.push(ns_paths);
+        }
+    }
+    if let Some(node) = m.get("target") {
+        config.target = d.target(r, node, "target");
+    }
+    config.metrics = m
         .get("metrics")
         .and_then(|node| d.metrics(r, node, "metrics"));
-    Config {
-        listeners,
-        subsystems,
-        target,
-        metrics,
-    }
+    (config, paths)
 }
 
 struct Decoder<'a> {
@@ -141,52 +181,60 @@ impl Decoder<'_> {
         Some(Listener {
             transport: transport?,
             address: address?,
-            port: port?,
+            port,
         })
     }
 
-    fn subsystem(&self, r: &mut Report, node: &Node, path: &str) -> Option<Subsystem> {
+    /// The subsystem and the paths of the namespaces it kept.
+    fn subsystem(
+        &self,
+        r: &mut Report,
+        node: &Node,
+        path: &str,
+    ) -> Option<(Subsystem, Vec<String>)> {
         let m = map(r, node, path, SUBSYSTEM_KEYS)?;
         let nqn = required(r, &m, "nqn").and_then(|n| string(r, n, &join(path, "nqn")));
         let allow_any_host = optional(r, &m, "allow_any_host", false, boolean);
         let hosts = optional(r, &m, "hosts", Vec::new(), |r, n, p| {
             let items = seq(r, n, p)?;
-            let hosts: Vec<Option<String>> = items
-                .iter()
-                .enumerate()
-                .map(|(i, h)| string(r, h, &format!("{p}[{i}]")))
-                .collect();
-            hosts.into_iter().collect()
-        });
-        let serial = m.get("serial").map(|n| string(r, n, &join(path, "serial")));
-        let model = optional(r, &m, "model", DEFAULT_MODEL.to_owned(), string);
-        let namespaces = match (m.get("namespaces"), &nqn) {
-            (None, _) => Some(Vec::new()),
-            (Some(n), nqn) => {
-                let p = join(path, "namespaces");
-                let items = seq(r, n, &p);
-                let decoded: Vec<Option<Namespace>> = items
-                    .unwrap_or_default()
+            Some(
+                items
                     .iter()
                     .enumerate()
-                    .map(|(i, ns)| self.namespace(r, ns, &format!("{p}[{i}]"), nqn.as_deref()))
-                    .collect();
-                items.map(|_| decoded.into_iter().flatten().collect())
+                    .filter_map(|(i, h)| string(r, h, &format!("{p}[{i}]")))
+                    .collect(),
+            )
+        });
+        let serial = m
+            .get("serial")
+            .and_then(|n| string(r, n, &join(path, "serial")));
+        let model = optional(r, &m, "model", DEFAULT_MODEL.to_owned(), string);
+        let mut namespaces = Vec::new();
+        let mut ns_paths = Vec::new();
+        let items = match m.get("namespaces") {
+            None => Some(&[][..]),
+            Some(n) => seq(r, n, &join(path, "namespaces")),
+        };
+        if items.is_some_and(|s| s.is_empty()) {
+            r.warn(path, "the subsystem has no namespaces");
+        }
+        for (i, n) in items.unwrap_or_default().iter().enumerate() {
+            let p = format!("{path}.namespaces[{i}]");
+            if let Some(ns) = self.namespace(r, n, &p, nqn.as_deref()) {
+                namespaces.push(ns);
+                ns_paths.push(p);
             }
-        };
+        }
         let nqn = nqn?;
-        let serial = match serial {
-            None => default_serial(&nqn),
-            Some(s) => s?,
-        };
-        Some(Subsystem {
-            serial,
+        let subsystem = Subsystem {
+            serial: serial.unwrap_or_else(|| default_serial(&nqn)),
             nqn,
-            allow_any_host: allow_any_host?,
-            hosts: hosts?,
-            model: model?,
-            namespaces: namespaces?,
-        })
+            allow_any_host,
+            hosts,
+            model,
+            namespaces,
+        };
+        Some((subsystem, ns_paths))
     }
 
     /// `nqn` is the subsystem's (for the derived UUID); `None` if it failed to decode, and the
@@ -252,14 +300,11 @@ impl Decoder<'_> {
                 size(r, n, &join(path, "null")).map(|size| Backing::Null { size })
             }
         };
-        let block_size = match m.get("block_size") {
-            None => Some(None),
-            Some(n) => {
-                int(r, n, &join(path, "block_size"), u32::MAX.into()).map(|v| Some(v as u32))
-            }
-        };
+        let block_size = optional(r, &m, "block_size", None, |r, n, p| {
+            int(r, n, p, u32::MAX.into()).map(|v| Some(v as u32))
+        });
         let read_only = optional(r, &m, "read_only", false, boolean);
-        let uuid = m.get("uuid").map(|n| {
+        let uuid = m.get("uuid").and_then(|n| {
             let p = join(path, "uuid");
             let text = string(r, n, &p)?;
             text.parse::<Uuid>()
@@ -268,44 +313,37 @@ impl Decoder<'_> {
         });
         let nsid = nsid?;
         let uuid = match uuid {
-            Some(u) => u?,
+            Some(u) => u,
             None => Uuid::derived(nqn?, nsid),
         };
         Some(Namespace {
             nsid,
             backing: backing?,
-            block_size: block_size?,
-            read_only: read_only?,
+            block_size,
+            read_only,
             uuid,
         })
     }
 
-    /// Every key has a default; a key that fails to decode keeps its default (the error is
-    /// reported, so the configuration is rejected anyway).
     fn target(&self, r: &mut Report, node: &Node, path: &str) -> TargetSettings {
-        let mut t = TargetSettings::default();
+        let d = TargetSettings::default();
         let Some(m) = map(r, node, path, TARGET_KEYS) else {
-            return t;
+            return d;
         };
         let u32_max = u64::from(u32::MAX);
-        let u32_key = |r: &mut Report, key: &str, slot: &mut u32| {
-            if let Some(v) = optional(r, &m, key, *slot, |r, n, p| {
+        let mut u32_key = |key: &str, default: u32| {
+            optional(r, &m, key, default, |r, n, p| {
                 int(r, n, p, u32_max).map(|v| v as u32)
-            }) {
-                *slot = v;
-            }
+            })
         };
-        u32_key(r, "threads", &mut t.threads);
-        u32_key(r, "max_queue_depth", &mut t.max_queue_depth);
-        u32_key(r, "keep_alive_ms_min", &mut t.keep_alive_ms_min);
-        u32_key(r, "idle_poll_us", &mut t.idle_poll_us);
-        if let Some(v) = optional(r, &m, "in_capsule_data", t.in_capsule_data, size) {
-            t.in_capsule_data = v;
+        TargetSettings {
+            threads: u32_key("threads", d.threads),
+            max_queue_depth: u32_key("max_queue_depth", d.max_queue_depth),
+            keep_alive_ms_min: u32_key("keep_alive_ms_min", d.keep_alive_ms_min),
+            idle_poll_us: u32_key("idle_poll_us", d.idle_poll_us),
+            in_capsule_data: optional(r, &m, "in_capsule_data", d.in_capsule_data, size),
+            max_io_size: optional(r, &m, "max_io_size", d.max_io_size, size),
         }
-        if let Some(v) = optional(r, &m, "max_io_size", t.max_io_size, size) {
-            t.max_io_size = v;
-        }
-        t
     }
 
     fn metrics(&self, r: &mut Report, node: &Node, path: &str) -> Option<Metrics> {
@@ -394,17 +432,19 @@ fn required<'n>(r: &mut Report, m: &Map<'n>, key: &str) -> Option<&'n Node> {
     v
 }
 
-/// The decoded value of `key`, or `default` when it is absent or null.
+/// The decoded value of `key`, or `default` when it is absent or null. A value that fails to
+/// decode is reported and replaced by the default, so that the rest of the item is still
+/// checked (the configuration is rejected anyway).
 fn optional<T>(
     r: &mut Report,
     m: &Map<'_>,
     key: &str,
     default: T,
     decode: impl FnOnce(&mut Report, &Node, &str) -> Option<T>,
-) -> Option<T> {
+) -> T {
     match m.get(key) {
-        None => Some(default),
-        Some(n) => decode(r, n, &join(&m.path, key)),
+        None => default,
+        Some(n) => decode(r, n, &join(&m.path, key)).unwrap_or(default),
     }
 }
 

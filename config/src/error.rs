@@ -132,8 +132,10 @@ impl Report {
             if let Some(at) = self.spans.get(p) {
                 return Some(*at);
             }
-            let cut = p.rfind(['.', '['])?;
-            p = &p[..cut];
+            if p.is_empty() {
+                return None;
+            }
+            p = &p[..p.rfind(['.', '[']).unwrap_or(0)];
         }
     }
 
@@ -166,6 +168,11 @@ impl Report {
         let at = self.locate(path);
         self.errors
             .push(self.diagnostic(Severity::Error, at, path, message.into()));
+    }
+
+    /// Whether an error was reported for exactly `path` (to avoid warnings that follow from it).
+    pub fn failed(&self, path: &str) -> bool {
+        self.errors.iter().any(|d| d.path == path)
     }
 
     /// An error at an explicit position (unknown keys, missing keys, bad types).
@@ -252,5 +259,10 @@ mod tests {
             Some(Location { line: 3, column: 5 })
         );
         assert_eq!(r.locate("listeners[0]"), None);
+        r.record("", Location { line: 1, column: 1 });
+        assert_eq!(
+            r.locate("listeners[0]"),
+            Some(Location { line: 1, column: 1 })
+        );
     }
 }

@@ -164,7 +164,7 @@ impl Config {
     /// `<config>`. Returns the warnings.
     pub fn validate(&self) -> Result<Vec<Diagnostic>, ConfigError> {
         let mut r = Report::new("<config>");
-        validate::config(&mut self.clone(), &mut r);
+        validate::config(&mut self.clone(), &decode::ItemPaths::natural(self), &mut r);
         let (errors, warnings) = r.finish();
         if errors.is_empty() {
             Ok(warnings)
@@ -179,8 +179,8 @@ fn parse(text: &str, origin: &str, base_dir: Option<&Path>) -> Result<Loaded, Co
     match yaml::parse(text) {
         Err(e) => r.error_at(e.at, "", e.message),
         Ok(root) => {
-            let mut config = decode::config(&root, base_dir, &mut r);
-            validate::config(&mut config, &mut r);
+            let (mut config, paths) = decode::config(&root, base_dir, &mut r);
+            validate::config(&mut config, &paths, &mut r);
             let (errors, warnings) = r.finish();
             return if errors.is_empty() {
                 Ok(Loaded { config, warnings })

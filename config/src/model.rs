@@ -272,17 +272,30 @@ impl Serialize for Uuid {
 
 impl Uuid {
     /// The UUID a namespace gets when none is configured: an RFC 9562 version 8 UUID built from
-    /// a 128-bit FNV-1a hash of the subsystem NQN and the nsid, so it is stable across restarts
-    /// and distinct for every (subsystem, nsid).
+    /// a hash of the subsystem NQN and the nsid (128-bit FNV-1a, then two rounds of the
+    /// MurmurHash3 64-bit finalizer so that neighbouring nsids give unrelated-looking UUIDs).
+    /// It is stable across restarts and distinct for every (subsystem, nsid).
     pub fn derived(subsystem_nqn: &str, nsid: u32) -> Uuid {
         let mut h = fnv1a128(subsystem_nqn.as_bytes(), FNV128_OFFSET);
         h = fnv1a128(&[0], h);
         h = fnv1a128(&nsid.to_be_bytes(), h);
-        let mut b = h.to_be_bytes();
+        let (hi, lo) = ((h >> 64) as u64, h as u64);
+        let lo = fmix64(lo ^ hi.rotate_left(32));
+        let hi = fmix64(hi ^ lo);
+        let mut b = (u128::from(hi) << 64 | u128::from(lo)).to_be_bytes();
         b[6] = (b[6] & 0x0f) | 0x80; // version 8
         b[8] = (b[8] & 0x3f) | 0x80; // variant 10xx
         Uuid(b)
     }
+}
+
+/// MurmurHash3's 64-bit finalizer (a bijection with full avalanche).
+fn fmix64(mut k: u64) -> u64 {
+    k ^= k >> 33;
+    k = k.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    k ^= k >> 33;
+    k = k.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+    k ^ (k >> 33)
 }
 
 /// The serial number a subsystem gets when none is configured: `NVMF` and 16 upper-case hex
@@ -348,7 +361,7 @@ mod tests {
         // Pinned: a change here would change every namespace's UUID after an upgrade.
         assert_eq!(
             Uuid::derived("nqn.2026-11.io.nvmf-rs:default", 1).to_string(),
-            "2c40487b-fbb2-807b-98c7-421f56ab32ae"
+            "3f21d58d-836b-8214-b5d1-fa61de7f5859"
         );
     }
 

@@ -9,8 +9,11 @@ use std::net::IpAddr;
 use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
 
+use crate::decode::ItemPaths;
 use crate::error::{join, Report};
-use crate::model::{Backing, Config, Namespace, Subsystem, TargetSettings, DEFAULT_BLOCK_SIZE};
+use crate::model::{
+    Backing, Config, Namespace, Subsystem, TargetSettings, Uuid, DEFAULT_BLOCK_SIZE,
+};
 use crate::nqn::{validate_nqn, DISCOVERY_NQN};
 use crate::size::Size;
 
@@ -23,21 +26,15 @@ pub const MAX_IO_SIZE: Size = Size::mib(4);
 
 /// Checks `config` and fills in the block size of file-backed namespaces that are not block
 /// devices (which needs a look at the file system).
-pub(crate) fn config(config: &mut Config, r: &mut Report) {
-    listeners(config, r);
-    let mut names: HashMap<&str, String> = HashMap::new();
+pub(crate) fn config(config: &mut Config, paths: &ItemPaths, r: &mut Report) {
+    listeners(config, &paths.listeners, r);
+    let mut names: HashMap<String, String> = HashMap::new();
     let mut uuids: HashMap<[u8; 16], String> = HashMap::new();
     let mut files: HashMap<PathBuf, String> = HashMap::new();
-    if config.subsystems.is_empty() {
-        r.warn(
-            "subsystems",
-            "no subsystems are configured: the target serves discovery only",
-        );
-    }
     for (i, s) in config.subsystems.iter_mut().enumerate() {
-        let path = format!("subsystems[{i}]");
-        subsystem(s, &path, r);
-        let nqn_path = join(&path, "nqn");
+        let path = &paths.subsystems[i];
+        subsystem(s, path, &paths.namespaces[i], r);
+        let nqn_path = join(path, "nqn");
         match names.get(s.nqn.as_str()) {
             Some(first) => r.error(
                 &nqn_path,
@@ -47,28 +44,32 @@ pub(crate) fn config(config: &mut Config, r: &mut Report) {
                 ),
             ),
             None => {
-                names.insert(&s.nqn, r.line_of(&nqn_path));
+                names.insert(s.nqn.clone(), r.line_of(&nqn_path));
             }
         }
         for (j, ns) in s.namespaces.iter_mut().enumerate() {
-            let ns_path = format!("{path}.namespaces[{j}]");
-            let uuid_path = join(&ns_path, "uuid");
+            let ns_path = &paths.namespaces[i][j];
+            let uuid_path = join(ns_path, "uuid");
+            // Derived UUIDs can only collide when the NQN or the nsid is a duplicate, which is
+            // reported already.
+            let derived = ns.uuid == Uuid::derived(&s.nqn, ns.nsid);
             match uuids.get(&ns.uuid.0) {
-                Some(first) => r.error(
+                Some(first) if !derived => r.error(
                     &uuid_path,
                     format!(
                         "duplicate namespace UUID {} (first used at {first})",
                         ns.uuid
                     ),
                 ),
+                Some(_) => {}
                 None => {
                     uuids.insert(ns.uuid.0, r.line_of(&uuid_path));
                 }
             }
-            backing(ns, &ns_path, r);
+            backing(ns, ns_path, r);
             if let Backing::File { path: file, .. } = &ns.backing {
                 let key = fs::canonicalize(file).unwrap_or_else(|_| file.clone());
-                let file_path = join(&ns_path, "path");
+                let file_path = join(ns_path, "path");
                 match files.get(&key) {
                     Some(first) => r.warn(
                         &file_path,
@@ -91,6 +92,7 @@ pub(crate) fn config(config: &mut Config, r: &mut Report) {
             r.error("metrics.listen", "port 0 is not allowed");
         }
         for (i, l) in config.listeners.iter().enumerate() {
+            let listener = &paths.listeners[i];
             if l.transport == crate::Transport::Tcp
                 && l.port == m.listen.port()
                 && overlap(l.address, m.listen.ip())
@@ -98,8 +100,11 @@ pub(crate) fn config(config: &mut Config, r: &mut Report) {
                 r.error(
                     "metrics.listen",
                     format!(
-                        "{} clashes with the TCP listener listeners[{i}] ({}:{})",
-                        m.listen, l.address, l.port
+                        "{} clashes with the TCP listener {listener} ({}:{}, {})",
+                        m.listen,
+                        l.address,
+                        l.port,
+                        r.line_of(listener)
                     ),
                 );
             }
@@ -112,23 +117,23 @@ fn overlap(a: IpAddr, b: IpAddr) -> bool {
     a == b || (a.is_ipv4() == b.is_ipv4() && (a.is_unspecified() || b.is_unspecified()))
 }
 
-fn listeners(config: &Config, r: &mut Report) {
+fn listeners(config: &Config, paths: &[String], r: &mut Report) {
     for (i, l) in config.listeners.iter().enumerate() {
-        let path = format!("listeners[{i}]");
+        let path = &paths[i];
         if l.port == 0 {
-            r.error(&join(&path, "port"), "port 0 is not allowed");
+            r.error(&join(path, "port"), "port 0 is not allowed");
             continue;
         }
         if let IpAddr::V4(v4) = l.address {
             if v4.is_broadcast() || v4.is_multicast() {
                 r.error(
-                    &join(&path, "address"),
+                    &join(path, "address"),
                     format!("{v4} is not a unicast address"),
                 );
             }
         } else if l.address.is_multicast() {
             r.error(
-                &join(&path, "address"),
+                &join(path, "address"),
                 format!("{} is not a unicast address", l.address),
             );
         }
@@ -155,20 +160,21 @@ fn listeners(config: &Config, r: &mut Report) {
                 )
             };
             r.error(
-                &join(&path, "port"),
+                &join(path, "port"),
                 format!(
-                    "{} {}:{} has {why} listeners[{e}] ({})",
+                    "{} {}:{} has {why} {} ({})",
                     l.transport,
                     l.address,
                     l.port,
-                    r.line_of(&format!("listeners[{e}]"))
+                    paths[e],
+                    r.line_of(&paths[e])
                 ),
             );
         }
     }
 }
 
-fn subsystem(s: &Subsystem, path: &str, r: &mut Report) {
+fn subsystem(s: &Subsystem, path: &str, ns_paths: &[String], r: &mut Report) {
     let nqn_path = join(path, "nqn");
     if s.nqn == DISCOVERY_NQN {
         r.error(
@@ -201,24 +207,21 @@ fn subsystem(s: &Subsystem, path: &str, r: &mut Report) {
             "`hosts` is ignored because `allow_any_host` is true",
         );
     }
-    if !s.allow_any_host && s.hosts.is_empty() {
+    if !s.allow_any_host && s.hosts.is_empty() && !r.failed(&join(path, "allow_any_host")) {
         r.warn(
             path,
             "no host can connect: `allow_any_host` is false and `hosts` is empty",
         );
     }
-    if s.namespaces.is_empty() {
-        r.warn(path, format!("subsystem `{}` has no namespaces", s.nqn));
-    }
     let mut nsids: HashMap<u32, String> = HashMap::new();
     for (j, ns) in s.namespaces.iter().enumerate() {
-        let p = format!("{path}.namespaces[{j}].nsid");
+        let p = join(&ns_paths[j], "nsid");
         if ns.nsid == 0 || ns.nsid == u32::MAX {
             r.error(
                 &p,
                 format!(
-                    "nsid {:#x} is reserved (valid namespace IDs are 1 to 0xfffffffe)",
-                    ns.nsid
+                    "nsid {} is reserved (valid namespace IDs are 1 to 0xfffffffe)",
+                    if ns.nsid == 0 { "0" } else { "0xffffffff" }
                 ),
             );
         } else if let Some(first) = nsids.get(&ns.nsid) {
@@ -410,6 +413,7 @@ fn target(t: &TargetSettings, r: &mut Report) {
     range(t.idle_poll_us, 0, 1_000_000, "idle_poll_us", r);
 
     let icd = t.in_capsule_data;
+    let mut icd_ok = false;
     if icd > MAX_IN_CAPSULE_DATA {
         r.error(
             "target.in_capsule_data",
@@ -421,6 +425,8 @@ fn target(t: &TargetSettings, r: &mut Report) {
             "target.in_capsule_data",
             format!("{} bytes is not a multiple of 16", icd.bytes()),
         );
+    } else {
+        icd_ok = true;
     }
     let mio = t.max_io_size;
     if mio < MIN_IO_SIZE || mio > MAX_IO_SIZE {
@@ -445,7 +451,7 @@ fn target(t: &TargetSettings, r: &mut Report) {
                 ),
             );
         }
-        if icd > mio {
+        if icd_ok && icd > mio {
             r.error(
                 "target.in_capsule_data",
                 format!("in_capsule_data ({icd}) is larger than max_io_size ({mio})"),
