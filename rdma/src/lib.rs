@@ -1,1 +1,45 @@
-//! Safe owner types over libibverbs and librdmacm.
+//! Safe owner types over libibverbs and librdmacm (rdma-sys 0.3): the only crate of nvmf-rs
+//! with verbs FFI. It knows nothing about NVMe.
+//!
+//! # Ownership
+//! One owner type per verbs object, released in `Drop`. Children hold an `Arc` of their parent,
+//! so destruction order is forced: a [`Qp`] keeps its [`CmId`], [`Pd`], [`Cq`]s and [`Srq`]
+//! alive; an [`Mr`] keeps its `Pd`; a `Pd`, `Cq` or [`CompChannel`] keeps its [`Context`]; a
+//! `CmId` keeps its [`EventChannel`]'s channel. A registered buffer owns its memory
+//! ([`Mr::alloc`]); registering foreign memory is `unsafe` ([`Mr::register_external`]).
+//!
+//! # Threads
+//! The I/O path is lock-free in this crate: a poller thread owns its [`Cq`]s and [`Qp`]s
+//! (`Qp` is `Send`, not `Sync`), polls batches into a reused `[WorkCompletion]` and posts
+//! without allocating ([`Qp::post_send`] links up to [`MAX_CHAIN`] work requests on the stack).
+//! rdma_cm calls are slow-path and serialized per event channel (see [`cm`]); events are copied
+//! and acknowledged on retrieval so destroying an id never waits on one.
+//!
+//! # Without RDMA
+//! [`devices`] returns an empty list on a kernel without RDMA (libibverbs reports ENOSYS) and
+//! [`EventChannel::new`] returns [`Error::NoRdma`].
+//!
+//! # Provider notes (rxe, siw)
+//! See `shared/notes/rdma-binding.md`: on iWARP (siw, [`Transport::Iwarp`]) RDMA READ sinks
+//! need `LOCAL_WRITE | REMOTE_WRITE` and one SGE per READ; siw enforces `RLIMIT_MEMLOCK` on
+//! every registration, even for root.
+
+pub mod cm;
+mod cq;
+mod device;
+mod error;
+mod mr;
+mod qp;
+mod srq;
+mod sys;
+
+pub use cm::{CmEvent, CmEventType, CmId, ConnParam, EventChannel};
+pub use cq::{CompChannel, Cq, WcFlags, WcOpcode, WcStatus, WorkCompletion};
+pub use device::{
+    cm_contexts, devices, AsyncElement, AsyncEvent, AsyncEventType, Context, DeviceAttr,
+    DeviceInfo, LinkLayer, PortAttr, PortState, Transport,
+};
+pub use error::{Error, Result};
+pub use mr::{AccessFlags, Mr, Pd, RemoteBuf, Sge};
+pub use qp::{Qp, QpCaps, QpInitAttr, QpState, RecvWr, SendFlags, SendOp, SendWr, MAX_CHAIN};
+pub use srq::Srq;
