@@ -358,8 +358,9 @@ impl CmId {
 
     /// `rdma_reject` with consumer private data (at most 255 bytes; IB carries up to 148).
     ///
-    /// The peer sees REJECTED with this data: on IB/RoCE with status 28 (consumer defined), on
-    /// iWARP with status `-ECONNREFUSED`.
+    /// The peer sees REJECTED with this data: on IB/RoCE with status 28 (consumer defined) and
+    /// the data padded to 148 bytes, on iWARP with a negative errno status (siw: `-ECONNRESET`)
+    /// and the data as sent.
     pub fn reject(&self, private_data: &[u8]) -> Result<()> {
         let len = u8::try_from(private_data.len()).map_err(|_| {
             Error::InvalidArgument(format!(
@@ -636,8 +637,9 @@ impl CmEvent {
         self.kind
     }
 
-    /// The event status: 0, or a negative errno (e.g. `-ETIMEDOUT`, iWARP reject
-    /// `-ECONNREFUSED`), or for IB REJECTED the CM reject reason (28 = consumer defined).
+    /// The event status: 0, or a negative errno (e.g. `-ETIMEDOUT`; an iWARP REJECTED carries
+    /// one too, `-ECONNRESET` on siw), or for IB/RoCE REJECTED the CM reject reason
+    /// (28 = consumer defined).
     pub fn status(&self) -> i32 {
         self.status
     }
@@ -655,15 +657,17 @@ impl CmEvent {
         &self.pdata[..self.pdata_len as usize]
     }
 
-    /// Connection parameter `initiator_depth`. On a CONNECT_REQUEST this is the peer's
-    /// initiator depth as the CM presents it to the passive side (the IB CM swaps the pair,
-    /// see rdma-binding notes §1): use it to size this side's `responder_resources`.
+    /// Connection parameter `initiator_depth`. On a CONNECT_REQUEST the CM has already turned
+    /// the pair to this side's point of view (the IB CM swaps the fields, rdma-binding notes
+    /// §1): this is the peer's responder resources, i.e. the most RDMA READs this side may have
+    /// outstanding. Accept with `initiator_depth = min(this, max_qp_init_rd_atom)`.
     pub fn initiator_depth(&self) -> u8 {
         self.initiator_depth
     }
 
-    /// Connection parameter `responder_resources` (on a CONNECT_REQUEST: bounds this side's
-    /// `initiator_depth`).
+    /// Connection parameter `responder_resources`. On a CONNECT_REQUEST: the peer's initiator
+    /// depth, i.e. how many RDMA READs the peer will issue; accept with
+    /// `responder_resources = min(this, max_qp_rd_atom)`.
     pub fn responder_resources(&self) -> u8 {
         self.responder_resources
     }

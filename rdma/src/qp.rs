@@ -260,8 +260,11 @@ impl Qp {
         Ok(())
     }
 
-    /// The QP's current state (`ibv_query_qp`).
-    pub fn state(&self) -> Result<QpState> {
+    /// The QP's current state as the provider reports it (`ibv_query_qp`), or `Ok(None)` when
+    /// the provider does not report states: siw's kernel `query_qp` fills in capacities only,
+    /// so its answer reads RESET. A QP created through rdma_cm is never in RESET (creation
+    /// moves it to INIT), which is how that case is recognized.
+    pub fn state(&self) -> Result<Option<QpState>> {
         // SAFETY: both attribute blocks are plain data; zero is valid.
         let mut attr: ibv_qp_attr = unsafe { mem::zeroed() };
         // SAFETY: as above.
@@ -277,20 +280,33 @@ impl Qp {
             )
         };
         check_ret("ibv_query_qp", r)?;
-        Ok(QpState::from_raw(attr.qp_state))
+        Ok(match QpState::from_raw(attr.qp_state) {
+            QpState::Reset => None,
+            s => Some(s),
+        })
     }
 
     /// Moves the QP to the error state: every outstanding WR completes with `WrFlushErr`.
     /// This is the first step of a drain; reap until every posted WR has come back, then drop.
+    /// A QP that is already in the error state (e.g. after rdma_cm's disconnect handling) is
+    /// left as it is.
     pub fn set_error(&self) -> Result<()> {
         // SAFETY: plain data; zero is valid.
         let mut attr: ibv_qp_attr = unsafe { mem::zeroed() };
         attr.qp_state = ibv_qp_state::IBV_QPS_ERR;
-        let _g = self.id.channel.lock();
-        // SAFETY: raw is a live QP; only the state is modified.
-        let r =
-            unsafe { ibv_modify_qp(self.raw, &mut attr, ibv_qp_attr_mask::IBV_QP_STATE.0 as i32) };
-        check_ret("ibv_modify_qp(ERR)", r)
+        let r = {
+            let _g = self.id.channel.lock();
+            // SAFETY: raw is a live QP; only the state is modified.
+            unsafe { ibv_modify_qp(self.raw, &mut attr, ibv_qp_attr_mask::IBV_QP_STATE.0 as i32) }
+        };
+        match check_ret("ibv_modify_qp(ERR)", r) {
+            Ok(()) => Ok(()),
+            // Some providers refuse ERR -> ERR; that is the state we want.
+            Err(e) => match self.state() {
+                Ok(Some(QpState::Err)) => Ok(()),
+                _ => Err(e),
+            },
+        }
     }
 }
 
