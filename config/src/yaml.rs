@@ -116,6 +116,10 @@ pub(crate) fn parse(text: &str) -> Result<Node, SyntaxError> {
     }
 }
 
+/// The schema nests five levels deep; anything far deeper is a mistake or an attack (and
+/// dropping a very deep tree would recurse).
+const MAX_DEPTH: usize = 32;
+
 enum Open {
     Seq(Location, Vec<Node>),
     /// Entries so far, and a key waiting for its value.
@@ -163,6 +167,14 @@ impl Builder {
                         plain,
                     },
                 })?;
+            }
+            Event::SequenceStart(_, None) | Event::MappingStart(_, None)
+                if self.stack.len() >= MAX_DEPTH =>
+            {
+                return Err(SyntaxError {
+                    at,
+                    message: format!("lists and mappings nest deeper than {MAX_DEPTH} levels"),
+                });
             }
             Event::SequenceStart(_, None) => self.stack.push(Open::Seq(at, Vec::new())),
             Event::MappingStart(_, None) => self.stack.push(Open::Map(at, Vec::new(), None)),
@@ -285,6 +297,7 @@ mod tests {
             ),
             ("a: [1, 2\n", loc(2, 1), "YAML syntax error"),
             ("a:\n\tb: 1\n", loc(2, 2), "tabs disallowed"),
+            ("[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]\n", loc(1, 33), "nest deeper than 32"),
         ];
         for (doc, at, fragment) in cases {
             let err = parse(doc).unwrap_err();

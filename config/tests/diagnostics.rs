@@ -553,3 +553,36 @@ fn warnings_do_not_reject() {
         Vec::<String>::new()
     );
 }
+
+#[test]
+fn hostile_input_is_rejected_without_crashing() {
+    let deep = format!(
+        "listeners: {}{}\n",
+        "[".repeat(200_000),
+        "]".repeat(200_000)
+    );
+    let errs = errors(&deep);
+    assert_eq!(errs.len(), 1, "{errs:?}");
+    // The parser's own limit (it scans ahead) or ours, whichever comes first.
+    let too_deep = |e: &str| e.contains("recursion limit exceeded") || e.contains("nest deeper");
+    assert!(
+        errs[0].starts_with("t.yaml:1:") && too_deep(&errs[0]),
+        "{errs:?}"
+    );
+    let deep_map = format!("{}1{}\n", "{a: ".repeat(50_000), "}".repeat(50_000));
+    assert!(too_deep(&errors(&deep_map)[0]));
+    let deep_block: String = (0..40)
+        .map(|i| format!("{}k{i}:\n", "  ".repeat(i)))
+        .collect();
+    let errs = errors(&deep_block);
+    assert!(
+        errs[0].starts_with("t.yaml:33:65: lists and mappings nest deeper than 32"),
+        "{errs:?}"
+    );
+    let bomb = "a: &a [x, x]\nb: &b [*a, *a]\nc: [*b, *b]\n";
+    let errs = errors(bomb);
+    assert!(
+        errs[0].starts_with("t.yaml:2:8: YAML aliases (`*name`) are not supported"),
+        "{errs:?}"
+    );
+}
