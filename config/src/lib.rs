@@ -27,7 +27,8 @@
 //! check that files exist) but never creates or opens them: creating a missing file at `size`
 //! is the target's job.
 //!
-//! Every key is documented on the field that holds it, and in `config/REFERENCE.md`.
+//! Every key is documented on the field that holds it, and all of them on one page in
+//! [`reference`](mod@reference) (the crate's `REFERENCE.md`).
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
@@ -39,6 +40,10 @@ mod nqn;
 mod size;
 mod validate;
 mod yaml;
+
+/// The configuration file reference (`config/REFERENCE.md`).
+#[doc = include_str!("../REFERENCE.md")]
+pub mod reference {}
 
 use std::fs;
 use std::path::{Path, PathBuf};

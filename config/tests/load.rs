@@ -417,3 +417,17 @@ fn shared_backing_file_is_a_warning() {
     );
     assert!(w[0].contains("also backs the namespace at line 6"), "{w:?}");
 }
+
+#[test]
+fn anchors_comments_and_flow_style_are_accepted() {
+    let c = ok("\
+# comment
+listeners: &l   # an anchor without an alias is harmless
+  - {transport: tcp, address: 127.0.0.1}  # flow mapping in a block list
+subsystems: [ { nqn: 'nqn.2026-11.io.example:f', allow_any_host: true,
+                namespaces: [ { nsid: 1, null: 1GiB } ] } ]
+")
+    .config;
+    assert_eq!(c.listeners.len(), 1);
+    assert_eq!(c.subsystems[0].namespaces[0].nsid, 1);
+}
