@@ -1,0 +1,342 @@
+# lib.sh - shared steps for the VM scenarios (tests/vm/scenarios/*.sh). Sourced inside the guest.
+#
+# Set by tests/vm/guest-run.sh: SCENARIO (name), VM_RESULTS (this run's results dir, writable),
+# NVMF_TARGET_BIN / NVMF_BENCH_BIN (host-built binaries; empty when their build failed, with the
+# reason in NVMF_TARGET_NOTE / NVMF_BENCH_NOTE), NVMF_TEST_BREAK (deliberate breakage, see README).
+# Set by tests/vm/vm.sh: RXE_IP, SIW_IP, the guest helpers (vm_ramdisk, nvmet_export, ...).
+#
+# Verdicts: every case ends in exactly one of pass/fail/skip, which prints
+#   PASS label | FAIL label: reason | SKIP label: reason
+# on stdout and appends it to $OUT/verdicts (read by the runner).
+set -u
+set -o pipefail
+
+: "${SCENARIO:?SCENARIO unset: run scenarios through tests/vm/run.sh}"
+: "${VM_RESULTS:?VM_RESULTS unset: run scenarios through tests/vm/run.sh}"
+NVMF_TARGET_BIN=${NVMF_TARGET_BIN:-}
+NVMF_BENCH_BIN=${NVMF_BENCH_BIN:-}
+NVMF_TEST_BREAK=${NVMF_TEST_BREAK:-}
+
+# Knobs (environment, passed through by run.sh).
+PORT=${NVMF_VM_PORT:-4420}
+OUR_NQN=nqn.2026-11.io.nvmf-rs:vmtest            # subsystem served by our target
+KERNEL_NQN=nqn.2026-11.io.nvmf-rs:kernel-target  # subsystem served by the kernel target (nvmet)
+RAMDISK_MB=64
+FIO_SIZE_OUR=${NVMF_VM_FIO_SIZE:-64M}      # fio data against our target
+FIO_SIZE_SANITY=${NVMF_VM_SANITY_SIZE:-32M} # fio data for the kernel<->kernel sanity checks
+BENCH_SIZE=${NVMF_VM_BENCH_SIZE:-32M}
+# How our target says that it cannot serve an rdma listener (case-insensitive, on its log).
+NO_RDMA_PATTERN='rdma.*(not supported|unsupported|not (yet )?implemented|unknown variant|no rdma)|unknown variant .rdma'
+
+OUT=$VM_RESULTS/$SCENARIO
+mkdir -p "$OUT"
+WORK=$(mktemp -d "${VM_SCRATCH:-/tmp}/$SCENARIO.XXXXXX")
+cd "$WORK" || exit 1 # fio writes its verify state files into the cwd
+STEPS=$OUT/steps.log
+TARGET_PID=
+CONNECTED=()
+REASON=
+
+log() { echo "[$(date +%T)] $*"; }
+
+# ---------------- verdicts ----------------
+verdict() { # WORD LABEL [REASON]
+  local line="$1 $2${3:+: $3}"
+  echo "$line"
+  echo "$line" >>"$OUT/verdicts"
+}
+pass() { verdict PASS "$1"; }
+skip() { verdict SKIP "$1" "$2"; }
+fail() { # LABEL REASON: keep the evidence (dmesg since the scenario began, target log tail)
+  local label=$1 reason=$2
+  dmesg | awk -v m="nvmf-vm: begin $SCENARIO" 'index($0, m) {p = 1} p' >"$OUT/dmesg.txt"
+  {
+    echo "----- dmesg since the scenario began (last 40 lines; all in $OUT/dmesg.txt)"
+    tail -n 40 "$OUT/dmesg.txt"
+    if [ -s "$OUT/target.log" ]; then
+      echo "----- target log (last 40 lines; all in $OUT/target.log)"
+      tail -n 40 "$OUT/target.log"
+    fi
+  } >&2
+  verdict FAIL "$label" "$reason"
+}
+
+# ---------------- steps ----------------
+# step DESCRIPTION CMD...: run CMD with output in steps.log; on failure leave a one-line REASON.
+step() {
+  local desc=$1 rc t0=$SECONDS
+  shift
+  echo "+ [$desc] $*" >>"$STEPS"
+  "$@" >"$WORK/step.out" 2>&1
+  rc=$?
+  cat "$WORK/step.out" >>"$STEPS"
+  echo "  -> exit $rc in $((SECONDS - t0)) s" >>"$STEPS"
+  if [ $rc -ne 0 ]; then
+    REASON="step '$desc' failed (exit $rc): $(grep -v '^[[:space:]]*$' "$WORK/step.out" | tail -n 1 | cut -c1-200)"
+    return 1
+  fi
+  log "ok: $desc ($((SECONDS - t0)) s)"
+}
+
+# ---------------- our target ----------------
+target_bin() { # -> path of nvmf-target, or REASON and 1
+  if [ -z "$NVMF_TARGET_BIN" ]; then REASON="nvmf-target not available: ${NVMF_TARGET_NOTE:-NVMF_TARGET_BIN unset}"; return 1; fi
+  if [ ! -x "$NVMF_TARGET_BIN" ]; then REASON="$NVMF_TARGET_BIN does not exist"; return 1; fi
+  echo "$NVMF_TARGET_BIN"
+}
+
+# start_our_target TRTYPE ADDR DEV: config + launch + wait for the listener.
+# Returns 0 (listening), 1 (failure, REASON set) or 3 (no RDMA transport in the target, REASON set).
+start_our_target() {
+  local tr=$1 addr=$2 dev=$3 bin cfg=$OUT/target.yaml rc
+  bin=$(target_bin) || return 1
+  cat >"$cfg" <<EOF
+listeners:
+  - transport: $tr
+    address: $addr
+    port: $PORT
+subsystems:
+  - nqn: $OUR_NQN
+    allow_any_host: true
+    namespaces:
+      - nsid: 1
+        path: $dev
+EOF
+  log "starting $bin --config $cfg"
+  RUST_LOG=${RUST_LOG:-info} NO_COLOR=1 "$bin" --config "$cfg" >"$OUT/target.log" 2>&1 &
+  TARGET_PID=$!
+  local end=$((SECONDS + 20))
+  while [ $SECONDS -lt $end ]; do
+    if vm_wait_listen "$tr" "$addr" "$PORT" 1; then log "target (pid $TARGET_PID) listens on $tr $addr:$PORT"; return 0; fi
+    if ! kill -0 "$TARGET_PID" 2>/dev/null; then
+      wait "$TARGET_PID"; rc=$?
+      TARGET_PID=
+      if [ "$tr" = rdma ] && grep -qiE "$NO_RDMA_PATTERN" "$OUT/target.log"; then
+        REASON="target has no RDMA transport yet ($(grep -iE "$NO_RDMA_PATTERN" "$OUT/target.log" | head -n 1 | cut -c1-160))"
+        return 3
+      fi
+      REASON="target exited with status $rc before listening on $tr $addr:$PORT: $(tail -n 1 "$OUT/target.log" | cut -c1-200)"
+      return 1
+    fi
+  done
+  if [ "$tr" = rdma ] && grep -qiE "$NO_RDMA_PATTERN" "$OUT/target.log"; then
+    REASON="target has no RDMA transport yet ($(grep -iE "$NO_RDMA_PATTERN" "$OUT/target.log" | head -n 1 | cut -c1-160))"
+    return 3
+  fi
+  REASON="target (pid $TARGET_PID) is running but nothing listens on $tr $addr:$PORT after 20 s"
+  return 1
+}
+
+# stop_our_target: SIGTERM, then up to 10 s for it to exit. 1 + REASON when it does not.
+stop_our_target() {
+  [ -n "$TARGET_PID" ] || return 0
+  local pid=$TARGET_PID rc end=$((SECONDS + 10))
+  TARGET_PID=
+  if ! kill -0 "$pid" 2>/dev/null; then
+    wait "$pid"; rc=$?
+    REASON="target had already exited (status $rc) before SIGTERM: $(tail -n 1 "$OUT/target.log" | cut -c1-200)"
+    return 1
+  fi
+  kill -TERM "$pid"
+  while kill -0 "$pid" 2>/dev/null && [ $SECONDS -lt $end ]; do sleep 0.2; done
+  if kill -0 "$pid" 2>/dev/null; then
+    kill -KILL "$pid"; wait "$pid" 2>/dev/null
+    REASON="target did not exit within 10 s of SIGTERM (killed)"
+    return 1
+  fi
+  wait "$pid"; rc=$?
+  echo "target exited with status $rc after SIGTERM" >>"$STEPS"
+  log "target stopped by SIGTERM (exit status $rc)"
+}
+
+# check_target_log: no ERROR lines, no panic.
+check_target_log() {
+  local bad
+  bad=$(sed 's/\x1b\[[0-9;]*m//g' "$OUT/target.log" | grep -E '(^|[[:space:]])ERROR([[:space:]:]|$)|panicked' | head -n 3)
+  if [ -n "$bad" ]; then
+    REASON="target log has ERROR lines: $(echo "$bad" | head -n 1 | cut -c1-200)"
+    return 1
+  fi
+}
+
+# ---------------- the kernel host ----------------
+# host_connect TRTYPE ADDR PORT NQN: discover (must list NQN), connect, find the block device
+# (sets DEV).
+host_connect() {
+  local tr=$1 addr=$2 port=$3 nqn=$4 cport=$3 end
+  modprobe -a nvme-fabrics "nvme-$tr" >>"$STEPS" 2>&1
+  step "nvme discover -t $tr -a $addr -s $port" nvme discover -t "$tr" -a "$addr" -s "$port" || return 1
+  cp "$WORK/step.out" "$OUT/discover-$tr-$addr.txt"
+  if ! grep -qE "^subnqn:[[:space:]]+$nqn\$" "$WORK/step.out"; then
+    REASON="step 'nvme discover -t $tr -a $addr -s $port': the discovery log does not list $nqn"
+    return 1
+  fi
+  local note=
+  if [ "$NVMF_TEST_BREAK" = wrong-address ]; then cport=$((port + 1)); note=" (NVMF_TEST_BREAK=wrong-address)"; fi
+  # Short controller-loss timeout: a dead peer fails the I/O within seconds instead of stalling
+  # the rest of the suite for the default 10 minutes.
+  step "nvme connect -t $tr -a $addr -s $cport -n $nqn$note" \
+    nvme connect -t "$tr" -a "$addr" -s "$cport" -n "$nqn" --ctrl-loss-tmo=15 --reconnect-delay=2 || return 1
+  CONNECTED+=("$nqn")
+  end=$((SECONDS + 15))
+  until DEV=$(nvme_dev_for "$nqn"); do
+    if [ $SECONDS -ge $end ]; then REASON="step 'find block device': no /dev/nvme*n* for $nqn 15 s after connect"; return 1; fi
+    sleep 0.5
+  done
+  udevadm settle 2>/dev/null
+  log "connected $nqn over $tr $addr:$port as $DEV"
+}
+
+host_disconnect() { # NQN
+  local nqn=$1 i
+  step "nvme disconnect -n $nqn" nvme disconnect -n "$nqn" || return 1
+  grep -q 'disconnected [1-9]' "$WORK/step.out" || { REASON="step 'nvme disconnect -n $nqn': no controller was disconnected"; return 1; }
+  for i in "${!CONNECTED[@]}"; do [ "${CONNECTED[$i]}" = "$nqn" ] && unset "CONNECTED[$i]"; done
+  if nvme_dev_for "$nqn" >/dev/null; then REASON="block device for $nqn still present after disconnect"; return 1; fi
+}
+
+check_size() { # DEV EXPECTED_BYTES
+  local got
+  got=$(blockdev --getsize64 "$1") || { REASON="blockdev --getsize64 $1 failed"; return 1; }
+  [ "$got" = "$2" ] || { REASON="$1 has $got bytes, the backing device has $2"; return 1; }
+}
+
+# fio_verify DEV BS SIZE: random write of SIZE then read-back verify (crc32c), iodepth 16, O_DIRECT.
+fio_verify() {
+  local dev=$1 bs=$2 size=$3 out engine=io_uring
+  out=$OUT/fio-$bs.txt
+  fio --enghelp=io_uring >/dev/null 2>&1 || engine=libaio
+  step "fio randwrite+verify bs=$bs size=$size on $dev" \
+    fio --name="verify-$bs" --filename="$dev" --ioengine=$engine --direct=1 --rw=randwrite \
+      --bs="$bs" --iodepth=16 --size="$size" --verify=crc32c --do_verify=1 --verify_fatal=1 \
+      --output="$out" || { REASON="$REASON; $(grep -m1 -iE 'verify|err=' "$out" | cut -c1-160)"; return 1; }
+  grep -E '^[[:space:]]+(write|read):' "$out" | sed "s/^[[:space:]]*/  fio bs=$bs /"
+}
+
+# ---------------- cleanup ----------------
+# teardown: undo whatever a case set up (runs before each case and at exit).
+teardown() {
+  local nqn
+  for nqn in "${CONNECTED[@]}"; do nvme disconnect -n "$nqn" >/dev/null 2>&1; done
+  CONNECTED=()
+  if [ -n "$TARGET_PID" ]; then
+    kill -TERM "$TARGET_PID" 2>/dev/null; sleep 2; kill -KILL "$TARGET_PID" 2>/dev/null
+    wait "$TARGET_PID" 2>/dev/null; TARGET_PID=
+  fi
+  nvmet_clear >/dev/null 2>&1
+}
+cleanup() { teardown; cd / && rm -rf "$WORK"; }
+trap cleanup EXIT
+
+# ---------------- whole cases ----------------
+# kernel_host_vs_our_target LABEL TRTYPE ADDR: the Linux host against our target on a 64 MiB ramdisk:
+# discover, connect, size check, fio verify 4k then 128k, disconnect, SIGTERM, clean log.
+kernel_host_vs_our_target() {
+  local label=$1 tr=$2 addr=$3 dev rc
+  teardown
+  log "case $label: $tr $addr:$PORT"
+  dev=$(vm_ramdisk $RAMDISK_MB) || { fail "$label" "vm_ramdisk $RAMDISK_MB failed"; return; }
+  start_our_target "$tr" "$addr" "$dev"; rc=$?
+  [ $rc = 3 ] && { skip "$label" "$REASON"; return; }
+  [ $rc = 0 ] || { fail "$label" "$REASON"; return; }
+  host_connect "$tr" "$addr" "$PORT" "$OUR_NQN" || { fail "$label" "$REASON"; return; }
+  check_size "$DEV" $((RAMDISK_MB * 1048576)) || { fail "$label" "$REASON"; return; }
+  fio_verify "$DEV" 4k "$FIO_SIZE_OUR" || { fail "$label" "$REASON"; return; }
+  fio_verify "$DEV" 128k "$FIO_SIZE_OUR" || { fail "$label" "$REASON"; return; }
+  host_disconnect "$OUR_NQN" || { fail "$label" "$REASON"; return; }
+  stop_our_target || { fail "$label" "$REASON"; return; }
+  check_target_log || { fail "$label" "$REASON"; return; }
+  pass "$label"
+}
+
+# kernel_host_vs_kernel_target LABEL TRTYPE ADDR: the same peers the suite relies on, without our
+# code: proves the VM's host and target work, so a failure elsewhere is ours.
+kernel_host_vs_kernel_target() {
+  local label=$1 tr=$2 addr=$3 dev
+  teardown
+  log "case $label: $tr $addr:$PORT"
+  dev=$(vm_ramdisk $RAMDISK_MB) || { fail "$label" "vm_ramdisk $RAMDISK_MB failed"; return; }
+  step "nvmet_export $KERNEL_NQN $dev $tr $addr $PORT" nvmet_export "$KERNEL_NQN" "$dev" "$tr" "$addr" "$PORT" ||
+    { fail "$label" "$REASON"; return; }
+  vm_wait_listen "$tr" "$addr" "$PORT" 10 || { fail "$label" "kernel target is not listening on $tr $addr:$PORT"; return; }
+  host_connect "$tr" "$addr" "$PORT" "$KERNEL_NQN" || { fail "$label" "$REASON"; return; }
+  check_size "$DEV" $((RAMDISK_MB * 1048576)) || { fail "$label" "$REASON"; return; }
+  fio_verify "$DEV" 4k "$FIO_SIZE_SANITY" || { fail "$label" "$REASON"; return; }
+  host_disconnect "$KERNEL_NQN" || { fail "$label" "$REASON"; return; }
+  step "nvmet_clear" nvmet_clear || { fail "$label" "$REASON"; return; }
+  pass "$label"
+}
+
+# bench_bin: path of nvmf-bench with every option the scenarios pass, or SKIP-worthy REASON.
+BENCH_OPTIONS=(--transport --traddr --trsvcid --subnqn --rw --bs --iodepth --size --verify)
+bench_bin() {
+  local b=$NVMF_BENCH_BIN help o missing=()
+  if [ -z "$b" ]; then REASON="nvmf-bench not available: ${NVMF_BENCH_NOTE:-NVMF_BENCH_BIN unset}"; return 1; fi
+  [ -x "$b" ] || { REASON="$b does not exist"; return 1; }
+  help=$("$b" --help 2>&1) || { REASON="'$b --help' failed: $(echo "$help" | tail -n 1)"; return 1; }
+  for o in "${BENCH_OPTIONS[@]}"; do grep -q -- "$o\b" <<<"$help" || missing+=("$o"); done
+  [ ${#missing[@]} = 0 ] || { REASON="nvmf-bench lacks option(s) ${missing[*]}"; return 1; }
+  echo "$b"
+}
+
+# run_bench TRTYPE ADDR NQN: our initiator against a listening peer.
+# Returns 0 (passed), 1 (failed, REASON set) or 3 (no RDMA in the initiator, REASON set).
+run_bench() {
+  local tr=$1 addr=$2 nqn=$3 b
+  b=$(bench_bin) || return 3
+  if step "nvmf-bench $tr $addr:$PORT randwrite 4k qd16 $BENCH_SIZE verify" timeout "${NVMF_VM_BENCH_TIMEOUT:-480}" "$b" \
+      --transport "$tr" --traddr "$addr" --trsvcid "$PORT" --subnqn "$nqn" \
+      --rw=randwrite --bs=4k --iodepth=16 --size="$BENCH_SIZE" --verify=crc32c; then
+    cp "$WORK/step.out" "$OUT/bench-$tr.txt"
+    tail -n 5 "$WORK/step.out"
+    return 0
+  fi
+  cp "$WORK/step.out" "$OUT/bench-$tr.txt"
+  if [ "$tr" = rdma ] && grep -qiE "$NO_RDMA_PATTERN" "$WORK/step.out"; then
+    REASON="initiator has no RDMA transport yet ($(grep -iE "$NO_RDMA_PATTERN" "$WORK/step.out" | head -n 1 | cut -c1-160))"
+    return 3
+  fi
+  return 1
+}
+
+bench_vs_kernel_target() { # LABEL TRTYPE ADDR
+  local label=$1 tr=$2 addr=$3 dev rc
+  teardown
+  log "case $label: $tr $addr:$PORT"
+  bench_bin >/dev/null || { skip "$label" "$REASON"; return; }
+  dev=$(vm_ramdisk $RAMDISK_MB) || { fail "$label" "vm_ramdisk $RAMDISK_MB failed"; return; }
+  step "nvmet_export $KERNEL_NQN $dev $tr $addr $PORT" nvmet_export "$KERNEL_NQN" "$dev" "$tr" "$addr" "$PORT" ||
+    { fail "$label" "$REASON"; return; }
+  vm_wait_listen "$tr" "$addr" "$PORT" 10 || { fail "$label" "kernel target is not listening on $tr $addr:$PORT"; return; }
+  run_bench "$tr" "$addr" "$KERNEL_NQN"; rc=$?
+  [ $rc = 3 ] && { skip "$label" "$REASON"; return; }
+  [ $rc = 0 ] || { fail "$label" "$REASON"; return; }
+  pass "$label"
+}
+
+bench_vs_our_target() { # LABEL TRTYPE ADDR
+  local label=$1 tr=$2 addr=$3 dev rc
+  teardown
+  log "case $label: $tr $addr:$PORT"
+  bench_bin >/dev/null || { skip "$label" "$REASON"; return; }
+  # A missing target binary is already a FAIL of the kernel-host scenarios.
+  target_bin >/dev/null || { skip "$label" "$REASON"; return; }
+  dev=$(vm_ramdisk $RAMDISK_MB) || { fail "$label" "vm_ramdisk $RAMDISK_MB failed"; return; }
+  start_our_target "$tr" "$addr" "$dev"; rc=$?
+  [ $rc = 3 ] && { skip "$label" "$REASON"; return; }
+  [ $rc = 0 ] || { fail "$label" "$REASON"; return; }
+  run_bench "$tr" "$addr" "$OUR_NQN"; rc=$?
+  [ $rc = 3 ] && { skip "$label" "$REASON"; return; }
+  [ $rc = 0 ] || { fail "$label" "$REASON"; return; }
+  stop_our_target || { fail "$label" "$REASON"; return; }
+  check_target_log || { fail "$label" "$REASON"; return; }
+  pass "$label"
+}
+
+# need_rdma NAME_OF_VAR: the suite requires RDMA in the VM; absent means the harness broke.
+need_rdma() {
+  local v=$1
+  [ -n "${!v:-}" ] && return 0
+  fail "$SCENARIO" "$v is not set: the VM was booted without RDMA (harness error)"
+  return 1
+}

@@ -1,0 +1,169 @@
+#!/usr/bin/env bash
+# run.sh - the VM test suite: real Linux NVMe-oF peers (kernel host, kernel target nvmet) and real
+# soft-RDMA (rxe, siw) against our target and initiator, inside one qemu VM (tests/vm/vm.sh).
+#
+#   tests/vm/run.sh [options] [all | SCENARIO...]
+#
+# Options:
+#   --no-setup     do not run scripts/vm-setup.sh first (it is a fast no-op once done)
+#   --no-build     use the binaries already in the cargo target dir (default: build them)
+#   --results DIR  results directory (default: results/vm-<timestamp>/ in the repository)
+#   --list         print the scenario names and exit
+#   -v, --verbose  show the guest kernel console on stderr
+#   -h, --help     this text
+#
+# Prints one line per verdict, `PASS name`, `FAIL name: reason` or `SKIP name: reason`, and last
+# a line `N passed, N failed, N skipped`.
+# Exit status: 0 = no FAIL; 1 = at least one FAIL, or the VM could not be set up / booted / ran
+# out of time (that is reported as FAIL lines too); 2 = bad usage.
+# Environment passed to the scenarios: NVMF_TEST_BREAK (see README), RUST_LOG, NVMF_VM_* knobs.
+set -u
+set -o pipefail
+
+HERE=$(cd "$(dirname "$0")" && pwd)
+ROOT=$(cd "$HERE/../.." && pwd)
+usage() { sed -n '2,/^set -u/p' "$0" | sed '$d; s/^# \{0,1\}//'; }
+bad_usage() { echo "run.sh: $*" >&2; exit 2; }
+
+# Suite order: the kernel<->kernel sanity checks first (they validate the VM), then our target
+# under the kernel host, then our initiator. Scenario files not listed here run last.
+ORDER=(
+  kernel-target-tcp-sanity kernel-target-rdma-sanity
+  kernel-host-tcp kernel-host-rdma-rxe kernel-host-rdma-siw
+  initiator-vs-kernel-target-tcp initiator-vs-kernel-target-rdma-rxe initiator-vs-kernel-target-rdma-siw
+  initiator-vs-our-target-tcp initiator-vs-our-target-rdma-rxe initiator-vs-our-target-rdma-siw
+)
+all_scenarios() {
+  local s f
+  for s in "${ORDER[@]}"; do [ -f "$HERE/scenarios/$s.sh" ] && echo "$s"; done
+  for f in "$HERE"/scenarios/*.sh; do
+    s=$(basename "$f" .sh)
+    [[ " ${ORDER[*]} " == *" $s "* ]] || echo "$s"
+  done
+}
+header() { sed -n "s/^# $1: *//p" "$HERE/scenarios/$2.sh" | head -n 1; }
+
+SETUP=1 BUILD=1 VERBOSE=() RESULTS= SEL=()
+while [ $# -gt 0 ]; do
+  case $1 in
+    --no-setup) SETUP=0 ;;
+    --no-build) BUILD=0 ;;
+    --results) RESULTS=${2:?--results needs a directory}; shift ;;
+    --results=*) RESULTS=${1#*=} ;;
+    --list) all_scenarios; exit 0 ;;
+    -v|--verbose) VERBOSE=(-v) ;;
+    -h|--help) usage; exit 0 ;;
+    all) mapfile -t -O "${#SEL[@]}" SEL < <(all_scenarios) ;;
+    -*) bad_usage "unknown option '$1' (try --help)" ;;
+    *) [ -f "$HERE/scenarios/$1.sh" ] || bad_usage "no scenario '$1' (tests/vm/run.sh --list)"; SEL+=("$1") ;;
+  esac
+  shift
+done
+[ ${#SEL[@]} -gt 0 ] || mapfile -t SEL < <(all_scenarios)
+
+RESULTS=${RESULTS:-$ROOT/results/vm-$(date +%Y%m%d-%H%M%S)}
+mkdir -p "$RESULTS" || { echo "run.sh: cannot create $RESULTS" >&2; exit 1; }
+RESULTS=$(realpath "$RESULTS")
+EXTRA=$RESULTS/run-verdicts # verdicts given on the host (setup, build, VM trouble)
+: >"$EXTRA"
+T_START=$SECONDS
+echo "run.sh: ${#SEL[@]} scenario(s): ${SEL[*]}" >&2
+echo "run.sh: results in $RESULTS" >&2
+
+host_fail() { echo "FAIL $1: $2" | tee -a "$EXTRA"; }
+
+# Count every verdict line, print the closing line and exit.
+finish() {
+  local pass fail skip rc=0
+  local s files=("$EXTRA")
+  for s in "${SEL[@]}"; do [ -f "$RESULTS/$s/verdicts" ] && files+=("$RESULTS/$s/verdicts"); done
+  cat "${files[@]}" | grep -E '^(PASS|FAIL|SKIP) ' >"$RESULTS/summary.txt"
+  pass=$(grep -c '^PASS ' "$RESULTS/summary.txt")
+  fail=$(grep -c '^FAIL ' "$RESULTS/summary.txt")
+  skip=$(grep -c '^SKIP ' "$RESULTS/summary.txt")
+  {
+    echo
+    echo "total wall time: $((SECONDS - T_START)) s"
+    [ -f "$RESULTS/timings.txt" ] && sed 's/^/scenario time (s): /' "$RESULTS/timings.txt"
+  } >>"$RESULTS/summary.txt"
+  echo "run.sh: results in $RESULTS (summary.txt); total $((SECONDS - T_START)) s" >&2
+  echo "$pass passed, $fail failed, $skip skipped"
+  [ "$fail" = 0 ] || rc=1
+  exit $rc
+}
+
+# ---------------- 1. prerequisites ----------------
+if [ $SETUP = 1 ]; then
+  if ! "$ROOT/scripts/vm-setup.sh" >"$RESULTS/vm-setup.log" 2>&1; then
+    host_fail vm-setup "scripts/vm-setup.sh failed: $(tail -n 1 "$RESULTS/vm-setup.log")"
+    for s in "${SEL[@]}"; do host_fail "$s" "not run: the VM could not be set up"; done
+    finish
+  fi
+fi
+
+# ---------------- 2. host build ----------------
+need_build=0 need_rdma=0 vm_limit=180
+for s in "${SEL[@]}"; do
+  [[ " $(header vm-needs "$s") " == *" build "* ]] && need_build=1
+  [[ " $(header vm-needs "$s") " == *" rdma "* ]] && need_rdma=1
+  t=$(header vm-timeout "$s"); vm_limit=$((vm_limit + ${t:-300} + 15))
+done
+
+declare -A BIN=() NOTE=()
+if [ $need_build = 1 ]; then
+  TDIR=$(cd "$ROOT" && cargo metadata --format-version 1 --no-deps 2>/dev/null |
+    python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])') ||
+    TDIR=${CARGO_TARGET_DIR:-$ROOT/build}
+  for pkg_bin in nvmf-target:nvmf-target nvmf-initiator:nvmf-bench; do
+    pkg=${pkg_bin%%:*} bin=${pkg_bin#*:}
+    if [ $BUILD = 1 ]; then
+      echo "run.sh: cargo build --release -p $pkg" >&2
+      t0=$SECONDS
+      if (cd "$ROOT" && cargo build --release -p "$pkg") >"$RESULTS/build-$pkg.log" 2>&1; then
+        echo "run.sh: built $pkg in $((SECONDS - t0)) s" >&2
+      else
+        NOTE[$bin]="cargo build --release -p $pkg failed (build-$pkg.log)"
+        host_fail "build-$pkg" "cargo build --release -p $pkg failed: $(grep -m1 -E '^error' "$RESULTS/build-$pkg.log" | cut -c1-160)"
+        continue
+      fi
+    fi
+    if [ -x "$TDIR/release/$bin" ]; then
+      BIN[$bin]=$TDIR/release/$bin
+    else
+      NOTE[$bin]="$TDIR/release/$bin does not exist"
+    fi
+  done
+fi
+
+# ---------------- 3. one VM for every scenario ----------------
+rdma=none
+[ $need_rdma = 1 ] && rdma=both
+envs=(
+  NVMF_TARGET_BIN="${BIN[nvmf-target]:-}" NVMF_TARGET_NOTE="${NOTE[nvmf-target]:-}"
+  NVMF_BENCH_BIN="${BIN[nvmf-bench]:-}" NVMF_BENCH_NOTE="${NOTE[nvmf-bench]:-}"
+  NVMF_TEST_BREAK="${NVMF_TEST_BREAK:-}" RUST_LOG="${RUST_LOG:-info}" RUST_BACKTRACE=1
+)
+for v in $(compgen -e | grep '^NVMF_VM_' || true); do envs+=("$v=${!v}"); done
+cmd="env $(printf '%q ' "${envs[@]}") bash $(printf '%q ' "$HERE/guest-run.sh" "$RESULTS" "${SEL[@]}")"
+
+echo "run.sh: booting the VM (--rdma $rdma, limit ${vm_limit} s)" >&2
+t0=$SECONDS
+# Verdict lines (stdout) go straight through; progress and harness messages (stderr) are also kept
+# in vm.log.
+{
+  "$HERE/vm.sh" "${VERBOSE[@]}" --rdma "$rdma" --rw "$RESULTS" --timeout "$vm_limit" -- "$cmd" 2>&1 1>&3 3>&- |
+    tee "$RESULTS/vm.log" >&2 3>&-
+  vm_rc=${PIPESTATUS[0]}
+} 3>&1
+echo "run.sh: VM finished in $((SECONDS - t0)) s (vm.sh exit $vm_rc)" >&2
+
+case $vm_rc in
+  0) ;;
+  124) host_fail vm "the VM ran out of time (${vm_limit} s)" ;;
+  125) host_fail vm "harness error (vm.sh exit 125): $(grep -m1 -E '^vm\.sh' "$RESULTS/vm.log" | cut -c1-200)" ;;
+  *) host_fail vm "the guest runner failed (vm.sh exit $vm_rc): $(tail -n 1 "$RESULTS/vm.log" | cut -c1-200)" ;;
+esac
+for s in "${SEL[@]}"; do
+  [ -s "$RESULTS/$s/verdicts" ] || host_fail "$s" "not run (vm.sh exit $vm_rc)"
+done
+finish
