@@ -5,6 +5,8 @@
 //! start position of every node. Scalars are kept as text with their style; the decoder
 //! gives them a type according to the schema (YAML 1.2 core schema rules for plain scalars).
 
+use std::collections::HashMap;
+
 use saphyr_parser::{Event, Parser, ScalarStyle, Span};
 
 /// A 1-based line and column (columns count characters).
@@ -122,8 +124,13 @@ const MAX_DEPTH: usize = 32;
 
 enum Open {
     Seq(Location, Vec<Node>),
-    /// Entries so far, and a key waiting for its value.
-    Map(Location, Vec<(Node, Node)>, Option<Node>),
+    /// Entries so far, a key waiting for its value, and the line of each key seen.
+    Map(
+        Location,
+        Vec<(Node, Node)>,
+        Option<Node>,
+        HashMap<String, usize>,
+    ),
 }
 
 struct Builder {
@@ -177,14 +184,17 @@ impl Builder {
                 });
             }
             Event::SequenceStart(_, None) => self.stack.push(Open::Seq(at, Vec::new())),
-            Event::MappingStart(_, None) => self.stack.push(Open::Map(at, Vec::new(), None)),
+            Event::MappingStart(_, None) => {
+                self.stack
+                    .push(Open::Map(at, Vec::new(), None, HashMap::new()))
+            }
             Event::SequenceEnd | Event::MappingEnd => {
                 let node = match self.stack.pop() {
                     Some(Open::Seq(at, items)) => Node {
                         at,
                         kind: Kind::Seq(items),
                     },
-                    Some(Open::Map(at, entries, _)) => Node {
+                    Some(Open::Map(at, entries, _, _)) => Node {
                         at,
                         kind: Kind::Map(entries),
                     },
@@ -205,7 +215,7 @@ impl Builder {
         match self.stack.last_mut() {
             None => self.root = Some(node),
             Some(Open::Seq(_, items)) => items.push(node),
-            Some(Open::Map(_, entries, pending)) => match pending.take() {
+            Some(Open::Map(_, entries, pending, seen)) => match pending.take() {
                 Some(key) => entries.push((key, node)),
                 None => {
                     if !matches!(node.kind, Kind::Scalar { .. }) {
@@ -215,14 +225,12 @@ impl Builder {
                                 .into(),
                         });
                     }
-                    if let Some((first, _)) = entries.iter().find(|(k, _)| k.text() == node.text())
-                    {
+                    if let Some(first_line) = seen.insert(node.text().to_owned(), node.at.line) {
                         return Err(SyntaxError {
                             at: node.at,
                             message: format!(
-                                "duplicate key `{}` (first given at line {})",
+                                "duplicate key `{}` (first given at line {first_line})",
                                 node.text(),
-                                first.at.line
                             ),
                         });
                     }
