@@ -27,6 +27,12 @@
 //! check that files exist) but never creates or opens them: creating a missing file at `size`
 //! is the target's job.
 //!
+//! The model derives `serde::Serialize` (for [`Config::to_yaml`]) but deliberately not
+//! `Deserialize`: serde stops at the first error and a derived decoder would skip validation.
+//! Instead the text is parsed by saphyr-parser into a tree that keeps every node's position,
+//! and a schema-driven decoder rejects unknown keys (what `deny_unknown_fields` would do),
+//! missing keys and wrong types, all of them in one pass.
+//!
 //! Every key is documented on the field that holds it, and all of them on one page in
 //! [`reference`](mod@reference) (the crate's `REFERENCE.md`).
 
