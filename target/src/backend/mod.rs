@@ -1,1 +1,25 @@
-//! Storage backends (being written).
+//! The storage backend: executes the core's [`IoOp`](crate::core::IoOp)s on namespaces'
+//! backing stores through a per-thread io_uring. No protocol knowledge lives here.
+//!
+//! - [`Devices`]: every namespace's backing store (file, block device or null), opened once
+//!   at start-up with O_DIRECT (buffered I/O if the filesystem refuses it) and shared by all
+//!   threads.
+//! - [`BufPool`]: one page-aligned anonymous mapping split into fixed-size buffers, owned by a
+//!   poller thread; registered with io_uring (and, by the RDMA transport, as one memory region).
+//! - [`Ring`]: one io_uring per poller thread (SINGLE_ISSUER | DEFER_TASKRUN where the kernel
+//!   has it) with the devices as fixed files and the pool as fixed buffers. No locks and no
+//!   heap allocation per operation.
+
+mod device;
+mod pool;
+mod ring;
+mod sys;
+
+pub use device::{
+    Device, DeviceError, DeviceKind, DeviceSpec, Devices, FileSpec, MAX_BLOCK_SIZE, MIN_BLOCK_SIZE,
+};
+pub use pool::{BufId, BufPool, PoolError, BUF_ALIGN, MAX_BUFFERS, MAX_BUFFER_SIZE};
+pub use ring::{Ring, RingConfig, RingError, RingMode, RingStats, SubmitError};
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,366 @@
+//! Namespaces' backing stores, opened once at start-up: regular files, block devices, or a
+//! null device that stores nothing.
+
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, RawFd};
+use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+use super::sys;
+
+/// Smallest and largest logical block sizes accepted.
+pub const MIN_BLOCK_SIZE: u32 = 512;
+pub const MAX_BLOCK_SIZE: u32 = 65536;
+
+/// How to open one backing store.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DeviceSpec {
+    /// A regular file or a block device.
+    File(FileSpec),
+    /// Discards writes, reads zeroes; no syscalls.
+    Null { size: u64, block_size: u32 },
+}
+
+/// A file or block device backing store.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FileSpec {
+    pub path: PathBuf,
+    /// Namespace size in bytes. Files: the size to create a missing file with (sparse); an
+    /// existing file is used at its current length. Block devices: at most the device size
+    /// (a prefix of it); `None` uses the whole device.
+    pub size: Option<u64>,
+    /// Logical block size. `None`: the device's logical block size for block devices; for
+    /// files, the filesystem block size capped at 4096 (as Linux nvmet does).
+    pub block_size: Option<u32>,
+    pub read_only: bool,
+    /// Never use O_DIRECT (also what happens automatically when the filesystem refuses it).
+    pub buffered: bool,
+}
+
+impl FileSpec {
+    /// A writable, direct-I/O spec for `path` with the given size and default block size.
+    pub fn new(path: impl Into<PathBuf>, size: Option<u64>) -> FileSpec {
+        FileSpec {
+            path: path.into(),
+            size,
+            block_size: None,
+            read_only: false,
+            buffered: false,
+        }
+    }
+}
+
+/// What a [`Device`] is backed by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeviceKind {
+    File,
+    BlockDevice,
+    Null,
+}
+
+/// Failure to open or validate a backing store.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum DeviceError {
+    #[error("{}: cannot open: {source}", path.display())]
+    Open { path: PathBuf, source: io::Error },
+    #[error("{}: cannot create or resize: {source}", path.display())]
+    Resize { path: PathBuf, source: io::Error },
+    #[error("{}: cannot query size or block size: {source}", path.display())]
+    Query { path: PathBuf, source: io::Error },
+    #[error("{}: does not exist and no size is configured to create it", path.display())]
+    MissingNoSize { path: PathBuf },
+    #[error("{}: is neither a regular file nor a block device", path.display())]
+    NotFileOrBlockDevice { path: PathBuf },
+    #[error("{}: block size {block_size} is not a power of two in {MIN_BLOCK_SIZE}..={MAX_BLOCK_SIZE}", path.display())]
+    BadBlockSize { path: PathBuf, block_size: u32 },
+    #[error("{}: block size {block_size} is smaller than the device's logical block size {device_block_size}", path.display())]
+    BlockSizeBelowDevice {
+        path: PathBuf,
+        block_size: u32,
+        device_block_size: u32,
+    },
+    #[error("{}: size {size} is zero or not a multiple of the block size {block_size}", path.display())]
+    BadSize {
+        path: PathBuf,
+        size: u64,
+        block_size: u32,
+    },
+    #[error("{}: configured size {size} exceeds the device size {device_size}", path.display())]
+    TooLarge {
+        path: PathBuf,
+        size: u64,
+        device_size: u64,
+    },
+}
+
+/// One opened backing store. Immutable after opening; shared by all poller threads.
+#[derive(Debug)]
+pub struct Device {
+    /// `None` for the null device.
+    file: Option<File>,
+    path: Option<PathBuf>,
+    kind: DeviceKind,
+    size: u64,
+    block_size: u32,
+    read_only: bool,
+    direct: bool,
+}
+
+impl Device {
+    /// Opens (and if needed creates) the backing store described by `spec`.
+    pub fn open(spec: &DeviceSpec) -> Result<Device, DeviceError> {
+        match spec {
+            DeviceSpec::Null { size, block_size } => {
+                let path = Path::new("null");
+                check_block_size(path, *block_size)?;
+                check_size(path, *size, *block_size)?;
+                Ok(Device {
+                    file: None,
+                    path: None,
+                    kind: DeviceKind::Null,
+                    size: *size,
+                    block_size: *block_size,
+                    read_only: false,
+                    direct: false,
+                })
+            }
+            DeviceSpec::File(f) => open_file(f),
+        }
+    }
+
+    /// Namespace size in bytes (a multiple of the block size).
+    pub fn size_bytes(&self) -> u64 {
+        self.size
+    }
+
+    /// Logical block size in bytes.
+    pub fn block_size(&self) -> u32 {
+        self.block_size
+    }
+
+    /// True if I/O bypasses the page cache (O_DIRECT).
+    pub fn is_direct(&self) -> bool {
+        self.direct
+    }
+
+    pub fn is_read_only(&self) -> bool {
+        self.read_only
+    }
+
+    pub fn kind(&self) -> DeviceKind {
+        self.kind
+    }
+
+    /// The path opened; `None` for the null device.
+    pub fn path(&self) -> Option<&Path> {
+        self.path.as_deref()
+    }
+
+    /// The open descriptor (`None` for the null device), for io_uring file registration.
+    pub(crate) fn raw_fd(&self) -> Option<RawFd> {
+        self.file.as_ref().map(|f| f.as_raw_fd())
+    }
+}
+
+/// All namespaces' backing stores, indexed by the `device` number the core puts in an `IoOp`
+/// (the position in the spec list).
+#[derive(Debug, Default)]
+pub struct Devices {
+    devices: Vec<Device>,
+}
+
+impl Devices {
+    /// Opens every spec in order; the first failure aborts (already opened ones are closed).
+    pub fn open(specs: &[DeviceSpec]) -> Result<Devices, DeviceError> {
+        let devices = specs.iter().map(Device::open).collect::<Result<_, _>>()?;
+        Ok(Devices { devices })
+    }
+
+    /// Wraps already opened devices.
+    pub fn from_devices(devices: Vec<Device>) -> Devices {
+        Devices { devices }
+    }
+
+    pub fn get(&self, index: u32) -> Option<&Device> {
+        self.devices.get(index as usize)
+    }
+
+    pub fn len(&self) -> usize {
+        self.devices.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.devices.is_empty()
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &Device> {
+        self.devices.iter()
+    }
+}
+
+fn check_block_size(path: &Path, block_size: u32) -> Result<(), DeviceError> {
+    if !block_size.is_power_of_two() || !(MIN_BLOCK_SIZE..=MAX_BLOCK_SIZE).contains(&block_size) {
+        return Err(DeviceError::BadBlockSize {
+            path: path.to_owned(),
+            block_size,
+        });
+    }
+    Ok(())
+}
+
+fn check_size(path: &Path, size: u64, block_size: u32) -> Result<(), DeviceError> {
+    if size == 0 || size % u64::from(block_size) != 0 {
+        return Err(DeviceError::BadSize {
+            path: path.to_owned(),
+            size,
+            block_size,
+        });
+    }
+    Ok(())
+}
+
+fn open_with(spec: &FileSpec, direct: bool, create: bool) -> io::Result<File> {
+    let mut o = OpenOptions::new();
+    o.read(true).write(!spec.read_only).create(create);
+    // std always adds O_CLOEXEC.
+    let mut flags = 0;
+    if direct {
+        flags |= libc::O_DIRECT;
+    }
+    o.custom_flags(flags);
+    o.open(&spec.path)
+}
+
+fn open_file(spec: &FileSpec) -> Result<Device, DeviceError> {
+    let path = spec.path.as_path();
+    let err_open = |source| DeviceError::Open {
+        path: path.to_owned(),
+        source,
+    };
+    if let Some(bs) = spec.block_size {
+        check_block_size(path, bs)?;
+    }
+    let exists = match std::fs::metadata(path) {
+        Ok(_) => true,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => false,
+        Err(e) => return Err(err_open(e)),
+    };
+    if !exists && spec.size.is_none() {
+        return Err(DeviceError::MissingNoSize {
+            path: path.to_owned(),
+        });
+    }
+    let create = !exists && !spec.read_only;
+    let mut direct = !spec.buffered;
+    let file = match open_with(spec, direct, create) {
+        // O_DIRECT is refused at open by filesystems without direct I/O (tmpfs before 6.6).
+        Err(e) if direct && e.raw_os_error() == Some(libc::EINVAL) => {
+            direct = false;
+            tracing::warn!(path = %path.display(), "O_DIRECT refused by the filesystem; using buffered I/O (flush = fdatasync)");
+            open_with(spec, false, create).map_err(err_open)?
+        }
+        r => r.map_err(err_open)?,
+    };
+    let meta = file.metadata().map_err(err_open)?;
+    let ft = meta.file_type();
+    let query_err = |source| DeviceError::Query {
+        path: path.to_owned(),
+        source,
+    };
+
+    if ft.is_block_device() {
+        let dev_size = sys::blkdev_size(file.as_fd()).map_err(query_err)?;
+        let dev_bs = sys::blkdev_logical_block_size(file.as_fd()).map_err(query_err)?;
+        let block_size = spec.block_size.unwrap_or(dev_bs);
+        check_block_size(path, block_size)?;
+        if block_size < dev_bs {
+            return Err(DeviceError::BlockSizeBelowDevice {
+                path: path.to_owned(),
+                block_size,
+                device_block_size: dev_bs,
+            });
+        }
+        let size = match spec.size {
+            Some(s) if s > dev_size => {
+                return Err(DeviceError::TooLarge {
+                    path: path.to_owned(),
+                    size: s,
+                    device_size: dev_size,
+                })
+            }
+            Some(s) => s,
+            None => dev_size - dev_size % u64::from(block_size),
+        };
+        check_size(path, size, block_size)?;
+        return Ok(Device {
+            file: Some(file),
+            path: Some(path.to_owned()),
+            kind: DeviceKind::BlockDevice,
+            size,
+            block_size,
+            read_only: spec.read_only,
+            direct,
+        });
+    }
+    if !ft.is_file() {
+        return Err(DeviceError::NotFileOrBlockDevice {
+            path: path.to_owned(),
+        });
+    }
+
+    // Linux nvmet (io-cmd-file.c) uses the inode's block size, capped at 4096.
+    let fs_bs = u32::try_from(std::os::unix::fs::MetadataExt::blksize(&meta))
+        .unwrap_or(4096)
+        .clamp(MIN_BLOCK_SIZE, 4096);
+    let block_size = spec.block_size.unwrap_or(fs_bs);
+    check_block_size(path, block_size)?;
+    let file_len = meta.len();
+    let size = if create {
+        // Just created (empty): size it. Sparse: no blocks are allocated and unwritten ranges
+        // read as zeroes.
+        let s = spec.size.unwrap_or(0);
+        check_size(path, s, block_size)?;
+        file.set_len(s).map_err(|source| DeviceError::Resize {
+            path: path.to_owned(),
+            source,
+        })?;
+        s
+    } else {
+        // An existing file is used at its current length (the configuration's rule).
+        if let Some(s) = spec.size.filter(|&s| s != file_len) {
+            tracing::info!(path = %path.display(), configured = s, actual = file_len,
+                "existing backing file used at its current length");
+        }
+        file_len
+    };
+    check_size(path, size, block_size)?;
+
+    let file = if direct {
+        match sys::dio_alignment(file.as_fd()) {
+            Some((mem, off))
+                if off == 0 || block_size % off != 0 || mem as usize > super::pool::BUF_ALIGN =>
+            {
+                tracing::warn!(path = %path.display(), mem_align = mem, offset_align = off, block_size,
+                    "direct I/O alignment incompatible with the block size; using buffered I/O (flush = fdatasync)");
+                direct = false;
+                drop(file);
+                open_with(spec, false, false).map_err(err_open)?
+            }
+            _ => file,
+        }
+    } else {
+        file
+    };
+
+    Ok(Device {
+        file: Some(file),
+        path: Some(path.to_owned()),
+        kind: DeviceKind::File,
+        size,
+        block_size,
+        read_only: spec.read_only,
+        direct,
+    })
+}

@@ -1,0 +1,894 @@
+//! A per-thread io_uring that executes the core's [`IoOp`]s on [`Devices`] with the buffers of
+//! a [`BufPool`] it owns.
+//!
+//! Every operation occupies one slot from a table sized at creation; the slot index is the
+//! io_uring `user_data`, and the slot (not the caller) holds the op's state until its last CQE
+//! arrives, so buffers and continuation state stay valid by construction. Slots that finish
+//! go to a ready queue of the same capacity; [`Ring::reap`] hands them to the caller. No heap
+//! allocation happens per operation.
+//!
+//! Poller loop:
+//! ```text
+//! ring.submit_op(&op, Some((buf, 0)), tag)?   // any number, up to max_inflight
+//! ring.submit()?                             // one io_uring_enter for the batch
+//! ring.reap(|tag, result| ...)               // non-blocking
+//! ring.wait(Some(timeout))?                  // park until a completion (or epoll the eventfd)
+//! ```
+
+use std::collections::VecDeque;
+use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd, RawFd};
+use std::sync::Arc;
+use std::time::Duration;
+
+use io_uring::{opcode, types, IoUring};
+
+use super::device::{DeviceKind, Devices};
+use super::pool::{BufId, BufPool};
+use super::sys::{self, MmapRegion};
+use crate::core::{IoKind, IoOp};
+
+/// Bytes of the ring's zero buffer, the source of Write Zeroes when the device supports
+/// neither FALLOC_FL_ZERO_RANGE nor FALLOC_FL_PUNCH_HOLE. A multiple of every block size.
+const ZERO_BUF_LEN: usize = 256 * 1024;
+
+/// IORING_ENTER_GETEVENTS.
+const ENTER_GETEVENTS: u32 = 1;
+
+/// Ring geometry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RingConfig {
+    /// Submission queue entries (the kernel rounds up to a power of two).
+    pub sq_entries: u32,
+    /// Operations that may be in flight at once (slots). [`Ring::submit_op`] returns
+    /// [`SubmitError::Busy`] beyond this.
+    pub max_inflight: u32,
+}
+
+impl Default for RingConfig {
+    fn default() -> Self {
+        RingConfig {
+            sq_entries: 256,
+            max_inflight: 256,
+        }
+    }
+}
+
+/// How the kernel accepted the ring (newest first).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RingMode {
+    /// SINGLE_ISSUER | DEFER_TASKRUN (6.1+): completions run only inside our io_uring_enter.
+    DeferTaskrun,
+    /// COOP_TASKRUN (5.19+).
+    CoopTaskrun,
+    /// No task-run flags.
+    Plain,
+}
+
+/// Ring set-up failure.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RingError {
+    #[error("io_uring setup failed: {0}")]
+    Setup(io::Error),
+    #[error(
+        "io_uring: the kernel lacks IORING_FEAT_EXT_ARG (Linux 5.11+), needed for timed waits"
+    )]
+    NoExtArg,
+    #[error("io_uring: registering the device files failed: {0}")]
+    RegisterFiles(io::Error),
+    #[error("io_uring: registering {count} buffers ({bytes} bytes) failed: {source} (check RLIMIT_MEMLOCK)")]
+    RegisterBuffers {
+        count: usize,
+        bytes: usize,
+        source: io::Error,
+    },
+    #[error("io_uring: zero buffer mmap failed: errno {0}")]
+    ZeroBuffer(i32),
+    #[error("io_uring: max_inflight must be in 1..=65536, got {0}")]
+    BadInflight(u32),
+}
+
+/// [`Ring::submit_op`] could not take the operation; nothing was queued.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum SubmitError {
+    /// All slots are in use: reap completions first (the caller keeps the request waiting).
+    #[error("all {0} backend operation slots are in use")]
+    Busy(u32),
+}
+
+/// Counters of one ring. Plain integers: a ring belongs to one thread.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct RingStats {
+    /// Operations accepted by [`Ring::submit_op`].
+    pub submitted: u64,
+    /// Operations completed (successfully or not).
+    pub completed: u64,
+    /// Operations completed with an error.
+    pub errors: u64,
+    /// Bytes read by successful Read operations.
+    pub bytes_read: u64,
+    /// Bytes written by successful Write operations.
+    pub bytes_written: u64,
+    /// SQEs queued, including continuations of short transfers and one per Trim range.
+    pub sqes: u64,
+    /// io_uring_enter system calls made.
+    pub enters: u64,
+}
+
+/// Per-device state the ring keeps (copied from [`Devices`] plus what it learned).
+#[derive(Debug, Clone, Copy)]
+struct Dev {
+    size: u64,
+    block_size: u64,
+    read_only: bool,
+    null: bool,
+    /// How Write Zeroes is done; downgraded when the kernel answers EOPNOTSUPP.
+    zero: ZeroMethod,
+    /// False once PUNCH_HOLE answered EOPNOTSUPP: Trim then completes without action.
+    trim: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ZeroMethod {
+    /// fallocate(FALLOC_FL_ZERO_RANGE | FALLOC_FL_KEEP_SIZE)
+    ZeroRange,
+    /// fallocate(FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE): also reads back zeroes.
+    PunchHole,
+    /// WRITE_FIXED from the zero buffer, one chunk at a time.
+    Write,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SlotKind {
+    /// On the free list.
+    Idle,
+    Read,
+    Write,
+    Flush,
+    Zero(ZeroMethod),
+    Trim,
+    /// Finished, on the ready queue.
+    Done,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Slot {
+    user_data: u64,
+    kind: SlotKind,
+    dev: u32,
+    /// The buffer this op marked in flight (cleared again when it finishes).
+    buf: Option<BufId>,
+    /// Address of the op's first byte in the buffer.
+    addr: usize,
+    /// Device byte offset and length of the whole op.
+    offset: u64,
+    len: u64,
+    /// Bytes done so far (short transfers and zero-buffer chunks continue from here).
+    done: u64,
+    /// SQEs in flight (more than one only for Trim).
+    pending: u32,
+    /// First errno seen (Trim).
+    err: i32,
+    result: Result<u32, i32>,
+}
+
+const IDLE_SLOT: Slot = Slot {
+    user_data: 0,
+    kind: SlotKind::Idle,
+    dev: 0,
+    buf: None,
+    addr: 0,
+    offset: 0,
+    len: 0,
+    done: 0,
+    pending: 0,
+    err: 0,
+    result: Ok(0),
+};
+
+/// A per-thread io_uring with the devices and the buffer pool registered.
+///
+/// `Ring` is `Send` so it can be built at start-up and moved to its poller thread; it is
+/// created disabled and enabled by the first call that enters the kernel, which makes that
+/// thread its single issuer. From then on it must be used from that thread only (the kernel
+/// answers EEXIST otherwise).
+pub struct Ring {
+    // Field order is drop order: the ring goes first, then the memory it has registered.
+    ring: IoUring,
+    eventfd: Option<OwnedFd>,
+    pool: BufPool,
+    zero: MmapRegion,
+    zero_index: u16,
+    devices: Arc<Devices>,
+    dev: Vec<Dev>,
+    slots: Vec<Slot>,
+    free_slots: Vec<u32>,
+    ready: VecDeque<u32>,
+    mode: RingMode,
+    /// The kernel sets IORING_SQ_TASKRUN when deferred completions wait for an enter.
+    taskrun_flag: bool,
+    enabled: bool,
+    stats: RingStats,
+}
+
+impl std::fmt::Debug for Ring {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Ring")
+            .field("fd", &self.ring.as_raw_fd())
+            .field("mode", &self.mode)
+            .field("in_flight", &self.in_flight())
+            .field("stats", &self.stats)
+            .finish_non_exhaustive()
+    }
+}
+
+fn build_ring(cfg: &RingConfig) -> Result<(IoUring, RingMode, bool), RingError> {
+    let cq = cfg
+        .max_inflight
+        .max(cfg.sq_entries.saturating_mul(2))
+        .next_power_of_two();
+    let mut last = None;
+    // (mode, taskrun flag) in order of preference; EINVAL means "this kernel does not know a flag".
+    for (mode, flag) in [
+        (RingMode::DeferTaskrun, true),
+        (RingMode::DeferTaskrun, false),
+        (RingMode::CoopTaskrun, true),
+        (RingMode::Plain, false),
+    ] {
+        let mut b = IoUring::builder();
+        b.setup_cqsize(cq).setup_clamp().setup_r_disabled();
+        match mode {
+            RingMode::DeferTaskrun => {
+                b.setup_single_issuer().setup_defer_taskrun();
+            }
+            RingMode::CoopTaskrun => {
+                b.setup_coop_taskrun();
+            }
+            RingMode::Plain => {}
+        }
+        if flag {
+            b.setup_taskrun_flag();
+        }
+        match b.build(cfg.sq_entries) {
+            Ok(r) => return Ok((r, mode, flag)),
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => last = Some(e),
+            Err(e) => return Err(RingError::Setup(e)),
+        }
+    }
+    Err(RingError::Setup(last.unwrap_or_else(|| {
+        io::Error::from_raw_os_error(libc::EINVAL)
+    })))
+}
+
+impl Ring {
+    /// Creates the ring, registers every device (as fixed file = device index; null devices
+    /// leave a sparse slot) and every pool buffer (fixed buffer = [`BufId`]), plus a zero
+    /// buffer of its own. Takes ownership of the pool so registered memory outlives the ring.
+    pub fn new(cfg: RingConfig, devices: Arc<Devices>, pool: BufPool) -> Result<Ring, RingError> {
+        if cfg.max_inflight == 0 || cfg.max_inflight > 65536 {
+            return Err(RingError::BadInflight(cfg.max_inflight));
+        }
+        let (ring, mode, taskrun_flag) = build_ring(&cfg)?;
+        if !ring.params().is_feature_ext_arg() {
+            return Err(RingError::NoExtArg);
+        }
+        let sub = ring.submitter();
+
+        let fds: Vec<RawFd> = devices.iter().map(|d| d.raw_fd().unwrap_or(-1)).collect();
+        if !fds.is_empty() {
+            sub.register_files(&fds).map_err(RingError::RegisterFiles)?;
+        }
+
+        let zero = MmapRegion::new(ZERO_BUF_LEN).map_err(RingError::ZeroBuffer)?;
+        let mut iov = pool.iovecs();
+        let zero_index = iov.len() as u16; // pool count <= MAX_BUFFERS, so this fits
+        iov.push(libc::iovec {
+            iov_base: zero.ptr().as_ptr().cast(),
+            iov_len: ZERO_BUF_LEN,
+        });
+        sys::raise_memlock_limit();
+        // SAFETY: every iovec describes memory owned by `pool` or `zero`, which the returned
+        // Ring owns and drops only after the io_uring itself (field order), so the memory stays
+        // valid for as long as the registration.
+        unsafe { sub.register_buffers(&iov) }.map_err(|source| RingError::RegisterBuffers {
+            count: iov.len(),
+            bytes: pool.len() + ZERO_BUF_LEN,
+            source,
+        })?;
+
+        let dev = devices
+            .iter()
+            .map(|d| Dev {
+                size: d.size_bytes(),
+                block_size: u64::from(d.block_size()),
+                read_only: d.is_read_only(),
+                null: d.kind() == DeviceKind::Null,
+                zero: ZeroMethod::ZeroRange,
+                trim: true,
+            })
+            .collect();
+        let n = cfg.max_inflight as usize;
+        Ok(Ring {
+            ring,
+            eventfd: None,
+            pool,
+            zero,
+            zero_index,
+            devices,
+            dev,
+            slots: vec![IDLE_SLOT; n],
+            free_slots: (0..cfg.max_inflight).rev().collect(),
+            ready: VecDeque::with_capacity(n),
+            mode,
+            taskrun_flag,
+            enabled: false,
+            stats: RingStats::default(),
+        })
+    }
+
+    /// The buffer pool (allocate, fill, read buffers here).
+    pub fn pool(&self) -> &BufPool {
+        &self.pool
+    }
+
+    pub fn pool_mut(&mut self) -> &mut BufPool {
+        &mut self.pool
+    }
+
+    pub fn devices(&self) -> &Arc<Devices> {
+        &self.devices
+    }
+
+    pub fn mode(&self) -> RingMode {
+        self.mode
+    }
+
+    pub fn stats(&self) -> &RingStats {
+        &self.stats
+    }
+
+    /// Operations accepted and not yet handed back by `reap`.
+    pub fn in_flight(&self) -> usize {
+        self.slots.len() - self.free_slots.len()
+    }
+
+    /// Free operation slots.
+    pub fn free_slots(&self) -> usize {
+        self.free_slots.len()
+    }
+
+    /// Creates an eventfd the kernel signals when completions (or, with DEFER_TASKRUN,
+    /// completion work that the next [`Ring::reap`] will run) become available; epoll it for
+    /// readability, then call [`Ring::drain_eventfd`] and [`Ring::reap`]. Idempotent.
+    pub fn register_eventfd(&mut self) -> io::Result<BorrowedFd<'_>> {
+        if self.eventfd.is_none() {
+            let fd = sys::eventfd()?;
+            self.ring.submitter().register_eventfd(fd.as_raw_fd())?;
+            self.eventfd = Some(fd);
+        }
+        Ok(self.eventfd().expect("registered just above"))
+    }
+
+    /// The registered eventfd, if any.
+    pub fn eventfd(&self) -> Option<BorrowedFd<'_>> {
+        use std::os::fd::AsFd;
+        self.eventfd.as_ref().map(|f| f.as_fd())
+    }
+
+    /// Resets the eventfd counter (call after epoll reported it readable).
+    pub fn drain_eventfd(&self) {
+        if let Some(fd) = self.eventfd() {
+            sys::eventfd_drain(fd);
+        }
+    }
+
+    /// Queues one operation. `buf` is (buffer, byte offset into it) and is required for Read
+    /// and Write; the data occupies `buf_offset .. buf_offset + op.len`. The buffer is marked
+    /// in flight until the completion is reaped. An invalid op (unknown device, outside the
+    /// device, misaligned, missing or busy buffer, write to a read-only device) is not an
+    /// `Err`: it completes through [`Ring::reap`] with an errno (ENODEV, EINVAL, EBUSY, EROFS).
+    ///
+    /// Completion results: Read/Write report `op.len` bytes; Flush, Write Zeroes and Trim 0.
+    pub fn submit_op(
+        &mut self,
+        op: &IoOp,
+        buf: Option<(BufId, u32)>,
+        user_data: u64,
+    ) -> Result<(), SubmitError> {
+        let Some(s) = self.free_slots.pop() else {
+            return Err(SubmitError::Busy(self.slots.len() as u32));
+        };
+        self.stats.submitted += 1;
+        self.slots[s as usize] = Slot {
+            user_data,
+            dev: op.device,
+            offset: op.offset,
+            len: u64::from(op.len),
+            ..IDLE_SLOT
+        };
+        if let Err(errno) = self.start(s, op, buf) {
+            self.finish(s, Err(errno));
+        }
+        Ok(())
+    }
+
+    /// Validates and issues the op in slot `s`; `Err(errno)` to fail it before any SQE.
+    fn start(&mut self, s: u32, op: &IoOp, buf: Option<(BufId, u32)>) -> Result<(), i32> {
+        let dev = *self.dev.get(op.device as usize).ok_or(libc::ENODEV)?;
+        let si = s as usize;
+        let writes = !matches!(op.kind, IoKind::Read | IoKind::Flush);
+        if writes && dev.read_only {
+            return Err(libc::EROFS);
+        }
+        match &op.kind {
+            IoKind::Read | IoKind::Write => {
+                let (id, boff) = buf.ok_or(libc::EINVAL)?;
+                check_range(&dev, op.offset, u64::from(op.len))?;
+                let end = (boff as usize)
+                    .checked_add(op.len as usize)
+                    .ok_or(libc::EINVAL)?;
+                if end > self.pool.buf_size() {
+                    return Err(libc::EINVAL);
+                }
+                if self.pool.is_in_flight(id) {
+                    return Err(libc::EBUSY);
+                }
+                let base = self.pool.buf_ptr(id).map_err(|_| libc::EINVAL)?;
+                let addr = base.as_ptr() as usize + boff as usize;
+                if op.len == 0 {
+                    self.finish(s, Ok(0));
+                    return Ok(());
+                }
+                let is_read = op.kind == IoKind::Read;
+                if dev.null {
+                    if is_read {
+                        // Null reads return zeroes.
+                        let b = self.pool.buf_mut(id).map_err(|_| libc::EINVAL)?;
+                        b[boff as usize..end].fill(0);
+                    }
+                    self.finish_rw(s, is_read);
+                    return Ok(());
+                }
+                self.pool.mark_in_flight(id).map_err(|_| libc::EINVAL)?;
+                let slot = &mut self.slots[si];
+                slot.buf = Some(id);
+                slot.addr = addr;
+                slot.kind = if is_read {
+                    SlotKind::Read
+                } else {
+                    SlotKind::Write
+                };
+                self.issue_rw(s)
+            }
+            IoKind::Flush => {
+                if dev.null {
+                    self.finish(s, Ok(0));
+                    return Ok(());
+                }
+                self.slots[si].kind = SlotKind::Flush;
+                let e = opcode::Fsync::new(types::Fixed(op.device))
+                    .flags(types::FsyncFlags::DATASYNC)
+                    .build();
+                self.push_one(s, e)
+            }
+            IoKind::WriteZeroes => {
+                check_range(&dev, op.offset, u64::from(op.len))?;
+                if dev.null || op.len == 0 {
+                    self.finish(s, Ok(0));
+                    return Ok(());
+                }
+                self.slots[si].kind = SlotKind::Zero(dev.zero);
+                self.issue_zero(s)
+            }
+            IoKind::Trim(ranges) => {
+                for &(off, len) in ranges {
+                    check_range(&dev, off, len)?;
+                }
+                if dev.null || !dev.trim {
+                    self.finish(s, Ok(0));
+                    return Ok(());
+                }
+                self.slots[si].kind = SlotKind::Trim;
+                for &(off, len) in ranges.iter().filter(|r| r.1 > 0) {
+                    let e = opcode::Fallocate::new(types::Fixed(op.device), len)
+                        .offset(off)
+                        .mode(libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE)
+                        .build();
+                    if let Err(errno) = self.push_one(s, e) {
+                        // Ranges already queued still complete; report the failure at the end.
+                        self.slots[si].err = errno;
+                        break;
+                    }
+                }
+                if self.slots[si].pending == 0 {
+                    let err = self.slots[si].err;
+                    self.finish(s, if err == 0 { Ok(0) } else { Err(err) });
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Issues (or re-issues, after a short transfer) the remaining part of a Read/Write.
+    fn issue_rw(&mut self, s: u32) -> Result<(), i32> {
+        let slot = self.slots[s as usize];
+        let buf = slot.buf.ok_or(libc::EINVAL)?;
+        let addr = (slot.addr + slot.done as usize) as *mut u8;
+        // At most u32::MAX: `len` came from a u32.
+        let len = (slot.len - slot.done) as u32;
+        let offset = slot.offset + slot.done;
+        let fd = types::Fixed(slot.dev);
+        let e = if slot.kind == SlotKind::Read {
+            opcode::ReadFixed::new(fd, addr, len, buf.0)
+                .offset(offset)
+                .build()
+        } else {
+            opcode::WriteFixed::new(fd, addr, len, buf.0)
+                .offset(offset)
+                .build()
+        };
+        self.push_one(s, e)
+    }
+
+    /// Issues (or continues) a Write Zeroes with the slot's current method.
+    fn issue_zero(&mut self, s: u32) -> Result<(), i32> {
+        let slot = self.slots[s as usize];
+        let fd = types::Fixed(slot.dev);
+        let SlotKind::Zero(method) = slot.kind else {
+            return Err(libc::EINVAL);
+        };
+        let e = match method {
+            ZeroMethod::ZeroRange | ZeroMethod::PunchHole => {
+                let mode = if method == ZeroMethod::ZeroRange {
+                    libc::FALLOC_FL_ZERO_RANGE
+                } else {
+                    libc::FALLOC_FL_PUNCH_HOLE
+                };
+                opcode::Fallocate::new(fd, slot.len)
+                    .offset(slot.offset)
+                    .mode(mode | libc::FALLOC_FL_KEEP_SIZE)
+                    .build()
+            }
+            ZeroMethod::Write => {
+                let chunk = (slot.len - slot.done).min(ZERO_BUF_LEN as u64) as u32;
+                opcode::WriteFixed::new(fd, self.zero.ptr().as_ptr(), chunk, self.zero_index)
+                    .offset(slot.offset + slot.done)
+                    .build()
+            }
+        };
+        self.push_one(s, e)
+    }
+
+    /// Pushes one SQE for slot `s`, submitting first if the SQ is full (never drops).
+    fn push_one(&mut self, s: u32, e: io_uring::squeue::Entry) -> Result<(), i32> {
+        let e = e.user_data(u64::from(s));
+        loop {
+            // SAFETY: the entry references only memory the ring owns for its whole life (the
+            // registered pool buffers and the zero buffer) and registered files; the slot that
+            // owns the op stays allocated until this SQE's completion is processed.
+            if unsafe { self.ring.submission().push(&e) }.is_ok() {
+                break;
+            }
+            self.enter(0, None, false)
+                .map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))?;
+        }
+        self.slots[s as usize].pending += 1;
+        self.stats.sqes += 1;
+        Ok(())
+    }
+
+    /// Marks slot `s` finished and queues it for `reap`.
+    fn finish(&mut self, s: u32, result: Result<u32, i32>) {
+        let slot = &mut self.slots[s as usize];
+        slot.kind = SlotKind::Done;
+        slot.result = result;
+        if let Some(id) = slot.buf.take() {
+            // The op marked it; nothing else can have changed its state meanwhile.
+            let _ = self.pool.clear_in_flight(id);
+        }
+        self.stats.completed += 1;
+        if result.is_err() {
+            self.stats.errors += 1;
+        }
+        // Capacity is max_inflight and each slot is queued once: never reallocates.
+        self.ready.push_back(s);
+    }
+
+    /// Handles one CQE.
+    fn on_cqe(&mut self, user_data: u64, res: i32) {
+        let Some(slot) = usize::try_from(user_data)
+            .ok()
+            .and_then(|i| self.slots.get_mut(i))
+        else {
+            debug_assert!(false, "CQE for unknown slot {user_data}");
+            return;
+        };
+        if slot.pending == 0 {
+            debug_assert!(false, "unexpected CQE for slot {user_data}");
+            return;
+        }
+        slot.pending -= 1;
+        let s = user_data as u32;
+        let slot = *slot;
+        match slot.kind {
+            SlotKind::Read | SlotKind::Write => {
+                let is_read = slot.kind == SlotKind::Read;
+                if res < 0 {
+                    return self.finish(s, Err(-res));
+                }
+                if res == 0 {
+                    if !is_read {
+                        // A write that makes no progress would loop forever.
+                        return self.finish(s, Err(libc::EIO));
+                    }
+                    // End of file inside the namespace (the file shrank underneath us):
+                    // the remainder reads as zeroes.
+                    let start = slot.addr + slot.done as usize;
+                    let n = (slot.len - slot.done) as usize;
+                    // SAFETY: [start, start + n) lies inside the op's buffer range, validated at
+                    // submit (buf_offset + len <= buf_size); the kernel is done with it (this
+                    // was the op's only SQE) and no Rust reference to the buffer exists while it
+                    // is marked in flight.
+                    unsafe { std::ptr::write_bytes(start as *mut u8, 0, n) };
+                    return self.finish_rw(s, is_read);
+                }
+                let done = slot.done + res as u64;
+                self.slots[s as usize].done = done;
+                if done >= slot.len {
+                    return self.finish_rw(s, is_read);
+                }
+                if let Err(errno) = self.issue_rw(s) {
+                    self.finish(s, Err(errno));
+                }
+            }
+            SlotKind::Flush => self.finish(s, if res < 0 { Err(-res) } else { Ok(0) }),
+            SlotKind::Zero(method) => {
+                if res == -libc::EOPNOTSUPP && method != ZeroMethod::Write {
+                    let next = if method == ZeroMethod::ZeroRange {
+                        ZeroMethod::PunchHole
+                    } else {
+                        ZeroMethod::Write
+                    };
+                    tracing::debug!(
+                        device = slot.dev,
+                        ?method,
+                        ?next,
+                        "write zeroes method unsupported; falling back"
+                    );
+                    if let Some(d) = self.dev.get_mut(slot.dev as usize) {
+                        d.zero = next;
+                    }
+                    self.slots[s as usize].kind = SlotKind::Zero(next);
+                    if let Err(errno) = self.issue_zero(s) {
+                        self.finish(s, Err(errno));
+                    }
+                    return;
+                }
+                if res < 0 {
+                    return self.finish(s, Err(-res));
+                }
+                if method != ZeroMethod::Write {
+                    return self.finish(s, Ok(0));
+                }
+                if res == 0 {
+                    return self.finish(s, Err(libc::EIO));
+                }
+                let done = slot.done + res as u64;
+                self.slots[s as usize].done = done;
+                if done >= slot.len {
+                    return self.finish(s, Ok(0));
+                }
+                if let Err(errno) = self.issue_zero(s) {
+                    self.finish(s, Err(errno));
+                }
+            }
+            SlotKind::Trim => {
+                if res == -libc::EOPNOTSUPP {
+                    // Deallocation is advisory (NVMe DSM: the host "no longer needs the data";
+                    // the controller may deallocate): not deallocating is a valid outcome, and
+                    // the blocks keep reading their old data.
+                    if let Some(d) = self.dev.get_mut(slot.dev as usize) {
+                        if d.trim {
+                            d.trim = false;
+                            tracing::warn!(
+                                device = slot.dev,
+                                "PUNCH_HOLE not supported; Deallocate becomes a no-op"
+                            );
+                        }
+                    }
+                } else if res < 0 && slot.err == 0 {
+                    self.slots[s as usize].err = -res;
+                }
+                let slot = self.slots[s as usize];
+                if slot.pending == 0 {
+                    self.finish(s, if slot.err == 0 { Ok(0) } else { Err(slot.err) });
+                }
+            }
+            SlotKind::Idle | SlotKind::Done => {
+                debug_assert!(false, "CQE for slot {s} in state {:?}", slot.kind);
+            }
+        }
+    }
+
+    fn finish_rw(&mut self, s: u32, is_read: bool) {
+        let len = self.slots[s as usize].len;
+        if is_read {
+            self.stats.bytes_read += len;
+        } else {
+            self.stats.bytes_written += len;
+        }
+        self.finish(s, Ok(len as u32));
+    }
+
+    /// Moves every available CQE into slot state (finished slots go to the ready queue).
+    /// One CQE at a time, so that handling one (which may submit, and on EBUSY drain again)
+    /// can re-enter safely.
+    fn drain_cq(&mut self) {
+        loop {
+            let next = self.ring.completion().next();
+            let Some(cqe) = next else { return };
+            self.on_cqe(cqe.user_data(), cqe.result());
+        }
+    }
+
+    fn enable(&mut self) -> io::Result<()> {
+        if !self.enabled {
+            self.ring.submitter().register_enable_rings()?;
+            self.enabled = true;
+        }
+        Ok(())
+    }
+
+    /// One io_uring_enter: submit queued SQEs, and wait for `want` completions (with an
+    /// optional timeout) or, with `getevents`, just run deferred completion work. Retries
+    /// EINTR when not waiting; on EBUSY/EAGAIN (CQ overflow backlog, transient allocation
+    /// failure) drains the CQ and retries. `Ok(false)` if a wait timed out or was interrupted.
+    fn enter(
+        &mut self,
+        want: usize,
+        timeout: Option<Duration>,
+        getevents: bool,
+    ) -> io::Result<bool> {
+        self.enable()?;
+        loop {
+            self.stats.enters += 1;
+            let sub = self.ring.submitter();
+            let r = if want > 0 {
+                match timeout {
+                    Some(d) => {
+                        let ts = types::Timespec::from(d);
+                        sub.submit_with_args(want, &types::SubmitArgs::new().timespec(&ts))
+                    }
+                    None => sub.submit_and_wait(want),
+                }
+            } else if getevents {
+                let to_submit = self.ring.submission().len() as u32;
+                // SAFETY: no argument pointer is passed (null with the size of a sigset, as
+                // io-uring's own wrappers do); the flag asks only to run completion work.
+                unsafe {
+                    self.ring.submitter().enter::<libc::sigset_t>(
+                        to_submit,
+                        0,
+                        ENTER_GETEVENTS,
+                        None,
+                    )
+                }
+            } else {
+                sub.submit()
+            };
+            match r {
+                Ok(_) => return Ok(true),
+                Err(e) => match e.raw_os_error() {
+                    Some(libc::ETIME) => return Ok(false),
+                    Some(libc::EINTR) => {
+                        if want > 0 {
+                            return Ok(false);
+                        }
+                    }
+                    Some(libc::EBUSY) | Some(libc::EAGAIN) => {
+                        self.drain_cq();
+                        if want > 0 && !self.ready.is_empty() {
+                            return Ok(true);
+                        }
+                    }
+                    _ => return Err(e),
+                },
+            }
+        }
+    }
+
+    fn kernel_has_work(&mut self) -> bool {
+        let sq = self.ring.submission();
+        sq.taskrun() || sq.cq_overflow()
+    }
+
+    /// Submits every queued SQE with one io_uring_enter (none if nothing is queued and the
+    /// kernel has no deferred completion work). Returns the number of SQEs submitted.
+    pub fn submit(&mut self) -> io::Result<usize> {
+        let queued = self.ring.submission().len();
+        if queued == 0 && !self.kernel_has_work() {
+            return Ok(0);
+        }
+        self.enter(0, None, false)?;
+        Ok(queued)
+    }
+
+    /// Hands every finished operation to `f(user_data, result)` without blocking; `result` is
+    /// `Ok(bytes)` or `Err(errno)`. Returns how many were handed out.
+    pub fn reap(&mut self, mut f: impl FnMut(u64, Result<u32, i32>)) -> usize {
+        self.reap_with_pool(|ud, r, _| f(ud, r))
+    }
+
+    /// As [`Ring::reap`], also lending the pool (e.g. to send read data or free the buffer).
+    /// Buffers of reaped operations are no longer in flight.
+    pub fn reap_with_pool(
+        &mut self,
+        mut f: impl FnMut(u64, Result<u32, i32>, &mut BufPool),
+    ) -> usize {
+        // Deferred completion work runs only inside an enter from this thread.
+        let in_kernel = self.in_flight() - self.ready.len();
+        let need_enter = if self.mode == RingMode::DeferTaskrun && !self.taskrun_flag {
+            in_kernel > 0
+        } else {
+            self.kernel_has_work()
+        };
+        if need_enter {
+            // An error here (e.g. called from the wrong thread) leaves the ops in flight;
+            // the next submit/wait reports it.
+            let _ = self.enter(0, None, true);
+        }
+        self.drain_cq();
+        let mut n = 0;
+        while let Some(s) = self.ready.pop_front() {
+            let slot = &mut self.slots[s as usize];
+            let (ud, res) = (slot.user_data, slot.result);
+            *slot = IDLE_SLOT;
+            // Capacity is max_inflight and each slot is pushed once: never reallocates.
+            self.free_slots.push(s);
+            f(ud, res, &mut self.pool);
+            n += 1;
+        }
+        n
+    }
+
+    /// Submits queued SQEs and blocks until at least one operation has finished or `timeout`
+    /// passes (`None`: no limit). Returns at once if something is ready to reap or nothing is
+    /// in flight. `Ok(true)` if completions may be ready.
+    pub fn wait(&mut self, timeout: Option<Duration>) -> io::Result<bool> {
+        if !self.ready.is_empty() || !self.ring.completion().is_empty() {
+            self.submit()?;
+            return Ok(true);
+        }
+        let in_kernel = self.in_flight() - self.ready.len();
+        if in_kernel == 0 {
+            self.submit()?;
+            return Ok(false);
+        }
+        self.enter(1, timeout, true)
+    }
+}
+
+#[cfg(test)]
+impl Ring {
+    /// Test hook: start Write Zeroes on `device` at the last fallback (zero-buffer writes).
+    pub(crate) fn force_zero_writes(&mut self, device: u32) {
+        self.dev[device as usize].zero = ZeroMethod::Write;
+    }
+}
+
+impl AsRawFd for Ring {
+    /// The io_uring file descriptor.
+    fn as_raw_fd(&self) -> RawFd {
+        self.ring.as_raw_fd()
+    }
+}
+
+/// `Err(EINVAL)` unless [offset, offset + len) is block-aligned and inside the device.
+fn check_range(dev: &Dev, offset: u64, len: u64) -> Result<(), i32> {
+    let end = offset.checked_add(len).ok_or(libc::EINVAL)?;
+    if end > dev.size || offset % dev.block_size != 0 || len % dev.block_size != 0 {
+        return Err(libc::EINVAL);
+    }
+    Ok(())
+}

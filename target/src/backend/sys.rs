@@ -1,0 +1,183 @@
+//! The backend's raw system calls (mmap, block-device ioctls, statx, rlimits, eventfd), each
+//! wrapped once so the rest of the backend stays free of `libc` calls.
+
+use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::ptr::NonNull;
+
+/// An anonymous, private, pre-faulted read/write mapping, unmapped on drop.
+pub(crate) struct MmapRegion {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: the region is plain memory exclusively owned by this value (nobody else holds the
+// mapping), so moving it to another thread is sound; shared access goes through `&self`
+// methods that only hand out the pointer value.
+unsafe impl Send for MmapRegion {}
+
+impl MmapRegion {
+    /// Maps `len` (> 0) bytes; the errno on failure.
+    pub(crate) fn new(len: usize) -> Result<MmapRegion, i32> {
+        if len == 0 {
+            return Err(libc::EINVAL);
+        }
+        // SAFETY: an anonymous mapping at a kernel-chosen address touches no existing memory;
+        // the result is checked for MAP_FAILED before use.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_POPULATE,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(errno());
+        }
+        let ptr = NonNull::new(p.cast::<u8>()).ok_or(libc::ENOMEM)?;
+        Ok(MmapRegion { ptr, len })
+    }
+
+    pub(crate) fn ptr(&self) -> NonNull<u8> {
+        self.ptr
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+}
+
+impl Drop for MmapRegion {
+    fn drop(&mut self) {
+        // SAFETY: `ptr`/`len` describe exactly the mapping created in `new`, which nothing
+        // else unmaps; after this no reference into it can exist because they all borrow `self`.
+        // Kernel users (registered io_uring buffers, RDMA MRs) pin the pages themselves, so an
+        // unmap while they are registered cannot make the kernel write freed memory.
+        unsafe {
+            libc::munmap(self.ptr.as_ptr().cast(), self.len);
+        }
+    }
+}
+
+fn errno() -> i32 {
+    io::Error::last_os_error()
+        .raw_os_error()
+        .unwrap_or(libc::EIO)
+}
+
+/// `_IOR(0x12, 114, size_t)`: BLKGETSIZE64 (not exported by the libc crate).
+const BLKGETSIZE64: libc::c_ulong = {
+    // Direction bit position: 30 on most architectures; 29 on those with 13 size bits.
+    #[cfg(any(
+        target_arch = "powerpc",
+        target_arch = "powerpc64",
+        target_arch = "mips",
+        target_arch = "mips64",
+        target_arch = "sparc",
+        target_arch = "sparc64"
+    ))]
+    const DIR_SHIFT: u32 = 29;
+    #[cfg(not(any(
+        target_arch = "powerpc",
+        target_arch = "powerpc64",
+        target_arch = "mips",
+        target_arch = "mips64",
+        target_arch = "sparc",
+        target_arch = "sparc64"
+    )))]
+    const DIR_SHIFT: u32 = 30;
+    const IOC_READ: libc::c_ulong = 2;
+    (IOC_READ << DIR_SHIFT)
+        | ((std::mem::size_of::<usize>() as libc::c_ulong) << 16)
+        | (0x12 << 8)
+        | 114
+};
+
+/// Size in bytes of the block device open on `fd` (BLKGETSIZE64).
+pub(crate) fn blkdev_size(fd: BorrowedFd<'_>) -> io::Result<u64> {
+    let mut size: u64 = 0;
+    // SAFETY: BLKGETSIZE64 writes one u64 through the pointer, which points to a live local.
+    let r = unsafe { libc::ioctl(fd.as_raw_fd(), BLKGETSIZE64 as _, &mut size as *mut u64) };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(size)
+}
+
+/// Logical block size of the block device open on `fd` (BLKSSZGET).
+pub(crate) fn blkdev_logical_block_size(fd: BorrowedFd<'_>) -> io::Result<u32> {
+    let mut lbs: libc::c_int = 0;
+    // SAFETY: BLKSSZGET writes one int through the pointer, which points to a live local.
+    let r = unsafe {
+        libc::ioctl(
+            fd.as_raw_fd(),
+            libc::BLKSSZGET as _,
+            &mut lbs as *mut libc::c_int,
+        )
+    };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    u32::try_from(lbs).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))
+}
+
+/// Direct-I/O alignment of an open file as statx reports it (Linux 6.1+):
+/// `Some((memory alignment, file offset alignment))`, where `(0, 0)` means the file does not
+/// support direct I/O; `None` if the kernel or filesystem does not report it.
+pub(crate) fn dio_alignment(fd: BorrowedFd<'_>) -> Option<(u32, u32)> {
+    // SAFETY: statx is plain old data; all-zero is a valid value.
+    let mut stx: libc::statx = unsafe { std::mem::zeroed() };
+    // SAFETY: an empty path with AT_EMPTY_PATH refers to `fd` itself; the kernel writes at
+    // most one `struct statx` into `stx`, which lives for the call.
+    let r = unsafe {
+        libc::statx(
+            fd.as_raw_fd(),
+            c"".as_ptr(),
+            libc::AT_EMPTY_PATH,
+            libc::STATX_DIOALIGN,
+            &mut stx,
+        )
+    };
+    if r < 0 || stx.stx_mask & libc::STATX_DIOALIGN == 0 {
+        return None;
+    }
+    Some((stx.stx_dio_mem_align, stx.stx_dio_offset_align))
+}
+
+/// Best effort: lift RLIMIT_MEMLOCK to infinity. Registered io_uring buffers (and RDMA memory
+/// regions) are charged against it for processes without CAP_IPC_LOCK on older kernels; only a
+/// privileged process can raise the hard limit, so failure is ignored.
+pub(crate) fn raise_memlock_limit() {
+    let lim = libc::rlimit {
+        rlim_cur: libc::RLIM_INFINITY,
+        rlim_max: libc::RLIM_INFINITY,
+    };
+    // SAFETY: setrlimit reads one rlimit struct from a live local.
+    let _ = unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &lim) };
+}
+
+/// A non-blocking, close-on-exec eventfd.
+pub(crate) fn eventfd() -> io::Result<OwnedFd> {
+    // SAFETY: eventfd takes no pointers; the result is checked.
+    let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `fd` was just returned by eventfd and is owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Resets an eventfd's counter (non-blocking read); returns the value read, 0 if none.
+pub(crate) fn eventfd_drain(fd: BorrowedFd<'_>) -> u64 {
+    let mut v: u64 = 0;
+    // SAFETY: reads at most 8 bytes into a live local u64.
+    let r = unsafe { libc::read(fd.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
+    if r == 8 {
+        v
+    } else {
+        0
+    }
+}

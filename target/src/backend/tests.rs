@@ -1,0 +1,675 @@
+//! Backend tests against real files (O_DIRECT on the host's filesystem, and forced buffered
+//! mode) and the null device.
+
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::*;
+use crate::core::{IoKind, IoOp};
+
+/// splitmix64: a small deterministic generator for test data.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+    /// Uniform-enough integer in `lo..=hi`.
+    fn range(&mut self, lo: u64, hi: u64) -> u64 {
+        lo + self.next() % (hi - lo + 1)
+    }
+    fn fill(&mut self, buf: &mut [u8]) {
+        for c in buf.chunks_mut(8) {
+            let v = self.next().to_le_bytes();
+            c.copy_from_slice(&v[..c.len()]);
+        }
+    }
+}
+
+/// A scratch directory removed on drop.
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(name: &str) -> Scratch {
+        // Next to the test binary: the build filesystem, which supports O_DIRECT where /tmp
+        // (possibly tmpfs) may not. NVMF_TEST_DIR overrides.
+        let base = std::env::var_os("NVMF_TEST_DIR")
+            .map(PathBuf::from)
+            .or_else(|| {
+                std::env::current_exe()
+                    .ok()
+                    .and_then(|e| e.parent().map(Path::to_path_buf))
+            })
+            .unwrap_or_else(std::env::temp_dir);
+        let dir = base.join(format!("backend-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        Scratch(dir)
+    }
+    fn path(&self, f: &str) -> PathBuf {
+        self.0.join(f)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+const MIB: u64 = 1 << 20;
+
+fn file_spec(path: &Path, size: u64, buffered: bool) -> DeviceSpec {
+    DeviceSpec::File(FileSpec {
+        path: path.to_owned(),
+        size: Some(size),
+        block_size: Some(4096),
+        read_only: false,
+        buffered,
+    })
+}
+
+fn ring_for(specs: &[DeviceSpec], bufs: u32, buf_size: usize, inflight: u32) -> Ring {
+    let devices = Arc::new(Devices::open(specs).unwrap());
+    let pool = BufPool::new(bufs, buf_size).unwrap();
+    Ring::new(
+        RingConfig {
+            sq_entries: 32,
+            max_inflight: inflight,
+        },
+        devices,
+        pool,
+    )
+    .unwrap()
+}
+
+fn op(device: u32, kind: IoKind, offset: u64, len: u32) -> IoOp {
+    IoOp {
+        device,
+        kind,
+        offset,
+        len,
+    }
+}
+
+/// Runs one op to completion and returns its result.
+fn run(ring: &mut Ring, o: &IoOp, buf: Option<(BufId, u32)>) -> Result<u32, i32> {
+    const TAG: u64 = 0xfeed;
+    ring.submit_op(o, buf, TAG).unwrap();
+    ring.submit().unwrap();
+    let mut out = None;
+    for _ in 0..1000 {
+        ring.reap(|ud, r| {
+            assert_eq!(ud, TAG);
+            out = Some(r);
+        });
+        if let Some(r) = out {
+            return r;
+        }
+        ring.wait(Some(Duration::from_secs(5))).unwrap();
+    }
+    panic!("op never completed");
+}
+
+/// Reads `len` bytes at `offset` into a fresh buffer and returns a copy.
+fn read_back(ring: &mut Ring, dev: u32, offset: u64, len: u32) -> Vec<u8> {
+    let b = ring.pool_mut().alloc().unwrap();
+    ring.pool_mut().buf_mut(b).unwrap().fill(0x5a);
+    assert_eq!(
+        run(ring, &op(dev, IoKind::Read, offset, len), Some((b, 0))),
+        Ok(len)
+    );
+    let v = ring.pool().buf(b).unwrap()[..len as usize].to_vec();
+    ring.pool_mut().free(b).unwrap();
+    v
+}
+
+fn write_random_and_verify(buffered: bool) {
+    let dir = Scratch::new(if buffered { "rw-buffered" } else { "rw-direct" });
+    let path = dir.path("disk.img");
+    let size = 16 * MIB;
+    let mut ring = ring_for(&[file_spec(&path, size, buffered)], 8, 128 * 1024, 32);
+    let dev = ring.devices().get(0).unwrap();
+    assert_eq!(dev.is_direct(), !buffered);
+    assert_eq!(dev.size_bytes(), size);
+    assert_eq!(std::fs::metadata(&path).unwrap().len(), size);
+
+    let mut rng = Rng(7);
+    let mut model = vec![0u8; size as usize];
+    for _ in 0..64 {
+        let blocks = rng.range(1, 32);
+        let len = (blocks * 4096) as u32;
+        let offset = rng.range(0, (size - u64::from(len)) / 4096) * 4096;
+        let boff = (rng.range(0, u64::from(128 * 1024 - len) / 4096) * 4096) as u32;
+        let b = ring.pool_mut().alloc().unwrap();
+        let data = &mut ring.pool_mut().buf_mut(b).unwrap()[boff as usize..(boff + len) as usize];
+        rng.fill(data);
+        model[offset as usize..offset as usize + len as usize].copy_from_slice(data);
+        assert_eq!(
+            run(
+                &mut ring,
+                &op(0, IoKind::Write, offset, len),
+                Some((b, boff))
+            ),
+            Ok(len)
+        );
+        ring.pool_mut().free(b).unwrap();
+        // Read back a random window covering the write.
+        let got = read_back(&mut ring, 0, offset, len);
+        assert!(got == model[offset as usize..(offset + u64::from(len)) as usize]);
+    }
+    assert_eq!(run(&mut ring, &op(0, IoKind::Flush, 0, 0), None), Ok(0));
+    // The whole device matches the model, read through the page cache independently.
+    let f = std::fs::File::open(&path).unwrap();
+    let mut all = vec![0u8; size as usize];
+    f.read_exact_at(&mut all, 0).unwrap();
+    assert!(all == model, "file contents differ from the model");
+    let st = *ring.stats();
+    assert_eq!(st.submitted, st.completed);
+    assert_eq!(st.errors, 0);
+    assert!(st.bytes_written > 0 && st.bytes_read == st.bytes_written);
+    assert!(st.enters > 0);
+}
+
+#[test]
+fn write_read_random_direct() {
+    write_random_and_verify(false);
+}
+
+#[test]
+fn write_read_random_buffered() {
+    write_random_and_verify(true);
+}
+
+fn zeroes_and_trim(buffered: bool) {
+    let dir = Scratch::new(if buffered {
+        "zero-buffered"
+    } else {
+        "zero-direct"
+    });
+    let path = dir.path("disk.img");
+    let size = 4 * MIB;
+    let mut ring = ring_for(&[file_spec(&path, size, buffered)], 4, 128 * 1024, 8);
+    let b = ring.pool_mut().alloc().unwrap();
+    // Fill the first 1 MiB with 0xab.
+    ring.pool_mut().buf_mut(b).unwrap().fill(0xab);
+    for i in 0..16 {
+        let o = op(0, IoKind::Write, i * 65536, 65536);
+        assert_eq!(run(&mut ring, &o, Some((b, 0))), Ok(65536));
+    }
+    ring.pool_mut().free(b).unwrap();
+    // Write Zeroes over [8 KiB, 72 KiB).
+    assert_eq!(
+        run(&mut ring, &op(0, IoKind::WriteZeroes, 8192, 65536), None),
+        Ok(0)
+    );
+    let got = read_back(&mut ring, 0, 0, 65536 + 16384);
+    assert!(got[..8192].iter().all(|&x| x == 0xab));
+    assert!(got[8192..73728].iter().all(|&x| x == 0));
+    assert!(got[73728..].iter().all(|&x| x == 0xab));
+    // Trim two ranges: [256 KiB, 320 KiB) and [512 KiB, 516 KiB).
+    let trim = IoKind::Trim(vec![
+        (262144, 65536),
+        (524288, 4096),
+        (600000 / 4096 * 4096, 0),
+    ]);
+    assert_eq!(run(&mut ring, &op(0, trim, 0, 0), None), Ok(0));
+    let got = read_back(&mut ring, 0, 262144 - 4096, 65536 + 8192);
+    assert!(got[..4096].iter().all(|&x| x == 0xab));
+    assert!(got[4096..4096 + 65536].iter().all(|&x| x == 0));
+    assert!(got[4096 + 65536..].iter().all(|&x| x == 0xab));
+    let got = read_back(&mut ring, 0, 524288, 8192);
+    assert!(got[..4096].iter().all(|&x| x == 0));
+    assert!(got[4096..].iter().all(|&x| x == 0xab));
+    assert_eq!(ring.stats().errors, 0);
+}
+
+#[test]
+fn write_zeroes_and_trim_direct() {
+    zeroes_and_trim(false);
+}
+
+#[test]
+fn write_zeroes_and_trim_buffered() {
+    zeroes_and_trim(true);
+}
+
+#[test]
+fn null_device() {
+    let specs = [DeviceSpec::Null {
+        size: 64 * MIB,
+        block_size: 512,
+    }];
+    let mut ring = ring_for(&specs, 2, 8192, 4);
+    let enters_before = ring.stats().enters;
+    let b = ring.pool_mut().alloc().unwrap();
+    ring.pool_mut().buf_mut(b).unwrap().fill(0xcc);
+    assert_eq!(
+        run(&mut ring, &op(0, IoKind::Write, 512, 4096), Some((b, 0))),
+        Ok(4096)
+    );
+    // Reads zero-fill exactly the requested range of the buffer.
+    assert_eq!(
+        run(&mut ring, &op(0, IoKind::Read, 0, 1024), Some((b, 512))),
+        Ok(1024)
+    );
+    let v = ring.pool().buf(b).unwrap();
+    assert!(v[..512].iter().all(|&x| x == 0xcc));
+    assert!(v[512..1536].iter().all(|&x| x == 0));
+    assert!(v[1536..].iter().all(|&x| x == 0xcc));
+    assert_eq!(run(&mut ring, &op(0, IoKind::Flush, 0, 0), None), Ok(0));
+    assert_eq!(
+        run(&mut ring, &op(0, IoKind::WriteZeroes, 0, 4096), None),
+        Ok(0)
+    );
+    assert_eq!(
+        run(&mut ring, &op(0, IoKind::Trim(vec![(0, 512)]), 0, 0), None),
+        Ok(0)
+    );
+    // Out of range is still an error on a null device.
+    assert_eq!(
+        run(&mut ring, &op(0, IoKind::Read, 64 * MIB, 512), Some((b, 0))),
+        Err(libc::EINVAL)
+    );
+    // No system calls at all.
+    assert_eq!(ring.stats().enters, enters_before);
+    assert_eq!(ring.devices().get(0).unwrap().kind(), DeviceKind::Null);
+}
+
+#[test]
+fn invalid_ops_complete_with_errors() {
+    let dir = Scratch::new("invalid");
+    let path = dir.path("disk.img");
+    let size = MIB;
+    let ro = dir.path("ro.img");
+    std::fs::write(&ro, vec![1u8; 65536]).unwrap();
+    let specs = [
+        file_spec(&path, size, false),
+        DeviceSpec::File(FileSpec {
+            read_only: true,
+            ..FileSpec::new(&ro, None)
+        }),
+    ];
+    let mut ring = ring_for(&specs, 2, 8192, 4);
+    let b = ring.pool_mut().alloc().unwrap();
+    type Case = (IoOp, Option<(BufId, u32)>, i32);
+    let cases: Vec<Case> = vec![
+        // Past the end, straddling the end, offset overflow.
+        (op(0, IoKind::Read, size, 4096), Some((b, 0)), libc::EINVAL),
+        (
+            op(0, IoKind::Write, size - 4096, 8192),
+            Some((b, 0)),
+            libc::EINVAL,
+        ),
+        (
+            op(0, IoKind::Read, u64::MAX - 4095, 4096),
+            Some((b, 0)),
+            libc::EINVAL,
+        ),
+        // Misaligned offset and length.
+        (op(0, IoKind::Read, 512, 4096), Some((b, 0)), libc::EINVAL),
+        (op(0, IoKind::Read, 0, 100), Some((b, 0)), libc::EINVAL),
+        // Beyond the buffer, missing buffer, buffer not allocated.
+        (op(0, IoKind::Read, 0, 8192), Some((b, 4096)), libc::EINVAL),
+        (op(0, IoKind::Read, 0, 4096), None, libc::EINVAL),
+        (
+            op(0, IoKind::Read, 0, 4096),
+            Some((BufId(1), 0)),
+            libc::EINVAL,
+        ),
+        (
+            op(0, IoKind::Read, 0, 4096),
+            Some((BufId(77), 0)),
+            libc::EINVAL,
+        ),
+        // Zeroes / trim out of range.
+        (op(0, IoKind::WriteZeroes, size, 4096), None, libc::EINVAL),
+        (
+            op(0, IoKind::Trim(vec![(0, 4096), (size, 4096)]), 0, 0),
+            None,
+            libc::EINVAL,
+        ),
+        // Unknown device, read-only device.
+        (op(9, IoKind::Read, 0, 4096), Some((b, 0)), libc::ENODEV),
+        (op(1, IoKind::Write, 0, 4096), Some((b, 0)), libc::EROFS),
+        (op(1, IoKind::WriteZeroes, 0, 4096), None, libc::EROFS),
+    ];
+    for (o, buf, errno) in &cases {
+        assert_eq!(run(&mut ring, o, *buf), Err(*errno), "{o:?}");
+        assert!(!ring.pool().is_in_flight(b));
+    }
+    // The read-only device still reads and flushes.
+    let got = read_back(&mut ring, 1, 0, 4096);
+    assert!(got.iter().all(|&x| x == 1));
+    assert_eq!(run(&mut ring, &op(1, IoKind::Flush, 0, 0), None), Ok(0));
+    assert_eq!(ring.stats().errors, cases.len() as u64);
+    // The device was never written past its end.
+    assert_eq!(std::fs::metadata(&path).unwrap().len(), size);
+}
+
+#[test]
+fn busy_buffer_is_refused_and_buffer_access_is_guarded() {
+    let dir = Scratch::new("busy");
+    let path = dir.path("disk.img");
+    let mut ring = ring_for(&[file_spec(&path, MIB, false)], 2, 65536, 4);
+    let b = ring.pool_mut().alloc().unwrap();
+    ring.submit_op(&op(0, IoKind::Read, 0, 65536), Some((b, 0)), 1)
+        .unwrap();
+    // While the read is in flight, the buffer cannot be borrowed, freed, or reused.
+    assert_eq!(ring.pool().buf(b).unwrap_err(), PoolError::InFlight(b.0));
+    assert_eq!(
+        ring.pool_mut().free(b).unwrap_err(),
+        PoolError::InFlight(b.0)
+    );
+    ring.submit_op(&op(0, IoKind::Read, 0, 4096), Some((b, 0)), 2)
+        .unwrap();
+    ring.submit().unwrap();
+    let mut got = Vec::new();
+    while got.len() < 2 {
+        ring.wait(Some(Duration::from_secs(5))).unwrap();
+        ring.reap_with_pool(|ud, r, pool| {
+            got.push((ud, r));
+            if ud == 1 {
+                assert!(pool.buf(b).is_ok());
+            }
+        });
+    }
+    got.sort();
+    assert_eq!(got, vec![(1, Ok(65536)), (2, Err(libc::EBUSY))]);
+    ring.pool_mut().free(b).unwrap();
+}
+
+#[test]
+fn batch_of_64_in_flight() {
+    let dir = Scratch::new("batch");
+    let path = dir.path("disk.img");
+    // SQ of 32 entries and 64 ops: submit_op must flush the SQ when it fills, not drop.
+    let mut ring = ring_for(&[file_spec(&path, 8 * MIB, false)], 64, 8192, 64);
+    let mut bufs = Vec::new();
+    for i in 0..64u64 {
+        let b = ring.pool_mut().alloc().unwrap();
+        let v = ring.pool_mut().buf_mut(b).unwrap();
+        for (j, x) in v.iter_mut().enumerate() {
+            *x = (i as u8).wrapping_mul(31).wrapping_add(j as u8);
+        }
+        bufs.push(b);
+        ring.submit_op(&op(0, IoKind::Write, i * 8192, 8192), Some((b, 0)), i)
+            .unwrap();
+    }
+    assert_eq!(ring.free_slots(), 0);
+    assert_eq!(
+        ring.submit_op(&op(0, IoKind::Flush, 0, 0), None, 99),
+        Err(SubmitError::Busy(64))
+    );
+    ring.submit().unwrap();
+    let mut done = [false; 64];
+    let mut n = 0;
+    while n < 64 {
+        ring.wait(Some(Duration::from_secs(5))).unwrap();
+        n += ring.reap(|ud, r| {
+            assert_eq!(r, Ok(8192));
+            assert!(!std::mem::replace(&mut done[ud as usize], true));
+        });
+    }
+    assert_eq!(ring.in_flight(), 0);
+    // Read everything back in one batch too.
+    for (i, &b) in bufs.iter().enumerate() {
+        ring.pool_mut().buf_mut(b).unwrap().fill(0);
+        ring.submit_op(
+            &op(0, IoKind::Read, i as u64 * 8192, 8192),
+            Some((b, 0)),
+            i as u64,
+        )
+        .unwrap();
+    }
+    let mut n = 0;
+    while n < 64 {
+        ring.wait(Some(Duration::from_secs(5))).unwrap();
+        n += ring.reap(|_, r| assert_eq!(r, Ok(8192)));
+    }
+    for (i, &b) in bufs.iter().enumerate() {
+        let v = ring.pool().buf(b).unwrap();
+        assert!(v
+            .iter()
+            .enumerate()
+            .all(|(j, &x)| x == (i as u8).wrapping_mul(31).wrapping_add(j as u8)));
+    }
+    let st = ring.stats();
+    assert_eq!((st.submitted, st.completed, st.errors), (128, 128, 0));
+    // Batching: far fewer enters than ops.
+    assert!(st.enters < 64, "{} enters for 128 ops", st.enters);
+}
+
+#[test]
+fn short_read_at_eof_zero_fills() {
+    let dir = Scratch::new("eof");
+    let path = dir.path("disk.img");
+    let mut ring = ring_for(&[file_spec(&path, MIB, false)], 1, 65536, 2);
+    let b = ring.pool_mut().alloc().unwrap();
+    ring.pool_mut().buf_mut(b).unwrap().fill(0x77);
+    assert_eq!(
+        run(
+            &mut ring,
+            &op(0, IoKind::Write, MIB - 65536, 65536),
+            Some((b, 0))
+        ),
+        Ok(65536)
+    );
+    // Something shrinks the file under the namespace: the last 32 KiB now read as zeroes.
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_len(MIB - 32768)
+        .unwrap();
+    ring.pool_mut().buf_mut(b).unwrap().fill(0x11);
+    assert_eq!(
+        run(
+            &mut ring,
+            &op(0, IoKind::Read, MIB - 65536, 65536),
+            Some((b, 0))
+        ),
+        Ok(65536)
+    );
+    let v = ring.pool().buf(b).unwrap();
+    assert!(v[..32768].iter().all(|&x| x == 0x77));
+    assert!(v[32768..].iter().all(|&x| x == 0));
+}
+
+#[test]
+fn eventfd_signals_completions() {
+    use std::os::fd::AsRawFd;
+    let dir = Scratch::new("evfd");
+    let path = dir.path("disk.img");
+    let mut ring = ring_for(&[file_spec(&path, MIB, false)], 1, 4096, 2);
+    let efd = ring.register_eventfd().unwrap().as_raw_fd();
+    let b = ring.pool_mut().alloc().unwrap();
+    ring.submit_op(&op(0, IoKind::Read, 0, 4096), Some((b, 0)), 5)
+        .unwrap();
+    ring.submit().unwrap();
+    let mut pfd = libc::pollfd {
+        fd: efd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd for the duration of the call.
+    let n = unsafe { libc::poll(&mut pfd, 1, 5000) };
+    assert_eq!(n, 1, "eventfd never became readable");
+    ring.drain_eventfd();
+    let mut got = None;
+    for _ in 0..100 {
+        ring.reap(|ud, r| got = Some((ud, r)));
+        if got.is_some() {
+            break;
+        }
+        ring.wait(Some(Duration::from_millis(50))).unwrap();
+    }
+    assert_eq!(got, Some((5, Ok(4096))));
+    // A wait with nothing in flight returns at once.
+    assert!(!ring.wait(None).unwrap());
+}
+
+#[test]
+fn ring_moves_to_its_poller_thread_before_first_use() {
+    let dir = Scratch::new("thread");
+    let path = dir.path("disk.img");
+    let ring = ring_for(&[file_spec(&path, MIB, false)], 1, 4096, 2);
+    // Built here, used (and thereby enabled as single issuer) on another thread.
+    let (mode, res) = std::thread::spawn(move || {
+        let mut ring = ring;
+        let b = ring.pool_mut().alloc().unwrap();
+        (
+            ring.mode(),
+            run(&mut ring, &op(0, IoKind::Read, 0, 4096), Some((b, 0))),
+        )
+    })
+    .join()
+    .unwrap();
+    assert_eq!(res, Ok(4096));
+    // The host kernel (6.18) and the VM kernel (6.1) both accept DEFER_TASKRUN.
+    assert_eq!(mode, RingMode::DeferTaskrun);
+}
+
+#[test]
+fn device_open_rules() {
+    let dir = Scratch::new("open");
+    // Missing file without size.
+    let e = Device::open(&DeviceSpec::File(FileSpec::new(dir.path("nope"), None))).unwrap_err();
+    assert!(matches!(e, DeviceError::MissingNoSize { .. }));
+    assert!(e.to_string().contains("nope"), "{e}");
+    // Created sparse at size, default block size from the filesystem (<= 4096).
+    let p = dir.path("new.img");
+    let d = Device::open(&DeviceSpec::File(FileSpec::new(&p, Some(8 * MIB)))).unwrap();
+    assert_eq!(d.size_bytes(), 8 * MIB);
+    assert!(d.block_size() >= 512 && d.block_size() <= 4096);
+    assert_eq!(d.kind(), DeviceKind::File);
+    use std::os::unix::fs::MetadataExt;
+    assert!(
+        std::fs::metadata(&p).unwrap().blocks() * 512 < 8 * MIB,
+        "not sparse"
+    );
+    drop(d);
+    // An existing file is used at its length (the configured size only creates).
+    let d = Device::open(&DeviceSpec::File(FileSpec::new(&p, Some(MIB)))).unwrap();
+    assert_eq!(d.size_bytes(), 8 * MIB);
+    // Length not a multiple of the block size.
+    let odd = dir.path("odd.img");
+    std::fs::write(&odd, vec![0u8; 5000]).unwrap();
+    let e = Device::open(&DeviceSpec::File(FileSpec {
+        block_size: Some(4096),
+        ..FileSpec::new(&odd, None)
+    }))
+    .unwrap_err();
+    assert!(matches!(e, DeviceError::BadSize { size: 5000, .. }), "{e}");
+    // Bad block sizes.
+    for bs in [0, 100, 768, 1 << 17] {
+        let e = Device::open(&DeviceSpec::Null {
+            size: MIB,
+            block_size: bs,
+        })
+        .unwrap_err();
+        assert!(matches!(e, DeviceError::BadBlockSize { .. }), "{e}");
+    }
+    let e = Device::open(&DeviceSpec::Null {
+        size: 1000,
+        block_size: 512,
+    })
+    .unwrap_err();
+    assert!(matches!(e, DeviceError::BadSize { .. }));
+    // A directory is neither a file nor a block device.
+    std::fs::create_dir(dir.path("d")).unwrap();
+    let e = Device::open(&DeviceSpec::File(FileSpec::new(dir.path("d"), None))).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            DeviceError::Open { .. } | DeviceError::NotFileOrBlockDevice { .. }
+        ),
+        "{e}"
+    );
+    // Devices keeps spec order.
+    let devs = Devices::open(&[
+        DeviceSpec::Null {
+            size: MIB,
+            block_size: 4096,
+        },
+        DeviceSpec::File(FileSpec::new(&p, None)),
+    ])
+    .unwrap();
+    assert_eq!(devs.len(), 2);
+    assert_eq!(devs.get(0).unwrap().kind(), DeviceKind::Null);
+    assert_eq!(devs.get(1).unwrap().path(), Some(p.as_path()));
+    assert!(devs.get(2).is_none());
+}
+
+#[test]
+fn tmpfs_falls_back_to_buffered_when_direct_is_refused() {
+    // /dev/shm is tmpfs: O_DIRECT works there only from Linux 6.6 on.
+    let dir = Path::new("/dev/shm");
+    if !dir.is_dir() {
+        eprintln!("skipped: no /dev/shm");
+        return;
+    }
+    let p = dir.join(format!("nvmf-backend-test-{}", std::process::id()));
+    let _ = std::fs::remove_file(&p);
+    let d = Device::open(&file_spec(&p, MIB, false));
+    let _ = std::fs::remove_file(&p);
+    let d = d.unwrap();
+    // Either way the device works; on kernels without tmpfs O_DIRECT it is buffered.
+    let mut ring = Ring::new(
+        RingConfig::default(),
+        Arc::new(Devices::from_devices(vec![d])),
+        BufPool::new(1, 4096).unwrap(),
+    )
+    .unwrap();
+    let b = ring.pool_mut().alloc().unwrap();
+    ring.pool_mut().buf_mut(b).unwrap().fill(3);
+    assert_eq!(
+        run(&mut ring, &op(0, IoKind::Write, 4096, 4096), Some((b, 0))),
+        Ok(4096)
+    );
+    assert_eq!(run(&mut ring, &op(0, IoKind::Flush, 0, 0), None), Ok(0));
+    // tmpfs has no ZERO_RANGE: Write Zeroes falls back to PUNCH_HOLE.
+    assert_eq!(
+        run(&mut ring, &op(0, IoKind::WriteZeroes, 4096, 4096), None),
+        Ok(0)
+    );
+    ring.pool_mut().free(b).unwrap();
+    assert!(read_back(&mut ring, 0, 4096, 4096).iter().all(|&x| x == 0));
+}
+
+#[test]
+fn write_zeroes_by_writing_zero_chunks() {
+    let dir = Scratch::new("zero-writes");
+    let path = dir.path("disk.img");
+    let size = 4 * MIB;
+    let mut ring = ring_for(&[file_spec(&path, size, false)], 2, 1 << 20, 4);
+    let b = ring.pool_mut().alloc().unwrap();
+    ring.pool_mut().buf_mut(b).unwrap().fill(0xee);
+    assert_eq!(
+        run(&mut ring, &op(0, IoKind::Write, 0, 1 << 20), Some((b, 0))),
+        Ok(1 << 20)
+    );
+    ring.pool_mut().free(b).unwrap();
+    ring.force_zero_writes(0);
+    let sqes = ring.stats().sqes;
+    // 600 KiB: three chunks of the 256 KiB zero buffer, the last one partial.
+    assert_eq!(
+        run(
+            &mut ring,
+            &op(0, IoKind::WriteZeroes, 4096, 600 * 1024),
+            None
+        ),
+        Ok(0)
+    );
+    assert_eq!(ring.stats().sqes - sqes, 3);
+    let got = read_back(&mut ring, 0, 0, 1 << 20);
+    assert!(got[..4096].iter().all(|&x| x == 0xee));
+    assert!(got[4096..4096 + 600 * 1024].iter().all(|&x| x == 0));
+    assert!(got[4096 + 600 * 1024..].iter().all(|&x| x == 0xee));
+}
