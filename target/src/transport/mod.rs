@@ -1,1 +1,38 @@
-//! Transports (being written).
+//! Transports: they move capsules and data between hosts and `core::Queue`s. No controller
+//! logic here.
+
+pub mod poller;
+pub mod sendq;
+pub mod tcp;
+
+use crate::core::IoOp;
+
+/// What a poller's connections need from the storage side: the buffer pool and the backend
+/// ring of that poller thread.
+pub trait Store {
+    /// A free buffer of at least `max_io_size` bytes, or None when the pool is exhausted.
+    fn alloc_buf(&mut self) -> Option<u32>;
+    fn free_buf(&mut self, buf: u32);
+    /// The whole buffer.
+    fn buf(&mut self, buf: u32) -> &mut [u8];
+    /// Queue a backend operation on `buf` (None for operations without data).
+    fn submit(&mut self, op: &IoOp, buf: Option<u32>, user_data: u64);
+    /// Submit what is queued, then collect finished operations: (user_data, bytes or -errno).
+    fn reap(&mut self, out: &mut Vec<(u64, Result<u32, i32>)>);
+    /// Operations submitted and not yet reaped.
+    fn inflight(&self) -> usize;
+}
+
+/// Per-connection counters.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct ConnStats {
+    pub commands: u64,
+    pub errors: u64,
+    /// Bytes received from / sent to the socket.
+    pub rx_bytes: u64,
+    pub tx_bytes: u64,
+    /// Read payload bytes sent to the host.
+    pub tx_payload: u64,
+    /// Payload bytes the CPU copied in user space (in-capsule data from the staging buffer).
+    pub copied_bytes: u64,
+}

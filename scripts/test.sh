@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# The project's test command (README): host tests, then the VM suite (real soft-RDMA and the
+# Linux NVMe-oF host/target inside a qemu VM).
+#   scripts/test.sh            everything
+#   scripts/test.sh --host     host tests only (no VM)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+mode=${1:-all}
+
+if [ "$mode" = --host ]; then bash scripts/setup.sh; else bash scripts/setup.sh --vm; fi
+
+echo "== build" >&2
+cargo build --workspace --all-targets
+cargo build --release -p nvmf-target -p nvmf-initiator
+
+echo "== host tests (cargo test --workspace)" >&2
+cargo test --workspace
+
+[ "$mode" = --host ] && exit 0
+
+echo "== VM suite" >&2
+bash tests/vm/run.sh all

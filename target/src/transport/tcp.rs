@@ -1,0 +1,780 @@
+//! NVMe/TCP transport: the per-connection receive/send state machine.
+//!
+//! One connection = one NVMe queue ([`core::Queue`]). A connection lives on one poller thread
+//! for its whole life. Each command holds a request slot (slot index = TTAG): the slot takes a
+//! buffer from the poller's registered pool, receives host data into it (in-capsule data, or
+//! H2CData after an R2T; data that is still on the socket is read straight into the buffer),
+//! lets the backend run the I/O on it, and sends read data from it with one gathering
+//! `sendmsg` (C2HData header + payload + CapsuleResp), so read payloads are never copied by
+//! the CPU in user space.
+
+use std::io::{self, Read, Write};
+use std::net::TcpStream;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use nvme::sgl::Sgl;
+use nvme::tcp::{
+    DataPdu, Deframer, Event, Fed, Fes, IcReq, IcResp, Need, Pdu, R2t, RxConfig, TcpError,
+    TermReq, TxConfig, TxHeader,
+};
+use nvme::{Cqe, Sqe, Status};
+use tracing::{debug, info, warn};
+
+use super::sendq::SendQueue;
+use super::{ConnStats, Store};
+use crate::core::{self, Cmd, Exec, Queue, QueueEvent, TransportCaps, Xfer};
+
+/// Size of the receive staging buffer: small PDUs (capsules, small in-capsule data) are read
+/// in batches through it; larger data is read straight into the slot buffer.
+const STAGE: usize = 64 * 1024;
+/// Data still outstanding at or above this size is read directly into the slot's buffer.
+const DIRECT_READ_MIN: usize = 4096;
+
+/// In-capsule data the admin queue accepts (the Linux host sends Connect data, 1024 bytes,
+/// in-capsule on the admin queue; nvmet allows 8 KiB there, NVME_TCP_ADMIN_CCSZ).
+pub const ADMIN_INCAPSULE: u32 = 8192;
+
+/// What a request slot is doing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SlotState {
+    Free,
+    /// Waiting for a buffer from the pool.
+    NeedBuffer,
+    /// In-capsule data is being received into the buffer.
+    RecvInCapsule,
+    /// R2T sent; H2CData PDUs are being received.
+    RecvH2C,
+    /// A backend operation is in flight.
+    Executing,
+    /// Asynchronous Event Request parked in the core.
+    Deferred,
+    /// Response queued on the socket; freed when sent.
+    Sending,
+    /// Command failed before execution; its in-capsule data is being read and dropped.
+    Discarding,
+}
+
+struct Slot {
+    state: SlotState,
+    cmd: Option<Cmd>,
+    buf: Option<u32>,
+    /// Host-to-controller bytes received so far.
+    received: u32,
+    /// Status to answer with once a discarded transfer ends.
+    pending_status: Option<Status>,
+    /// A data digest error was seen on this command's data.
+    digest_error: bool,
+}
+
+impl Slot {
+    fn new() -> Slot {
+        Slot {
+            state: SlotState::Free,
+            cmd: None,
+            buf: None,
+            received: 0,
+            pending_status: None,
+            digest_error: false,
+        }
+    }
+}
+
+/// Where the current PDU's data bytes go.
+#[derive(Debug, Clone, Copy)]
+enum DataDst {
+    None,
+    /// Into slot `slot`'s buffer, starting at byte `base` of it.
+    Slot { slot: u16, base: u32 },
+    /// Read and dropped (a failed command's in-capsule data).
+    Discard { slot: u16 },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    AwaitIcReq,
+    Live,
+    /// Torn down: waiting for in-flight backend ops before the connection is dropped.
+    Closing,
+}
+
+/// One NVMe/TCP connection (one NVMe queue).
+pub struct Conn {
+    sock: TcpStream,
+    pub peer: String,
+    phase: Phase,
+    rx: Deframer,
+    stage: Box<[u8]>,
+    st_start: usize,
+    st_end: usize,
+    dst: DataDst,
+    /// Bytes of the current PDU's data received so far.
+    data_progress: u32,
+    /// A capsule whose in-capsule data cannot be received until a buffer frees up.
+    stalled: Option<(Sqe, u32)>,
+    tx: SendQueue,
+    txcfg: TxConfig,
+    queue: Queue,
+    caps: TransportCaps,
+    slots: Vec<Slot>,
+    free_slots: Vec<u16>,
+    /// Backend operations in flight.
+    pub inflight: u32,
+    pub stats: ConnStats,
+    /// This connection's key in its poller (upper bits of backend user_data).
+    pub conn_key: u32,
+    /// The host disabled SQ flow control at Connect (CATTR bit 2): read data may complete the
+    /// command with the C2HData SUCCESS flag and no CapsuleResp.
+    sqflow_disabled: bool,
+    /// Scratch list of slots released by one flush (kept to avoid allocating per flush).
+    released: Vec<u16>,
+}
+
+/// What a connection asks its poller to do after an event.
+#[derive(Debug, Default)]
+pub struct Wants {
+    /// Slots that need a buffer (the poller serves them FIFO).
+    pub need_buffer: Vec<u16>,
+}
+
+impl Conn {
+    pub fn new(sock: TcpStream, target: Arc<core::Target>, caps: TransportCaps) -> io::Result<Conn> {
+        sock.set_nonblocking(true)?;
+        sock.set_nodelay(true)?;
+        let peer = sock.peer_addr().map(|a| a.to_string()).unwrap_or_else(|_| "?".into());
+        let rxcfg = RxConfig {
+            max_data_pdu: caps.max_io_size,
+            max_incapsule: caps.in_capsule_data.max(ADMIN_INCAPSULE),
+            ..RxConfig::controller()
+        };
+        // One slot per command the largest queue may hold; a host that exceeds its sqsize is
+        // cut off (it broke flow control).
+        let n = caps.max_queue_depth as usize;
+        let mut slots = Vec::with_capacity(n);
+        slots.resize_with(n, Slot::new);
+        let free_slots = (0..n as u16).rev().collect();
+        Ok(Conn {
+            queue: Queue::new(target, caps.clone(), peer.clone()),
+            sock,
+            peer,
+            phase: Phase::AwaitIcReq,
+            rx: Deframer::new(rxcfg),
+            stage: vec![0u8; STAGE].into_boxed_slice(),
+            st_start: 0,
+            st_end: 0,
+            dst: DataDst::None,
+            data_progress: 0,
+            stalled: None,
+            tx: SendQueue::with_capacity(4 * n),
+            txcfg: TxConfig::default(),
+            caps,
+            slots,
+            free_slots,
+            inflight: 0,
+            stats: ConnStats::default(),
+            conn_key: 0,
+            sqflow_disabled: false,
+            released: Vec::with_capacity(n),
+        })
+    }
+
+    pub fn fd(&self) -> &TcpStream {
+        &self.sock
+    }
+
+    pub fn is_closing(&self) -> bool {
+        self.phase == Phase::Closing
+    }
+
+    /// Whether reading is paused until a buffer frees up.
+    pub fn is_stalled(&self) -> bool {
+        self.stalled.is_some()
+    }
+
+    /// Whether everything is released and the connection can be dropped.
+    pub fn is_finished(&self) -> bool {
+        self.phase == Phase::Closing && self.inflight == 0
+    }
+
+    pub fn qid(&self) -> Option<u16> {
+        self.queue.qid()
+    }
+
+    /// Read and process everything the socket has. Returns true if anything was read.
+    pub fn on_readable(&mut self, store: &mut dyn Store, now: Instant, w: &mut Wants) -> bool {
+        let mut progress = false;
+        while self.phase != Phase::Closing && self.stalled.is_none() {
+            // 1. Bytes already staged.
+            if self.st_start < self.st_end {
+                if let Err(e) = self.process_staged(store, now, w) {
+                    self.fatal(store, e);
+                    break;
+                }
+                progress = true;
+                continue;
+            }
+            self.st_start = 0;
+            self.st_end = 0;
+            // 2. Large data outstanding: read it straight into the slot buffer.
+            if let (Need::Data(n), DataDst::Slot { slot, base }) = (self.rx.need(), self.dst) {
+                if n >= DIRECT_READ_MIN {
+                    match self.read_direct(store, slot, base, n, now, w) {
+                        Ok(true) => {
+                            progress = true;
+                            continue;
+                        }
+                        Ok(false) => break,
+                        Err(e) => {
+                            self.io_error(store, e);
+                            break;
+                        }
+                    }
+                }
+            }
+            // 3. Fill the staging buffer.
+            match self.sock.read(&mut self.stage[..]) {
+                Ok(0) => {
+                    self.close(store, "host closed the connection");
+                    break;
+                }
+                Ok(n) => {
+                    self.st_end = n;
+                    self.stats.rx_bytes += n as u64;
+                    progress = true;
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    self.io_error(store, e);
+                    break;
+                }
+            }
+        }
+        progress
+    }
+
+    /// Read PDU data directly into the slot's buffer. Ok(false) when the socket has nothing.
+    fn read_direct(
+        &mut self,
+        store: &mut dyn Store,
+        slot: u16,
+        base: u32,
+        n: usize,
+        now: Instant,
+        w: &mut Wants,
+    ) -> io::Result<bool> {
+        let buf = self.slots[slot as usize].buf.expect("receiving slot has a buffer");
+        let at = base as usize + self.data_progress as usize;
+        let dst = &mut store.buf(buf)[at..at + n];
+        let r = loop {
+            match self.sock.read(dst) {
+                Ok(0) => return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "EOF in PDU data")),
+                Ok(r) => break r,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        };
+        self.stats.rx_bytes += r as u64;
+        self.data_progress += r as u32;
+        if let Some(Event::DataDone(res)) = self.rx.data_read(&dst[..r]) {
+            self.data_done(store, res.is_ok(), now, w);
+        }
+        Ok(true)
+    }
+
+    /// Hand staged bytes to the deframer and act on what completes.
+    fn process_staged(
+        &mut self,
+        store: &mut dyn Store,
+        now: Instant,
+        w: &mut Wants,
+    ) -> Result<(), TcpError> {
+        let start = self.st_start;
+        let (used, fed) = self.rx.feed(&self.stage[start..self.st_end])?;
+        match fed {
+            None => self.st_start += used,
+            Some(Fed::Header(pdu)) => {
+                self.st_start += used;
+                self.data_progress = 0;
+                self.on_header(pdu, store, now, w)?;
+            }
+            Some(Fed::Data { offset, bytes, done }) => {
+                let len = bytes.len();
+                if let DataDst::Slot { slot, base } = self.dst {
+                    let b = self.slots[slot as usize].buf.expect("receiving slot has a buffer");
+                    let at = (base + offset) as usize;
+                    store.buf(b)[at..at + len].copy_from_slice(&self.stage[start..start + len]);
+                    self.stats.copied_bytes += len as u64;
+                }
+                self.data_progress = offset + len as u32;
+                self.st_start += used;
+                if let Some(res) = done {
+                    self.data_done(store, res.is_ok(), now, w);
+                }
+            }
+            Some(Fed::DataDone(res)) => {
+                self.st_start += used;
+                self.data_done(store, res.is_ok(), now, w);
+            }
+        }
+        Ok(())
+    }
+
+    fn on_header(
+        &mut self,
+        pdu: Pdu,
+        store: &mut dyn Store,
+        now: Instant,
+        w: &mut Wants,
+    ) -> Result<(), TcpError> {
+        match pdu {
+            Pdu::IcReq(req) => self.on_icreq(req),
+            Pdu::CapsuleCmd { sqe, data_len } => {
+                if self.phase != Phase::Live {
+                    return Err(TcpError::new(Fes::PduSequenceError, 0, "capsule before ICReq"));
+                }
+                self.on_capsule(sqe, data_len, store, now, w)
+            }
+            Pdu::H2CData(d) => self.on_h2c_data(d),
+            Pdu::H2CTermReq(t) => {
+                warn!(peer = %self.peer, fes = ?t.fes(), fei = t.fei, "host terminated the connection");
+                self.close(store, "H2CTermReq from host");
+                Ok(())
+            }
+            _ => Err(TcpError::new(Fes::InvalidHeaderField, 0, "PDU type not valid from a host")),
+        }
+    }
+
+    fn on_icreq(&mut self, req: IcReq) -> Result<(), TcpError> {
+        if self.phase != Phase::AwaitIcReq {
+            return Err(TcpError::new(Fes::PduSequenceError, 0, "second ICReq"));
+        }
+        if req.pfv != nvme::tcp::PFV_1_0 {
+            // FEI: byte offset of PFV in the ICReq (NVMe/TCP 1.0 Figure 26).
+            return Err(TcpError::new(Fes::UnsupportedParameter, 8, "unsupported PDU format version"));
+        }
+        let resp = IcResp {
+            pfv: nvme::tcp::PFV_1_0,
+            cpda: 0,
+            hdgst: req.hdgst,
+            ddgst: req.ddgst,
+            maxh2cdata: self.caps.max_io_size,
+        };
+        self.tx.push_inline(&resp.encode());
+        self.txcfg = TxConfig { hdgst: req.hdgst, ddgst: req.ddgst, pda: req.hpda };
+        self.rx.set_digests(req.hdgst, req.ddgst);
+        self.phase = Phase::Live;
+        debug!(peer = %self.peer, hdgst = req.hdgst, ddgst = req.ddgst, hpda = req.hpda, "ICReq accepted");
+        Ok(())
+    }
+
+    fn on_capsule(
+        &mut self,
+        sqe: Sqe,
+        data_len: u32,
+        store: &mut dyn Store,
+        now: Instant,
+        w: &mut Wants,
+    ) -> Result<(), TcpError> {
+        self.stats.commands += 1;
+        let Some(slot) = self.free_slots.pop() else {
+            // More commands outstanding than the queue holds: the host broke flow control.
+            return Err(TcpError::new(
+                Fes::PduSequenceError,
+                0,
+                "more outstanding commands than the queue depth",
+            ));
+        };
+        let s = slot as usize;
+        self.slots[s].received = 0;
+        self.slots[s].digest_error = false;
+        self.slots[s].pending_status = None;
+        let cmd = match self.queue.parse(&sqe) {
+            Ok(cmd) => cmd,
+            Err(cqe) => {
+                self.slots[s].cmd = Some(Cmd { sqe, xfer: Xfer::None, sgl: None });
+                self.fail_early(slot, cqe.status(), data_len, Some(cqe));
+                return Ok(());
+            }
+        };
+        // In-capsule data must be described by an offset-0 SGL of exactly its length, within
+        // what this queue accepts in a capsule; and an in-capsule SGL needs the data.
+        let limit = self.incapsule_limit();
+        let bad = match (cmd.xfer, cmd.sgl) {
+            (Xfer::FromHost(len), Some(Sgl::InCapsule { offset, len: l })) => {
+                if offset != 0 || l as u64 + offset > limit as u64 {
+                    Some(Status::SGL_INVALID_OFFSET.dnr())
+                } else if data_len != len || l != len {
+                    Some(Status::SGL_INVALID_DATA.dnr())
+                } else {
+                    None
+                }
+            }
+            _ if data_len > 0 => Some(Status::SGL_INVALID_DATA.dnr()),
+            _ => None,
+        };
+        self.slots[s].cmd = Some(cmd);
+        if let Some(st) = bad {
+            self.fail_early(slot, st, data_len, None);
+            return Ok(());
+        }
+        let xfer = self.slots[s].cmd.as_ref().map(|c| c.xfer);
+        if !matches!(xfer, Some(Xfer::None)) {
+            match store.alloc_buf() {
+                Some(b) => self.slots[s].buf = Some(b),
+                None => {
+                    self.slots[s].state = SlotState::NeedBuffer;
+                    if data_len > 0 {
+                        // The data follows on the stream: stop reading until a buffer frees up.
+                        self.stalled = Some((sqe, data_len));
+                    }
+                    w.need_buffer.push(slot);
+                    return Ok(());
+                }
+            }
+        }
+        self.start(slot, data_len, store, now);
+        Ok(())
+    }
+
+    /// Complete a command that failed before execution; drop its in-capsule data first.
+    fn fail_early(&mut self, slot: u16, st: Status, data_len: u32, cqe: Option<Cqe>) {
+        let s = slot as usize;
+        if data_len > 0 {
+            self.slots[s].state = SlotState::Discarding;
+            self.slots[s].pending_status = Some(st);
+            self.dst = DataDst::Discard { slot };
+        } else {
+            let cqe = cqe.unwrap_or_else(|| {
+                self.queue.complete_status(self.slots[s].cmd.as_ref().expect("slot has a command"), st)
+            });
+            self.send_cqe_only(slot, cqe);
+        }
+    }
+
+    fn incapsule_limit(&self) -> u32 {
+        match self.queue.qid() {
+            Some(q) if q > 0 => self.caps.in_capsule_data,
+            _ => ADMIN_INCAPSULE,
+        }
+    }
+
+    /// A slot has its buffer: receive its data or execute it.
+    fn start(&mut self, slot: u16, data_len: u32, store: &mut dyn Store, now: Instant) {
+        let s = slot as usize;
+        let cmd = self.slots[s].cmd.as_ref().expect("slot has a command");
+        match cmd.xfer {
+            Xfer::FromHost(_) if data_len > 0 => {
+                self.slots[s].state = SlotState::RecvInCapsule;
+                self.dst = DataDst::Slot { slot, base: 0 };
+            }
+            Xfer::FromHost(len) if len > 0 => {
+                let r = R2t { cccid: cmd.sqe.cid(), ttag: slot, r2to: 0, r2tl: len };
+                self.slots[s].state = SlotState::RecvH2C;
+                let h = TxHeader::r2t(&self.txcfg, &r);
+                self.tx.push_inline(h.as_bytes());
+            }
+            _ => self.execute(slot, store, now),
+        }
+    }
+
+    /// A slot that waited for a buffer got one.
+    pub fn buffer_granted(&mut self, slot: u16, buf: u32, store: &mut dyn Store, now: Instant) {
+        let s = slot as usize;
+        if self.phase == Phase::Closing || self.slots[s].state != SlotState::NeedBuffer {
+            store.free_buf(buf);
+            return;
+        }
+        self.slots[s].buf = Some(buf);
+        let cid = self.slots[s].cmd.as_ref().expect("slot has a command").sqe.cid();
+        let data_len = match self.stalled {
+            Some((sqe, len)) if sqe.cid() == cid => {
+                self.stalled = None;
+                len
+            }
+            _ => 0,
+        };
+        self.start(slot, data_len, store, now);
+    }
+
+    fn on_h2c_data(&mut self, d: DataPdu) -> Result<(), TcpError> {
+        // FEI offsets: CCCID at byte 8, TTAG at 10, DATAO at 12, DATAL at 16 (NVMe/TCP 1.0
+        // Figure 32).
+        let slot = d.ttag;
+        let Some(sl) = self.slots.get(slot as usize) else {
+            return Err(TcpError::new(Fes::InvalidHeaderField, 10, "H2CData with an unknown TTAG"));
+        };
+        if sl.state != SlotState::RecvH2C {
+            return Err(TcpError::new(Fes::InvalidHeaderField, 10, "H2CData for a command not expecting data"));
+        }
+        let cmd = sl.cmd.as_ref().expect("receiving slot has a command");
+        if cmd.sqe.cid() != d.cccid {
+            return Err(TcpError::new(Fes::InvalidHeaderField, 8, "H2CData CCCID does not match the TTAG"));
+        }
+        let Xfer::FromHost(len) = cmd.xfer else {
+            return Err(TcpError::new(Fes::InvalidHeaderField, 10, "H2CData for a command without host data"));
+        };
+        if d.datao != sl.received {
+            return Err(TcpError::new(Fes::DataOutOfRange, 12, "H2CData offset out of order"));
+        }
+        if d.datao as u64 + d.datal as u64 > len as u64 {
+            return Err(TcpError::new(Fes::DataOutOfRange, 16, "H2CData beyond the R2T"));
+        }
+        self.dst = DataDst::Slot { slot, base: d.datao };
+        Ok(())
+    }
+
+    /// The current PDU's data (and digest) arrived.
+    fn data_done(&mut self, store: &mut dyn Store, digest_ok: bool, now: Instant, _w: &mut Wants) {
+        let dst = std::mem::replace(&mut self.dst, DataDst::None);
+        let got = std::mem::take(&mut self.data_progress);
+        match dst {
+            DataDst::None => {}
+            DataDst::Discard { slot } => {
+                let s = slot as usize;
+                let st = self.slots[s].pending_status.take().unwrap_or(Status::INTERNAL);
+                let cqe = self.queue.complete_status(self.slots[s].cmd.as_ref().expect("slot has a command"), st);
+                self.send_cqe_only(slot, cqe);
+            }
+            DataDst::Slot { slot, .. } => {
+                let s = slot as usize;
+                self.slots[s].received += got;
+                if !digest_ok {
+                    self.slots[s].digest_error = true;
+                }
+                let Some(Xfer::FromHost(len)) = self.slots[s].cmd.as_ref().map(|c| c.xfer) else {
+                    return;
+                };
+                if self.slots[s].received < len {
+                    return; // more H2CData PDUs follow
+                }
+                if self.slots[s].digest_error {
+                    // NVMe/TCP 1.0, 3.6.2.8: a data digest error on host data completes the
+                    // command with Transient Transport Error.
+                    let cqe = self.queue.complete_status(
+                        self.slots[s].cmd.as_ref().expect("slot has a command"),
+                        Status::TRANSIENT_TRANSPORT,
+                    );
+                    self.respond(slot, cqe, 0, store);
+                    return;
+                }
+                self.execute(slot, store, now);
+            }
+        }
+    }
+
+    fn execute(&mut self, slot: u16, store: &mut dyn Store, now: Instant) {
+        let s = slot as usize;
+        let cmd = self.slots[s].cmd.take().expect("slot has a command");
+        let ex = match self.slots[s].buf {
+            Some(b) => self.queue.execute(&cmd, store.buf(b), now),
+            None => self.queue.execute(&cmd, &mut [], now),
+        };
+        self.slots[s].cmd = Some(cmd);
+        match ex {
+            Exec::Done { cqe, data_len } => self.respond(slot, cqe, data_len, store),
+            Exec::Io(op) => {
+                self.slots[s].state = SlotState::Executing;
+                self.inflight += 1;
+                let ud = (self.conn_key as u64) << 16 | slot as u64;
+                store.submit(&op, self.slots[s].buf, ud);
+            }
+            Exec::Deferred => {
+                self.slots[s].state = SlotState::Deferred;
+                if let Some(b) = self.slots[s].buf.take() {
+                    store.free_buf(b);
+                }
+            }
+        }
+    }
+
+    /// A backend op of this connection completed.
+    pub fn backend_done(&mut self, slot: u16, res: Result<u32, i32>, store: &mut dyn Store) {
+        self.inflight -= 1;
+        if self.phase == Phase::Closing {
+            self.release_slot(slot, store);
+            return;
+        }
+        let cmd = self.slots[slot as usize].cmd.as_ref().expect("executing slot has a command");
+        let cqe = self.queue.complete_io(cmd, res.map(|_| ()));
+        let data_len = match cmd.xfer {
+            Xfer::ToHost(len) if cqe.status().is_success() => len,
+            _ => 0,
+        };
+        self.respond(slot, cqe, data_len, store);
+    }
+
+    /// Queue the response of a command: C2HData (if any) then the CQE (unless the SUCCESS flag
+    /// makes it implicit), then release the slot once sent.
+    fn respond(&mut self, slot: u16, cqe: Cqe, data_len: u32, store: &mut dyn Store) {
+        let s = slot as usize;
+        if let Some(cmd) = &self.slots[s].cmd {
+            if cmd.sqe.is_fabrics()
+                && cmd.sqe.fctype() == nvme::opcode::fctype::CONNECT
+                && cqe.status().is_success()
+            {
+                // Connect CATTR (SQE byte 46) bit 2: SQ flow control disable (NVMe-oF 1.1
+                // Figure 20). Only then may C2HData carry SUCCESS (NVMe/TCP 1.0, 3.6.2.7).
+                self.sqflow_disabled = (cmd.sqe.cdw11.get() >> 16) & 0x4 != 0;
+            }
+        }
+        self.slots[s].state = SlotState::Sending;
+        if data_len > 0 {
+            let b = self.slots[s].buf.expect("data to host comes from the slot buffer");
+            let data = &store.buf(b)[..data_len as usize];
+            let success = cqe.status().is_success() && self.sqflow_disabled;
+            let d = DataPdu { cccid: cqe.cid(), ttag: 0, datao: 0, datal: data_len, last: true, success };
+            let h = TxHeader::c2h_data(&self.txcfg, &d);
+            self.tx.push_inline(h.as_bytes());
+            // SAFETY: the slot keeps its buffer until the release marker queued below is
+            // reported by the send queue (flush or clear), and the pool outlives every
+            // connection of its poller.
+            unsafe { self.tx.push_data(data.as_ptr(), data.len()) };
+            if h.has_ddgst() {
+                self.tx.push_inline(&nvme::tcp::data_digest(data).to_le_bytes());
+            }
+            self.stats.tx_payload += data_len as u64;
+            if !success {
+                self.push_cqe(&cqe);
+            }
+        } else {
+            self.push_cqe(&cqe);
+        }
+        if !cqe.status().is_success() {
+            self.stats.errors += 1;
+        }
+        self.tx.push_release(slot as u32);
+    }
+
+    fn push_cqe(&mut self, cqe: &Cqe) {
+        let h = TxHeader::capsule_resp(&self.txcfg, cqe);
+        self.tx.push_inline(h.as_bytes());
+    }
+
+    fn send_cqe_only(&mut self, slot: u16, cqe: Cqe) {
+        self.slots[slot as usize].state = SlotState::Sending;
+        self.push_cqe(&cqe);
+        if !cqe.status().is_success() {
+            self.stats.errors += 1;
+        }
+        self.tx.push_release(slot as u32);
+    }
+
+    fn release_slot(&mut self, slot: u16, store: &mut dyn Store) {
+        let s = &mut self.slots[slot as usize];
+        if s.state == SlotState::Free {
+            return;
+        }
+        if let Some(b) = s.buf.take() {
+            store.free_buf(b);
+        }
+        s.cmd = None;
+        s.state = SlotState::Free;
+        self.free_slots.push(slot);
+    }
+
+    /// Send what is queued. Returns true when everything went out.
+    pub fn flush(&mut self, store: &mut dyn Store) -> bool {
+        if self.tx.is_empty() {
+            return true;
+        }
+        let before = self.tx.queued_bytes();
+        let mut rel = std::mem::take(&mut self.released);
+        let r = self.tx.flush(&self.sock, |t| rel.push(t as u16));
+        self.stats.tx_bytes += (before - self.tx.queued_bytes()) as u64;
+        for &slot in &rel {
+            self.release_slot(slot, store);
+        }
+        rel.clear();
+        self.released = rel;
+        match r {
+            Ok(done) => done,
+            Err(e) => {
+                self.io_error(store, e);
+                true
+            }
+        }
+    }
+
+    /// Timers and core events: keep-alive expiry, AER completions, disconnect requests.
+    pub fn tick(&mut self, store: &mut dyn Store, now: Instant) {
+        if self.phase != Phase::Live {
+            return;
+        }
+        if self.queue.poll_timeout().is_some_and(|t| t <= now) {
+            self.queue.handle_timeout(now);
+        }
+        while let Some(ev) = self.queue.poll_event() {
+            match ev {
+                QueueEvent::Complete(cqe) => {
+                    let slot = self.slots.iter().position(|s| {
+                        s.state == SlotState::Deferred
+                            && s.cmd.as_ref().is_some_and(|c| c.sqe.cid() == cqe.cid())
+                    });
+                    match slot {
+                        Some(slot) => self.send_cqe_only(slot as u16, cqe),
+                        None => warn!(peer = %self.peer, cid = cqe.cid(), "event for an unknown deferred command"),
+                    }
+                }
+                QueueEvent::Disconnect(reason) => {
+                    info!(peer = %self.peer, qid = ?self.queue.qid(), reason, "disconnecting queue");
+                    self.flush(store);
+                    self.close(store, reason);
+                    return;
+                }
+            }
+        }
+    }
+
+    /// A fatal protocol error: C2HTermReq (NVMe/TCP 1.0, 3.6.2.9), then close.
+    fn fatal(&mut self, store: &mut dyn Store, e: TcpError) {
+        warn!(peer = %self.peer, fes = ?e.fes, fei = e.fei, reason = e.reason,
+            "NVMe/TCP protocol error: terminating the connection");
+        let bytes = TermReq::new(&e, self.rx.offending_header()).encode(false);
+        // Best effort, after the whole PDUs already queued; the connection closes either way.
+        if self.flush(store) {
+            write_bounded(&self.sock, &bytes, Duration::from_millis(100));
+        }
+        self.stats.errors += 1;
+        self.close(store, e.reason);
+    }
+
+    fn io_error(&mut self, store: &mut dyn Store, e: io::Error) {
+        debug!(peer = %self.peer, error = %e, "socket error");
+        self.close(store, "socket error");
+    }
+
+    /// Tear the connection down: free every buffer not held by the backend (those are freed
+    /// when their operations complete).
+    pub fn close(&mut self, store: &mut dyn Store, reason: &str) {
+        if self.phase == Phase::Closing {
+            return;
+        }
+        debug!(peer = %self.peer, qid = ?self.queue.qid(), reason, "closing connection");
+        self.phase = Phase::Closing;
+        self.queue.disconnected();
+        let _ = self.sock.shutdown(std::net::Shutdown::Both);
+        self.tx.clear(|_| {});
+        for s in 0..self.slots.len() {
+            if self.slots[s].state != SlotState::Executing {
+                self.release_slot(s as u16, store);
+            }
+        }
+        self.stalled = None;
+        self.dst = DataDst::None;
+    }
+}
+
+/// Write `bytes` to a non-blocking socket, giving up after `limit`.
+fn write_bounded(mut sock: &TcpStream, bytes: &[u8], limit: Duration) {
+    let deadline = Instant::now() + limit;
+    let mut off = 0;
+    while off < bytes.len() && Instant::now() < deadline {
+        match sock.write(&bytes[off..]) {
+            Ok(n) => off += n,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => std::thread::yield_now(),
+            Err(_) => return,
+        }
+    }
+}
