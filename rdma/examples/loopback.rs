@@ -10,10 +10,14 @@
 //! SEND signaled), then RDMA READs the other half (one SGE, sink `LOCAL_WRITE|REMOTE_WRITE` for
 //! iWARP) and checks the bytes; the client disconnects; both sides move their QP to ERR and
 //! reap a flush completion for every RECV still posted.
-//! Phase 2 (SRQ): a second connection whose server QP receives through an SRQ, reusing the
-//! server's PD and CQs.
-//! Phase 3 (reject): the server rejects a third request with 4 bytes of private data and the
-//! client must see REJECTED carrying them.
+//! Phase 2 (SRQ, inline): a second connection whose server QP receives through an SRQ, reusing
+//! the server's PD and CQs; the client SENDs inline on an `sq_sig_all` QP and overwrites its
+//! buffer right after each post.
+//! Phase 3 (bad rkey): the server RDMA WRITEs with a key the client never registered; IB/RoCE
+//! must report REM_ACCESS_ERR, and on every transport the client's RECVs are flushed and the
+//! connection ends.
+//! Phase 4 (reject): the server rejects a request with 4 bytes of private data and the client
+//! must see REJECTED carrying them.
 //! Exit status 0 and `loopback OK on <dev>` only if every check passed.
 
 use std::collections::BTreeSet;
@@ -126,14 +130,15 @@ fn check_ok(wc: &WorkCompletion, op: WcOpcode, what: &str) -> Res<()> {
 }
 
 /// Moves `qp` to ERR and reaps one flush completion for each wr_id in `posted`.
-fn drain(qp: &Qp, cq: &Cq, mut posted: BTreeSet<u64>, who: &str) -> Res<()> {
+fn drain(qp: &Qp, cq: &Cq, ctx: &Context, mut posted: BTreeSet<u64>, who: &str) -> Res<()> {
     qp.set_error()?;
-    // siw does not report QP states (None); every other provider must say ERR.
+    // siw does not report QP states (None); IB/RoCE providers must say ERR.
     let state = qp.state()?;
-    ensure!(
-        matches!(state, None | Some(QpState::Err)),
-        "{who}: QP in {state:?} after set_error"
-    );
+    let ok = match ctx.transport() {
+        Transport::Iwarp => matches!(state, None | Some(QpState::Err)),
+        _ => state == Some(QpState::Err),
+    };
+    ensure!(ok, "{who}: QP in {state:?} after set_error");
     let n = posted.len();
     for wc in poll_n(cq, n, &format!("{who}: {n} flush completions"))? {
         ensure!(
@@ -296,7 +301,13 @@ fn server(addr: SocketAddr, ready: mpsc::Sender<()>) -> Res<String> {
     server_srq_phase(&dev, &ch, &id)?;
     drop(id);
 
-    // ---- phase 3: reject with private data ----
+    // ---- phase 3: RDMA WRITE with a bad rkey ----
+    let mut ev = expect_event(&ch, CmEventType::ConnectRequest)?;
+    let id = ev.take_new_id().ok_or("CONNECT_REQUEST without a new id")?;
+    server_bad_rkey_phase(&dev, &ch, &id)?;
+    drop(id);
+
+    // ---- phase 4: reject with private data ----
     let mut ev = expect_event(&ch, CmEventType::ConnectRequest)?;
     ensure!(
         ev.private_data().starts_with(CLIENT_PDATA),
@@ -427,7 +438,7 @@ fn server_rq_phase(dev: &Device, ch: &EventChannel, id: &CmId, ord: u8, ird: u8)
 
     // The client disconnects; then drain every RECV still posted.
     expect_event(ch, CmEventType::Disconnected)?;
-    drain(&qp, &dev.recv_cq, posted, "server")?;
+    drain(&qp, &dev.recv_cq, &dev.ctx, posted, "server")?;
     let mut e = [WorkCompletion::default()];
     ensure!(
         dev.send_cq.poll(&mut e)? == 0,
@@ -457,6 +468,76 @@ fn poll_recv(dev: &Device, qp: &Qp, id: &CmId) -> Res<WorkCompletion> {
         ensure!(Instant::now() < deadline, "timed out waiting for a RECV");
         thread::sleep(Duration::from_micros(200));
     }
+}
+
+/// A WRITE naming a key the peer never registered must fail visibly: on IB/RoCE the requester
+/// gets REM_ACCESS_ERR; on iWARP the WRITE completes locally (there is no WRITE ack) and the
+/// peer TERMINATEs the stream. Either way the peer's RECVs are flushed and the connection ends.
+fn server_bad_rkey_phase(dev: &Device, ch: &EventChannel, id: &CmId) -> Res<()> {
+    let qp = Qp::create(
+        id,
+        &dev.pd,
+        &QpInitAttr {
+            send_cq: &dev.send_cq,
+            recv_cq: &dev.recv_cq,
+            srq: None,
+            max_send_wr: 4,
+            max_recv_wr: 1,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: 0,
+            sq_sig_all: false,
+        },
+    )?;
+    let recv_mr = Mr::alloc(&dev.pd, MSG, AccessFlags::LOCAL_WRITE)?;
+    qp.post_recv(RECV_BASE, &[recv_mr.sge_all()?])?;
+    let src = Mr::alloc(&dev.pd, MSG, AccessFlags::empty())?;
+    id.accept(&ConnParam {
+        private_data: SERVER_PDATA,
+        rnr_retry_count: 7,
+        ..Default::default()
+    })?;
+    expect_event(ch, CmEventType::Established)?;
+    // The client speaks first (iWARP: the initiator sends the first message).
+    let wc = poll_recv(dev, &qp, id)?;
+    check_ok(&wc, WcOpcode::Recv, "BADKEY hello")?;
+    let bogus = rdma::RemoteBuf {
+        addr: 0x1000,
+        len: MSG as u64,
+        rkey: 0x00de_ad01,
+    };
+    qp.post_send(&[rdma::SendWr::write(WRITE_ID, &[src.sge_all()?], bogus).signaled()])?;
+    let wc = poll_n(&dev.send_cq, 1, "bad-rkey WRITE completion")?.remove(0);
+    ensure!(wc.wr_id() == WRITE_ID, "completion {wc:?}");
+    match dev.ctx.transport() {
+        Transport::Iwarp => {}
+        _ => ensure!(
+            wc.status() == WcStatus::RemAccessErr,
+            "bad-rkey WRITE completed with {} ({wc:?})",
+            wc.status()
+        ),
+    }
+    println!(
+        "server: bad-rkey WRITE completed with status {:?} ({})",
+        wc.status(),
+        wc.status()
+    );
+    expect_event(ch, CmEventType::Disconnected)?;
+    drain(
+        &qp,
+        &dev.recv_cq,
+        &dev.ctx,
+        BTreeSet::new(),
+        "server bad-rkey",
+    )?;
+    let mut e = [WorkCompletion::default()];
+    ensure!(
+        dev.send_cq.poll(&mut e)? == 0,
+        "stray send completion {:?}",
+        e[0]
+    );
+    println!("server: phase 3 (bad rkey) ok");
+    Ok(())
 }
 
 fn server_srq_phase(dev: &Device, ch: &EventChannel, id: &CmId) -> Res<()> {
@@ -654,7 +735,7 @@ fn client(server: SocketAddr, ready: mpsc::Receiver<()>) -> Res<()> {
 
     id.disconnect()?;
     expect_event(&ch, CmEventType::Disconnected)?;
-    drain(&qp, &cq, posted, "client")?;
+    drain(&qp, &cq, &ctx, posted, "client")?;
     drop(qp);
     drop(id);
     println!("client: phase 1 ok");
@@ -676,8 +757,8 @@ fn client(server: SocketAddr, ready: mpsc::Receiver<()>) -> Res<()> {
             max_recv_wr: 1,
             max_send_sge: 1,
             max_recv_sge: 1,
-            max_inline_data: 0,
-            sq_sig_all: false,
+            max_inline_data: MSG as u32,
+            sq_sig_all: true,
         },
     )?;
     id.connect(&ConnParam {
@@ -686,9 +767,17 @@ fn client(server: SocketAddr, ready: mpsc::Receiver<()>) -> Res<()> {
         ..Default::default()
     })?;
     expect_event(&ch, CmEventType::Established)?;
+    ensure!(
+        qp.caps().max_inline_data >= MSG as u32,
+        "inline caps {:?}",
+        qp.caps()
+    );
     for n in 0..2u8 {
+        // INLINE copies the bytes at post time: overwriting the buffer right after the post
+        // must not change what the server receives. sq_sig_all signals without the flag.
         msg.write_at(0, &message(&[b'S', b'R', b'Q', b'0' + n]))?;
-        qp.post_send(&[rdma::SendWr::send(10 + n as u64, &[msg.sge_all()?]).signaled()])?;
+        qp.post_send(&[rdma::SendWr::send(10 + n as u64, &[msg.sge_all()?]).inline()])?;
+        msg.fill(0, MSG, 0xEE)?;
         check_ok(
             &wait_one(&cq, &comp, "SRQ SEND")?,
             WcOpcode::Send,
@@ -697,13 +786,81 @@ fn client(server: SocketAddr, ready: mpsc::Receiver<()>) -> Res<()> {
     }
     id.disconnect()?;
     expect_event(&ch, CmEventType::Disconnected)?;
-    drain(&qp, &cq, BTreeSet::new(), "client phase 2")?;
+    drain(&qp, &cq, &ctx, BTreeSet::new(), "client phase 2")?;
     drop(qp);
     drop(id);
     println!("client: phase 2 ok");
 
-    // ---- phase 3: rejected with private data ----
+    // ---- phase 3: the server WRITEs with a bad rkey: our RECVs are flushed ----
     let (id, _) = client_connect(&ch, server, 4)?;
+    let qp = Qp::create(
+        &id,
+        &pd,
+        &QpInitAttr {
+            send_cq: &cq,
+            recv_cq: &cq,
+            srq: None,
+            max_send_wr: 2,
+            max_recv_wr: 2,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: 0,
+            sq_sig_all: false,
+        },
+    )?;
+    for i in 0..2 {
+        qp.post_recv(300 + i as u64, &[recv_mr.sge(i * MSG, MSG)?])?;
+    }
+    id.connect(&ConnParam {
+        private_data: CLIENT_PDATA,
+        responder_resources: 1,
+        rnr_retry_count: 7,
+        ..Default::default()
+    })?;
+    expect_event(&ch, CmEventType::Established)?;
+    msg.write_at(0, &message(b"BADKEY"))?;
+    qp.post_send(&[rdma::SendWr::send(20, &[msg.sge_all()?]).signaled()])?;
+    let mut flushed = BTreeSet::new();
+    let mut hello_sent = false;
+    while !(hello_sent && flushed.len() == 2) {
+        let wc = wait_one(&cq, &comp, "hello SEND / flushed RECVs")?;
+        match wc.wr_id() {
+            20 => {
+                ensure!(
+                    wc.status() == WcStatus::Success,
+                    "hello SEND: {}",
+                    wc.status()
+                );
+                hello_sent = true;
+            }
+            300 | 301 => {
+                ensure!(
+                    wc.status() == WcStatus::WrFlushErr,
+                    "RECV {}: {}",
+                    wc.wr_id(),
+                    wc.status()
+                );
+                ensure!(
+                    flushed.insert(wc.wr_id()),
+                    "RECV {} flushed twice",
+                    wc.wr_id()
+                );
+            }
+            _ => return Err(format!("unexpected completion {wc:?}").into()),
+        }
+    }
+    // The QP is in error; the connection may already be closing (iWARP TERMINATE).
+    if let Err(e) = id.disconnect() {
+        println!("client: disconnect after the access error: {e}");
+    }
+    expect_event(&ch, CmEventType::Disconnected)?;
+    drain(&qp, &cq, &ctx, BTreeSet::new(), "client bad-rkey")?;
+    drop(qp);
+    drop(id);
+    println!("client: phase 3 ok: both RECVs flushed after the peer's access error");
+
+    // ---- phase 4: rejected with private data ----
+    let (id, _) = client_connect(&ch, server, 5)?;
     let qp = Qp::create(
         &id,
         &pd,
@@ -732,7 +889,7 @@ fn client(server: SocketAddr, ready: mpsc::Receiver<()>) -> Res<()> {
         ev.status()
     );
     println!(
-        "client: phase 3 ok: REJECTED status {} with {} bytes of private data",
+        "client: phase 4 ok: REJECTED status {} with {} bytes of private data",
         ev.status(),
         ev.private_data().len()
     );

@@ -43,3 +43,24 @@ pub use error::{Error, Result};
 pub use mr::{AccessFlags, Mr, Pd, RemoteBuf, Sge};
 pub use qp::{Qp, QpCaps, QpInitAttr, QpState, RecvWr, SendFlags, SendOp, SendWr, MAX_CHAIN};
 pub use srq::Srq;
+
+#[cfg(test)]
+mod thread_safety {
+    fn send<T: Send>() {}
+    fn send_sync<T: Send + Sync>() {}
+
+    #[test]
+    fn owner_types_cross_threads_as_designed() {
+        send_sync::<super::Context>();
+        send_sync::<super::Pd>();
+        send_sync::<super::Mr>();
+        send_sync::<super::CompChannel>();
+        send_sync::<super::Cq>();
+        send_sync::<super::Srq>();
+        send_sync::<super::EventChannel>();
+        send_sync::<super::CmId>();
+        send::<super::CmEvent>();
+        // Qp is Send but deliberately not Sync (see the compile_fail doctest on Qp).
+        send::<super::Qp>();
+    }
+}

@@ -167,6 +167,13 @@ impl Mr {
         if p == libc::MAP_FAILED {
             return Err(from_errno("mmap"));
         }
+        // Keep registered pages out of fork children (what ibv_fork_init does for verbs
+        // memory): a child never needs them, and on kernels without copy-on-fork for pinned
+        // pages a parent write after fork would otherwise move the page away from the device.
+        // SAFETY: advising our own fresh mapping.
+        if unsafe { libc::madvise(p, map_len, libc::MADV_DONTFORK) } != 0 {
+            tracing::debug!(errno = last_errno(), "madvise(MADV_DONTFORK) failed");
+        }
         let addr = NonNull::new(p.cast::<u8>()).expect("mmap returned NULL without MAP_FIXED");
         // SAFETY: [addr, addr+len) is our fresh mapping; on success the Mr owns it and unmaps
         // it after deregistration.

@@ -99,6 +99,11 @@ impl QpState {
 /// of them. It is `Send` but not `Sync`: one thread (the poller) owns it and posts on it. The
 /// slow-path state calls ([`state`](Self::state), [`set_error`](Self::set_error)) are
 /// serialized with rdma_cm's own use of the QP through the id's channel lock.
+///
+/// ```compile_fail
+/// fn shared<T: Sync>() {}
+/// shared::<rdma::Qp>(); // a QP is owned by one poller, never shared
+/// ```
 pub struct Qp {
     raw: *mut ibv_qp,
     qp_num: u32,
