@@ -221,13 +221,18 @@ fn check_size(path: &Path, size: u64, block_size: u32) -> Result<(), DeviceError
     Ok(())
 }
 
-fn open_with(spec: &FileSpec, direct: bool, create: bool) -> io::Result<File> {
+fn open_with(spec: &FileSpec, direct: bool, create: bool, blkdev: bool) -> io::Result<File> {
     let mut o = OpenOptions::new();
     o.read(true).write(!spec.read_only).create(create);
     // std always adds O_CLOEXEC.
     let mut flags = 0;
     if direct {
         flags |= libc::O_DIRECT;
+    }
+    if blkdev && !spec.read_only {
+        // O_EXCL on a block device (without O_CREAT) fails with EBUSY if it is in use, e.g.
+        // mounted: never export a device the host itself is writing.
+        flags |= libc::O_EXCL;
     }
     o.custom_flags(flags);
     o.open(&spec.path)
@@ -242,9 +247,9 @@ fn open_file(spec: &FileSpec) -> Result<Device, DeviceError> {
     if let Some(bs) = spec.block_size {
         check_block_size(path, bs)?;
     }
-    let exists = match std::fs::metadata(path) {
-        Ok(_) => true,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => false,
+    let (exists, blkdev) = match std::fs::metadata(path) {
+        Ok(m) => (true, m.file_type().is_block_device()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => (false, false),
         Err(e) => return Err(err_open(e)),
     };
     if !exists && spec.size.is_none() {
@@ -254,12 +259,12 @@ fn open_file(spec: &FileSpec) -> Result<Device, DeviceError> {
     }
     let create = !exists && !spec.read_only;
     let mut direct = !spec.buffered;
-    let file = match open_with(spec, direct, create) {
+    let file = match open_with(spec, direct, create, blkdev) {
         // O_DIRECT is refused at open by filesystems without direct I/O (tmpfs before 6.6).
         Err(e) if direct && e.raw_os_error() == Some(libc::EINVAL) => {
             direct = false;
             tracing::warn!(path = %path.display(), "O_DIRECT refused by the filesystem; using buffered I/O (flush = fdatasync)");
-            open_with(spec, false, create).map_err(err_open)?
+            open_with(spec, false, create, blkdev).map_err(err_open)?
         }
         r => r.map_err(err_open)?,
     };
@@ -346,7 +351,7 @@ fn open_file(spec: &FileSpec) -> Result<Device, DeviceError> {
                     "direct I/O alignment incompatible with the block size; using buffered I/O (flush = fdatasync)");
                 direct = false;
                 drop(file);
-                open_with(spec, false, false).map_err(err_open)?
+                open_with(spec, false, false, false).map_err(err_open)?
             }
             _ => file,
         }

@@ -434,6 +434,10 @@ impl Ring {
                 if self.pool.is_in_flight(id) {
                     return Err(libc::EBUSY);
                 }
+                if self.pool.buf(id).is_err() {
+                    // Not allocated, or not in this pool.
+                    return Err(libc::EINVAL);
+                }
                 let base = self.pool.buf_ptr(id).map_err(|_| libc::EINVAL)?;
                 let addr = base.as_ptr() as usize + boff as usize;
                 if op.len == 0 {

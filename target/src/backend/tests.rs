@@ -673,3 +673,121 @@ fn write_zeroes_by_writing_zero_chunks() {
     assert!(got[4096..4096 + 600 * 1024].iter().all(|&x| x == 0));
     assert!(got[4096 + 600 * 1024..].iter().all(|&x| x == 0xee));
 }
+
+/// A loop device over a sparse file, detached on drop.
+struct Loop {
+    dev: PathBuf,
+}
+
+impl Loop {
+    fn new(backing: &Path, size: u64) -> Result<Loop, String> {
+        std::fs::File::create(backing)
+            .and_then(|f| f.set_len(size))
+            .map_err(|e| e.to_string())?;
+        let out = std::process::Command::new("losetup")
+            .args(["--find", "--show"])
+            .arg(backing)
+            .output()
+            .map_err(|e| format!("losetup: {e}"))?;
+        if !out.status.success() {
+            return Err(String::from_utf8_lossy(&out.stderr).trim().to_owned());
+        }
+        let dev = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+        Ok(Loop { dev })
+    }
+}
+
+impl Drop for Loop {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("losetup")
+            .arg("-d")
+            .arg(&self.dev)
+            .status();
+    }
+}
+
+#[test]
+fn block_device_via_loop() {
+    let dir = Scratch::new("loop");
+    let size = 16 * MIB;
+    let lo = match Loop::new(&dir.path("backing.img"), size) {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("skipped: cannot create a loop device ({e})");
+            return;
+        }
+    };
+    let spec = DeviceSpec::File(FileSpec::new(&lo.dev, None));
+    let d = Device::open(&spec).unwrap();
+    assert_eq!(d.kind(), DeviceKind::BlockDevice);
+    assert_eq!(d.size_bytes(), size);
+    assert_eq!(
+        d.block_size(),
+        512,
+        "loop devices default to 512-byte sectors"
+    );
+    assert!(d.is_direct());
+    // Writable block devices are opened exclusively: a second opener is refused.
+    let e = Device::open(&spec).unwrap_err();
+    assert!(
+        matches!(&e, DeviceError::Open { source, .. } if source.raw_os_error() == Some(libc::EBUSY)),
+        "{e}"
+    );
+    // Read-only opens are not exclusive. A size larger than the device is refused; a
+    // smaller one exports a prefix.
+    let ro = |size| {
+        Device::open(&DeviceSpec::File(FileSpec {
+            read_only: true,
+            ..FileSpec::new(&lo.dev, size)
+        }))
+    };
+    let e = ro(Some(size * 2)).unwrap_err();
+    assert!(matches!(e, DeviceError::TooLarge { .. }), "{e}");
+    assert_eq!(ro(Some(MIB)).unwrap().size_bytes(), MIB);
+
+    let mut ring = Ring::new(
+        RingConfig::default(),
+        Arc::new(Devices::from_devices(vec![d])),
+        BufPool::new(2, 65536).unwrap(),
+    )
+    .unwrap();
+    let b = ring.pool_mut().alloc().unwrap();
+    let mut rng = Rng(99);
+    rng.fill(ring.pool_mut().buf_mut(b).unwrap());
+    let pattern = ring.pool().buf(b).unwrap().to_vec();
+    // 512-byte granularity works on a 512-byte device.
+    assert_eq!(
+        run(
+            &mut ring,
+            &op(0, IoKind::Write, 512 * 3, 65536),
+            Some((b, 0))
+        ),
+        Ok(65536)
+    );
+    assert_eq!(run(&mut ring, &op(0, IoKind::Flush, 0, 0), None), Ok(0));
+    ring.pool_mut().free(b).unwrap();
+    assert!(read_back(&mut ring, 0, 512 * 3, 65536) == pattern);
+    // Write Zeroes in the middle.
+    assert_eq!(
+        run(&mut ring, &op(0, IoKind::WriteZeroes, 512 * 5, 1024), None),
+        Ok(0)
+    );
+    let got = read_back(&mut ring, 0, 512 * 3, 65536);
+    assert!(got[..1024] == pattern[..1024]);
+    assert!(got[1024..2048].iter().all(|&x| x == 0));
+    assert!(got[2048..] == pattern[2048..]);
+    // Deallocate: either the range reads zeroes, or the device cannot deallocate and the
+    // (advisory) request leaves the data as it was.
+    assert_eq!(
+        run(
+            &mut ring,
+            &op(0, IoKind::Trim(vec![(512 * 64, 4096)]), 0, 0),
+            None
+        ),
+        Ok(0)
+    );
+    let got = read_back(&mut ring, 0, 512 * 64, 4096);
+    let before = &pattern[(512 * 61)..(512 * 61 + 4096)];
+    assert!(got.iter().all(|&x| x == 0) || got == before);
+    assert_eq!(ring.stats().errors, 0);
+}
