@@ -1,5 +1,10 @@
 //! Core tests: no transport, a virtual clock, a host that speaks exactly like Linux.
-#![allow(dead_code)] // helpers for the full suite below
+
+mod bad_input;
+mod bringup;
+mod discovery;
+mod fuzz;
+mod lifecycle;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -350,35 +355,4 @@ impl Host {
         assert!(Csts(self.prop_get(reg::CSTS, PropSize::Four).ok_result() as u32).rdy());
         cntlid
     }
-}
-
-#[test]
-fn connect_property_identify_smoke() {
-    let t = test_target();
-    let mut h = Host::new(&t, tcp_caps(), Instant::now());
-    let r = h.connect_admin(SUBNQN, HOSTNQN, 5000);
-    let cqe = r.cqe();
-    assert!(cqe.status().is_success(), "{cqe:?}");
-    let cntlid = cqe.result.get() as u16;
-    assert_eq!(
-        ConnectResult::decode(cqe.result.get(), false),
-        ConnectResult::Success { cntlid, authreq: 0 }
-    );
-    assert_eq!(h.q.qid(), Some(0));
-    assert_eq!(h.q.depth(), 32);
-    assert_eq!(t.controller_count(), 1);
-    let cap = h.prop_get(reg::CAP, PropSize::Eight).ok_result();
-    assert_eq!(cap & 0xffff, 127);
-    // Identify before CC.EN is a sequence error.
-    assert_eq!(
-        h.identify(cns::CTRL, 0, csi::NVM).status(),
-        Status::CMD_SEQ_ERROR.dnr()
-    );
-    h.prop_set(reg::CC, Cc::new(true, 0, 0, 0, 0, 6, 4).0 as u64)
-        .ok_result();
-    let r = h.identify(cns::CTRL, 0, csi::NVM);
-    let id = IdentifyController::decode(r.ok_data()).unwrap();
-    assert_eq!(id.cntlid.get(), cntlid);
-    assert_eq!(id.cntrltype, idc::CNTRLTYPE_IO);
-    let _ = (feat::KATO, InvalidAttr::Data, DISCOVERY_NQN);
 }
