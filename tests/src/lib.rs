@@ -13,7 +13,10 @@ pub mod raw;
 pub fn target_bin() -> PathBuf {
     let exe = std::env::current_exe().expect("current_exe");
     // build/<profile>/deps/<test> → build/<profile>/nvmf-target
-    let dir = exe.parent().and_then(Path::parent).expect("test binary lives in build/<profile>/deps");
+    let dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("test binary lives in build/<profile>/deps");
     let bin = dir.join("nvmf-target");
     assert!(
         bin.exists(),
@@ -25,7 +28,11 @@ pub fn target_bin() -> PathBuf {
 
 /// A free TCP port on 127.0.0.1 (bound and released; good enough for tests).
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 /// A temporary directory removed on drop.
@@ -62,7 +69,14 @@ pub const TEST_NQN: &str = "nqn.2026-11.io.nvmf-rs:test";
 impl TargetProc {
     /// Start the target with one subsystem (`TEST_NQN`, any host) and a 64 MiB file namespace.
     pub fn start_default() -> TargetProc {
-        Self::start_with(|port, dir| {
+        Self::start_with(default_yaml)
+    }
+}
+
+/// The configuration `start_default` uses: `TEST_NQN`, any host, a 64 MiB file namespace.
+pub fn default_yaml(port: u16, dir: &Path) -> String {
+    {
+        {
             format!(
                 "listeners:\n  - {{ transport: tcp, address: 127.0.0.1, port: {port} }}\n\
                  subsystems:\n  - nqn: {TEST_NQN}\n    allow_any_host: true\n    namespaces:\n      \
@@ -70,11 +84,21 @@ impl TargetProc {
                  target: {{ threads: 2, keep_alive_ms_min: 1000 }}\n",
                 dir.display()
             )
-        })
+        }
     }
+}
 
+impl TargetProc {
     /// Start the target with the YAML `make(port, dir)` returns.
     pub fn start_with(make: impl FnOnce(u16, &Path) -> String) -> TargetProc {
+        Self::start_with_env(make, &[])
+    }
+
+    /// As [`TargetProc::start_with`], with extra environment variables.
+    pub fn start_with_env(
+        make: impl FnOnce(u16, &Path) -> String,
+        env: &[(&str, std::ffi::OsString)],
+    ) -> TargetProc {
         let dir = TempDir::new("target");
         let port = free_port();
         let yaml = make(port, &dir.0);
@@ -84,14 +108,23 @@ impl TargetProc {
         let child = Command::new(target_bin())
             .arg("--config")
             .arg(&cfg)
-            .env("RUST_LOG", std::env::var("NVMF_TEST_LOG").unwrap_or_else(|_| "info".into()))
+            .env(
+                "RUST_LOG",
+                std::env::var("NVMF_TEST_LOG").unwrap_or_else(|_| "info".into()),
+            )
+            .envs(env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).unwrap())
             .spawn()
             .expect("spawn nvmf-target");
         let addr: SocketAddr = ([127, 0, 0, 1], port).into();
-        let mut t = TargetProc { child, addr, log, dir };
+        let mut t = TargetProc {
+            child,
+            addr,
+            log,
+            dir,
+        };
         t.wait_listening(Duration::from_secs(20));
         t
     }
@@ -107,7 +140,11 @@ impl TargetProc {
             }
             std::thread::sleep(Duration::from_millis(50));
         }
-        panic!("nvmf-target did not listen on {} within {limit:?}:\n{}", self.addr, self.log_text());
+        panic!(
+            "nvmf-target did not listen on {} within {limit:?}:\n{}",
+            self.addr,
+            self.log_text()
+        );
     }
 
     pub fn log_text(&self) -> String {

@@ -24,7 +24,8 @@ impl RawHost {
     /// TCP connect only (no ICReq yet).
     pub fn connect_tcp(addr: SocketAddr) -> RawHost {
         let sock = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).expect("connect");
-        sock.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        sock.set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
         sock.set_nodelay(true).unwrap();
         RawHost {
             sock,
@@ -37,7 +38,13 @@ impl RawHost {
     /// TCP connect + ICReq/ICResp.
     pub fn connect(addr: SocketAddr) -> (RawHost, IcResp) {
         let mut h = RawHost::connect_tcp(addr);
-        let req = IcReq { pfv: 0, hpda: 0, hdgst: false, ddgst: false, maxr2t: 0 };
+        let req = IcReq {
+            pfv: 0,
+            hpda: 0,
+            hdgst: false,
+            ddgst: false,
+            maxr2t: 0,
+        };
         h.send(&req.encode());
         let resp = match h.recv().expect("ICResp").pdu {
             Pdu::IcResp(r) => r,
@@ -61,19 +68,27 @@ impl RawHost {
                 Ok(0) | Err(_) => return None,
                 Ok(n) => n,
             };
-            let pdus = self.rx.push(&buf[..n]).expect("target sent a malformed PDU stream");
+            let pdus = self
+                .rx
+                .push(&buf[..n])
+                .expect("target sent a malformed PDU stream");
             self.pending.extend(pdus);
         }
     }
 
     /// Send a capsule (with in-capsule data if any) and return the PDUs up to its CapsuleResp.
     pub fn command(&mut self, sqe: &Sqe, data: &[u8]) -> (Cqe, Vec<u8>) {
-        let pdu = Pdu::CapsuleCmd { sqe: *sqe, data_len: data.len() as u32 };
+        let pdu = Pdu::CapsuleCmd {
+            sqe: *sqe,
+            data_len: data.len() as u32,
+        };
         let bytes = pdu.encode(&self.tx, data);
         self.send(&bytes);
         let mut got = Vec::new();
         loop {
-            let p = self.recv().expect("connection closed while waiting for a response");
+            let p = self
+                .recv()
+                .expect("connection closed while waiting for a response");
             match p.pdu {
                 Pdu::C2HData(d) => {
                     got.extend_from_slice(&p.data);
@@ -93,8 +108,16 @@ impl RawHost {
         cmd.fctype = nvme::opcode::fctype::CONNECT;
         cmd.qid = qid.into();
         cmd.sqsize = sqsize.into();
-        cmd.kato = if qid == 0 { 5000u32.into() } else { 0u32.into() };
-        cmd.dptr = Sgl::InCapsule { offset: 0, len: 1024 }.encode();
+        cmd.kato = if qid == 0 {
+            5000u32.into()
+        } else {
+            0u32.into()
+        };
+        cmd.dptr = Sgl::InCapsule {
+            offset: 0,
+            len: 1024,
+        }
+        .encode();
         let cntlid = if qid == 0 { CNTLID_DYNAMIC } else { cntlid };
         let data = ConnectData::new([7u8; 16], cntlid, subnqn, HOSTNQN).encode();
         self.command(&cmd.to_sqe(), &data).0

@@ -18,7 +18,11 @@ fn wrong_header_length_terminates_only_that_connection() {
     assert_eq!(icresp.cpda, 0);
 
     let (mut bad, _) = RawHost::connect(t.addr);
-    let mut pdu = Pdu::CapsuleCmd { sqe: Sqe::new(0x06, 1), data_len: 0 }.encode(&bad.tx, &[]);
+    let mut pdu = Pdu::CapsuleCmd {
+        sqe: Sqe::new(0x06, 1),
+        data_len: 0,
+    }
+    .encode(&bad.tx, &[]);
     pdu[2] = 0x40; // HLEN 64 instead of 72
     bad.send(&pdu);
     let term = bad.recv().expect("a C2HTermReq before the close");
@@ -29,14 +33,21 @@ fn wrong_header_length_terminates_only_that_connection() {
         }
         other => panic!("expected C2HTermReq, got {other:?}"),
     }
-    assert!(bad.recv().is_none(), "connection must be closed after the TermReq");
+    assert!(
+        bad.recv().is_none(),
+        "connection must be closed after the TermReq"
+    );
 
     // The other connection still works: Fabrics Connect succeeds and yields a cntlid.
     let cqe = good.fabrics_connect(TEST_NQN, 0, 31, 0);
     assert_eq!(cqe.status(), Status::SUCCESS, "{cqe:?}");
     assert_ne!(cqe.result.get() & 0xffff, 0xffff);
     drop(good);
-    assert!(t.terminate(), "target exits 0 on SIGTERM:\n{}", t.log_text());
+    assert!(
+        t.terminate(),
+        "target exits 0 on SIGTERM:\n{}",
+        t.log_text()
+    );
 }
 
 /// A capsule before the ICReq is a PDU sequence error.
@@ -44,7 +55,11 @@ fn wrong_header_length_terminates_only_that_connection() {
 fn capsule_before_icreq_is_a_sequence_error() {
     let t = TargetProc::start_default();
     let mut h = RawHost::connect_tcp(t.addr);
-    let pdu = Pdu::CapsuleCmd { sqe: Sqe::new(0x06, 1), data_len: 0 }.encode(&h.tx, &[]);
+    let pdu = Pdu::CapsuleCmd {
+        sqe: Sqe::new(0x06, 1),
+        data_len: 0,
+    }
+    .encode(&h.tx, &[]);
     h.send(&pdu);
     match h.recv().map(|p| p.pdu) {
         Some(Pdu::C2HTermReq(t)) => assert_eq!(t.fes(), Some(Fes::PduSequenceError)),
@@ -58,7 +73,14 @@ fn capsule_before_icreq_is_a_sequence_error() {
 fn unsupported_pfv_is_refused() {
     let t = TargetProc::start_default();
     let mut h = RawHost::connect_tcp(t.addr);
-    let mut req = IcReq { pfv: 0, hpda: 0, hdgst: false, ddgst: false, maxr2t: 0 }.encode();
+    let mut req = IcReq {
+        pfv: 0,
+        hpda: 0,
+        hdgst: false,
+        ddgst: false,
+        maxr2t: 0,
+    }
+    .encode();
     req[8] = 1;
     h.send(&req);
     match h.recv().map(|p| p.pdu) {
@@ -81,5 +103,9 @@ fn commands_before_connect_and_unknown_subsystem() {
     assert_eq!(cqe.status().code(), Status::CMD_SEQ_ERROR.code(), "{cqe:?}");
     let cqe = h.fabrics_connect("nqn.2026-11.io.nvmf-rs:nope", 0, 31, 0);
     assert!(!cqe.status().is_success());
-    assert_eq!(cqe.status().sct(), 1, "a command-specific Connect status: {cqe:?}");
+    assert_eq!(
+        cqe.status().sct(),
+        1,
+        "a command-specific Connect status: {cqe:?}"
+    );
 }
