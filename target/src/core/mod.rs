@@ -13,9 +13,29 @@
 //!            -> transport sends data (ToHost) then the CQE
 //! ```
 //! Time is passed in (`now`); timers are data (`poll_timeout`), never tasks.
+//!
+//! Queues of one controller may live on different threads: the controller state they share
+//! (CC/CSTS, the keep-alive stamp, features, AER slots, the error log) is in
+//! `controller::Controller` behind atomics and one small mutex. What happens on another
+//! thread (a reset tearing down I/O queues, a keep-alive expiry, a namespace change raising an
+//! event) reaches a queue through [`Queue::poll_event`]; a transport that sleeps can register
+//! a [`Waker`] with [`Queue::set_waker`] to be told to poll.
 
+mod admin;
+mod controller;
+mod discovery;
+mod fabrics_cmd;
+mod io;
+mod queue;
+mod subsystem;
+#[cfg(test)]
+mod tests;
+
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Instant;
+
+pub use queue::QueueStats;
 
 use nvme::sgl::Sgl;
 use nvme::{Cqe, Sqe, Status};
@@ -80,22 +100,44 @@ pub struct TargetParams {
     pub keep_alive_ms_min: u32,
 }
 
+/// Called (from any thread) when a queue has something for [`Queue::poll_event`].
+pub type Waker = Arc<dyn Fn() + Send + Sync>;
+
 /// Shared, thread-safe target state: subsystems, the controller registry, discovery.
 pub struct Target {
-    _todo: (),
+    inner: subsystem::TargetInner,
 }
 
 impl Target {
     pub fn new(
-        _subsystems: Vec<SubsystemSpec>,
-        _listeners: Vec<ListenerInfo>,
-        _params: TargetParams,
+        subsystems: Vec<SubsystemSpec>,
+        listeners: Vec<ListenerInfo>,
+        params: TargetParams,
     ) -> Arc<Target> {
-        todo!("core")
+        Arc::new(Target {
+            inner: subsystem::TargetInner::new(subsystems, listeners, params),
+        })
     }
     /// Number of live controllers (metrics and tests).
     pub fn controller_count(&self) -> usize {
-        todo!("core")
+        self.inner.controller_count()
+    }
+    /// The discovery log generation counter (changes only when the configuration does).
+    pub fn genctr(&self) -> u64 {
+        self.inner.genctr.load(std::sync::atomic::Ordering::Acquire)
+    }
+    /// Tell the controllers of subsystem `subnqn` that namespace `nsid` changed (resized,
+    /// added, removed): it goes into their Changed Namespace List and, where the host enabled
+    /// it, a Namespace Attribute Changed event completes an AER. False if there is no such
+    /// subsystem.
+    pub fn notify_namespace_changed(&self, subnqn: &str, nsid: u32) -> bool {
+        self.inner.notify_namespace_changed(subnqn, nsid)
+    }
+    /// Replace the namespaces of subsystem `subnqn` (e.g. on a configuration reload) and
+    /// notify its controllers of each NSID added, removed or changed. False if there is no
+    /// such subsystem.
+    pub fn set_namespaces(&self, subnqn: &str, namespaces: Vec<NamespaceSpec>) -> bool {
+        self.inner.set_namespaces(subnqn, namespaces)
     }
 }
 
@@ -160,51 +202,97 @@ pub enum QueueEvent {
 
 /// One submission/completion queue pair's protocol state (one per connection).
 pub struct Queue {
-    _todo: (),
+    target: Arc<Target>,
+    caps: TransportCaps,
+    /// The remote address, for logs.
+    peer: String,
+    link: queue::Link,
+    qid: u16,
+    /// sqsize + 1; 0 until connected.
+    depth: u16,
+    /// SQ head as reported in CQEs: entries consumed so far, modulo `depth`.
+    sqhd: u16,
+    /// Connect asked for SQ flow control off (CATTR bit 2): CQEs carry SQHD FFFFh.
+    sqhd_disabled: bool,
+    /// Identity of this queue (a qid can be reused by a later connection).
+    token: u64,
+    counters: Arc<queue::Counters>,
+    ns_cache: Option<(u64, Arc<subsystem::NsTable>)>,
+    events: VecDeque<QueueEvent>,
+    /// A Disconnect event was handed out already.
+    teardown_sent: bool,
+    /// Identify MDTS and the transfer limit it states.
+    mdts: u8,
+    max_xfer: u32,
+    waker: Option<Waker>,
 }
 
 impl Queue {
     /// A new, unconnected queue: the first command must be a Fabrics Connect.
-    pub fn new(_target: Arc<Target>, _caps: TransportCaps, _peer: String) -> Queue {
-        todo!("core")
+    pub fn new(target: Arc<Target>, caps: TransportCaps, peer: String) -> Queue {
+        Queue::build(target, caps, peer)
     }
     /// Queue id, once connected.
     pub fn qid(&self) -> Option<u16> {
-        todo!("core")
+        self.ctrl().map(|_| self.qid)
     }
-    /// Queue depth (sqsize + 1) once connected.
+    /// Queue depth (sqsize + 1) once connected; 0 before.
     pub fn depth(&self) -> u16 {
-        todo!("core")
+        self.depth
+    }
+    /// The controller ID, once connected.
+    pub fn cntlid(&self) -> Option<u16> {
+        self.ctrl().map(|c| c.cntlid)
+    }
+    /// The largest data transfer one command may ask for (what Identify MDTS states).
+    pub fn max_transfer(&self) -> u32 {
+        self.max_xfer
+    }
+    /// This queue's counters.
+    pub fn stats(&self) -> QueueStats {
+        self.counters.snapshot()
+    }
+    /// Register a function to call (from any thread) when [`Queue::poll_event`] has
+    /// something: an AER completion, or a teardown decided elsewhere (controller reset from the
+    /// admin queue, keep-alive expiry).
+    pub fn set_waker(&mut self, waker: Waker) {
+        self.install_waker(waker)
     }
     /// Parse a command: validate it, decide its data direction and length.
-    pub fn parse(&mut self, _sqe: &Sqe) -> Result<Cmd, Cqe> {
-        todo!("core")
+    pub fn parse(&mut self, sqe: &Sqe) -> Result<Cmd, Cqe> {
+        self.parse_cmd(sqe)
     }
     /// Execute a parsed command whose host data (if any) is in `buf`.
-    pub fn execute(&mut self, _cmd: &Cmd, _buf: &mut [u8], _now: Instant) -> Exec {
-        todo!("core")
+    pub fn execute(&mut self, cmd: &Cmd, buf: &mut [u8], now: Instant) -> Exec {
+        self.execute_cmd(cmd, buf, now)
     }
     /// Completion of a backend op: `Ok(())` or the errno it failed with.
-    pub fn complete_io(&mut self, _cmd: &Cmd, _res: Result<(), i32>) -> Cqe {
-        todo!("core")
+    pub fn complete_io(&mut self, cmd: &Cmd, res: Result<(), i32>) -> Cqe {
+        self.complete_io_cmd(cmd, res)
     }
     /// Completion with a transport-detected status (e.g. a data transfer error).
-    pub fn complete_status(&mut self, _cmd: &Cmd, _status: Status) -> Cqe {
-        todo!("core")
+    pub fn complete_status(&mut self, cmd: &Cmd, status: Status) -> Cqe {
+        self.complete_with_status(cmd, status)
     }
     /// Next instant `handle_timeout` must be called at.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        todo!("core")
+        self.next_timeout()
     }
-    pub fn handle_timeout(&mut self, _now: Instant) {
-        todo!("core")
+    pub fn handle_timeout(&mut self, now: Instant) {
+        self.on_timeout(now)
     }
     /// Events for the transport (completed AERs, disconnect requests).
     pub fn poll_event(&mut self) -> Option<QueueEvent> {
-        todo!("core")
+        self.next_event()
     }
     /// The transport connection is gone; release what the queue holds.
     pub fn disconnected(&mut self) {
-        todo!("core")
+        self.release()
+    }
+}
+
+impl Drop for Queue {
+    fn drop(&mut self) {
+        self.release()
     }
 }

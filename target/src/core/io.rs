@@ -1,0 +1,166 @@
+//! NVM I/O commands: Read, Write, Flush, Write Zeroes, Dataset Management.
+//!
+//! A host Write is a backend write of data the host sent (`Xfer::FromHost`); a host Read is a
+//! backend read whose data goes to the host (`Xfer::ToHost`). Ranges are checked in `parse` so
+//! that no data moves for a command that cannot succeed, and again in `execute` because the
+//! namespace table may have been replaced in between.
+
+use nvme::opcode::io;
+use nvme::{Sqe, Status};
+
+use super::queue::{loc, Outcome, Parsed, Reject};
+use super::{Cmd, IoKind, IoOp, NamespaceSpec, Queue, Xfer};
+
+/// DSM attribute bit 2: Deallocate (NVM Command Set 1.0 Figure 41).
+const DSM_AD: u32 = 1 << 2;
+/// One DSM range: context attributes, length in blocks, starting LBA.
+const DSM_RANGE_SIZE: usize = 16;
+
+/// Byte offset and length of `nlb` blocks at `slba`, range-checked against the namespace
+/// without any arithmetic that could overflow.
+fn extent(ns: &NamespaceSpec, slba: u64, nlb: u64) -> Result<(u64, u64), Reject> {
+    let lba_range = || Reject::dnr(Status::LBA_RANGE, loc::CDW10).with_lba(slba);
+    let end = slba.checked_add(nlb).ok_or_else(lba_range)?;
+    if end > ns.blocks {
+        return Err(lba_range());
+    }
+    let bs = 1u64
+        .checked_shl(ns.lba_shift as u32)
+        .filter(|&b| b != 0)
+        .ok_or_else(lba_range)?;
+    let off = slba.checked_mul(bs).ok_or_else(lba_range)?;
+    let len = nlb.checked_mul(bs).ok_or_else(lba_range)?;
+    off.checked_add(len).ok_or_else(lba_range)?;
+    Ok((off, len))
+}
+
+/// Read/Write/Write Zeroes extent from CDW10-12, with the length as a u32.
+fn rw_extent(sqe: &Sqe, ns: &NamespaceSpec) -> Result<(u64, u32), Reject> {
+    let (off, len) = extent(ns, sqe.slba(), sqe.nlb() as u64)?;
+    let len = u32::try_from(len).map_err(|_| Reject::dnr(Status::INVALID_FIELD, loc::CDW12))?;
+    Ok((off, len))
+}
+
+/// Map a backend errno (either sign) to a status, as nvmet `errno_to_nvme_status` does for its
+/// file backend: ENOSPC -> Capacity Exceeded, EREMOTEIO -> LBA Out of Range, EOPNOTSUPP ->
+/// Invalid Opcode, ENODATA -> Access Denied, anything else (EIO included) -> Internal Error, all
+/// with DNR except Access Denied. One deliberate difference: resource shortages that may pass
+/// (EAGAIN, ENOMEM, EBUSY, EINTR) come back without DNR so the host retries instead of failing
+/// the I/O.
+pub(crate) fn errno_to_status(sqe: &Sqe, errno: i32) -> Reject {
+    let lba = match sqe.opcode {
+        io::READ | io::WRITE | io::WRITE_ZEROES => sqe.slba(),
+        _ => 0,
+    };
+    let e = errno.unsigned_abs() as i32;
+    let r = match e {
+        libc::ENOSPC => Reject::dnr(Status::CAP_EXCEEDED, loc::CDW12),
+        libc::EREMOTEIO => Reject::dnr(Status::LBA_RANGE, loc::CDW10),
+        libc::EOPNOTSUPP => Reject::dnr(Status::INVALID_OPCODE, loc::OPCODE),
+        libc::ENODATA => Reject::new(Status::ACCESS_DENIED, loc::NSID),
+        libc::EAGAIN | libc::ENOMEM | libc::EBUSY | libc::EINTR => {
+            Reject::new(Status::INTERNAL, loc::OPCODE)
+        }
+        _ => Reject::dnr(Status::INTERNAL, loc::OPCODE),
+    };
+    r.with_lba(lba)
+}
+
+impl Queue {
+    fn namespace(&mut self, nsid: u32) -> Result<NamespaceSpec, Reject> {
+        self.namespaces()
+            .and_then(|t| t.get(nsid).cloned())
+            .ok_or_else(|| Reject::dnr(Status::INVALID_NS, loc::NSID))
+    }
+
+    pub(super) fn parse_io(&mut self, sqe: &Sqe) -> Result<Parsed, Reject> {
+        if !matches!(
+            sqe.opcode,
+            io::READ | io::WRITE | io::FLUSH | io::WRITE_ZEROES | io::DSM
+        ) {
+            return Err(Reject::dnr(Status::INVALID_OPCODE, loc::OPCODE));
+        }
+        // NSID 0 and FFFFFFFFh never name a namespace here: a broadcast Flush is not supported
+        // (Identify VWC bits 2:1 = 10b).
+        let ns = self.namespace(sqe.nsid.get())?;
+        Ok(match sqe.opcode {
+            io::READ => Parsed::to_host(rw_extent(sqe, &ns)?.1, loc::CDW12),
+            io::WRITE => Parsed::from_host(rw_extent(sqe, &ns)?.1, loc::CDW12),
+            io::WRITE_ZEROES => {
+                rw_extent(sqe, &ns)?;
+                Parsed::none()
+            }
+            io::DSM => {
+                let nr = (sqe.cdw10.get() & 0xff) as usize + 1;
+                Parsed::from_host((nr * DSM_RANGE_SIZE) as u32, loc::CDW10)
+            }
+            _ => Parsed::none(),
+        })
+    }
+
+    pub(super) fn exec_io(&mut self, cmd: &Cmd, buf: &mut [u8]) -> Result<Outcome, Reject> {
+        let sqe = &cmd.sqe;
+        let ns = self.namespace(sqe.nsid.get())?;
+        let device = ns.device;
+        match sqe.opcode {
+            io::READ | io::WRITE => {
+                let (offset, len) = rw_extent(sqe, &ns)?;
+                let expect = if sqe.opcode == io::READ {
+                    Xfer::ToHost(len)
+                } else {
+                    Xfer::FromHost(len)
+                };
+                if cmd.xfer != expect {
+                    // The namespace's block size changed since parse.
+                    return Err(Reject::dnr(Status::SGL_INVALID_DATA, loc::DPTR));
+                }
+                let kind = if sqe.opcode == io::READ {
+                    IoKind::Read
+                } else {
+                    IoKind::Write
+                };
+                Ok(Outcome::Io(IoOp {
+                    device,
+                    kind,
+                    offset,
+                    len,
+                }))
+            }
+            io::FLUSH => Ok(Outcome::Io(IoOp {
+                device,
+                kind: IoKind::Flush,
+                offset: 0,
+                len: 0,
+            })),
+            io::WRITE_ZEROES => {
+                let (offset, len) = rw_extent(sqe, &ns)?;
+                Ok(Outcome::Io(IoOp {
+                    device,
+                    kind: IoKind::WriteZeroes,
+                    offset,
+                    len,
+                }))
+            }
+            io::DSM => {
+                if sqe.cdw11.get() & DSM_AD == 0 {
+                    // Integral Read/Write hints only: nothing to do.
+                    return Ok(Outcome::ok());
+                }
+                let mut ranges = Vec::new();
+                for r in buf.chunks_exact(DSM_RANGE_SIZE) {
+                    let nlb = u32::from_le_bytes([r[4], r[5], r[6], r[7]]) as u64;
+                    let slba = u64::from_le_bytes(r[8..16].try_into().expect("8 bytes"));
+                    if nlb == 0 {
+                        continue;
+                    }
+                    ranges.push(extent(&ns, slba, nlb)?);
+                }
+                if ranges.is_empty() {
+                    return Ok(Outcome::ok());
+                }
+                Ok(Outcome::Io(Queue::trim_op(device, ranges)))
+            }
+            _ => Err(Reject::dnr(Status::INVALID_OPCODE, loc::OPCODE)),
+        }
+    }
+}

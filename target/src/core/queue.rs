@@ -1,0 +1,642 @@
+//! The queue pipeline: parse (validation, data direction and length, SGL checks), execute
+//! dispatch, and the one completion funnel that fills sq_head, sq_id and cid, counts errors
+//! and records them in the controller's error log.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use nvme::cmd::FUSE_MASK;
+use nvme::log::trtype;
+use nvme::opcode::{fctype, io};
+use nvme::sgl::Sgl;
+use nvme::{Cqe, Sqe, Status};
+
+use super::controller::{Controller, Gone};
+use super::subsystem::NsTable;
+use super::{
+    Cmd, Exec, IoKind, IoOp, Queue, QueueEvent, Target, TrType, TransportCaps, Waker, Xfer,
+};
+
+/// SQE byte offsets, for the Error Information log's Parameter Error Location.
+pub(crate) mod loc {
+    pub const OPCODE: u16 = 0;
+    pub const FLAGS: u16 = 1;
+    pub const NSID: u16 = 4;
+    pub const DPTR: u16 = 24;
+    pub const CDW10: u16 = 40;
+    pub const CDW11: u16 = 44;
+    pub const CDW12: u16 = 48;
+    pub const CDW14: u16 = 56;
+    /// Not specific to a field.
+    pub const NONE: u16 = 0xffff;
+}
+
+/// In-capsule data the admin queue accepts whatever the I/O setting: the NVMe/TCP admin queue
+/// always takes 8 KiB (Linux `NVME_TCP_ADMIN_CCSZ`), which covers Connect data.
+pub(crate) const ADMIN_IN_CAPSULE: u32 = 8192;
+
+/// A command rejection: the status, where the offending field is, and the result dword
+/// (Connect Invalid Parameters carries IATTR/IPO there).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Reject {
+    pub status: Status,
+    pub loc: u16,
+    pub result: u64,
+    pub lba: u64,
+}
+
+impl Reject {
+    pub fn new(status: Status, loc: u16) -> Reject {
+        Reject {
+            status,
+            loc,
+            result: 0,
+            lba: 0,
+        }
+    }
+    /// Status with DNR.
+    pub fn dnr(status: Status, loc: u16) -> Reject {
+        Reject::new(status.dnr(), loc)
+    }
+    pub fn with_result(mut self, result: u64) -> Reject {
+        self.result = result;
+        self
+    }
+    pub fn with_lba(mut self, lba: u64) -> Reject {
+        self.lba = lba;
+        self
+    }
+}
+
+/// What parsing decided about a command's data.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Parsed {
+    pub xfer: Xfer,
+    /// Where to point when the length is too large.
+    pub len_loc: u16,
+}
+
+impl Parsed {
+    pub fn none() -> Parsed {
+        Parsed {
+            xfer: Xfer::None,
+            len_loc: loc::NONE,
+        }
+    }
+    pub fn to_host(len: u32, len_loc: u16) -> Parsed {
+        Parsed {
+            xfer: Xfer::ToHost(len),
+            len_loc,
+        }
+    }
+    pub fn from_host(len: u32, len_loc: u16) -> Parsed {
+        Parsed {
+            xfer: Xfer::FromHost(len),
+            len_loc,
+        }
+    }
+}
+
+/// What an executed command turned into.
+pub(crate) enum Outcome {
+    Done { result: u64, data_len: u32 },
+    Io(IoOp),
+    Deferred,
+}
+
+impl Outcome {
+    pub fn ok() -> Outcome {
+        Outcome::Done {
+            result: 0,
+            data_len: 0,
+        }
+    }
+    pub fn result(result: u64) -> Outcome {
+        Outcome::Done {
+            result,
+            data_len: 0,
+        }
+    }
+    pub fn data(data_len: u32) -> Outcome {
+        Outcome::Done {
+            result: 0,
+            data_len,
+        }
+    }
+}
+
+/// Where a queue is in its life.
+pub(crate) enum Link {
+    /// Only a Connect may come.
+    Unconnected,
+    /// Admin queue of a controller.
+    Admin(Arc<Controller>),
+    /// I/O queue; `epoch` is the controller's reset epoch at Connect.
+    Io { ctrl: Arc<Controller>, epoch: u32 },
+    /// Torn down: the transport should close the connection.
+    Closed,
+}
+
+/// Per-queue counters, written only by the owning queue's thread (relaxed atomics so the
+/// admin queue can sum them for the SMART log).
+#[derive(Debug, Default)]
+pub(crate) struct Counters {
+    commands: AtomicU64,
+    errors: AtomicU64,
+    bytes_read: AtomicU64,
+    bytes_written: AtomicU64,
+    read_cmds: AtomicU64,
+    write_cmds: AtomicU64,
+}
+
+fn bump(c: &AtomicU64, by: u64) {
+    // Single writer: a load and a store avoid a locked read-modify-write.
+    c.store(
+        c.load(Ordering::Relaxed).wrapping_add(by),
+        Ordering::Relaxed,
+    );
+}
+
+impl Counters {
+    pub fn snapshot(&self) -> QueueStats {
+        QueueStats {
+            commands: self.commands.load(Ordering::Relaxed),
+            errors: self.errors.load(Ordering::Relaxed),
+            bytes_read: self.bytes_read.load(Ordering::Relaxed),
+            bytes_written: self.bytes_written.load(Ordering::Relaxed),
+            read_cmds: self.read_cmds.load(Ordering::Relaxed),
+            write_cmds: self.write_cmds.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// A queue's counters (see [`Queue::stats`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct QueueStats {
+    /// Commands parsed (every SQE handed to `parse`).
+    pub commands: u64,
+    /// Completions with a non-success status.
+    pub errors: u64,
+    /// Payload bytes of successful Reads (controller to host).
+    pub bytes_read: u64,
+    /// Payload bytes of successful Writes (host to controller).
+    pub bytes_written: u64,
+    /// Successful Read commands.
+    pub read_cmds: u64,
+    /// Successful Write commands.
+    pub write_cmds: u64,
+}
+
+impl QueueStats {
+    pub(crate) fn add(&mut self, o: &QueueStats) {
+        self.commands += o.commands;
+        self.errors += o.errors;
+        self.bytes_read += o.bytes_read;
+        self.bytes_written += o.bytes_written;
+        self.read_cmds += o.read_cmds;
+        self.write_cmds += o.write_cmds;
+    }
+}
+
+/// MDTS (log2 of 4 KiB pages) and the transfer limit it implies for a transport's
+/// `max_io_size`. MDTS 0 means "no limit", so the smallest limit that can be stated is 8 KiB:
+/// smaller sizes are treated as 8 KiB.
+pub(crate) fn mdts_for(max_io_size: u32) -> (u8, u32) {
+    let pages = (max_io_size / 4096).max(2);
+    let mdts = 31 - pages.leading_zeros();
+    (mdts as u8, 4096u32 << mdts)
+}
+
+impl Queue {
+    pub(super) fn build(target: Arc<Target>, caps: TransportCaps, peer: String) -> Queue {
+        let (mdts, max_xfer) = mdts_for(caps.max_io_size);
+        let token = target
+            .inner()
+            .next_queue_token
+            .fetch_add(1, Ordering::Relaxed);
+        Queue {
+            target,
+            caps,
+            peer,
+            link: Link::Unconnected,
+            qid: 0,
+            depth: 0,
+            sqhd: 0,
+            sqhd_disabled: false,
+            token,
+            counters: Arc::new(Counters::default()),
+            ns_cache: None,
+            events: VecDeque::new(),
+            teardown_sent: false,
+            mdts,
+            max_xfer,
+            waker: None,
+        }
+    }
+
+    /// The controller this queue belongs to, if connected.
+    pub(crate) fn ctrl(&self) -> Option<&Arc<Controller>> {
+        match &self.link {
+            Link::Admin(c) | Link::Io { ctrl: c, .. } => Some(c),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn trtype_code(&self) -> u8 {
+        match self.caps.trtype {
+            TrType::Tcp => trtype::TCP,
+            TrType::Rdma => trtype::RDMA,
+        }
+    }
+
+    /// Largest in-capsule data this queue takes.
+    fn in_capsule_limit(&self) -> u32 {
+        match self.link {
+            Link::Io { .. } => self.caps.in_capsule_data,
+            _ => self.caps.in_capsule_data.max(ADMIN_IN_CAPSULE),
+        }
+    }
+
+    /// The namespace table of this queue's subsystem, cached until it changes.
+    pub(crate) fn namespaces(&mut self) -> Option<Arc<NsTable>> {
+        let subsys = self.ctrl()?.subsys.clone();
+        let gen = subsys.ns_generation();
+        match &self.ns_cache {
+            Some((g, t)) if *g == gen => Some(t.clone()),
+            _ => {
+                let (g, t) = subsys.namespaces();
+                self.ns_cache = Some((g, t.clone()));
+                Some(t)
+            }
+        }
+    }
+
+    // ---- parse -------------------------------------------------------------------------
+
+    pub(super) fn parse_cmd(&mut self, sqe: &Sqe) -> Result<Cmd, Cqe> {
+        bump(&self.counters.commands, 1);
+        // The entry is consumed now, whatever becomes of it.
+        if self.depth > 0 {
+            self.sqhd = ((self.sqhd as u32 + 1) % self.depth as u32) as u16;
+        }
+        let parsed = self.parse_inner(sqe).and_then(|p| {
+            let sgl = self.check_sgl(sqe, p)?;
+            Ok(Cmd {
+                sqe: *sqe,
+                xfer: p.xfer,
+                sgl,
+            })
+        });
+        parsed.map_err(|r| self.reject_cqe(sqe, r))
+    }
+
+    fn parse_inner(&mut self, sqe: &Sqe) -> Result<Parsed, Reject> {
+        // nvmet_req_init: no fused commands, and PSDT must say "SGL, MPTR is a buffer".
+        if sqe.flags & FUSE_MASK != 0 || !sqe.uses_sgl() {
+            return Err(Reject::dnr(Status::INVALID_FIELD, loc::FLAGS));
+        }
+        match &self.link {
+            Link::Unconnected => self.parse_unconnected(sqe),
+            Link::Closed => Err(Reject::new(Status::ABORT_QUEUE, loc::NONE)),
+            Link::Admin(ctrl) => {
+                let ctrl = ctrl.clone();
+                if ctrl.gone() != Gone::Alive {
+                    return Err(Reject::new(Status::ABORT_QUEUE, loc::NONE));
+                }
+                if sqe.is_fabrics() {
+                    self.parse_fabrics_admin(sqe)
+                } else if !ctrl.ready() {
+                    // nvmet_check_ctrl_status: nothing but Fabrics commands before CSTS.RDY.
+                    Err(Reject::dnr(Status::CMD_SEQ_ERROR, loc::OPCODE))
+                } else if ctrl.is_discovery() {
+                    self.parse_discovery(sqe)
+                } else {
+                    self.parse_admin(sqe)
+                }
+            }
+            Link::Io { ctrl, epoch } => {
+                if ctrl.gone() != Gone::Alive || ctrl.io_epoch() != *epoch {
+                    return Err(Reject::new(Status::ABORT_QUEUE, loc::NONE));
+                }
+                if sqe.is_fabrics() {
+                    self.parse_fabrics_io(sqe)
+                } else if !ctrl.ready() {
+                    Err(Reject::dnr(Status::CMD_SEQ_ERROR, loc::OPCODE))
+                } else {
+                    self.parse_io(sqe)
+                }
+            }
+        }
+    }
+
+    /// Check the data SGL against the command's transfer and what this transport accepts.
+    fn check_sgl(&self, sqe: &Sqe, p: Parsed) -> Result<Option<Sgl>, Reject> {
+        let (len, to_ctrl) = match p.xfer {
+            Xfer::None => (0, false),
+            Xfer::FromHost(n) => (n, true),
+            Xfer::ToHost(n) => (n, false),
+        };
+        if len > self.max_xfer {
+            return Err(Reject::dnr(Status::INVALID_FIELD, p.len_loc));
+        }
+        let bad = |s: Status| Err(Reject::dnr(s, loc::DPTR));
+        if len == 0 {
+            // Hosts describe "no data" with a zero-length descriptor of their usual type
+            // (Linux: Transport on TCP, Keyed on RDMA); only its length matters.
+            return match Sgl::decode(&sqe.dptr) {
+                Ok(s) if !s.is_empty() => bad(Status::SGL_INVALID_DATA),
+                _ => Ok(None),
+            };
+        }
+        let Ok(sgl) = Sgl::decode(&sqe.dptr) else {
+            return bad(Status::SGL_INVALID_TYPE);
+        };
+        match (self.caps.trtype, sgl) {
+            (_, Sgl::InCapsule { offset, len: l }) => {
+                // In-capsule data only flows host to controller (nvmet-tcp/-rdma answer
+                // Invalid Field for an in-capsule read), and ICDOFF is 0.
+                if !to_ctrl {
+                    return Err(Reject::dnr(Status::INVALID_FIELD, loc::DPTR));
+                }
+                if offset != 0 {
+                    return bad(Status::SGL_INVALID_OFFSET);
+                }
+                if l != len {
+                    return bad(Status::SGL_INVALID_DATA);
+                }
+                if l > self.in_capsule_limit() {
+                    // nvmet reports too much in-capsule data as an invalid offset.
+                    return bad(Status::SGL_INVALID_OFFSET);
+                }
+            }
+            (TrType::Tcp, Sgl::Transport { .. }) | (TrType::Rdma, Sgl::Keyed { .. }) => {
+                if sgl.len() != len {
+                    return bad(Status::SGL_INVALID_DATA);
+                }
+            }
+            _ => return bad(Status::SGL_INVALID_TYPE),
+        }
+        Ok(Some(sgl))
+    }
+
+    // ---- execute -----------------------------------------------------------------------
+
+    pub(super) fn execute_cmd(&mut self, cmd: &Cmd, buf: &mut [u8], now: Instant) -> Exec {
+        let need = match cmd.xfer {
+            Xfer::None => 0,
+            Xfer::FromHost(n) | Xfer::ToHost(n) => n as usize,
+        };
+        let out = if buf.len() < need {
+            tracing::error!(
+                need,
+                have = buf.len(),
+                "slot buffer smaller than the transfer"
+            );
+            Err(Reject::dnr(Status::INTERNAL, loc::NONE))
+        } else {
+            self.execute_inner(cmd, &mut buf[..need], now)
+        };
+        match out {
+            Ok(Outcome::Done { result, data_len }) => Exec::Done {
+                cqe: self.cqe(cmd.sqe.cid(), Status::SUCCESS, result),
+                data_len,
+            },
+            Ok(Outcome::Io(op)) => Exec::Io(op),
+            Ok(Outcome::Deferred) => Exec::Deferred,
+            Err(r) => Exec::Done {
+                cqe: self.reject_cqe(&cmd.sqe, r),
+                data_len: 0,
+            },
+        }
+    }
+
+    fn execute_inner(
+        &mut self,
+        cmd: &Cmd,
+        buf: &mut [u8],
+        now: Instant,
+    ) -> Result<Outcome, Reject> {
+        let sqe = &cmd.sqe;
+        match &self.link {
+            Link::Unconnected => {
+                if sqe.is_fabrics() && sqe.fctype() == fctype::CONNECT {
+                    self.exec_connect(sqe, buf, now)
+                } else {
+                    Err(Reject::dnr(Status::CMD_SEQ_ERROR, loc::OPCODE))
+                }
+            }
+            Link::Closed => Err(Reject::new(Status::ABORT_QUEUE, loc::NONE)),
+            Link::Admin(ctrl) => {
+                let ctrl = ctrl.clone();
+                if ctrl.gone() != Gone::Alive {
+                    return Err(Reject::new(Status::ABORT_QUEUE, loc::NONE));
+                }
+                ctrl.touch(now, false);
+                if sqe.is_fabrics() {
+                    self.exec_fabrics(sqe, now)
+                } else if !ctrl.ready() {
+                    Err(Reject::dnr(Status::CMD_SEQ_ERROR, loc::OPCODE))
+                } else if ctrl.is_discovery() {
+                    self.exec_discovery(&ctrl, cmd, buf, now)
+                } else {
+                    self.exec_admin(&ctrl, cmd, buf, now)
+                }
+            }
+            Link::Io { ctrl, epoch } => {
+                let ctrl = ctrl.clone();
+                if ctrl.gone() != Gone::Alive || ctrl.io_epoch() != *epoch {
+                    return Err(Reject::new(Status::ABORT_QUEUE, loc::NONE));
+                }
+                ctrl.touch(now, false);
+                if sqe.is_fabrics() {
+                    self.exec_fabrics(sqe, now)
+                } else if !ctrl.ready() {
+                    Err(Reject::dnr(Status::CMD_SEQ_ERROR, loc::OPCODE))
+                } else {
+                    self.exec_io(cmd, buf)
+                }
+            }
+        }
+    }
+
+    // ---- completion ----------------------------------------------------------------------
+
+    /// The completion funnel: every CQE is built here.
+    pub(crate) fn cqe(&self, cid: u16, status: Status, result: u64) -> Cqe {
+        let mut c = Cqe::new(cid, status, result);
+        c.sq_head = if self.sqhd_disabled {
+            0xffff
+        } else {
+            self.sqhd
+        }
+        .into();
+        c.sq_id = self.qid.into();
+        c
+    }
+
+    /// A failed command's CQE: counted, and recorded in the controller's error log.
+    pub(crate) fn reject_cqe(&mut self, sqe: &Sqe, r: Reject) -> Cqe {
+        bump(&self.counters.errors, 1);
+        if let Some(ctrl) = self.ctrl() {
+            ctrl.record_error(
+                self.qid,
+                sqe.cid(),
+                r.status,
+                r.loc,
+                r.lba,
+                sqe.nsid.get(),
+                self.trtype_code(),
+            );
+        }
+        tracing::debug!(qid = self.qid, cid = sqe.cid(), opcode = sqe.opcode, status = ?r.status,
+            "command failed");
+        self.cqe(sqe.cid(), r.status, r.result)
+    }
+
+    pub(super) fn complete_io_cmd(&mut self, cmd: &Cmd, res: Result<(), i32>) -> Cqe {
+        let sqe = &cmd.sqe;
+        match res {
+            Ok(()) => {
+                match (sqe.opcode, cmd.xfer) {
+                    (io::READ, Xfer::ToHost(n)) => {
+                        bump(&self.counters.bytes_read, n as u64);
+                        bump(&self.counters.read_cmds, 1);
+                    }
+                    (io::WRITE, Xfer::FromHost(n)) => {
+                        bump(&self.counters.bytes_written, n as u64);
+                        bump(&self.counters.write_cmds, 1);
+                    }
+                    _ => {}
+                }
+                self.cqe(sqe.cid(), Status::SUCCESS, 0)
+            }
+            Err(errno) => {
+                let r = super::io::errno_to_status(sqe, errno);
+                self.reject_cqe(sqe, r)
+            }
+        }
+    }
+
+    pub(super) fn complete_with_status(&mut self, cmd: &Cmd, status: Status) -> Cqe {
+        if status.is_success() {
+            self.cqe(cmd.sqe.cid(), status, 0)
+        } else {
+            self.reject_cqe(&cmd.sqe, Reject::new(status, loc::NONE))
+        }
+    }
+
+    // ---- timers and events -------------------------------------------------------------
+
+    pub(super) fn next_timeout(&self) -> Option<Instant> {
+        match &self.link {
+            Link::Admin(ctrl) => ctrl.keep_alive_deadline(),
+            _ => None,
+        }
+    }
+
+    pub(super) fn on_timeout(&mut self, now: Instant) {
+        let Link::Admin(ctrl) = &self.link else {
+            return;
+        };
+        if ctrl.keep_alive_deadline().is_some_and(|d| now >= d) {
+            tracing::warn!(cntlid = ctrl.cntlid, kato_ms = ctrl.kato_ms(), peer = %self.peer,
+                "keep-alive timer expired");
+            ctrl.fail(Gone::KeepAlive);
+            self.target.inner().unregister(ctrl);
+        }
+    }
+
+    pub(super) fn next_event(&mut self) -> Option<QueueEvent> {
+        if let Some(ev) = self.events.pop_front() {
+            return Some(ev);
+        }
+        match &self.link {
+            Link::Admin(ctrl) => {
+                let ctrl = ctrl.clone();
+                let gone = ctrl.gone();
+                if gone != Gone::Alive {
+                    if !self.teardown_sent {
+                        self.teardown_sent = true;
+                        self.target.inner().unregister(&ctrl);
+                        return Some(QueueEvent::Disconnect(gone.reason()));
+                    }
+                    return None;
+                }
+                for (cid, result) in ctrl.take_aer_completions() {
+                    let c = self.cqe(cid, Status::SUCCESS, result as u64);
+                    self.events.push_back(QueueEvent::Complete(c));
+                }
+            }
+            Link::Io { ctrl, epoch } => {
+                if self.teardown_sent {
+                    return None;
+                }
+                let gone = ctrl.gone();
+                let why = if gone != Gone::Alive {
+                    Some(gone)
+                } else if ctrl.io_epoch() != *epoch {
+                    Some(ctrl.io_epoch_reason())
+                } else {
+                    None
+                };
+                if let Some(why) = why {
+                    self.teardown_sent = true;
+                    ctrl.detach_io(self.qid, self.token);
+                    return Some(QueueEvent::Disconnect(why.reason()));
+                }
+            }
+            Link::Unconnected | Link::Closed => {}
+        }
+        self.events.pop_front()
+    }
+
+    /// Release what the queue holds; idempotent (also run on drop).
+    pub(super) fn release(&mut self) {
+        match std::mem::replace(&mut self.link, Link::Closed) {
+            Link::Admin(ctrl) => {
+                ctrl.set_admin_waker(None);
+                ctrl.drop_aers();
+                ctrl.fail(Gone::AdminLost);
+                self.target.inner().unregister(&ctrl);
+            }
+            Link::Io { ctrl, .. } => ctrl.detach_io(self.qid, self.token),
+            Link::Unconnected | Link::Closed => {}
+        }
+    }
+
+    pub(super) fn install_waker(&mut self, w: Waker) {
+        match &self.link {
+            Link::Admin(ctrl) => ctrl.set_admin_waker(Some(w.clone())),
+            Link::Io { ctrl, .. } => ctrl.set_io_waker(self.qid, self.token, Some(w.clone())),
+            _ => {}
+        }
+        self.waker = Some(w);
+    }
+
+    /// Build the IoOp for a Trim (used by io.rs).
+    pub(crate) fn trim_op(device: u32, ranges: Vec<(u64, u64)>) -> IoOp {
+        IoOp {
+            device,
+            kind: IoKind::Trim(ranges),
+            offset: 0,
+            len: 0,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mdts_from_max_io_size() {
+        assert_eq!(mdts_for(8192), (1, 8192));
+        assert_eq!(mdts_for(128 * 1024), (5, 128 * 1024));
+        assert_eq!(mdts_for(128 * 1024 + 4096), (5, 128 * 1024));
+        assert_eq!(mdts_for(4096), (1, 8192));
+        assert_eq!(mdts_for(100), (1, 8192));
+        assert_eq!(mdts_for(u32::MAX), (19, 1 << 31));
+    }
+}

@@ -1,0 +1,384 @@
+//! Core tests: no transport, a virtual clock, a host that speaks exactly like Linux.
+#![allow(dead_code)] // helpers for the full suite below
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use nvme::fabrics::{
+    connect_sqe, property_get_sqe, property_set_sqe, reg, Cc, ConnectData, ConnectResult, Csts,
+    InvalidAttr, PropSize,
+};
+use nvme::identify::{cns, csi, ctrl as idc, feat, IdentifyCmd, IdentifyController};
+use nvme::log::GetLogPageCmd;
+use nvme::opcode::{admin, io};
+use nvme::sgl::Sgl;
+use nvme::{Cqe, Sqe, Status, DISCOVERY_NQN};
+
+use super::*;
+
+pub(super) const SUBNQN: &str = "nqn.2024-01.io.nvmf-rs:test";
+pub(super) const RESTRICTED: &str = "nqn.2024-01.io.nvmf-rs:restricted";
+pub(super) const HOSTNQN: &str =
+    "nqn.2014-08.org.nvmexpress:uuid:0c4f6c1e-1111-2222-3333-444455556666";
+pub(super) const OTHER_HOST: &str = "nqn.2014-08.org.nvmexpress:uuid:other";
+pub(super) const HOSTID: [u8; 16] = [0x0c, 0x4f, 0x6c, 0x1e, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6];
+
+pub(super) fn ns(nsid: u32, blocks: u64, lba_shift: u8, device: u32) -> NamespaceSpec {
+    let mut nguid = [0u8; 16];
+    nguid[0] = nsid as u8;
+    nguid[15] = 0xee;
+    let mut uuid = [0u8; 16];
+    uuid[0] = 0xa0 | nsid as u8;
+    NamespaceSpec {
+        nsid,
+        blocks,
+        lba_shift,
+        device,
+        nguid,
+        uuid,
+    }
+}
+
+pub(super) fn test_target() -> Arc<Target> {
+    let subsystems = vec![
+        SubsystemSpec {
+            nqn: SUBNQN.into(),
+            serial: "NVMFRS0001".into(),
+            model: "nvmf-rs test".into(),
+            allow_any_host: false,
+            hosts: vec![HOSTNQN.into()],
+            namespaces: vec![ns(1, 2048, 12, 7), ns(3, 1 << 20, 9, 8)],
+        },
+        SubsystemSpec {
+            nqn: RESTRICTED.into(),
+            serial: "NVMFRS0002".into(),
+            model: "nvmf-rs restricted".into(),
+            allow_any_host: false,
+            hosts: vec![OTHER_HOST.into()],
+            namespaces: vec![ns(1, 64, 12, 9)],
+        },
+    ];
+    let listeners = vec![
+        ListenerInfo {
+            trtype: TrType::Tcp,
+            traddr: "192.0.2.1".into(),
+            trsvcid: "4420".into(),
+            port_id: 1,
+        },
+        ListenerInfo {
+            trtype: TrType::Rdma,
+            traddr: "192.0.2.1".into(),
+            trsvcid: "4420".into(),
+            port_id: 2,
+        },
+    ];
+    Target::new(
+        subsystems,
+        listeners,
+        TargetParams {
+            keep_alive_ms_min: 1000,
+        },
+    )
+}
+
+pub(super) fn tcp_caps() -> TransportCaps {
+    TransportCaps {
+        trtype: TrType::Tcp,
+        in_capsule_data: 8192,
+        max_io_size: 128 * 1024,
+        max_queue_depth: 128,
+    }
+}
+
+pub(super) fn rdma_caps() -> TransportCaps {
+    TransportCaps {
+        trtype: TrType::Rdma,
+        in_capsule_data: 4096,
+        max_io_size: 1 << 20,
+        max_queue_depth: 256,
+    }
+}
+
+/// What a submitted command turned into.
+#[derive(Debug)]
+pub(super) enum Reply {
+    /// `parse` refused it.
+    Rejected(Cqe),
+    /// `execute` finished it; the data that went to the host.
+    Done(Cqe, Vec<u8>),
+    /// A backend operation to run.
+    Io(IoOp, Cmd),
+    /// Held (AER).
+    Deferred(Cmd),
+}
+
+impl Reply {
+    /// The CQE of a command that completed without the backend.
+    #[track_caller]
+    pub fn cqe(&self) -> Cqe {
+        match self {
+            Reply::Rejected(c) | Reply::Done(c, _) => *c,
+            r => panic!("expected a completion, got {r:?}"),
+        }
+    }
+    #[track_caller]
+    pub fn status(&self) -> Status {
+        self.cqe().status()
+    }
+    #[track_caller]
+    pub fn ok_data(&self) -> &[u8] {
+        match self {
+            Reply::Done(c, d) if c.status().is_success() => d,
+            r => panic!("expected success with data, got {r:?}"),
+        }
+    }
+    #[track_caller]
+    pub fn ok_result(&self) -> u64 {
+        let c = self.cqe();
+        assert!(c.status().is_success(), "expected success, got {c:?}");
+        c.result.get()
+    }
+}
+
+/// A host's end of one queue, with a virtual clock.
+pub(super) struct Host {
+    pub q: Queue,
+    pub now: Instant,
+    cid: u16,
+}
+
+impl Host {
+    pub fn new(target: &Arc<Target>, caps: TransportCaps, now: Instant) -> Host {
+        Host {
+            q: Queue::new(target.clone(), caps, "192.0.2.100:51234".into()),
+            now,
+            cid: 0,
+        }
+    }
+
+    pub fn next_cid(&mut self) -> u16 {
+        self.cid = self.cid.wrapping_add(1);
+        self.cid
+    }
+
+    pub fn advance(&mut self, d: Duration) {
+        self.now += d;
+    }
+
+    /// The SGL a Linux host would use for `len` bytes in direction `to_ctrl`.
+    pub fn sgl(&self, len: u32, to_ctrl: bool) -> Sgl {
+        let icd = if self.q.qid().unwrap_or(0) == 0 {
+            8192
+        } else {
+            self.q.caps.in_capsule_data
+        };
+        match self.q.caps.trtype {
+            TrType::Tcp if to_ctrl && len > 0 && len <= icd => Sgl::InCapsule { offset: 0, len },
+            TrType::Tcp => Sgl::Transport { len },
+            TrType::Rdma if to_ctrl && len > 0 && len <= self.q.caps.in_capsule_data => {
+                Sgl::InCapsule { offset: 0, len }
+            }
+            TrType::Rdma => Sgl::Keyed {
+                addr: 0x1000,
+                len,
+                key: 0x55,
+                invalidate: true,
+            },
+        }
+    }
+
+    /// Parse and execute `sqe` with `data` as the host's payload.
+    pub fn submit(&mut self, sqe: Sqe, data: &[u8]) -> Reply {
+        let cmd = match self.q.parse(&sqe) {
+            Err(c) => return Reply::Rejected(c),
+            Ok(cmd) => cmd,
+        };
+        let len = match cmd.xfer {
+            Xfer::None => 0,
+            Xfer::FromHost(n) | Xfer::ToHost(n) => n as usize,
+        };
+        let mut buf = vec![0u8; len];
+        if let Xfer::FromHost(_) = cmd.xfer {
+            buf[..data.len().min(len)].copy_from_slice(&data[..data.len().min(len)]);
+        }
+        match self.q.execute(&cmd, &mut buf, self.now) {
+            Exec::Done { cqe, data_len } => {
+                assert_eq!(cqe.cid(), sqe.cid(), "cid echoed");
+                if let Xfer::ToHost(n) = cmd.xfer {
+                    assert!(data_len <= n);
+                } else {
+                    assert_eq!(data_len, 0);
+                }
+                Reply::Done(cqe, buf[..data_len as usize].to_vec())
+            }
+            Exec::Io(op) => Reply::Io(op, cmd),
+            Exec::Deferred => Reply::Deferred(cmd),
+        }
+    }
+
+    /// Run a backend op "successfully" and complete it.
+    pub fn finish_io(&mut self, r: Reply) -> Cqe {
+        match r {
+            Reply::Io(_, cmd) => self.q.complete_io(&cmd, Ok(())),
+            r => panic!("expected an I/O, got {r:?}"),
+        }
+    }
+
+    // -- command builders (what Linux sends) --
+
+    pub fn connect(&mut self, qid: u16, sqsize: u16, kato: u32, data: &ConnectData) -> Reply {
+        let cid = self.next_cid();
+        let sgl = self.sgl(1024, true);
+        let sqe = connect_sqe(cid, qid, sqsize, 0, kato, sgl);
+        self.submit(sqe, &data.encode())
+    }
+
+    pub fn connect_admin(&mut self, subnqn: &str, hostnqn: &str, kato: u32) -> Reply {
+        let d = ConnectData::new(HOSTID, 0xffff, subnqn, hostnqn);
+        self.connect(0, 31, kato, &d)
+    }
+
+    pub fn prop_get(&mut self, off: u32, size: PropSize) -> Reply {
+        let cid = self.next_cid();
+        let mut sqe = property_get_sqe(cid, off, size);
+        sqe.dptr = self.sgl(0, false).encode();
+        self.submit(sqe, &[])
+    }
+
+    pub fn prop_set(&mut self, off: u32, val: u64) -> Reply {
+        let cid = self.next_cid();
+        let mut sqe = property_set_sqe(cid, off, val, PropSize::Four);
+        sqe.dptr = self.sgl(0, false).encode();
+        self.submit(sqe, &[])
+    }
+
+    pub fn identify(&mut self, cns: u8, nsid: u32, csi: u8) -> Reply {
+        let cid = self.next_cid();
+        let dptr = self.sgl(4096, false).encode();
+        let sqe = IdentifyCmd {
+            cns,
+            cntid: 0,
+            cnssid: 0,
+            csi,
+            nsid,
+        }
+        .to_sqe(cid, dptr);
+        self.submit(sqe, &[])
+    }
+
+    pub fn get_log(&mut self, lid: u8, nsid: u32, len: u32, off: u64, rae: bool) -> Reply {
+        self.get_log_csi(lid, nsid, len, off, rae, 0)
+    }
+
+    pub fn get_log_csi(
+        &mut self,
+        lid: u8,
+        nsid: u32,
+        len: u32,
+        off: u64,
+        rae: bool,
+        csi: u8,
+    ) -> Reply {
+        let cid = self.next_cid();
+        let dptr = self.sgl(len, false).encode();
+        let mut g = GetLogPageCmd::new(lid, nsid, len, off, rae);
+        g.csi = csi;
+        self.submit(g.to_sqe(cid, dptr), &[])
+    }
+
+    pub fn admin_sqe(&mut self, opcode: u8) -> Sqe {
+        let cid = self.next_cid();
+        let mut sqe = Sqe::new(opcode, cid);
+        sqe.dptr = self.sgl(0, false).encode();
+        sqe
+    }
+
+    pub fn set_features(&mut self, fid: u8, cdw11: u32, data: &[u8]) -> Reply {
+        let mut sqe = self.admin_sqe(admin::SET_FEATURES);
+        sqe.cdw10 = (fid as u32).into();
+        sqe.cdw11 = cdw11.into();
+        sqe.dptr = self.sgl(data.len() as u32, true).encode();
+        self.submit(sqe, data)
+    }
+
+    pub fn get_features(&mut self, fid: u8, cdw11: u32, len: u32) -> Reply {
+        let mut sqe = self.admin_sqe(admin::GET_FEATURES);
+        sqe.cdw10 = (fid as u32).into();
+        sqe.cdw11 = cdw11.into();
+        sqe.dptr = self.sgl(len, false).encode();
+        self.submit(sqe, &[])
+    }
+
+    pub fn simple(&mut self, opcode: u8) -> Reply {
+        let sqe = self.admin_sqe(opcode);
+        self.submit(sqe, &[])
+    }
+
+    pub fn rw(&mut self, opcode: u8, nsid: u32, slba: u64, nlb: u32, lba_shift: u8) -> Reply {
+        let cid = self.next_cid();
+        let mut sqe = Sqe::new(opcode, cid);
+        sqe.nsid = nsid.into();
+        sqe.cdw10 = (slba as u32).into();
+        sqe.cdw11 = ((slba >> 32) as u32).into();
+        sqe.cdw12 = (nlb - 1).into();
+        let len = (nlb as u64) << lba_shift;
+        let len = u32::try_from(len).unwrap_or(u32::MAX);
+        let data_len = if opcode == io::WRITE || opcode == io::READ {
+            len
+        } else {
+            0
+        };
+        sqe.dptr = self.sgl(data_len, opcode == io::WRITE).encode();
+        let payload = vec![
+            0x5a;
+            if opcode == io::WRITE {
+                data_len as usize
+            } else {
+                0
+            }
+        ];
+        self.submit(sqe, &payload)
+    }
+
+    /// Bring up an admin queue the way Linux does up to CSTS.RDY; returns the cntlid.
+    pub fn bring_up(&mut self, subnqn: &str, hostnqn: &str) -> u16 {
+        let cntlid = self.connect_admin(subnqn, hostnqn, 5000).ok_result() as u16;
+        let cc = Cc::new(false, Cc::CSS_NVM, 0, 0, Cc::SHN_NONE, 6, 4);
+        assert!(self.prop_set(reg::CC, cc.0 as u64).status().is_success());
+        let cc = Cc::new(true, Cc::CSS_NVM, 0, 0, Cc::SHN_NONE, 6, 4);
+        assert!(self.prop_set(reg::CC, cc.0 as u64).status().is_success());
+        assert!(Csts(self.prop_get(reg::CSTS, PropSize::Four).ok_result() as u32).rdy());
+        cntlid
+    }
+}
+
+#[test]
+fn connect_property_identify_smoke() {
+    let t = test_target();
+    let mut h = Host::new(&t, tcp_caps(), Instant::now());
+    let r = h.connect_admin(SUBNQN, HOSTNQN, 5000);
+    let cqe = r.cqe();
+    assert!(cqe.status().is_success(), "{cqe:?}");
+    let cntlid = cqe.result.get() as u16;
+    assert_eq!(
+        ConnectResult::decode(cqe.result.get(), false),
+        ConnectResult::Success { cntlid, authreq: 0 }
+    );
+    assert_eq!(h.q.qid(), Some(0));
+    assert_eq!(h.q.depth(), 32);
+    assert_eq!(t.controller_count(), 1);
+    let cap = h.prop_get(reg::CAP, PropSize::Eight).ok_result();
+    assert_eq!(cap & 0xffff, 127);
+    // Identify before CC.EN is a sequence error.
+    assert_eq!(
+        h.identify(cns::CTRL, 0, csi::NVM).status(),
+        Status::CMD_SEQ_ERROR.dnr()
+    );
+    h.prop_set(reg::CC, Cc::new(true, 0, 0, 0, 0, 6, 4).0 as u64)
+        .ok_result();
+    let r = h.identify(cns::CTRL, 0, csi::NVM);
+    let id = IdentifyController::decode(r.ok_data()).unwrap();
+    assert_eq!(id.cntlid.get(), cntlid);
+    assert_eq!(id.cntrltype, idc::CNTRLTYPE_IO);
+    let _ = (feat::KATO, InvalidAttr::Data, DISCOVERY_NQN);
+}
