@@ -23,7 +23,11 @@ pub enum StartError {
     #[error("namespace storage: {0}")]
     Device(#[from] crate::backend::DeviceError),
     #[error("listener {addr} ({transport}): {source}")]
-    Listen { addr: SocketAddr, transport: &'static str, source: std::io::Error },
+    Listen {
+        addr: SocketAddr,
+        transport: &'static str,
+        source: std::io::Error,
+    },
     #[error("rdma listener {0}: this build has no RDMA transport yet")]
     NoRdma(SocketAddr),
     #[error("poller thread: {0}")]
@@ -123,7 +127,9 @@ impl Daemon {
         let target = Target::new(
             subsystems,
             infos,
-            TargetParams { keep_alive_ms_min: t.keep_alive_ms_min },
+            TargetParams {
+                keep_alive_ms_min: t.keep_alive_ms_min,
+            },
         );
         let caps = TransportCaps {
             trtype: TrType::Tcp,
@@ -145,7 +151,10 @@ impl Daemon {
             let io = caps.max_io_size as usize;
             let h = poller::spawn(target.clone(), pc, move || {
                 let pool = BufPool::new(buffers, io).map_err(std::io::Error::other)?;
-                let cfg = RingConfig { sq_entries: 256, max_inflight: 2 * buffers };
+                let cfg = RingConfig {
+                    sq_entries: 256,
+                    max_inflight: 2 * buffers,
+                };
                 let ring = Ring::new(cfg, devs, pool).map_err(std::io::Error::other)?;
                 Ok(RingStore::new(ring))
             })
@@ -166,7 +175,13 @@ impl Daemon {
                     .map_err(StartError::Poller)?,
             );
         }
-        Ok(Daemon { target, stop, pollers, acceptors, tcp_addrs })
+        Ok(Daemon {
+            target,
+            stop,
+            pollers,
+            acceptors,
+            tcp_addrs,
+        })
     }
 
     pub fn target(&self) -> &Arc<Target> {

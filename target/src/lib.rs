@@ -7,5 +7,6 @@
 pub mod backend;
 pub mod core;
 pub mod daemon;
+pub mod notify;
 pub mod store;
 pub mod transport;

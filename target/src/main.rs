@@ -9,6 +9,7 @@ use nix::sys::signal::{SigSet, Signal};
 use tracing::{error, info, warn};
 
 use nvmf_target::daemon::Daemon;
+use nvmf_target::notify::Notifier;
 
 /// Userspace NVMe-over-Fabrics target (NVMe/TCP, NVMe/RDMA) with an io_uring backend.
 ///
@@ -98,6 +99,17 @@ fn main() -> ExitCode {
         threads = cfg.target.threads,
         "nvmf-target ready"
     );
+    let notifier = Notifier::from_env();
+    if let Some(n) = &notifier {
+        n.notify(&format!(
+            "READY=1\nSTATUS=serving {} subsystem(s) on {} listener(s)",
+            cfg.subsystems.len(),
+            cfg.listeners.len()
+        ));
+        if let Some(every) = Notifier::watchdog_interval() {
+            spawn_watchdog(every / 2);
+        }
+    }
 
     loop {
         match sigs.wait() {
@@ -113,6 +125,9 @@ fn main() -> ExitCode {
                 break;
             }
         }
+    }
+    if let Some(n) = &notifier {
+        n.notify("STOPPING=1");
     }
     daemon.shutdown();
     if let Some(p) = &temp_file {
@@ -131,4 +146,19 @@ fn init_logging() {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal())
         .init();
+}
+
+/// WATCHDOG=1 every `period` from a thread of its own (the daemon is healthy while its threads
+/// run; a wedged poller is caught by the keep-alive timers of its hosts).
+fn spawn_watchdog(period: std::time::Duration) {
+    let _ = std::thread::Builder::new()
+        .name("nvmf-watchdog".into())
+        .spawn(move || {
+            if let Some(n) = Notifier::from_env() {
+                loop {
+                    n.notify("WATCHDOG=1");
+                    std::thread::sleep(period);
+                }
+            }
+        });
 }

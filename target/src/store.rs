@@ -15,7 +15,10 @@ pub struct RingStore {
 
 impl RingStore {
     pub fn new(ring: Ring) -> RingStore {
-        RingStore { ring, backlog: VecDeque::with_capacity(64) }
+        RingStore {
+            ring,
+            backlog: VecDeque::with_capacity(64),
+        }
     }
 
     pub fn ring(&self) -> &Ring {
@@ -49,7 +52,10 @@ impl Store for RingStore {
     }
 
     fn buf(&mut self, buf: u32) -> &mut [u8] {
-        self.ring.pool_mut().buf_mut(BufId(buf as u16)).expect("buffer ids come from this pool")
+        self.ring
+            .pool_mut()
+            .buf_mut(BufId(buf as u16))
+            .expect("buffer ids come from this pool")
     }
 
     fn submit(&mut self, op: &IoOp, buf: Option<u32>, user_data: u64) {

@@ -1,1 +1,186 @@
-//! Helpers shared by the end-to-end tests (starting the target binary, free ports).
+//! Helpers shared by the end-to-end tests: run the real `nvmf-target` binary on a free
+//! loopback port with a generated configuration, and talk raw NVMe/TCP to it.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub mod raw;
+
+/// The `nvmf-target` binary next to the test executable (same profile).
+pub fn target_bin() -> PathBuf {
+    let exe = std::env::current_exe().expect("current_exe");
+    // build/<profile>/deps/<test> → build/<profile>/nvmf-target
+    let dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("test binary lives in build/<profile>/deps");
+    let bin = dir.join("nvmf-target");
+    assert!(
+        bin.exists(),
+        "{} is missing: build it first (cargo build -p nvmf-target; scripts/test.sh does)",
+        bin.display()
+    );
+    bin
+}
+
+/// A free TCP port on 127.0.0.1 (bound and released; good enough for tests).
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A temporary directory removed on drop.
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    pub fn new(tag: &str) -> TempDir {
+        let p = std::env::temp_dir().join(format!(
+            "nvmf-rs-{tag}-{}-{}",
+            std::process::id(),
+            Instant::now().elapsed().as_nanos() ^ rand::random::<u64>() as u128
+        ));
+        std::fs::create_dir_all(&p).unwrap();
+        TempDir(p)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A running `nvmf-target` process; killed on drop. Its stderr goes to `log`.
+pub struct TargetProc {
+    pub child: Child,
+    pub addr: SocketAddr,
+    pub log: PathBuf,
+    pub dir: TempDir,
+}
+
+pub const TEST_NQN: &str = "nqn.2026-11.io.nvmf-rs:test";
+
+impl TargetProc {
+    /// Start the target with one subsystem (`TEST_NQN`, any host) and a 64 MiB file namespace.
+    pub fn start_default() -> TargetProc {
+        Self::start_with(default_yaml)
+    }
+}
+
+/// The configuration `start_default` uses: `TEST_NQN`, any host, a 64 MiB file namespace.
+pub fn default_yaml(port: u16, dir: &Path) -> String {
+    {
+        {
+            format!(
+                "listeners:\n  - {{ transport: tcp, address: 127.0.0.1, port: {port} }}\n\
+                 subsystems:\n  - nqn: {TEST_NQN}\n    allow_any_host: true\n    namespaces:\n      \
+                 - {{ nsid: 1, path: {}/ns1.img, size: 64MiB }}\n\
+                 target: {{ threads: 2, keep_alive_ms_min: 1000 }}\n",
+                dir.display()
+            )
+        }
+    }
+}
+
+impl TargetProc {
+    /// Start the target with the YAML `make(port, dir)` returns.
+    pub fn start_with(make: impl FnOnce(u16, &Path) -> String) -> TargetProc {
+        Self::start_with_env(make, &[])
+    }
+
+    /// As [`TargetProc::start_with`], with extra environment variables.
+    pub fn start_with_env(
+        make: impl FnOnce(u16, &Path) -> String,
+        env: &[(&str, std::ffi::OsString)],
+    ) -> TargetProc {
+        let dir = TempDir::new("target");
+        let port = free_port();
+        let yaml = make(port, &dir.0);
+        let cfg = dir.0.join("config.yaml");
+        std::fs::write(&cfg, yaml).unwrap();
+        let log = dir.0.join("target.log");
+        let child = Command::new(target_bin())
+            .arg("--config")
+            .arg(&cfg)
+            .env(
+                "RUST_LOG",
+                std::env::var("NVMF_TEST_LOG").unwrap_or_else(|_| "info".into()),
+            )
+            .envs(env.iter().map(|(k, v)| (k, v)))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .expect("spawn nvmf-target");
+        let addr: SocketAddr = ([127, 0, 0, 1], port).into();
+        let mut t = TargetProc {
+            child,
+            addr,
+            log,
+            dir,
+        };
+        t.wait_listening(Duration::from_secs(20));
+        t
+    }
+
+    fn wait_listening(&mut self, limit: Duration) {
+        let deadline = Instant::now() + limit;
+        while Instant::now() < deadline {
+            if let Ok(Some(st)) = self.child.try_wait() {
+                panic!("nvmf-target exited early ({st}):\n{}", self.log_text());
+            }
+            if TcpStream::connect_timeout(&self.addr, Duration::from_millis(200)).is_ok() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!(
+            "nvmf-target did not listen on {} within {limit:?}:\n{}",
+            self.addr,
+            self.log_text()
+        );
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Send SIGTERM and wait (bounded) for a clean exit; returns the exit status success.
+    pub fn terminate(&mut self) -> bool {
+        // SAFETY: kill(2) with a valid pid of our own child and a plain signal number.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while Instant::now() < deadline {
+            if let Ok(Some(st)) = self.child.try_wait() {
+                return st.success();
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        false
+    }
+}
+
+impl Drop for TargetProc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Write all of `buf` to a blocking stream (test helper).
+pub fn send_all(s: &mut TcpStream, buf: &[u8]) {
+    s.write_all(buf).expect("send");
+}
+
+/// Read exactly `n` bytes (test helper).
+pub fn recv_exact(s: &mut TcpStream, n: usize) -> Vec<u8> {
+    let mut v = vec![0u8; n];
+    s.read_exact(&mut v).expect("recv");
+    v
+}

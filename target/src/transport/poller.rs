@@ -71,36 +71,51 @@ pub struct PollerConfig {
 }
 
 /// Start a poller thread. `make_store` runs on the new thread (rings are per thread).
-pub fn spawn<S, F>(target: Arc<Target>, cfg: PollerConfig, make_store: F) -> std::io::Result<PollerHandle>
+pub fn spawn<S, F>(
+    target: Arc<Target>,
+    cfg: PollerConfig,
+    make_store: F,
+) -> std::io::Result<PollerHandle>
 where
     S: Store + 'static,
     F: FnOnce() -> std::io::Result<S> + Send + 'static,
 {
     let (tx, rx) = mpsc::channel();
-    let wake = Arc::new(EventFd::from_flags(EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC)?);
+    let wake = Arc::new(EventFd::from_flags(
+        EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC,
+    )?);
     let stats = Arc::new(PollerStats::default());
     let (w2, s2) = (wake.clone(), stats.clone());
     let (ready_tx, ready_rx) = mpsc::channel();
-    let thread = std::thread::Builder::new().name(format!("nvmf-poller-{}", cfg.id)).spawn(move || {
-        let store = match make_store() {
-            Ok(s) => s,
-            Err(e) => {
-                let _ = ready_tx.send(Err(e));
-                return;
-            }
-        };
-        let mut p = match Poller::new(target, cfg, store, rx, w2, s2) {
-            Ok(p) => p,
-            Err(e) => {
-                let _ = ready_tx.send(Err(e));
-                return;
-            }
-        };
-        let _ = ready_tx.send(Ok(()));
-        p.run();
-    })?;
-    ready_rx.recv().map_err(|_| std::io::Error::other("poller thread died during start-up"))??;
-    Ok(PollerHandle { tx, wake, stats, thread: Some(thread) })
+    let thread = std::thread::Builder::new()
+        .name(format!("nvmf-poller-{}", cfg.id))
+        .spawn(move || {
+            let store = match make_store() {
+                Ok(s) => s,
+                Err(e) => {
+                    let _ = ready_tx.send(Err(e));
+                    return;
+                }
+            };
+            let mut p = match Poller::new(target, cfg, store, rx, w2, s2) {
+                Ok(p) => p,
+                Err(e) => {
+                    let _ = ready_tx.send(Err(e));
+                    return;
+                }
+            };
+            let _ = ready_tx.send(Ok(()));
+            p.run();
+        })?;
+    ready_rx
+        .recv()
+        .map_err(|_| std::io::Error::other("poller thread died during start-up"))??;
+    Ok(PollerHandle {
+        tx,
+        wake,
+        stats,
+        thread: Some(thread),
+    })
 }
 
 struct Poller<S: Store> {
@@ -165,7 +180,10 @@ impl<S: Store> Poller<S> {
             let timeout = if busy {
                 EpollTimeout::ZERO
             } else {
-                let ms = next_tick.saturating_duration_since(now).as_millis().clamp(1, 1000) as u16;
+                let ms = next_tick
+                    .saturating_duration_since(now)
+                    .as_millis()
+                    .clamp(1, 1000) as u16;
                 EpollTimeout::from(ms)
             };
             let n = match self.epoll.wait(&mut events, timeout) {
@@ -186,13 +204,18 @@ impl<S: Store> Poller<S> {
                     continue;
                 }
                 let k = key as usize;
-                let Some(Some(c)) = self.conns.get_mut(k) else { continue };
+                let Some(Some(c)) = self.conns.get_mut(k) else {
+                    continue;
+                };
                 let f = ev.events();
                 if f.intersects(EpollFlags::EPOLLOUT) {
                     c.flush(&mut self.store);
                 }
                 if f.intersects(
-                    EpollFlags::EPOLLIN | EpollFlags::EPOLLERR | EpollFlags::EPOLLHUP | EpollFlags::EPOLLRDHUP,
+                    EpollFlags::EPOLLIN
+                        | EpollFlags::EPOLLERR
+                        | EpollFlags::EPOLLHUP
+                        | EpollFlags::EPOLLRDHUP,
                 ) {
                     c.on_readable(&mut self.store, now, &mut wants);
                     for slot in wants.need_buffer.drain(..) {
@@ -209,7 +232,10 @@ impl<S: Store> Poller<S> {
                 let k = (ud >> 16) as usize;
                 match self.conns.get_mut(k) {
                     Some(Some(c)) => c.backend_done((ud & 0xffff) as u16, res, &mut self.store),
-                    _ => warn!(user_data = ud, "backend completion for a connection that is gone"),
+                    _ => warn!(
+                        user_data = ud,
+                        "backend completion for a connection that is gone"
+                    ),
                 }
             }
             // Buffers for waiting commands, FIFO.
@@ -219,7 +245,9 @@ impl<S: Store> Poller<S> {
                     self.need_buf.pop_front();
                     continue;
                 }
-                let Some(b) = self.store.alloc_buf() else { break };
+                let Some(b) = self.store.alloc_buf() else {
+                    break;
+                };
                 self.need_buf.pop_front();
                 let c = self.conns[k as usize].as_mut().expect("live connection");
                 c.buffer_granted(slot, b, &mut self.store, now);
@@ -242,7 +270,9 @@ impl<S: Store> Poller<S> {
             }
             // Send what is queued; arm EPOLLOUT where the socket is full.
             for k in 0..self.conns.len() {
-                let Some(c) = self.conns[k].as_mut() else { continue };
+                let Some(c) = self.conns[k].as_mut() else {
+                    continue;
+                };
                 let drained = c.flush(&mut self.store);
                 if drained == self.out_armed[k] && !c.is_closing() {
                     let mut f = EpollFlags::EPOLLIN | EpollFlags::EPOLLRDHUP;
@@ -310,7 +340,9 @@ impl<S: Store> Poller<S> {
         }
         self.stats.commands.store(t.commands, Ordering::Relaxed);
         self.stats.errors.store(t.errors, Ordering::Relaxed);
-        self.stats.copied_bytes.store(t.copied_bytes, Ordering::Relaxed);
+        self.stats
+            .copied_bytes
+            .store(t.copied_bytes, Ordering::Relaxed);
         self.stats.rx_bytes.store(t.rx_bytes, Ordering::Relaxed);
         self.stats.tx_payload.store(t.tx_payload, Ordering::Relaxed);
     }
@@ -354,7 +386,10 @@ fn add_stats(t: &mut ConnStats, s: &ConnStats) {
 pub fn run_acceptor(listener: TcpListener, pollers: Arc<Vec<PollerHandle>>, stop: Arc<AtomicBool>) {
     let _ = listener.set_nonblocking(true);
     let mut next = 0usize;
-    let local = listener.local_addr().map(|a| a.to_string()).unwrap_or_default();
+    let local = listener
+        .local_addr()
+        .map(|a| a.to_string())
+        .unwrap_or_default();
     while !stop.load(Ordering::Relaxed) {
         match listener.accept() {
             Ok((sock, peer)) => {

@@ -16,10 +16,18 @@ const MAX_IOV: usize = 64;
 #[derive(Debug)]
 enum Item {
     /// Bytes stored in the item itself.
-    Inline { buf: [u8; INLINE_MAX], len: u8, off: u8 },
+    Inline {
+        buf: [u8; INLINE_MAX],
+        len: u8,
+        off: u8,
+    },
     /// `len` bytes at `ptr`, which the owner keeps valid until the matching `Release` is
     /// reported by [`SendQueue::flush`].
-    Data { ptr: *const u8, len: usize, off: usize },
+    Data {
+        ptr: *const u8,
+        len: usize,
+        off: usize,
+    },
     /// Everything queued before this has left the process: report `tag` to the caller.
     Release(u32),
 }
@@ -37,7 +45,10 @@ unsafe impl Send for SendQueue {}
 
 impl SendQueue {
     pub fn with_capacity(n: usize) -> SendQueue {
-        SendQueue { items: VecDeque::with_capacity(n), queued_bytes: 0 }
+        SendQueue {
+            items: VecDeque::with_capacity(n),
+            queued_bytes: 0,
+        }
     }
 
     pub fn is_empty(&self) -> bool {
@@ -54,14 +65,22 @@ impl SendQueue {
     /// # Panics
     /// If `bytes` is longer than [`INLINE_MAX`] (a caller bug: PDU headers are shorter).
     pub fn push_inline(&mut self, bytes: &[u8]) {
-        assert!(bytes.len() <= INLINE_MAX, "inline item of {} bytes", bytes.len());
+        assert!(
+            bytes.len() <= INLINE_MAX,
+            "inline item of {} bytes",
+            bytes.len()
+        );
         if bytes.is_empty() {
             return;
         }
         let mut buf = [0u8; INLINE_MAX];
         buf[..bytes.len()].copy_from_slice(bytes);
         self.queued_bytes += bytes.len();
-        self.items.push_back(Item::Inline { buf, len: bytes.len() as u8, off: 0 });
+        self.items.push_back(Item::Inline {
+            buf,
+            len: bytes.len() as u8,
+            off: 0,
+        });
     }
 
     /// Queue `len` bytes at `ptr` without copying.
@@ -105,7 +124,10 @@ impl SendQueue {
             if self.items.is_empty() {
                 return Ok(true);
             }
-            let mut iov = [libc::iovec { iov_base: std::ptr::null_mut(), iov_len: 0 }; MAX_IOV];
+            let mut iov = [libc::iovec {
+                iov_base: std::ptr::null_mut(),
+                iov_len: 0,
+            }; MAX_IOV];
             let mut n = 0;
             for it in self.items.iter() {
                 if n == MAX_IOV {

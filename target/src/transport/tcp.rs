@@ -15,8 +15,8 @@ use std::time::{Duration, Instant};
 
 use nvme::sgl::Sgl;
 use nvme::tcp::{
-    DataPdu, Deframer, Event, Fed, Fes, IcReq, IcResp, Need, Pdu, R2t, RxConfig, TcpError,
-    TermReq, TxConfig, TxHeader,
+    DataPdu, Deframer, Event, Fed, Fes, IcReq, IcResp, Need, Pdu, R2t, RxConfig, TcpError, TermReq,
+    TxConfig, TxHeader,
 };
 use nvme::{Cqe, Sqe, Status};
 use tracing::{debug, info, warn};
@@ -85,9 +85,14 @@ impl Slot {
 enum DataDst {
     None,
     /// Into slot `slot`'s buffer, starting at byte `base` of it.
-    Slot { slot: u16, base: u32 },
+    Slot {
+        slot: u16,
+        base: u32,
+    },
     /// Read and dropped (a failed command's in-capsule data).
-    Discard { slot: u16 },
+    Discard {
+        slot: u16,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -138,10 +143,17 @@ pub struct Wants {
 }
 
 impl Conn {
-    pub fn new(sock: TcpStream, target: Arc<core::Target>, caps: TransportCaps) -> io::Result<Conn> {
+    pub fn new(
+        sock: TcpStream,
+        target: Arc<core::Target>,
+        caps: TransportCaps,
+    ) -> io::Result<Conn> {
         sock.set_nonblocking(true)?;
         sock.set_nodelay(true)?;
-        let peer = sock.peer_addr().map(|a| a.to_string()).unwrap_or_else(|_| "?".into());
+        let peer = sock
+            .peer_addr()
+            .map(|a| a.to_string())
+            .unwrap_or_else(|_| "?".into());
         let rxcfg = RxConfig {
             max_data_pdu: caps.max_io_size,
             max_incapsule: caps.in_capsule_data.max(ADMIN_INCAPSULE),
@@ -263,12 +275,19 @@ impl Conn {
         now: Instant,
         w: &mut Wants,
     ) -> io::Result<bool> {
-        let buf = self.slots[slot as usize].buf.expect("receiving slot has a buffer");
+        let buf = self.slots[slot as usize]
+            .buf
+            .expect("receiving slot has a buffer");
         let at = base as usize + self.data_progress as usize;
         let dst = &mut store.buf(buf)[at..at + n];
         let r = loop {
             match self.sock.read(dst) {
-                Ok(0) => return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "EOF in PDU data")),
+                Ok(0) => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::UnexpectedEof,
+                        "EOF in PDU data",
+                    ))
+                }
                 Ok(r) => break r,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
@@ -299,10 +318,16 @@ impl Conn {
                 self.data_progress = 0;
                 self.on_header(pdu, store, now, w)?;
             }
-            Some(Fed::Data { offset, bytes, done }) => {
+            Some(Fed::Data {
+                offset,
+                bytes,
+                done,
+            }) => {
                 let len = bytes.len();
                 if let DataDst::Slot { slot, base } = self.dst {
-                    let b = self.slots[slot as usize].buf.expect("receiving slot has a buffer");
+                    let b = self.slots[slot as usize]
+                        .buf
+                        .expect("receiving slot has a buffer");
                     let at = (base + offset) as usize;
                     store.buf(b)[at..at + len].copy_from_slice(&self.stage[start..start + len]);
                     self.stats.copied_bytes += len as u64;
@@ -332,7 +357,11 @@ impl Conn {
             Pdu::IcReq(req) => self.on_icreq(req),
             Pdu::CapsuleCmd { sqe, data_len } => {
                 if self.phase != Phase::Live {
-                    return Err(TcpError::new(Fes::PduSequenceError, 0, "capsule before ICReq"));
+                    return Err(TcpError::new(
+                        Fes::PduSequenceError,
+                        0,
+                        "capsule before ICReq",
+                    ));
                 }
                 self.on_capsule(sqe, data_len, store, now, w)
             }
@@ -342,7 +371,11 @@ impl Conn {
                 self.close(store, "H2CTermReq from host");
                 Ok(())
             }
-            _ => Err(TcpError::new(Fes::InvalidHeaderField, 0, "PDU type not valid from a host")),
+            _ => Err(TcpError::new(
+                Fes::InvalidHeaderField,
+                0,
+                "PDU type not valid from a host",
+            )),
         }
     }
 
@@ -352,7 +385,11 @@ impl Conn {
         }
         if req.pfv != nvme::tcp::PFV_1_0 {
             // FEI: byte offset of PFV in the ICReq (NVMe/TCP 1.0 Figure 26).
-            return Err(TcpError::new(Fes::UnsupportedParameter, 8, "unsupported PDU format version"));
+            return Err(TcpError::new(
+                Fes::UnsupportedParameter,
+                8,
+                "unsupported PDU format version",
+            ));
         }
         let resp = IcResp {
             pfv: nvme::tcp::PFV_1_0,
@@ -362,7 +399,11 @@ impl Conn {
             maxh2cdata: self.caps.max_io_size,
         };
         self.tx.push_inline(&resp.encode());
-        self.txcfg = TxConfig { hdgst: req.hdgst, ddgst: req.ddgst, pda: req.hpda };
+        self.txcfg = TxConfig {
+            hdgst: req.hdgst,
+            ddgst: req.ddgst,
+            pda: req.hpda,
+        };
         self.rx.set_digests(req.hdgst, req.ddgst);
         self.phase = Phase::Live;
         debug!(peer = %self.peer, hdgst = req.hdgst, ddgst = req.ddgst, hpda = req.hpda, "ICReq accepted");
@@ -393,7 +434,11 @@ impl Conn {
         let cmd = match self.queue.parse(&sqe) {
             Ok(cmd) => cmd,
             Err(cqe) => {
-                self.slots[s].cmd = Some(Cmd { sqe, xfer: Xfer::None, sgl: None });
+                self.slots[s].cmd = Some(Cmd {
+                    sqe,
+                    xfer: Xfer::None,
+                    sgl: None,
+                });
                 self.fail_early(slot, cqe.status(), data_len, Some(cqe));
                 return Ok(());
             }
@@ -447,7 +492,8 @@ impl Conn {
             self.dst = DataDst::Discard { slot };
         } else {
             let cqe = cqe.unwrap_or_else(|| {
-                self.queue.complete_status(self.slots[s].cmd.as_ref().expect("slot has a command"), st)
+                self.queue
+                    .complete_status(self.slots[s].cmd.as_ref().expect("slot has a command"), st)
             });
             self.send_cqe_only(slot, cqe);
         }
@@ -470,7 +516,12 @@ impl Conn {
                 self.dst = DataDst::Slot { slot, base: 0 };
             }
             Xfer::FromHost(len) if len > 0 => {
-                let r = R2t { cccid: cmd.sqe.cid(), ttag: slot, r2to: 0, r2tl: len };
+                let r = R2t {
+                    cccid: cmd.sqe.cid(),
+                    ttag: slot,
+                    r2to: 0,
+                    r2tl: len,
+                };
                 self.slots[s].state = SlotState::RecvH2C;
                 let h = TxHeader::r2t(&self.txcfg, &r);
                 self.tx.push_inline(h.as_bytes());
@@ -487,7 +538,12 @@ impl Conn {
             return;
         }
         self.slots[s].buf = Some(buf);
-        let cid = self.slots[s].cmd.as_ref().expect("slot has a command").sqe.cid();
+        let cid = self.slots[s]
+            .cmd
+            .as_ref()
+            .expect("slot has a command")
+            .sqe
+            .cid();
         let data_len = match self.stalled {
             Some((sqe, len)) if sqe.cid() == cid => {
                 self.stalled = None;
@@ -503,25 +559,52 @@ impl Conn {
         // Figure 32).
         let slot = d.ttag;
         let Some(sl) = self.slots.get(slot as usize) else {
-            return Err(TcpError::new(Fes::InvalidHeaderField, 10, "H2CData with an unknown TTAG"));
+            return Err(TcpError::new(
+                Fes::InvalidHeaderField,
+                10,
+                "H2CData with an unknown TTAG",
+            ));
         };
         if sl.state != SlotState::RecvH2C {
-            return Err(TcpError::new(Fes::InvalidHeaderField, 10, "H2CData for a command not expecting data"));
+            return Err(TcpError::new(
+                Fes::InvalidHeaderField,
+                10,
+                "H2CData for a command not expecting data",
+            ));
         }
         let cmd = sl.cmd.as_ref().expect("receiving slot has a command");
         if cmd.sqe.cid() != d.cccid {
-            return Err(TcpError::new(Fes::InvalidHeaderField, 8, "H2CData CCCID does not match the TTAG"));
+            return Err(TcpError::new(
+                Fes::InvalidHeaderField,
+                8,
+                "H2CData CCCID does not match the TTAG",
+            ));
         }
         let Xfer::FromHost(len) = cmd.xfer else {
-            return Err(TcpError::new(Fes::InvalidHeaderField, 10, "H2CData for a command without host data"));
+            return Err(TcpError::new(
+                Fes::InvalidHeaderField,
+                10,
+                "H2CData for a command without host data",
+            ));
         };
         if d.datao != sl.received {
-            return Err(TcpError::new(Fes::DataOutOfRange, 12, "H2CData offset out of order"));
+            return Err(TcpError::new(
+                Fes::DataOutOfRange,
+                12,
+                "H2CData offset out of order",
+            ));
         }
         if d.datao as u64 + d.datal as u64 > len as u64 {
-            return Err(TcpError::new(Fes::DataOutOfRange, 16, "H2CData beyond the R2T"));
+            return Err(TcpError::new(
+                Fes::DataOutOfRange,
+                16,
+                "H2CData beyond the R2T",
+            ));
         }
-        self.dst = DataDst::Slot { slot, base: d.datao };
+        self.dst = DataDst::Slot {
+            slot,
+            base: d.datao,
+        };
         Ok(())
     }
 
@@ -533,8 +616,13 @@ impl Conn {
             DataDst::None => {}
             DataDst::Discard { slot } => {
                 let s = slot as usize;
-                let st = self.slots[s].pending_status.take().unwrap_or(Status::INTERNAL);
-                let cqe = self.queue.complete_status(self.slots[s].cmd.as_ref().expect("slot has a command"), st);
+                let st = self.slots[s]
+                    .pending_status
+                    .take()
+                    .unwrap_or(Status::INTERNAL);
+                let cqe = self
+                    .queue
+                    .complete_status(self.slots[s].cmd.as_ref().expect("slot has a command"), st);
                 self.send_cqe_only(slot, cqe);
             }
             DataDst::Slot { slot, .. } => {
@@ -596,7 +684,10 @@ impl Conn {
             self.release_slot(slot, store);
             return;
         }
-        let cmd = self.slots[slot as usize].cmd.as_ref().expect("executing slot has a command");
+        let cmd = self.slots[slot as usize]
+            .cmd
+            .as_ref()
+            .expect("executing slot has a command");
         let cqe = self.queue.complete_io(cmd, res.map(|_| ()));
         let data_len = match cmd.xfer {
             Xfer::ToHost(len) if cqe.status().is_success() => len,
@@ -621,10 +712,19 @@ impl Conn {
         }
         self.slots[s].state = SlotState::Sending;
         if data_len > 0 {
-            let b = self.slots[s].buf.expect("data to host comes from the slot buffer");
+            let b = self.slots[s]
+                .buf
+                .expect("data to host comes from the slot buffer");
             let data = &store.buf(b)[..data_len as usize];
             let success = cqe.status().is_success() && self.sqflow_disabled;
-            let d = DataPdu { cccid: cqe.cid(), ttag: 0, datao: 0, datal: data_len, last: true, success };
+            let d = DataPdu {
+                cccid: cqe.cid(),
+                ttag: 0,
+                datao: 0,
+                datal: data_len,
+                last: true,
+                success,
+            };
             let h = TxHeader::c2h_data(&self.txcfg, &d);
             self.tx.push_inline(h.as_bytes());
             // SAFETY: the slot keeps its buffer until the release marker queued below is
@@ -632,7 +732,8 @@ impl Conn {
             // connection of its poller.
             unsafe { self.tx.push_data(data.as_ptr(), data.len()) };
             if h.has_ddgst() {
-                self.tx.push_inline(&nvme::tcp::data_digest(data).to_le_bytes());
+                self.tx
+                    .push_inline(&nvme::tcp::data_digest(data).to_le_bytes());
             }
             self.stats.tx_payload += data_len as u64;
             if !success {
@@ -714,7 +815,9 @@ impl Conn {
                     });
                     match slot {
                         Some(slot) => self.send_cqe_only(slot as u16, cqe),
-                        None => warn!(peer = %self.peer, cid = cqe.cid(), "event for an unknown deferred command"),
+                        None => {
+                            warn!(peer = %self.peer, cid = cqe.cid(), "event for an unknown deferred command")
+                        }
                     }
                 }
                 QueueEvent::Disconnect(reason) => {

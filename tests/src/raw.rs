@@ -1,0 +1,125 @@
+//! A raw NVMe/TCP host for tests that need to send exactly the bytes they want (bad input,
+//! protocol corner cases). Built on the `nvme` crate's PDU codec.
+
+use std::net::{SocketAddr, TcpStream};
+use std::time::Duration;
+
+use nvme::fabrics::{ConnectCmd, ConnectData, CNTLID_DYNAMIC};
+use nvme::sgl::Sgl;
+use nvme::tcp::{IcReq, IcResp, OwnedPdu, Pdu, PduCollector, RxConfig, TxConfig};
+use nvme::{Cqe, Sqe};
+use std::io::{Read, Write};
+
+pub const HOSTNQN: &str = "nqn.2014-08.org.nvmexpress:uuid:6c0a1f3e-4b8d-4c52-9a2e-1f0c3d5e7a90";
+
+/// A raw connection: bytes out, PDUs in.
+pub struct RawHost {
+    pub sock: TcpStream,
+    rx: PduCollector,
+    pending: std::collections::VecDeque<OwnedPdu>,
+    pub tx: TxConfig,
+}
+
+impl RawHost {
+    /// TCP connect only (no ICReq yet).
+    pub fn connect_tcp(addr: SocketAddr) -> RawHost {
+        let sock = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).expect("connect");
+        sock.set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        sock.set_nodelay(true).unwrap();
+        RawHost {
+            sock,
+            rx: PduCollector::new(RxConfig::host()),
+            pending: Default::default(),
+            tx: TxConfig::default(),
+        }
+    }
+
+    /// TCP connect + ICReq/ICResp.
+    pub fn connect(addr: SocketAddr) -> (RawHost, IcResp) {
+        let mut h = RawHost::connect_tcp(addr);
+        let req = IcReq {
+            pfv: 0,
+            hpda: 0,
+            hdgst: false,
+            ddgst: false,
+            maxr2t: 0,
+        };
+        h.send(&req.encode());
+        let resp = match h.recv().expect("ICResp").pdu {
+            Pdu::IcResp(r) => r,
+            other => panic!("expected ICResp, got {other:?}"),
+        };
+        (h, resp)
+    }
+
+    pub fn send(&mut self, bytes: &[u8]) {
+        self.sock.write_all(bytes).expect("send");
+    }
+
+    /// Next PDU, or None when the target closed the connection (or the read timed out).
+    pub fn recv(&mut self) -> Option<OwnedPdu> {
+        let mut buf = [0u8; 65536];
+        loop {
+            if let Some(p) = self.pending.pop_front() {
+                return Some(p);
+            }
+            let n = match self.sock.read(&mut buf) {
+                Ok(0) | Err(_) => return None,
+                Ok(n) => n,
+            };
+            let pdus = self
+                .rx
+                .push(&buf[..n])
+                .expect("target sent a malformed PDU stream");
+            self.pending.extend(pdus);
+        }
+    }
+
+    /// Send a capsule (with in-capsule data if any) and return the PDUs up to its CapsuleResp.
+    pub fn command(&mut self, sqe: &Sqe, data: &[u8]) -> (Cqe, Vec<u8>) {
+        let pdu = Pdu::CapsuleCmd {
+            sqe: *sqe,
+            data_len: data.len() as u32,
+        };
+        let bytes = pdu.encode(&self.tx, data);
+        self.send(&bytes);
+        let mut got = Vec::new();
+        loop {
+            let p = self
+                .recv()
+                .expect("connection closed while waiting for a response");
+            match p.pdu {
+                Pdu::C2HData(d) => {
+                    got.extend_from_slice(&p.data);
+                    if d.success {
+                        return (Cqe::new(sqe.cid(), nvme::Status::SUCCESS, 0), got);
+                    }
+                }
+                Pdu::CapsuleResp(cqe) => return (cqe, got),
+                other => panic!("unexpected PDU {other:?}"),
+            }
+        }
+    }
+
+    /// Fabrics Connect on `qid` (admin: cntlid 0xFFFF).
+    pub fn fabrics_connect(&mut self, subnqn: &str, qid: u16, sqsize: u16, cntlid: u16) -> Cqe {
+        let mut cmd = ConnectCmd::from_sqe(&Sqe::new(nvme::opcode::FABRICS, 1));
+        cmd.fctype = nvme::opcode::fctype::CONNECT;
+        cmd.qid = qid.into();
+        cmd.sqsize = sqsize.into();
+        cmd.kato = if qid == 0 {
+            5000u32.into()
+        } else {
+            0u32.into()
+        };
+        cmd.dptr = Sgl::InCapsule {
+            offset: 0,
+            len: 1024,
+        }
+        .encode();
+        let cntlid = if qid == 0 { CNTLID_DYNAMIC } else { cntlid };
+        let data = ConnectData::new([7u8; 16], cntlid, subnqn, HOSTNQN).encode();
+        self.command(&cmd.to_sqe(), &data).0
+    }
+}
