@@ -57,14 +57,20 @@ impl Sqe {
     pub fn decode(buf: &[u8]) -> Result<Sqe, DecodeError> {
         Sqe::read_from_prefix(buf)
             .map(|(s, _)| s)
-            .map_err(|_| DecodeError::Short { need: Self::SIZE, have: buf.len() })
+            .map_err(|_| DecodeError::Short {
+                need: Self::SIZE,
+                have: buf.len(),
+            })
     }
 
     /// Borrow the first 64 bytes of `buf` as an SQE without copying.
     pub fn view(buf: &[u8]) -> Result<&Sqe, DecodeError> {
         Sqe::ref_from_prefix(buf)
             .map(|(s, _)| s)
-            .map_err(|_| DecodeError::Short { need: Self::SIZE, have: buf.len() })
+            .map_err(|_| DecodeError::Short {
+                need: Self::SIZE,
+                have: buf.len(),
+            })
     }
 
     pub fn encode(&self) -> [u8; 64] {
@@ -103,7 +109,12 @@ impl Sqe {
 
     /// A new SQE with opcode and cid set and PSDT = SGL, everything else zero.
     pub fn new(opcode: u8, cid: u16) -> Sqe {
-        Sqe { opcode, flags: PSDT_SGL, cid: cid.into(), ..Default::default() }
+        Sqe {
+            opcode,
+            flags: PSDT_SGL,
+            cid: cid.into(),
+            ..Default::default()
+        }
     }
 }
 
@@ -123,7 +134,9 @@ impl core::fmt::Debug for Sqe {
 }
 
 /// A 16-byte completion queue entry (NVMe Base 2.0 Figure 89).
-#[derive(Clone, Copy, Default, PartialEq, Eq, FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
+#[derive(
+    Clone, Copy, Default, PartialEq, Eq, FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned,
+)]
 #[repr(C)]
 pub struct Cqe {
     /// DW0-DW1: command specific result (Fabrics Connect: cntlid in bits 15:0; Property Get:
@@ -160,7 +173,10 @@ impl Cqe {
     pub fn decode(buf: &[u8]) -> Result<Cqe, DecodeError> {
         Cqe::read_from_prefix(buf)
             .map(|(c, _)| c)
-            .map_err(|_| DecodeError::Short { need: Self::SIZE, have: buf.len() })
+            .map_err(|_| DecodeError::Short {
+                need: Self::SIZE,
+                have: buf.len(),
+            })
     }
 
     pub fn encode(&self) -> [u8; 16] {
@@ -214,7 +230,10 @@ mod tests {
         assert_eq!(s.slba(), 0x1_0000_0010);
         assert_eq!(s.nlb(), 8);
         assert_eq!(s.encode(), b);
-        assert!(matches!(Sqe::decode(&b[..63]), Err(DecodeError::Short { need: 64, have: 63 })));
+        assert!(matches!(
+            Sqe::decode(&b[..63]),
+            Err(DecodeError::Short { need: 64, have: 63 })
+        ));
     }
 
     #[test]

@@ -31,7 +31,11 @@ pub enum DecodeError {
     Invalid { field: &'static str, value: u64 },
     /// A digest (CRC32C) did not match.
     #[error("{which} digest mismatch: expected {expected:#010x}, got {got:#010x}")]
-    Digest { which: &'static str, expected: u32, got: u32 },
+    Digest {
+        which: &'static str,
+        expected: u32,
+        got: u32,
+    },
 }
 
 /// The well-known NQN of a discovery controller (NVMe-oF 1.1, 7.1).

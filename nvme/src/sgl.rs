@@ -35,7 +35,12 @@ pub enum Sgl {
     InCapsule { offset: u64, len: u32 },
     /// Keyed remote memory (RDMA): `addr`, 24-bit `len`, `key`; `invalidate` when the host asks
     /// for the key to be invalidated with the response.
-    Keyed { addr: u64, len: u32, key: u32, invalidate: bool },
+    Keyed {
+        addr: u64,
+        len: u32,
+        key: u32,
+        invalidate: bool,
+    },
     /// Transport data block (NVMe/TCP): data moves by the transport's own PDUs.
     Transport { len: u32 },
 }
@@ -47,7 +52,10 @@ impl Sgl {
         let len32 = u32::from_le_bytes(d[8..12].try_into().expect("4 bytes"));
         match d[15] {
             kind::DATA_BLOCK => Ok(Sgl::DataBlock { addr, len: len32 }),
-            kind::DATA_BLOCK_OFFSET => Ok(Sgl::InCapsule { offset: addr, len: len32 }),
+            kind::DATA_BLOCK_OFFSET => Ok(Sgl::InCapsule {
+                offset: addr,
+                len: len32,
+            }),
             t @ (kind::KEYED_DATA_BLOCK | kind::KEYED_DATA_BLOCK_INVALIDATE) => Ok(Sgl::Keyed {
                 addr,
                 len: u32::from_le_bytes([d[8], d[9], d[10], 0]),
@@ -55,7 +63,10 @@ impl Sgl {
                 invalidate: t == kind::KEYED_DATA_BLOCK_INVALIDATE,
             }),
             kind::TRANSPORT_DATA_BLOCK => Ok(Sgl::Transport { len: len32 }),
-            t => Err(DecodeError::Invalid { field: "SGL descriptor type", value: t as u64 }),
+            t => Err(DecodeError::Invalid {
+                field: "SGL descriptor type",
+                value: t as u64,
+            }),
         }
     }
 
@@ -76,7 +87,12 @@ impl Sgl {
                 d[8..12].copy_from_slice(&len.to_le_bytes());
                 d[15] = kind::DATA_BLOCK_OFFSET;
             }
-            Sgl::Keyed { addr, len, key, invalidate } => {
+            Sgl::Keyed {
+                addr,
+                len,
+                key,
+                invalidate,
+            } => {
                 assert!(len < 1 << 24, "keyed SGL length {len} exceeds 24 bits");
                 d[0..8].copy_from_slice(&addr.to_le_bytes());
                 d[8..11].copy_from_slice(&len.to_le_bytes()[0..3]);
@@ -128,7 +144,12 @@ mod tests {
         let s = Sgl::decode(&d).unwrap();
         assert_eq!(
             s,
-            Sgl::Keyed { addr: 0x1_0000_1000, len: 0x2000, key: 0x1234_5678, invalidate: true }
+            Sgl::Keyed {
+                addr: 0x1_0000_1000,
+                len: 0x2000,
+                key: 0x1234_5678,
+                invalidate: true
+            }
         );
         assert_eq!(s.encode(), d);
     }
@@ -140,7 +161,13 @@ mod tests {
         d[15] = 0x5a;
         assert_eq!(Sgl::decode(&d).unwrap(), Sgl::Transport { len: 4096 });
         d[15] = 0x01;
-        assert_eq!(Sgl::decode(&d).unwrap(), Sgl::InCapsule { offset: 0, len: 4096 });
+        assert_eq!(
+            Sgl::decode(&d).unwrap(),
+            Sgl::InCapsule {
+                offset: 0,
+                len: 4096
+            }
+        );
         d[15] = 0x20;
         assert!(Sgl::decode(&d).is_err());
     }

@@ -170,7 +170,13 @@ impl std::fmt::Debug for Status {
 
 impl std::fmt::Display for Status {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{} (sct {:#x} sc {:#04x}", self.description(), self.sct(), self.sc())?;
+        write!(
+            f,
+            "{} (sct {:#x} sc {:#04x}",
+            self.description(),
+            self.sct(),
+            self.sc()
+        )?;
         if self.is_dnr() {
             f.write_str(", DNR")?;
         }
@@ -201,6 +207,9 @@ mod tests {
         assert_eq!(Status::CONNECT_INVALID_HOST.sc(), 0x84);
         assert_eq!(name(Status::INVALID_OPCODE.dnr().0), "INVALID_OPCODE");
         assert_eq!(Status::READ_ERROR.description(), "Unrecovered Read Error");
-        assert_eq!(format!("{:?}", Status::INVALID_NS.dnr()), "INVALID_NS(0x00b|DNR)");
+        assert_eq!(
+            format!("{:?}", Status::INVALID_NS.dnr()),
+            "INVALID_NS(0x00b|DNR)"
+        );
     }
 }
