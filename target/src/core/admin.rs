@@ -48,6 +48,16 @@ pub(crate) fn copy_log(page: &[u8], g: &GetLogPageCmd, buf: &mut [u8]) -> Result
     Ok(Outcome::data(buf.len() as u32))
 }
 
+/// The transfer must be exactly `n` bytes (it is, for commands `parse` accepted; this guards
+/// against a `Cmd` built elsewhere).
+pub(crate) fn need_len(buf: &[u8], n: usize) -> Result<(), Reject> {
+    if buf.len() == n {
+        Ok(())
+    } else {
+        Err(Reject::dnr(Status::SGL_INVALID_DATA, loc::DPTR))
+    }
+}
+
 impl Queue {
     pub(super) fn parse_admin(&mut self, sqe: &Sqe) -> Result<Parsed, Reject> {
         match sqe.opcode {
@@ -195,6 +205,7 @@ impl Queue {
         sqe: &Sqe,
         buf: &mut [u8],
     ) -> Result<Outcome, Reject> {
+        need_len(buf, IDENTIFY_DATA_SIZE)?;
         let c = IdentifyCmd::from_sqe(sqe);
         let table = self.namespaces().unwrap_or_default();
         let bad_ns = || Reject::dnr(Status::INVALID_NS, loc::NSID);
@@ -395,6 +406,7 @@ impl Queue {
             feat::ASYNC_EVENT => self.set_async_event_config(ctrl, cdw11),
             feat::KATO => self.set_kato(ctrl, cdw11, now),
             feat::TIMESTAMP => {
+                need_len(buf, feat::TIMESTAMP_DATA_SIZE as usize)?;
                 let mut ts = [0u8; 8];
                 ts[..6].copy_from_slice(&buf[..6]);
                 ctrl.lock().timestamp = Some((u64::from_le_bytes(ts), now));
@@ -455,10 +467,12 @@ impl Queue {
             // The backend may cache writes; Flush makes them durable.
             feat::VOLATILE_WC => Ok(Outcome::result(1)),
             feat::HOST_ID => {
-                buf[..16].copy_from_slice(&ctrl.hostid);
+                need_len(buf, 16)?;
+                buf.copy_from_slice(&ctrl.hostid);
                 Ok(Outcome::data(16))
             }
             feat::TIMESTAMP => {
+                need_len(buf, feat::TIMESTAMP_DATA_SIZE as usize)?;
                 let ts = ctrl.lock().timestamp;
                 // Bytes 5:0 ms since the epoch; byte 6: Synch 0, Timestamp Origin 001b when set
                 // by the host, 000b (time since reset) otherwise.
@@ -475,7 +489,7 @@ impl Queue {
                 let mut out = (ms & 0xffff_ffff_ffff).to_le_bytes();
                 out[6] = attr;
                 out[7] = 0;
-                buf[..8].copy_from_slice(&out);
+                buf.copy_from_slice(&out);
                 Ok(Outcome::data(8))
             }
             _ => Err(Reject::dnr(Status::INVALID_FIELD, loc::CDW10)),

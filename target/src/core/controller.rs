@@ -303,18 +303,24 @@ impl Controller {
         let old = Cc(self.cc.swap(new, Ordering::AcqRel));
         let new = Cc(new);
         let mut aborted = Vec::new();
+        let mut wake = Vec::new();
         if new.en() && !old.en() {
             self.start(new, now);
         }
         if !new.en() && old.en() {
-            aborted = self.reset(&mut g, Gone::Reset);
+            aborted = self.reset(&mut g, Gone::Reset, &mut wake);
         }
         if new.shn() != Cc::SHN_NONE && old.shn() == Cc::SHN_NONE {
-            aborted.extend(self.reset(&mut g, Gone::Shutdown));
+            aborted.extend(self.reset(&mut g, Gone::Shutdown, &mut wake));
             self.csts.fetch_or(Csts::SHST_COMPLETE, Ordering::AcqRel);
         }
         if new.shn() == Cc::SHN_NONE && old.shn() != Cc::SHN_NONE {
             self.csts.fetch_and(!Csts::SHST_MASK, Ordering::AcqRel);
+        }
+        drop(g);
+        // Wakers run without the lock: they may poll the queue they wake.
+        for w in wake {
+            w();
         }
         aborted
     }
@@ -345,16 +351,14 @@ impl Controller {
 
     /// Controller reset (CC.EN 1 -> 0) or shutdown: drop RDY, tear down the I/O queues, return
     /// features to their defaults, drop pending events; returns the aborted AERs.
-    fn reset(&self, g: &mut CtrlInner, why: Gone) -> Vec<u16> {
+    fn reset(&self, g: &mut CtrlInner, why: Gone, wake: &mut Vec<Waker>) -> Vec<u16> {
         self.csts.fetch_and(!Csts::RDY, Ordering::AcqRel);
         self.io_epoch_reason.store(why as u8, Ordering::Release);
         self.io_epoch.fetch_add(1, Ordering::AcqRel);
         let detached = std::mem::take(&mut g.io);
         for slot in detached.values() {
             g.retired.add(&slot.counters.snapshot());
-            if let Some(w) = &slot.waker {
-                w();
-            }
+            wake.extend(slot.waker.clone());
         }
         g.io_queues = MAX_IO_QUEUES;
         g.io_queues_set = false;
@@ -491,7 +495,11 @@ impl Controller {
     /// Read (and unless `rae`, clear) the Changed Namespace List.
     pub fn take_changed_ns(&self, rae: bool) -> Option<Vec<u32>> {
         let mut g = self.lock();
-        let out = g.changed_ns.clone();
+        // A Namespace List is in increasing NSID order.
+        let out = g.changed_ns.clone().map(|mut l| {
+            l.sort_unstable();
+            l
+        });
         if !rae {
             g.changed_ns = Some(Vec::new());
             g.aen_masked &= !idc::OAES_NS_ATTR;
@@ -520,7 +528,10 @@ impl Controller {
 
     /// Pair queued events with held AERs: (cid, result) for each completed AER.
     pub fn take_aer_completions(&self) -> Vec<(u16, u32)> {
-        if !self.aen_pending.swap(false, Ordering::AcqRel) {
+        // Load first: this runs on every poll, and a read leaves the cache line shared.
+        if !self.aen_pending.load(Ordering::Acquire)
+            || !self.aen_pending.swap(false, Ordering::AcqRel)
+        {
             return Vec::new();
         }
         let mut g = self.lock();

@@ -96,6 +96,7 @@ impl Queue {
         let sqe = &cmd.sqe;
         match sqe.opcode {
             admin::IDENTIFY => {
+                super::admin::need_len(buf, IDENTIFY_DATA_SIZE)?;
                 if sqe.cdw10.get() as u8 != cns::CTRL {
                     return Err(Reject::dnr(Status::INVALID_FIELD, loc::CDW10));
                 }

@@ -237,6 +237,10 @@ impl Queue {
         if ctrl.hostnqn != hostnqn {
             return Err(invalid_param(InvalidAttr::Data, doff::HOSTNQN));
         }
+        // The same host identifies itself the same way on every queue of an association.
+        if ctrl.hostid != d.hostid {
+            return Err(invalid_param(InvalidAttr::Data, doff::HOSTID));
+        }
         // A discovery controller has no I/O queues (nvmet: max_qid 0).
         if ctrl.is_discovery() {
             return Err(invalid_param(InvalidAttr::Sqe, soff::QID));

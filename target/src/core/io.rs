@@ -68,8 +68,7 @@ pub(crate) fn errno_to_status(sqe: &Sqe, errno: i32) -> Reject {
 
 impl Queue {
     fn namespace(&mut self, nsid: u32) -> Result<NamespaceSpec, Reject> {
-        self.namespaces()
-            .and_then(|t| t.get(nsid).cloned())
+        self.namespace_spec(nsid)
             .ok_or_else(|| Reject::dnr(Status::INVALID_NS, loc::NSID))
     }
 

@@ -16,7 +16,8 @@ use nvme::{Cqe, Sqe, Status};
 use super::controller::{Controller, Gone};
 use super::subsystem::NsTable;
 use super::{
-    Cmd, Exec, IoKind, IoOp, Queue, QueueEvent, Target, TrType, TransportCaps, Waker, Xfer,
+    Cmd, Exec, IoKind, IoOp, NamespaceSpec, Queue, QueueEvent, Target, TrType, TransportCaps,
+    Waker, Xfer,
 };
 
 /// SQE byte offsets, for the Error Information log's Parameter Error Location.
@@ -259,18 +260,31 @@ impl Queue {
         }
     }
 
-    /// The namespace table of this queue's subsystem, cached until it changes.
-    pub(crate) fn namespaces(&mut self) -> Option<Arc<NsTable>> {
-        let subsys = self.ctrl()?.subsys.clone();
+    /// Refresh the cached namespace table if the subsystem replaced it.
+    fn refresh_ns_cache(&mut self) {
+        let subsys = match &self.link {
+            Link::Admin(c) | Link::Io { ctrl: c, .. } => &c.subsys,
+            _ => return,
+        };
         let gen = subsys.ns_generation();
-        match &self.ns_cache {
-            Some((g, t)) if *g == gen => Some(t.clone()),
-            _ => {
-                let (g, t) = subsys.namespaces();
-                self.ns_cache = Some((g, t.clone()));
-                Some(t)
-            }
+        if !matches!(&self.ns_cache, Some((g, _)) if *g == gen) {
+            self.ns_cache = Some(subsys.namespaces());
         }
+    }
+
+    /// The namespace table of this queue's subsystem (admin paths).
+    pub(crate) fn namespaces(&mut self) -> Option<Arc<NsTable>> {
+        self.refresh_ns_cache();
+        self.ns_cache.as_ref().map(|(_, t)| t.clone())
+    }
+
+    /// One namespace, copied out of the cached table: the I/O path takes no lock and touches
+    /// no shared reference count.
+    pub(crate) fn namespace_spec(&mut self, nsid: u32) -> Option<NamespaceSpec> {
+        self.refresh_ns_cache();
+        self.ns_cache
+            .as_ref()
+            .and_then(|(_, t)| t.get(nsid).cloned())
     }
 
     // ---- parse -------------------------------------------------------------------------
@@ -445,14 +459,16 @@ impl Queue {
                 }
             }
             Link::Io { ctrl, epoch } => {
-                let ctrl = ctrl.clone();
+                // No Arc clone here: the controller is shared with other threads and its
+                // refcount is not worth bouncing once per I/O.
                 if ctrl.gone() != Gone::Alive || ctrl.io_epoch() != *epoch {
                     return Err(Reject::new(Status::ABORT_QUEUE, loc::NONE));
                 }
                 ctrl.touch(now, false);
+                let ready = ctrl.ready();
                 if sqe.is_fabrics() {
                     self.exec_fabrics(sqe, now)
-                } else if !ctrl.ready() {
+                } else if !ready {
                     Err(Reject::dnr(Status::CMD_SEQ_ERROR, loc::OPCODE))
                 } else {
                     self.exec_io(cmd, buf)

@@ -18,6 +18,20 @@ pub(crate) struct NsTable {
 }
 
 impl NsTable {
+    /// A table from configured namespaces; NSIDs 0 and FFFFFFFFh cannot name a namespace and
+    /// are left out (the configuration layer rejects them first).
+    fn from_specs(specs: Vec<NamespaceSpec>) -> NsTable {
+        let mut by_nsid = BTreeMap::new();
+        for n in specs {
+            if n.nsid == 0 || n.nsid == u32::MAX {
+                tracing::warn!(nsid = n.nsid, "ignoring a namespace with a reserved NSID");
+                continue;
+            }
+            by_nsid.insert(n.nsid, n);
+        }
+        NsTable { by_nsid }
+    }
+
     pub fn get(&self, nsid: u32) -> Option<&NamespaceSpec> {
         self.by_nsid.get(&nsid)
     }
@@ -43,7 +57,7 @@ pub(crate) struct Subsystem {
 
 impl Subsystem {
     fn from_spec(spec: SubsystemSpec) -> Subsystem {
-        let by_nsid = spec.namespaces.into_iter().map(|n| (n.nsid, n)).collect();
+        let table = NsTable::from_specs(spec.namespaces);
         Subsystem {
             nqn: spec.nqn,
             serial: spec.serial,
@@ -51,7 +65,7 @@ impl Subsystem {
             allow_any_host: spec.allow_any_host,
             hosts: spec.hosts,
             discovery: false,
-            ns: RwLock::new(Arc::new(NsTable { by_nsid })),
+            ns: RwLock::new(Arc::new(table)),
             ns_gen: AtomicU64::new(1),
         }
     }

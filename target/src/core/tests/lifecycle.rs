@@ -215,11 +215,11 @@ fn namespace_changes_raise_events_once_until_the_log_is_read() {
     let r = a.get_log(lid::CHANGED_NS, 0xffff_ffff, 4096, 0, true);
     assert_eq!(
         decode_ns_list(r.ok_data()),
-        vec![5, 1],
+        vec![1, 5],
         "RAE keeps the list"
     );
     let r = a.get_log(lid::CHANGED_NS, 0xffff_ffff, 4096, 0, false);
-    assert_eq!(decode_ns_list(r.ok_data()), vec![5, 1]);
+    assert_eq!(decode_ns_list(r.ok_data()), vec![1, 5]);
     t.notify_namespace_changed(SUBNQN, 3);
     match a.q.poll_event() {
         Some(QueueEvent::Complete(c)) => assert_eq!(c.cid(), aer),
