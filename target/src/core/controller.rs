@@ -244,6 +244,9 @@ impl Controller {
     /// to keep I/O threads from bouncing the cache line, a non-forced touch only stores when
     /// the stamp is older than 1/16 of KATO.
     pub fn touch(&self, now: Instant, force: bool) {
+        if self.kato_ms() == 0 {
+            return;
+        }
         let t = self.since_base(now);
         let last = self.last_seen_ns.load(Ordering::Relaxed);
         let slack = self.kato_ms() as u64 * 1_000_000 / 16;

@@ -291,6 +291,15 @@ impl Queue {
     }
 }
 
+// Transports move queues to poller threads and share the target between them.
+const _: () = {
+    const fn send<T: Send>() {}
+    const fn send_sync<T: Send + Sync>() {}
+    send::<Queue>();
+    send::<Cmd>();
+    send_sync::<Target>();
+};
+
 impl Drop for Queue {
     fn drop(&mut self) {
         self.release()
