@@ -16,7 +16,8 @@
 # a line `N passed, N failed, N skipped`.
 # Exit status: 0 = no FAIL; 1 = at least one FAIL, or the VM could not be set up / booted / ran
 # out of time (that is reported as FAIL lines too); 2 = bad usage.
-# Environment passed to the scenarios: NVMF_TEST_BREAK (see README), RUST_LOG, NVMF_VM_* knobs.
+# Environment: NVMF_VM_SUITE_LIMIT (cap on the VM's wall time, default 4200 s); passed to the
+# scenarios: NVMF_TEST_BREAK (see README), RUST_LOG, NVMF_VM_* knobs.
 set -u
 set -o pipefail
 
@@ -136,6 +137,10 @@ if [ $need_build = 1 ]; then
 fi
 
 # ---------------- 3. one VM for every scenario ----------------
+# The per-scenario limits guard against hangs; their sum can exceed what CI allows (90 min for
+# build and all), so the whole VM is capped as well.
+cap=${NVMF_VM_SUITE_LIMIT:-4200}
+[ "$vm_limit" -le "$cap" ] || vm_limit=$cap
 rdma=none
 [ $need_rdma = 1 ] && rdma=both
 envs=(
