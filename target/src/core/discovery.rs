@@ -28,14 +28,25 @@ fn nul_padded<const N: usize>(s: &str) -> [u8; N] {
     out
 }
 
-fn entry_for(l: &ListenerInfo, subnqn: &str) -> DiscoveryLogEntry {
+/// Whether a listener address is a wildcard ("any address") that a host cannot connect to.
+fn is_wildcard(traddr: &str) -> bool {
+    traddr.is_empty() || traddr.parse::<IpAddr>().is_ok_and(|a| a.is_unspecified())
+}
+
+fn entry_for(l: &ListenerInfo, subnqn: &str, local: Option<&str>) -> DiscoveryLogEntry {
+    // A listener on INADDR_ANY/IN6ADDR_ANY reports the address this host reached us on, as
+    // nvmet's `disc_traddr` does; the log must never carry the "any" address.
+    let traddr = match local {
+        Some(a) if is_wildcard(&l.traddr) => a,
+        _ => l.traddr.as_str(),
+    };
     let mut e = DiscoveryLogEntry::new_zeroed();
     let (tr, ts) = match l.trtype {
         TrType::Tcp => (trtype::TCP, tsas::tcp_no_tls()),
         TrType::Rdma => (trtype::RDMA, tsas::rdma_cm()),
     };
     e.trtype = tr;
-    e.adrfam = match l.traddr.parse::<IpAddr>() {
+    e.adrfam = match traddr.parse::<IpAddr>() {
         Ok(IpAddr::V6(_)) => adrfam::IPV6,
         _ => adrfam::IPV4,
     };
@@ -48,18 +59,19 @@ fn entry_for(l: &ListenerInfo, subnqn: &str) -> DiscoveryLogEntry {
     e.asqsz = LINUX_AQ_DEPTH.into();
     e.trsvcid = nul_padded(&l.trsvcid);
     e.subnqn = nul_padded(subnqn);
-    e.traddr = nul_padded(&l.traddr);
+    e.traddr = nul_padded(traddr);
     e.tsas = ts;
     e
 }
 
 /// The discovery log page `hostnqn` sees: one entry per listener and subsystem the host may
-/// connect to (hosts that are not allowed do not learn the subsystem exists).
-pub(crate) fn discovery_log(t: &TargetInner, hostnqn: &str) -> Vec<u8> {
+/// connect to (hosts that are not allowed do not learn the subsystem exists). `local` is the
+/// target address of the asking connection, used for wildcard listeners.
+pub(crate) fn discovery_log(t: &TargetInner, hostnqn: &str, local: Option<&str>) -> Vec<u8> {
     let mut entries = Vec::new();
     for l in &t.listeners {
         for s in t.subsystems.values().filter(|s| s.host_allowed(hostnqn)) {
-            entries.push(entry_for(l, &s.nqn));
+            entries.push(entry_for(l, &s.nqn, local));
         }
     }
     let mut h = DiscoveryLogHeader::new_zeroed();
@@ -109,7 +121,11 @@ impl Queue {
                 if g.lid != lid::DISCOVERY {
                     return Err(Reject::dnr(Status::INVALID_FIELD, loc::CDW10));
                 }
-                let page = discovery_log(self.target.inner(), &ctrl.hostnqn);
+                let page = discovery_log(
+                    self.target.inner(),
+                    &ctrl.hostnqn,
+                    self.local_addr.as_deref(),
+                );
                 let out = copy_log(&page, &g, buf)?;
                 if !g.rae {
                     ctrl.unmask_event(idc::OAES_DISC_CHANGE);

@@ -225,6 +225,9 @@ pub struct Queue {
     mdts: u8,
     max_xfer: u32,
     waker: Option<Waker>,
+    /// The target-side address of this connection (for wildcard listeners in the discovery
+    /// log).
+    local_addr: Option<String>,
 }
 
 impl Queue {
@@ -251,6 +254,11 @@ impl Queue {
     /// This queue's counters.
     pub fn stats(&self) -> QueueStats {
         self.counters.snapshot()
+    }
+    /// The target-side IP address of this connection (e.g. `TcpStream::local_addr().ip()`).
+    /// The discovery log reports it for listeners bound to a wildcard address.
+    pub fn set_local_addr(&mut self, traddr: String) {
+        self.local_addr = Some(traddr);
     }
     /// Register a function to call (from any thread) when [`Queue::poll_event`] has
     /// something: an AER completion, or a teardown decided elsewhere (controller reset from the

@@ -234,6 +234,7 @@ impl Queue {
             mdts,
             max_xfer,
             waker: None,
+            local_addr: None,
         }
     }
 

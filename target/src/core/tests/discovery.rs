@@ -155,3 +155,59 @@ fn discovery_hides_subsystems_a_host_may_not_use() {
     // Any host may use the discovery subsystem itself.
     assert_eq!(t.controller_count(), 3);
 }
+
+#[test]
+fn wildcard_listeners_report_the_local_address() {
+    let subsystems = vec![SubsystemSpec {
+        nqn: SUBNQN.into(),
+        serial: "S".into(),
+        model: "M".into(),
+        allow_any_host: true,
+        hosts: vec![],
+        namespaces: vec![ns(1, 8, 12, 0)],
+    }];
+    let listeners = vec![
+        ListenerInfo {
+            trtype: TrType::Tcp,
+            traddr: "0.0.0.0".into(),
+            trsvcid: "4420".into(),
+            port_id: 1,
+        },
+        ListenerInfo {
+            trtype: TrType::Tcp,
+            traddr: "::".into(),
+            trsvcid: "4421".into(),
+            port_id: 2,
+        },
+        ListenerInfo {
+            trtype: TrType::Tcp,
+            traddr: "198.51.100.7".into(),
+            trsvcid: "4422".into(),
+            port_id: 3,
+        },
+    ];
+    let t = Target::new(
+        subsystems,
+        listeners,
+        TargetParams {
+            keep_alive_ms_min: 0,
+        },
+    );
+    let mut h = Host::new(&t, tcp_caps(), Instant::now());
+    h.q.set_local_addr("fd00::5".into());
+    h.connect_admin(DISCOVERY_NQN, NOBODY, 0).ok_result();
+    h.prop_set(reg::CC, Cc::new(true, 0, 0, 0, 0, 6, 4).0 as u64)
+        .ok_result();
+    let r = h.get_log(lid::DISCOVERY, 0, 4096, 0, false);
+    let data = r.ok_data();
+    assert_eq!(u64::from_le_bytes(data[8..16].try_into().unwrap()), 3);
+    let e: Vec<_> = data[1024..]
+        .chunks_exact(1024)
+        .map(|c| DiscoveryLogEntry::decode(c).unwrap())
+        .collect();
+    assert_eq!(until_nul(&e[0].traddr), b"fd00::5");
+    assert_eq!(e[0].adrfam, adrfam::IPV6);
+    assert_eq!(until_nul(&e[1].traddr), b"fd00::5");
+    assert_eq!(until_nul(&e[2].traddr), b"198.51.100.7");
+    assert_eq!(e[2].adrfam, adrfam::IPV4);
+}
