@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # lib.sh - shared steps for the VM scenarios (tests/vm/scenarios/*.sh). Sourced inside the guest.
 #
 # Set by tests/vm/guest-run.sh: SCENARIO (name), VM_RESULTS (this run's results dir, writable),

@@ -44,7 +44,7 @@ all_scenarios() {
 }
 header() { sed -n "s/^# $1: *//p" "$HERE/scenarios/$2.sh" | head -n 1; }
 
-SETUP=1 BUILD=1 VERBOSE=() RESULTS= SEL=()
+SETUP=1 BUILD=1 VERBOSE=() RESULTS='' SEL=()
 while [ $# -gt 0 ]; do
   case $1 in
     --no-setup) SETUP=0 ;;
