@@ -251,7 +251,8 @@ impl Controller {
         let last = self.last_seen_ns.load(Ordering::Relaxed);
         let slack = self.kato_ms() as u64 * 1_000_000 / 16;
         if t > last && (force || t - last > slack) {
-            self.last_seen_ns.store(t, Ordering::Relaxed);
+            // fetch_max: a thread with an older `now` must not move the stamp back.
+            self.last_seen_ns.fetch_max(t, Ordering::Relaxed);
         }
     }
 

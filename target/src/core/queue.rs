@@ -571,17 +571,19 @@ impl Queue {
         }
         match &self.link {
             Link::Admin(ctrl) => {
-                let ctrl = ctrl.clone();
+                // Polled on every loop: borrow, do not clone (the refcount shares a cache
+                // line with state the I/O threads read).
                 let gone = ctrl.gone();
                 if gone != Gone::Alive {
                     if !self.teardown_sent {
                         self.teardown_sent = true;
-                        self.target.inner().unregister(&ctrl);
+                        self.target.inner().unregister(ctrl);
                         return Some(QueueEvent::Disconnect(gone.reason()));
                     }
                     return None;
                 }
-                for (cid, result) in ctrl.take_aer_completions() {
+                let done = ctrl.take_aer_completions();
+                for (cid, result) in done {
                     let c = self.cqe(cid, Status::SUCCESS, result as u64);
                     self.events.push_back(QueueEvent::Complete(c));
                 }
