@@ -201,6 +201,11 @@ impl<S: Store> Poller<S> {
                 if key == WAKE_KEY {
                     let _ = self.wake.read();
                     self.accept_new();
+                    // Core events (AER completions, controller resets, keep-alive expiry on
+                    // another thread) wake us through the same eventfd.
+                    for c in self.conns.iter_mut().flatten() {
+                        c.tick(&mut self.store, now);
+                    }
                     continue;
                 }
                 let k = key as usize;
@@ -294,7 +299,12 @@ impl<S: Store> Poller<S> {
 
     fn accept_new(&mut self) {
         while let Ok(sock) = self.rx.try_recv() {
-            let mut conn = match Conn::new(sock, self.target.clone(), self.cfg.caps.clone()) {
+            let wake = self.wake.clone();
+            let waker: crate::core::Waker = Arc::new(move || {
+                let _ = wake.write(1);
+            });
+            let mut conn = match Conn::new(sock, self.target.clone(), self.cfg.caps.clone(), waker)
+            {
                 Ok(c) => c,
                 Err(e) => {
                     warn!(error = %e, "cannot set up a new connection");

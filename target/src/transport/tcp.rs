@@ -143,10 +143,13 @@ pub struct Wants {
 }
 
 impl Conn {
+    /// A connection on `sock`; `waker` is called (from any thread) when the core has an event
+    /// for this queue.
     pub fn new(
         sock: TcpStream,
         target: Arc<core::Target>,
         caps: TransportCaps,
+        waker: core::Waker,
     ) -> io::Result<Conn> {
         sock.set_nonblocking(true)?;
         sock.set_nodelay(true)?;
@@ -165,8 +168,15 @@ impl Conn {
         let mut slots = Vec::with_capacity(n);
         slots.resize_with(n, Slot::new);
         let free_slots = (0..n as u16).rev().collect();
+        let mut queue = Queue::new(target, caps.clone(), peer.clone());
+        queue.set_waker(waker);
+        // The discovery log reports the address the host actually reached (listeners may be
+        // wildcards).
+        if let Ok(local) = sock.local_addr() {
+            queue.set_local_addr(local.ip().to_string());
+        }
         Ok(Conn {
-            queue: Queue::new(target, caps.clone(), peer.clone()),
+            queue,
             sock,
             peer,
             phase: Phase::AwaitIcReq,
