@@ -154,6 +154,8 @@ enum SlotKind {
 
 #[derive(Debug, Clone, Copy)]
 struct Slot {
+    /// Write with Force Unit Access: issued with RWF_DSYNC.
+    fua: bool,
     user_data: u64,
     kind: SlotKind,
     dev: u32,
@@ -185,6 +187,7 @@ const IDLE_SLOT: Slot = Slot {
     pending: 0,
     err: 0,
     result: Ok(0),
+    fua: false,
 };
 
 /// A per-thread io_uring with the devices and the buffer pool registered.
@@ -422,7 +425,7 @@ impl Ring {
             return Err(libc::EROFS);
         }
         match &op.kind {
-            IoKind::Read | IoKind::Write => {
+            IoKind::Read | IoKind::Write | IoKind::WriteFua => {
                 let (id, boff) = buf.ok_or(libc::EINVAL)?;
                 check_range(&dev, op.offset, u64::from(op.len))?;
                 let end = (boff as usize)
@@ -458,6 +461,7 @@ impl Ring {
                 let slot = &mut self.slots[si];
                 slot.buf = Some(id);
                 slot.addr = addr;
+                slot.fua = op.kind == IoKind::WriteFua;
                 slot.kind = if is_read {
                     SlotKind::Read
                 } else {
@@ -528,8 +532,10 @@ impl Ring {
                 .offset(offset)
                 .build()
         } else {
+            let flags = if slot.fua { libc::RWF_DSYNC } else { 0 };
             opcode::WriteFixed::new(fd, addr, len, buf.0)
                 .offset(offset)
+                .rw_flags(flags)
                 .build()
         };
         self.push_one(s, e)

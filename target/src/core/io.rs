@@ -11,6 +11,8 @@ use nvme::{Sqe, Status};
 use super::queue::{loc, Outcome, Parsed, Reject};
 use super::{Cmd, IoKind, IoOp, NamespaceSpec, Queue, Xfer};
 
+/// Read/Write CDW12 bit 30: Force Unit Access.
+const RW_FUA: u32 = 1 << 30;
 /// DSM attribute bit 2: Deallocate (NVM Command Set 1.0 Figure 41).
 const DSM_AD: u32 = 1 << 2;
 /// One DSM range: context attributes, length in blocks, starting LBA.
@@ -115,6 +117,10 @@ impl Queue {
                 }
                 let kind = if sqe.opcode == io::READ {
                     IoKind::Read
+                } else if sqe.cdw12.get() & RW_FUA != 0 {
+                    // NVM Command Set 1.0 Figure 39: FUA, CDW12 bit 30. We advertise a volatile
+                    // write cache, so such a write must reach stable media before completing.
+                    IoKind::WriteFua
                 } else {
                     IoKind::Write
                 };

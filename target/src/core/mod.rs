@@ -173,6 +173,8 @@ pub struct IoOp {
 pub enum IoKind {
     Read,
     Write,
+    /// A Write with Force Unit Access (CDW12 bit 30): durable when it completes.
+    WriteFua,
     Flush,
     WriteZeroes,
     /// Deallocate these (offset, len) byte ranges.
