@@ -1,1 +1,61 @@
-//! NVMe-oF initiator library.
+//! NVMe-oF initiator library (NVMe/TCP).
+//!
+//! [`Controller::connect`] brings a controller up the way the Linux host does: ICReq/ICResp
+//! (checked as `nvme_tcp_init_connection` checks it), Fabrics Connect on the admin queue
+//! (SQSIZE 31, CNTLID FFFFh), Property Get CAP, Property Set CC (without, then with EN), poll
+//! CSTS.RDY, Property Get VS, Identify Controller (checked: CNTLID, KAS, IOCCSZ, ICDOFF,
+//! SGLS), Set Features Number of Queues, one Connect per I/O queue, Identify active namespace
+//! list and Identify Namespace. Keep Alive then goes out every KATO/2 from a small background
+//! thread on the admin queue (behind a mutex: it is not the I/O path).
+//!
+//! Two ways to do I/O:
+//! - [`Namespace`]: synchronous `read_at` / `write_at` / `flush` / `write_zeroes` / `trim`
+//!   on byte offsets (block-aligned), with data moving straight between the socket and the
+//!   caller's slice.
+//! - [`IoQueue`]: one queue per thread, no locks, queue depth up to the queue's tags:
+//!   [`IoQueue::submit`] (or `submit_read` / `submit_write` / ...) hands over a `Vec<u8>` and
+//!   returns a tag; [`IoQueue::reap`] / [`IoQueue::poll`] return [`Completion`]s with the
+//!   buffer. Nothing is allocated per I/O once the queue is warm.
+//!
+//! ```no_run
+//! use initiator::{ConnectOptions, Controller};
+//!
+//! let mut ctrl = Controller::connect(ConnectOptions::tcp("127.0.0.1", 4420, "nqn.2026-11.io.nvmf-rs:default"))?;
+//! let ns = ctrl.namespaces()[0];
+//! let mut q = ctrl.take_io_queue().expect("one I/O queue");
+//! let bs = ns.block_size as usize;
+//! for i in 0..16u64 {
+//!     q.submit_read(&ns, i * 8, vec![0u8; 8 * bs], i).map_err(|e| e.error)?;
+//! }
+//! let mut done = Vec::new();
+//! while q.in_flight() > 0 {
+//!     q.reap(&mut done, 1, None)?;
+//! }
+//! for c in &done {
+//!     c.result.map_err(|e| initiator::Error::from(e))?;
+//! }
+//! println!("copies per byte: {:.2}", q.stats().copies_per_byte());
+//! # Ok::<(), initiator::Error>(())
+//! ```
+//!
+//! Every wait is bounded by [`ConnectOptions::timeout`]: a dead target fails the queue (all its
+//! commands complete with an error) instead of hanging. Errors carry the NVMe [`nvme::Status`]
+//! when the target answered with one ([`Error::status`]).
+
+mod controller;
+mod discovery;
+mod error;
+mod queue;
+
+pub use controller::{
+    hostnqn_for, ConnectOptions, Controller, ControllerInfo, Namespace, NsInfo, Transport,
+};
+pub use discovery::{discover, discover_with, DiscoveryEntry};
+pub use error::{CmdError, Error};
+pub use queue::{Completion, Data, DataRef, IoQueue, Stats, SubmitError};
+
+impl From<CmdError> for Error {
+    fn from(e: CmdError) -> Error {
+        Error::from_cmd("command", e)
+    }
+}

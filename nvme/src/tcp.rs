@@ -1090,12 +1090,16 @@ pub struct Deframer {
     cfg: RxConfig,
     ic_done: bool,
     state: State,
-    /// Header region of the current PDU (header, HDGST, padding) or the data digest.
+    /// Header region of the current PDU (header, HDGST, padding).
     buf: [u8; MAX_HEADER_REGION],
     have: usize,
     want: usize,
     /// Length of the current PDU's header region (for [`Deframer::offending_header`]).
     hdr_len: usize,
+    /// Header region length of the last complete PDU header.
+    last_len: usize,
+    /// Data digest bytes (kept apart so the header stays quotable).
+    dg: [u8; DIGEST_LEN],
     data_len: u32,
     data_got: u32,
     with_ddgst: bool,
@@ -1125,6 +1129,8 @@ impl Deframer {
             have: 0,
             want: size_of::<CommonHeader>(),
             hdr_len: 0,
+            last_len: 0,
+            dg: [0; DIGEST_LEN],
             data_len: 0,
             data_got: 0,
             with_ddgst: false,
@@ -1168,17 +1174,20 @@ impl Deframer {
     pub fn header_buf(&mut self) -> &mut [u8] {
         match self.state {
             State::Header => &mut self.buf[self.have..self.want],
-            State::DataDigest => &mut self.buf[self.have..DIGEST_LEN],
+            State::DataDigest => &mut self.dg[self.have..],
             _ => &mut [],
         }
     }
 
-    /// The header bytes of the PDU being received (up to 128), to copy into a TermReq after a
-    /// [`TcpError`].
+    /// The header bytes (up to 128) to copy into a TermReq: after a [`TcpError`], those of the
+    /// PDU that caused it; otherwise those of the last complete header, so that a caller that
+    /// rejects a header it was handed can quote it (valid until the next header or data
+    /// digest bytes are written).
     pub fn offending_header(&self) -> &[u8] {
         let n = match self.state {
+            State::Header if self.have == 0 => self.last_len,
             State::Header | State::Failed(_) => self.have.max(self.hdr_len),
-            _ => self.hdr_len,
+            State::Data | State::DataDigest => self.hdr_len,
         };
         &self.buf[..n.min(TERM_MAX_DATA)]
     }
@@ -1219,8 +1228,7 @@ impl Deframer {
                 if self.have < DIGEST_LEN {
                     return Ok(None);
                 }
-                let wire: [u8; 4] = self.buf[..4].try_into().expect("4 bytes");
-                let r = verify_digest(self.crc.value(), wire);
+                let r = verify_digest(self.crc.value(), self.dg);
                 self.reset();
                 Ok(Some(Event::DataDone(r)))
             }
@@ -1553,6 +1561,7 @@ impl Deframer {
             }
             _ => unreachable!("type checked in common_header_done"),
         };
+        self.last_len = self.hdr_len;
         if self.data_len > 0 {
             self.state = State::Data;
             self.data_got = 0;

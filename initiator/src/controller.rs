@@ -1,0 +1,1116 @@
+//! Controller bring-up over NVMe/TCP, the way the Linux host does it
+//! (`drivers/nvme/host/{core,fabrics,tcp}.c`), and the namespace block API.
+
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::sync::mpsc::{self, RecvTimeoutError};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
+
+use nvme::fabrics::{self, reg, Cap, Cc, ConnectData, ConnectResult, Csts, PropSize};
+use nvme::identify::{self, cns, IdentifyController, IdentifyNamespace};
+use nvme::opcode::{admin, io};
+use nvme::sgl::Sgl;
+use nvme::{Sqe, Status};
+
+use crate::error::Error;
+use crate::queue::{Data, DataRef, IoQueue, QueueParams, SubmitError};
+
+/// Transports the initiator can use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Transport {
+    /// NVMe/TCP.
+    #[default]
+    Tcp,
+    /// NVMe/RDMA (not implemented by this initiator yet).
+    Rdma,
+}
+
+/// How to reach and set up a controller.
+#[derive(Debug, Clone)]
+pub struct ConnectOptions {
+    pub transport: Transport,
+    /// Host name or IP address of the target.
+    pub addr: String,
+    /// Port (NVMe/TCP default 4420).
+    pub port: u16,
+    /// Subsystem NQN.
+    pub subnqn: String,
+    /// Host NQN.
+    pub hostnqn: String,
+    /// Host identifier (a UUID).
+    pub hostid: [u8; 16],
+    /// Number of I/O queues to create (0: admin only).
+    pub queues: u16,
+    /// Commands in flight per I/O queue (the SQ has one more entry; clamped to CAP.MQES and
+    /// MAXCMD).
+    pub queue_depth: u16,
+    /// Keep-alive timeout; `Duration::ZERO` disables keep-alive. Sent every `kato / 2`.
+    pub kato: Duration,
+    /// Negotiate NVMe/TCP header digests.
+    pub hdr_digest: bool,
+    /// Negotiate NVMe/TCP data digests.
+    pub data_digest: bool,
+    /// Bound of every wait: TCP connect, each command, controller enable.
+    pub timeout: Duration,
+    /// Spin instead of sleeping in `poll(2)` while waiting on I/O queues.
+    pub busy_poll: bool,
+}
+
+impl ConnectOptions {
+    /// NVMe/TCP to `addr:port` for `subnqn`, with a random host ID and the matching
+    /// `nqn.2014-08.org.nvmexpress:uuid:` host NQN, one I/O queue of depth 128, keep-alive 5 s
+    /// (the Linux default), no digests, 30 s timeout.
+    pub fn tcp(addr: &str, port: u16, subnqn: &str) -> ConnectOptions {
+        let hostid: [u8; 16] = rand::random();
+        ConnectOptions {
+            transport: Transport::Tcp,
+            addr: addr.to_string(),
+            port,
+            subnqn: subnqn.to_string(),
+            hostnqn: hostnqn_for(&hostid),
+            hostid,
+            queues: 1,
+            queue_depth: 128,
+            kato: Duration::from_secs(5),
+            hdr_digest: false,
+            data_digest: false,
+            timeout: Duration::from_secs(30),
+            busy_poll: false,
+        }
+    }
+}
+
+/// The host NQN format NVMe Base 2.0 (4.5) gives for a UUID-based host.
+pub fn hostnqn_for(hostid: &[u8; 16]) -> String {
+    let h = |r: core::ops::Range<usize>| {
+        hostid[r]
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect::<String>()
+    };
+    format!(
+        "nqn.2014-08.org.nvmexpress:uuid:{}-{}-{}-{}-{}",
+        h(0..4),
+        h(4..6),
+        h(6..8),
+        h(8..10),
+        h(10..16)
+    )
+}
+
+/// Admin queue: 32 entries (sqsize 31) as NVME_AQ_DEPTH; at most 31 commands in flight.
+const ADMIN_SQSIZE: u16 = 31;
+/// The Linux host's in-capsule limit on the admin queue (NVME_TCP_ADMIN_CCSZ).
+const ADMIN_ICD: u32 = 8192;
+/// Cap on one command's transfer when the controller reports no MDTS.
+const DEFAULT_MAX_XFER: u32 = 1 << 20;
+/// Shutdown wait when none is configured (Linux shutdown_timeout default).
+const SHUTDOWN_WAIT: Duration = Duration::from_secs(5);
+
+/// What the host learnt about the controller during bring-up.
+#[derive(Debug, Clone)]
+pub struct ControllerInfo {
+    /// Controller ID from Connect (and Identify).
+    pub cntlid: u16,
+    /// Controller Capabilities.
+    pub cap: u64,
+    /// Version (VS register).
+    pub vs: u32,
+    pub serial: String,
+    pub model: String,
+    pub firmware: String,
+    /// Subsystem NQN reported by Identify.
+    pub subnqn: String,
+    /// Largest transfer of one command in bytes (from MDTS; 1 MiB if none reported).
+    pub max_transfer: u32,
+    /// In-capsule data limit of I/O queues in bytes (IOCCSZ * 16 - 64).
+    pub in_capsule: u32,
+    /// Keep Alive Support granularity (100 ms units).
+    pub kas: u16,
+    /// Optional NVM Command Support.
+    pub oncs: u16,
+    /// Volatile Write Cache.
+    pub vwc: u8,
+    /// Number of namespaces (NN).
+    pub nn: u32,
+    /// Controller type (1 I/O, 2 discovery, 3 admin; 0 not reported).
+    pub cntrltype: u8,
+    /// MAXH2CDATA from the admin queue's ICResp.
+    pub maxh2cdata: u32,
+    /// I/O queues created and their depth (commands in flight).
+    pub io_queues: u16,
+    pub io_queue_depth: u16,
+}
+
+/// A namespace's geometry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NsInfo {
+    pub nsid: u32,
+    /// Size in logical blocks (NSZE).
+    pub blocks: u64,
+    /// Logical block size in bytes (from the LBA format FLBAS selects).
+    pub block_size: u32,
+    /// Metadata bytes per block of that format (0 for none).
+    pub metadata_size: u16,
+}
+
+impl NsInfo {
+    /// Size in bytes.
+    pub fn size(&self) -> u64 {
+        self.blocks * self.block_size as u64
+    }
+
+    fn from_identify(nsid: u32, id: &IdentifyNamespace) -> Result<NsInfo, Error> {
+        // FLBAS bits 3:0 select the format; bits 6:5 are the upper bits when NLBAF > 16.
+        let idx = (id.flbas & 0x0f) as usize | (((id.flbas >> 5) & 0x03) as usize) << 4;
+        let f = id
+            .lbaf
+            .get(idx)
+            .filter(|_| idx <= id.nlbaf as usize)
+            .ok_or_else(|| {
+                Error::Controller(format!(
+                    "namespace {nsid}: FLBAS selects format {idx} of {}",
+                    id.nlbaf as u32 + 1
+                ))
+            })?;
+        if !(9..=31).contains(&f.ds) {
+            return Err(Error::Controller(format!(
+                "namespace {nsid}: LBA data size 2^{} bytes",
+                f.ds
+            )));
+        }
+        Ok(NsInfo {
+            nsid,
+            blocks: id.nsze.get(),
+            block_size: 1 << f.ds,
+            metadata_size: f.ms.get(),
+        })
+    }
+}
+
+struct KeepAlive {
+    stop: mpsc::Sender<()>,
+    thread: JoinHandle<()>,
+}
+
+/// A connected NVMe-oF controller: the admin queue (shared with the keep-alive thread), the
+/// I/O queues not yet handed out, and the namespaces found.
+///
+/// ```no_run
+/// use initiator::{ConnectOptions, Controller};
+///
+/// let mut opts = ConnectOptions::tcp("127.0.0.1", 4420, "nqn.2026-11.io.nvmf-rs:default");
+/// opts.queues = 2;
+/// let mut ctrl = Controller::connect(opts)?;
+/// let nsid = ctrl.namespaces()[0].nsid;
+/// let mut ns = ctrl.open_namespace(nsid)?;
+/// let mut buf = vec![0u8; ns.block_size() as usize * 8];
+/// ns.read_at(&mut buf, 0)?;
+/// ns.write_at(&buf, 0)?;
+/// ns.flush()?;
+/// ctrl.shutdown()?;
+/// # Ok::<(), initiator::Error>(())
+/// ```
+pub struct Controller {
+    admin: Arc<Mutex<IoQueue>>,
+    keep_alive: Option<KeepAlive>,
+    io: Vec<IoQueue>,
+    info: ControllerInfo,
+    namespaces: Vec<NsInfo>,
+    timeout: Duration,
+    shut_down: bool,
+}
+
+impl std::fmt::Debug for Controller {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Controller")
+            .field("info", &self.info)
+            .field("namespaces", &self.namespaces)
+            .field("io_queues_left", &self.io.len())
+            .finish_non_exhaustive()
+    }
+}
+
+pub(crate) fn resolve(addr: &str, port: u16) -> Result<SocketAddr, Error> {
+    (addr, port)
+        .to_socket_addrs()
+        .map_err(|e| Error::InvalidArgument(format!("cannot resolve {addr}:{port}: {e}")))?
+        .next()
+        .ok_or_else(|| Error::InvalidArgument(format!("{addr}:{port} resolves to no address")))
+}
+
+/// A bare admin queue: TCP connection, ICReq/ICResp, Fabrics Connect. Returns the queue and
+/// the controller ID.
+pub(crate) fn connect_admin(
+    sa: &SocketAddr,
+    opts: &ConnectOptions,
+) -> Result<(IoQueue, u16), Error> {
+    let params = QueueParams {
+        qid: 0,
+        depth: ADMIN_SQSIZE,
+        hdgst: opts.hdr_digest,
+        ddgst: opts.data_digest,
+        timeout: opts.timeout,
+        busy_poll: false,
+    };
+    let mut q = IoQueue::open(sa, &params)?;
+    q.set_icd_max(ADMIN_ICD);
+    let kato_ms = u32::try_from(opts.kato.as_millis())
+        .map_err(|_| Error::InvalidArgument("kato too large".into()))?;
+    let cntlid = fabrics_connect(
+        &mut q,
+        opts,
+        0,
+        ADMIN_SQSIZE,
+        kato_ms,
+        fabrics::CNTLID_DYNAMIC,
+    )?;
+    Ok((q, cntlid))
+}
+
+/// Fabrics Connect on `q` (`nvmf_connect_admin_queue` / `nvmf_connect_io_queue`).
+fn fabrics_connect(
+    q: &mut IoQueue,
+    opts: &ConnectOptions,
+    qid: u16,
+    sqsize: u16,
+    kato_ms: u32,
+    cntlid: u16,
+) -> Result<u16, Error> {
+    let data = ConnectData::new(opts.hostid, cntlid, &opts.subnqn, &opts.hostnqn).encode();
+    let sqe = fabrics::connect_sqe(
+        0,
+        qid,
+        sqsize,
+        0,
+        kato_ms,
+        Sgl::InCapsule {
+            offset: 0,
+            len: 1024,
+        },
+    );
+    match q.execute("Connect", sqe, DataRef::Write(&data)) {
+        Ok(result) => match ConnectResult::decode(result, false) {
+            ConnectResult::Success { authreq: 0, cntlid } => Ok(cntlid),
+            ConnectResult::Success { .. } => Err(Error::Unsupported(
+                "the target requires DH-HMAC-CHAP authentication",
+            )),
+            ConnectResult::InvalidParam { .. } => unreachable!("decoded as success"),
+        },
+        Err(e) => {
+            if e.status().map(|s| s.code()) == Some(Status::CONNECT_INVALID_PARAM.code()) {
+                tracing::warn!(
+                    qid,
+                    "Connect: Invalid Parameters (see the target log for IATTR/IPO)"
+                );
+            }
+            Err(e)
+        }
+    }
+}
+
+fn property_get(q: &mut IoQueue, offset: u32, size: PropSize) -> Result<u64, Error> {
+    q.execute(
+        "Property Get",
+        fabrics::property_get_sqe(0, offset, size),
+        DataRef::None,
+    )
+}
+
+fn property_set(q: &mut IoQueue, offset: u32, value: u64, size: PropSize) -> Result<(), Error> {
+    q.execute(
+        "Property Set",
+        fabrics::property_set_sqe(0, offset, value, size),
+        DataRef::None,
+    )
+    .map(|_| ())
+}
+
+fn identify(q: &mut IoQueue, cns: u8, nsid: u32, buf: &mut [u8; 4096]) -> Result<(), Error> {
+    let cmd = identify::IdentifyCmd {
+        cns,
+        cntid: 0,
+        cnssid: 0,
+        csi: 0,
+        nsid,
+    };
+    q.execute("Identify", cmd.to_sqe(0, [0; 16]), DataRef::Read(buf))
+        .map(|_| ())
+}
+
+/// Enable the controller as `nvme_enable_ctrl` does: CC without EN, CAP again, CC with EN,
+/// then poll CSTS.RDY for CAP.TO * 500 ms. Returns CAP.
+pub(crate) fn enable(q: &mut IoQueue) -> Result<Cap, Error> {
+    let cap = Cap(property_get(q, reg::CAP, PropSize::Eight)?);
+    if cap.mpsmin() != 0 {
+        return Err(Error::Controller(format!(
+            "CAP.MPSMIN {} (pages above 4 KiB)",
+            cap.mpsmin()
+        )));
+    }
+    let css = if cap.css() & Cap::CSS_CSI != 0 {
+        Cc::CSS_CSI
+    } else {
+        Cc::CSS_NVM
+    };
+    let cc = Cc::new(false, css, 0, 0, Cc::SHN_NONE, 6, 4);
+    property_set(q, reg::CC, cc.0 as u64, PropSize::Four)?;
+    let cap = Cap(property_get(q, reg::CAP, PropSize::Eight)?);
+    let cc = Cc::new(true, css, 0, 0, Cc::SHN_NONE, 6, 4);
+    property_set(q, reg::CC, cc.0 as u64, PropSize::Four)?;
+    let wait = Duration::from_millis(500) * (cap.to() as u32).max(1);
+    let deadline = Instant::now() + wait;
+    loop {
+        let csts = Csts(property_get(q, reg::CSTS, PropSize::Four)? as u32);
+        if csts.cfs() {
+            return Err(Error::Controller("CSTS.CFS set while enabling".into()));
+        }
+        if csts.rdy() {
+            return Ok(cap);
+        }
+        if Instant::now() >= deadline {
+            return Err(Error::Timeout(wait, "CSTS.RDY"));
+        }
+        thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// Normal shutdown: CC.SHN = 01b, then poll CSTS.SHST for completion.
+pub(crate) fn shutdown_ctrl(q: &mut IoQueue, wait: Duration) -> Result<(), Error> {
+    let cc = Cc(property_get(q, reg::CC, PropSize::Four)? as u32);
+    let cc = Cc::new(
+        cc.en(),
+        cc.css(),
+        cc.mps(),
+        cc.ams(),
+        Cc::SHN_NORMAL,
+        cc.iosqes(),
+        cc.iocqes(),
+    );
+    property_set(q, reg::CC, cc.0 as u64, PropSize::Four)?;
+    let deadline = Instant::now() + wait;
+    loop {
+        let csts = Csts(property_get(q, reg::CSTS, PropSize::Four)? as u32);
+        if csts.0 & Csts::SHST_MASK == Csts::SHST_COMPLETE {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            return Err(Error::Timeout(wait, "CSTS.SHST"));
+        }
+        thread::sleep(Duration::from_millis(2));
+    }
+}
+
+pub(crate) fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(fabrics::until_nul(b))
+        .trim()
+        .to_string()
+}
+
+impl Controller {
+    /// Connect, enable and identify the controller, create the I/O queues and scan the
+    /// namespaces (the sequence of `drivers/nvme/host`; see the crate doc).
+    pub fn connect(opts: ConnectOptions) -> Result<Controller, Error> {
+        if opts.transport == Transport::Rdma {
+            return Err(Error::Unsupported("NVMe/RDMA initiator"));
+        }
+        if opts.queues > 0 && opts.queue_depth == 0 {
+            return Err(Error::InvalidArgument("queue_depth 0".into()));
+        }
+        let sa = resolve(&opts.addr, opts.port)?;
+        let (mut admin, cntlid) = connect_admin(&sa, &opts)?;
+        let cap = enable(&mut admin)?;
+        let vs = property_get(&mut admin, reg::VS, PropSize::Four)? as u32;
+
+        let mut buf = [0u8; 4096];
+        identify(&mut admin, cns::CTRL, 0, &mut buf)?;
+        let id = IdentifyController::decode(&buf).expect("4096 bytes");
+        if id.cntlid.get() != cntlid {
+            return Err(Error::Controller(format!(
+                "Identify cntlid {:#x} differs from Connect's {cntlid:#x}",
+                id.cntlid.get()
+            )));
+        }
+        if id.cntrltype == identify::ctrl::CNTRLTYPE_DISCOVERY {
+            return Err(Error::Controller(format!(
+                "{} is a discovery controller",
+                opts.subnqn
+            )));
+        }
+        // nvme_init_identify: "keep-alive support is mandatory for fabrics".
+        if id.kas.get() == 0 {
+            return Err(Error::Controller("KAS is 0".into()));
+        }
+        let ioccsz = id.ioccsz.get();
+        if ioccsz < 4 || id.iorcsz.get() < 1 {
+            return Err(Error::Controller(format!(
+                "IOCCSZ {ioccsz} / IORCSZ {} too small",
+                id.iorcsz.get()
+            )));
+        }
+        if id.icdoff.get() != 0 {
+            return Err(Error::Controller(format!(
+                "ICDOFF {} (must be 0)",
+                id.icdoff.get()
+            )));
+        }
+        if id.sgls.get() & 3 == 0 {
+            return Err(Error::Controller("no SGL support".into()));
+        }
+        let page = 4096u64;
+        // MDTS is a power of two in units of the minimum page (4 KiB, checked in `enable`);
+        // above 2^19 pages (2 GiB) the NLB limit of one command bites first anyway.
+        let max_transfer = match id.mdts {
+            0 => DEFAULT_MAX_XFER,
+            m => (page << m.min(19)) as u32,
+        };
+        let in_capsule = ioccsz.saturating_mul(16).saturating_sub(64);
+
+        // Number of Queues (Set Features 07h), then one Connect per I/O queue.
+        let mut io = Vec::new();
+        let mut depth = 0u16;
+        if opts.queues > 0 {
+            let want = opts.queues as u32 - 1;
+            let mut sqe = Sqe::new(admin::SET_FEATURES, 0);
+            sqe.cdw10 = (identify::feat::NUM_QUEUES as u32).into();
+            sqe.cdw11 = (want | want << 16).into();
+            let r = admin.execute("Set Features (Number of Queues)", sqe, DataRef::None)?;
+            let granted = ((r & 0xffff) as u16)
+                .min((r >> 16) as u16)
+                .saturating_add(1);
+            let nq = opts.queues.min(granted);
+            if nq < opts.queues {
+                tracing::warn!(
+                    asked = opts.queues,
+                    granted = nq,
+                    "controller granted fewer I/O queues"
+                );
+            }
+            depth = opts.queue_depth.min(cap.mqes());
+            let maxcmd = id.maxcmd.get();
+            if maxcmd != 0 {
+                depth = depth.min(maxcmd);
+            }
+            let params = QueueParams {
+                qid: 0,
+                depth,
+                hdgst: opts.hdr_digest,
+                ddgst: opts.data_digest,
+                timeout: opts.timeout,
+                busy_poll: opts.busy_poll,
+            };
+            for qid in 1..=nq {
+                let mut q = IoQueue::open(&sa, &QueueParams { qid, ..params })?;
+                q.set_icd_max(in_capsule);
+                fabrics_connect(&mut q, &opts, qid, depth, 0, cntlid)?;
+                io.push(q);
+            }
+        }
+
+        let namespaces = scan_namespaces(&mut admin, vs, id.nn.get())?;
+        let info = ControllerInfo {
+            cntlid,
+            cap: cap.0,
+            vs,
+            serial: text(&id.sn),
+            model: text(&id.mn),
+            firmware: text(&id.fr),
+            subnqn: text(&id.subnqn),
+            max_transfer,
+            in_capsule,
+            kas: id.kas.get(),
+            oncs: id.oncs.get(),
+            vwc: id.vwc,
+            nn: id.nn.get(),
+            cntrltype: id.cntrltype,
+            maxh2cdata: admin.maxh2cdata(),
+            io_queues: io.len() as u16,
+            io_queue_depth: depth,
+        };
+        let admin = Arc::new(Mutex::new(admin));
+        let keep_alive = if opts.kato.is_zero() {
+            None
+        } else {
+            Some(start_keep_alive(&admin, opts.kato / 2)?)
+        };
+        Ok(Controller {
+            admin,
+            keep_alive,
+            io,
+            info,
+            namespaces,
+            timeout: opts.timeout,
+            shut_down: false,
+        })
+    }
+
+    pub fn info(&self) -> &ControllerInfo {
+        &self.info
+    }
+
+    /// Active namespaces found at connect time.
+    pub fn namespaces(&self) -> &[NsInfo] {
+        &self.namespaces
+    }
+
+    /// Take one of the I/O queues (for a thread of its own). `None` when all are taken.
+    pub fn take_io_queue(&mut self) -> Option<IoQueue> {
+        self.io.pop()
+    }
+
+    /// I/O queues not yet taken.
+    pub fn io_queues_left(&self) -> usize {
+        self.io.len()
+    }
+
+    /// A namespace handle with the synchronous block API, on one of the I/O queues.
+    pub fn open_namespace(&mut self, nsid: u32) -> Result<Namespace, Error> {
+        let info = *self
+            .namespaces
+            .iter()
+            .find(|n| n.nsid == nsid)
+            .ok_or_else(|| Error::InvalidArgument(format!("namespace {nsid} is not active")))?;
+        let queue = self
+            .io
+            .pop()
+            .ok_or_else(|| Error::InvalidArgument("no I/O queue left".into()))?;
+        Ok(Namespace::new(info, queue, &self.info))
+    }
+
+    fn lock_admin(&self) -> MutexGuard<'_, IoQueue> {
+        // A panic while holding the lock leaves the queue usable (or failed): keep going.
+        self.admin.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Run an admin command with an optional data buffer; returns CQE DW0..1. The queue sets
+    /// CID, PSDT and the SGL.
+    pub fn admin_command(
+        &self,
+        what: &'static str,
+        sqe: Sqe,
+        data: DataRef<'_>,
+    ) -> Result<u64, Error> {
+        self.lock_admin().execute(what, sqe, data)
+    }
+
+    /// Identify with CNS `cns` for `nsid` (4096 bytes).
+    pub fn identify(&self, cns: u8, nsid: u32) -> Result<Box<[u8; 4096]>, Error> {
+        let mut buf = Box::new([0u8; 4096]);
+        identify(&mut self.lock_admin(), cns, nsid, &mut buf)?;
+        Ok(buf)
+    }
+
+    /// Get Log Page `lid` into `buf` from byte `offset`.
+    pub fn get_log_page(
+        &self,
+        lid: u8,
+        nsid: u32,
+        offset: u64,
+        buf: &mut [u8],
+    ) -> Result<(), Error> {
+        get_log(
+            &mut self.lock_admin(),
+            lid,
+            nsid,
+            offset,
+            buf,
+            self.info.max_transfer,
+            false,
+        )
+    }
+
+    /// Send one Keep Alive now.
+    pub fn keep_alive(&self) -> Result<(), Error> {
+        self.admin_command("Keep Alive", Sqe::new(admin::KEEP_ALIVE, 0), DataRef::None)
+            .map(|_| ())
+    }
+
+    fn stop_keep_alive(&mut self) {
+        if let Some(ka) = self.keep_alive.take() {
+            drop(ka.stop);
+            let _ = ka.thread.join();
+        }
+    }
+
+    /// Stop keep-alive and shut the controller down (CC.SHN, wait for CSTS.SHST).
+    pub fn shutdown(mut self) -> Result<(), Error> {
+        self.stop_keep_alive();
+        self.shut_down = true;
+        let wait = self.timeout.min(SHUTDOWN_WAIT);
+        shutdown_ctrl(&mut self.lock_admin(), wait)
+    }
+}
+
+impl Drop for Controller {
+    fn drop(&mut self) {
+        self.stop_keep_alive();
+        if !self.shut_down {
+            let mut q = self.lock_admin();
+            if !q.is_failed() {
+                if let Err(e) = shutdown_ctrl(&mut q, self.timeout.min(Duration::from_secs(2))) {
+                    tracing::debug!(error = %e, "shutdown on drop failed");
+                }
+            }
+        }
+    }
+}
+
+fn start_keep_alive(admin: &Arc<Mutex<IoQueue>>, period: Duration) -> Result<KeepAlive, Error> {
+    let (stop, rx) = mpsc::channel::<()>();
+    let q = admin.clone();
+    let thread = thread::Builder::new()
+        .name("nvmf-keepalive".into())
+        .spawn(move || loop {
+            match rx.recv_timeout(period) {
+                Err(RecvTimeoutError::Timeout) => {}
+                _ => return,
+            }
+            let mut q = q.lock().unwrap_or_else(|p| p.into_inner());
+            if let Err(e) = q.execute("Keep Alive", Sqe::new(admin::KEEP_ALIVE, 0), DataRef::None) {
+                tracing::warn!(error = %e, "keep-alive failed");
+                if q.is_failed() {
+                    return;
+                }
+            }
+        })?;
+    Ok(KeepAlive { stop, thread })
+}
+
+/// Get Log Page into `buf`, in pieces of at most `max_xfer` bytes.
+pub(crate) fn get_log(
+    q: &mut IoQueue,
+    lid: u8,
+    nsid: u32,
+    offset: u64,
+    buf: &mut [u8],
+    max_xfer: u32,
+    rae: bool,
+) -> Result<(), Error> {
+    if buf.len() % 4 != 0 || offset % 4 != 0 {
+        return Err(Error::InvalidArgument(
+            "log page offset and length must be dword multiples".into(),
+        ));
+    }
+    let max = (max_xfer as usize).max(4096);
+    let mut done = 0usize;
+    while done < buf.len() {
+        let n = (buf.len() - done).min(max);
+        let cmd = nvme::log::GetLogPageCmd::new(lid, nsid, n as u32, offset + done as u64, rae);
+        q.execute(
+            "Get Log Page",
+            cmd.to_sqe(0, [0; 16]),
+            DataRef::Read(&mut buf[done..done + n]),
+        )?;
+        done += n;
+    }
+    Ok(())
+}
+
+/// Identify CNS 02h, or (old controllers failing it with DNR) every NSID up to NN; then
+/// Identify Namespace for each.
+fn scan_namespaces(q: &mut IoQueue, vs: u32, nn: u32) -> Result<Vec<NsInfo>, Error> {
+    let mut buf = [0u8; 4096];
+    let nsids = if vs >= fabrics::version(1, 1, 0) {
+        match identify(q, cns::NS_ACTIVE_LIST, 0, &mut buf) {
+            Ok(()) => identify::decode_ns_list(&buf),
+            Err(e) if e.status().is_some_and(|s| s.is_dnr()) => (1..=nn.min(1024)).collect(),
+            Err(e) => return Err(e),
+        }
+    } else {
+        (1..=nn.min(1024)).collect()
+    };
+    let mut out = Vec::with_capacity(nsids.len());
+    for nsid in nsids {
+        match identify(q, cns::NS, nsid, &mut buf) {
+            Ok(()) => {}
+            // An inactive NSID in a sequential scan.
+            Err(e)
+                if e.status()
+                    .is_some_and(|s| s.code() == Status::INVALID_NS.code()) =>
+            {
+                continue
+            }
+            Err(e) => return Err(e),
+        }
+        let id = IdentifyNamespace::decode(&buf).expect("4096 bytes");
+        if id.nsze.get() == 0 {
+            continue;
+        }
+        out.push(NsInfo::from_identify(nsid, &id)?);
+    }
+    Ok(out)
+}
+
+/// Limits an I/O command obeys.
+#[derive(Debug, Clone, Copy)]
+struct IoLimits {
+    max_transfer: u32,
+    oncs: u16,
+}
+
+/// A namespace on one I/O queue, with a synchronous block API. Offsets and lengths are in
+/// bytes and must be multiples of [`Namespace::block_size`].
+///
+/// ```no_run
+/// # fn f(mut ns: initiator::Namespace) -> Result<(), initiator::Error> {
+/// let bs = ns.block_size() as usize;
+/// let data = vec![0xa5u8; 16 * bs];
+/// ns.write_at(&data, 0)?;
+/// let mut back = vec![0u8; 16 * bs];
+/// ns.read_at(&mut back, 0)?;
+/// assert_eq!(data, back);
+/// ns.write_zeroes(0, 16 * bs as u64)?;
+/// ns.trim(&[(0, 8 * bs as u64)])?;
+/// # Ok(()) }
+/// ```
+#[derive(Debug)]
+pub struct Namespace {
+    info: NsInfo,
+    queue: IoQueue,
+    limits: IoLimits,
+}
+
+impl Namespace {
+    fn new(info: NsInfo, queue: IoQueue, c: &ControllerInfo) -> Namespace {
+        Namespace {
+            info,
+            queue,
+            limits: IoLimits {
+                max_transfer: c.max_transfer,
+                oncs: c.oncs,
+            },
+        }
+    }
+
+    pub fn info(&self) -> &NsInfo {
+        &self.info
+    }
+
+    /// Size in bytes.
+    pub fn size(&self) -> u64 {
+        self.info.size()
+    }
+
+    /// Logical block size in bytes.
+    pub fn block_size(&self) -> u32 {
+        self.info.block_size
+    }
+
+    /// The I/O queue, for the asynchronous API (it stays bound to this handle).
+    pub fn queue(&mut self) -> &mut IoQueue {
+        &mut self.queue
+    }
+
+    /// Give the queue back.
+    pub fn into_queue(self) -> IoQueue {
+        self.queue
+    }
+
+    /// Check a byte range and return (first LBA, blocks).
+    fn lba_range(&self, offset: u64, len: u64) -> Result<(u64, u64), Error> {
+        let bs = self.info.block_size as u64;
+        if offset % bs != 0 || len % bs != 0 {
+            return Err(Error::InvalidArgument(format!(
+                "offset {offset} / length {len} not multiples of the {bs}-byte block"
+            )));
+        }
+        if offset.checked_add(len).is_none_or(|end| end > self.size()) {
+            return Err(Error::InvalidArgument(format!(
+                "range {offset}+{len} beyond the namespace ({} bytes)",
+                self.size()
+            )));
+        }
+        Ok((offset / bs, len / bs))
+    }
+
+    /// Largest piece of one Read/Write, in blocks.
+    fn chunk_blocks(&self) -> u64 {
+        let by_xfer = (self.limits.max_transfer / self.info.block_size).max(1) as u64;
+        by_xfer.min(1 << 16)
+    }
+
+    fn rw_cmds(&self, opcode: u8, slba: u64, nlb: u64) -> impl Iterator<Item = (Sqe, usize, u32)> {
+        let step = self.chunk_blocks();
+        let bs = self.info.block_size as u64;
+        let nsid = self.info.nsid;
+        (0..nlb.div_ceil(step)).map(move |i| {
+            let first = i * step;
+            let n = step.min(nlb - first);
+            let sqe = rw_sqe(opcode, nsid, slba + first, n as u32);
+            (sqe, (first * bs) as usize, (n * bs) as u32)
+        })
+    }
+
+    /// Read `buf.len()` bytes at byte `offset` (pieces up to MDTS run in parallel on the
+    /// queue; data lands directly in `buf`).
+    pub fn read_at(&mut self, buf: &mut [u8], offset: u64) -> Result<(), Error> {
+        let (slba, nlb) = self.lba_range(offset, buf.len() as u64)?;
+        let mut cmds = self.rw_cmds(io::READ, slba, nlb);
+        self.queue
+            .run_borrowed(
+                "Read",
+                crate::queue::Dir::FromCtrl,
+                &mut DataRef::Read(buf),
+                &mut cmds,
+            )
+            .map(|_| ())
+    }
+
+    /// Write `buf` at byte `offset`.
+    pub fn write_at(&mut self, buf: &[u8], offset: u64) -> Result<(), Error> {
+        let (slba, nlb) = self.lba_range(offset, buf.len() as u64)?;
+        let mut cmds = self.rw_cmds(io::WRITE, slba, nlb);
+        self.queue
+            .run_borrowed(
+                "Write",
+                crate::queue::Dir::ToCtrl,
+                &mut DataRef::Write(buf),
+                &mut cmds,
+            )
+            .map(|_| ())
+    }
+
+    /// Flush the volatile write cache.
+    pub fn flush(&mut self) -> Result<(), Error> {
+        let mut sqe = Sqe::new(io::FLUSH, 0);
+        sqe.nsid = self.info.nsid.into();
+        self.queue.execute("Flush", sqe, DataRef::None).map(|_| ())
+    }
+
+    /// Write zeroes over `len` bytes at `offset` (Write Zeroes, up to 65536 blocks each).
+    pub fn write_zeroes(&mut self, offset: u64, len: u64) -> Result<(), Error> {
+        if self.limits.oncs & identify::ctrl::ONCS_WRITE_ZEROES == 0 {
+            return Err(Error::Unsupported("Write Zeroes (ONCS bit 3 clear)"));
+        }
+        let (slba, nlb) = self.lba_range(offset, len)?;
+        let nsid = self.info.nsid;
+        let step = 1u64 << 16;
+        let mut cmds = (0..nlb.div_ceil(step)).map(|i| {
+            let first = i * step;
+            (
+                rw_sqe(
+                    io::WRITE_ZEROES,
+                    nsid,
+                    slba + first,
+                    step.min(nlb - first) as u32,
+                ),
+                0usize,
+                0u32,
+            )
+        });
+        self.queue
+            .run_borrowed(
+                "Write Zeroes",
+                crate::queue::Dir::None,
+                &mut DataRef::None,
+                &mut cmds,
+            )
+            .map(|_| ())
+    }
+
+    /// Deallocate byte ranges `(offset, len)` (Dataset Management with AD, up to 256 ranges
+    /// per command).
+    pub fn trim(&mut self, ranges: &[(u64, u64)]) -> Result<(), Error> {
+        if self.limits.oncs & identify::ctrl::ONCS_DSM == 0 {
+            return Err(Error::Unsupported("Dataset Management (ONCS bit 2 clear)"));
+        }
+        // Each DSM range: context attributes (4), length in blocks (4), starting LBA (8).
+        let mut lba_ranges = Vec::with_capacity(ranges.len());
+        for &(off, len) in ranges {
+            let (slba, mut nlb) = self.lba_range(off, len)?;
+            let mut s = slba;
+            while nlb > 0 {
+                let n = nlb.min(u32::MAX as u64);
+                lba_ranges.push((s, n as u32));
+                s += n;
+                nlb -= n;
+            }
+        }
+        for group in lba_ranges.chunks(256) {
+            let mut data = vec![0u8; group.len() * 16];
+            for (d, &(slba, nlb)) in data.chunks_exact_mut(16).zip(group) {
+                d[4..8].copy_from_slice(&nlb.to_le_bytes());
+                d[8..16].copy_from_slice(&slba.to_le_bytes());
+            }
+            let mut sqe = Sqe::new(io::DSM, 0);
+            sqe.nsid = self.info.nsid.into();
+            sqe.cdw10 = (group.len() as u32 - 1).into();
+            // CDW11 bit 2: Attribute - Deallocate.
+            sqe.cdw11 = 4.into();
+            self.queue
+                .execute("Dataset Management", sqe, DataRef::Write(&data))?;
+        }
+        Ok(())
+    }
+}
+
+/// A Read/Write/Write Zeroes SQE (CID and data pointer are the queue's business).
+pub(crate) fn rw_sqe(opcode: u8, nsid: u32, slba: u64, nlb: u32) -> Sqe {
+    let mut sqe = Sqe::new(opcode, 0);
+    sqe.nsid = nsid.into();
+    sqe.cdw10 = (slba as u32).into();
+    sqe.cdw11 = ((slba >> 32) as u32).into();
+    sqe.cdw12 = (nlb - 1).into();
+    sqe
+}
+
+impl IoQueue {
+    /// Submit a Read of `buf.len()` bytes at block `slba` of `ns` (the length must be a whole
+    /// number of blocks, at most the controller's MDTS).
+    pub fn submit_read(
+        &mut self,
+        ns: &NsInfo,
+        slba: u64,
+        buf: Vec<u8>,
+        user_data: u64,
+    ) -> Result<u16, SubmitError> {
+        match blocks_of(ns, slba, buf.len()) {
+            Ok(nlb) => self.submit(
+                rw_sqe(io::READ, ns.nsid, slba, nlb),
+                Data::FromController(buf),
+                user_data,
+            ),
+            Err(error) => Err(SubmitError {
+                error,
+                buf: Some(buf),
+            }),
+        }
+    }
+
+    /// Submit a Write of `buf` at block `slba` of `ns`.
+    pub fn submit_write(
+        &mut self,
+        ns: &NsInfo,
+        slba: u64,
+        buf: Vec<u8>,
+        user_data: u64,
+    ) -> Result<u16, SubmitError> {
+        match blocks_of(ns, slba, buf.len()) {
+            Ok(nlb) => self.submit(
+                rw_sqe(io::WRITE, ns.nsid, slba, nlb),
+                Data::ToController(buf),
+                user_data,
+            ),
+            Err(error) => Err(SubmitError {
+                error,
+                buf: Some(buf),
+            }),
+        }
+    }
+
+    /// Submit a Flush of `nsid`.
+    pub fn submit_flush(&mut self, nsid: u32, user_data: u64) -> Result<u16, SubmitError> {
+        let mut sqe = Sqe::new(io::FLUSH, 0);
+        sqe.nsid = nsid.into();
+        self.submit(sqe, Data::None, user_data)
+    }
+
+    /// Submit a Write Zeroes of `nlb` blocks (1..=65536) at `slba`.
+    pub fn submit_write_zeroes(
+        &mut self,
+        ns: &NsInfo,
+        slba: u64,
+        nlb: u32,
+        user_data: u64,
+    ) -> Result<u16, SubmitError> {
+        if nlb == 0 || nlb > 1 << 16 || slba.checked_add(nlb as u64).is_none_or(|e| e > ns.blocks) {
+            let error = Error::InvalidArgument(format!("Write Zeroes of {nlb} blocks at {slba}"));
+            return Err(SubmitError { error, buf: None });
+        }
+        self.submit(
+            rw_sqe(io::WRITE_ZEROES, ns.nsid, slba, nlb),
+            Data::None,
+            user_data,
+        )
+    }
+}
+
+fn blocks_of(ns: &NsInfo, slba: u64, len: usize) -> Result<u32, Error> {
+    let bs = ns.block_size as usize;
+    if len == 0 || len % bs != 0 || len / bs > 1 << 16 {
+        return Err(Error::InvalidArgument(format!(
+            "{len} bytes is not 1..=65536 blocks of {bs}"
+        )));
+    }
+    let nlb = (len / bs) as u32;
+    if slba.checked_add(nlb as u64).is_none_or(|e| e > ns.blocks) {
+        return Err(Error::InvalidArgument(format!(
+            "blocks {slba}+{nlb} beyond the namespace ({} blocks)",
+            ns.blocks
+        )));
+    }
+    Ok(nlb)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use zerocopy::FromZeros;
+
+    #[test]
+    fn hostnqn_is_uuid_form() {
+        let id: [u8; 16] = core::array::from_fn(|i| i as u8 * 0x11);
+        assert_eq!(
+            hostnqn_for(&id),
+            "nqn.2014-08.org.nvmexpress:uuid:00112233-4455-6677-8899-aabbccddeeff"
+        );
+        let o = ConnectOptions::tcp("127.0.0.1", 4420, "nqn.x");
+        assert_eq!(o.hostnqn, hostnqn_for(&o.hostid));
+    }
+
+    fn ns_with(flbas: u8, nlbaf: u8, formats: &[(u16, u8)]) -> IdentifyNamespace {
+        let mut id = IdentifyNamespace::new_zeroed();
+        id.nsze = 1000.into();
+        id.flbas = flbas;
+        id.nlbaf = nlbaf;
+        for (i, &(ms, ds)) in formats.iter().enumerate() {
+            id.lbaf[i].ms = ms.into();
+            id.lbaf[i].ds = ds;
+        }
+        id
+    }
+
+    #[test]
+    fn block_size_comes_from_the_selected_lba_format() {
+        // A brd-backed Linux target: one 512-byte format.
+        let i = NsInfo::from_identify(1, &ns_with(0, 0, &[(0, 9)])).unwrap();
+        assert_eq!((i.block_size, i.blocks, i.size()), (512, 1000, 512_000));
+        // Format 1 of two (4 KiB, 8 bytes metadata).
+        let i = NsInfo::from_identify(2, &ns_with(1, 1, &[(0, 9), (8, 12)])).unwrap();
+        assert_eq!((i.block_size, i.metadata_size), (4096, 8));
+        // FLBAS bits 6:5 extend the index past 16 formats.
+        let mut f = vec![(0u16, 9u8); 18];
+        f[17] = (0, 13);
+        let i = NsInfo::from_identify(3, &ns_with(0x21, 17, &f)).unwrap();
+        assert_eq!(i.block_size, 8192);
+        // An index beyond NLBAF, or a nonsense size, is refused.
+        assert!(NsInfo::from_identify(4, &ns_with(2, 1, &[(0, 9), (0, 12)])).is_err());
+        assert!(NsInfo::from_identify(5, &ns_with(0, 0, &[(0, 3)])).is_err());
+    }
+
+    #[test]
+    fn read_write_sqe_fields() {
+        let s = rw_sqe(io::WRITE, 7, 0x1_2345_6789, 16);
+        assert_eq!(s.opcode, io::WRITE);
+        assert_eq!(s.nsid.get(), 7);
+        assert_eq!(s.slba(), 0x1_2345_6789);
+        assert_eq!(s.nlb(), 16);
+    }
+
+    #[test]
+    fn async_submission_bounds() {
+        let ns = NsInfo {
+            nsid: 1,
+            blocks: 100,
+            block_size: 512,
+            metadata_size: 0,
+        };
+        assert_eq!(blocks_of(&ns, 0, 4096).unwrap(), 8);
+        assert_eq!(blocks_of(&ns, 92, 4096).unwrap(), 8);
+        assert!(blocks_of(&ns, 93, 4096).is_err(), "past the end");
+        assert!(blocks_of(&ns, 0, 4000).is_err(), "not whole blocks");
+        assert!(blocks_of(&ns, 0, 0).is_err());
+        assert!(blocks_of(&ns, u64::MAX, 512).is_err(), "overflow");
+    }
+}
