@@ -15,6 +15,10 @@ use crate::core::{
 };
 use crate::store::RingStore;
 use crate::transport::poller::{self, PollerConfig, PollerHandle, PollerStats};
+use crate::transport::rdma::{
+    ListenError, RdmaConfig, RdmaListeners, RdmaOptions, RdmaPollerStats, RdmaTransport,
+    SendWithInvalidate,
+};
 
 /// Why the daemon could not start.
 #[derive(Debug, thiserror::Error)]
@@ -28,8 +32,13 @@ pub enum StartError {
         transport: &'static str,
         source: std::io::Error,
     },
-    #[error("rdma listener {0}: this build has no RDMA transport yet")]
-    NoRdma(SocketAddr),
+    /// An RDMA listener could not be set up (no RDMA on this machine, or the address is not
+    /// on an RDMA-capable interface).
+    #[error(transparent)]
+    Rdma(#[from] ListenError),
+    /// A bad RDMA transport option.
+    #[error("rdma transport: {0}")]
+    RdmaOption(String),
     #[error("poller thread: {0}")]
     Poller(std::io::Error),
 }
@@ -40,8 +49,11 @@ pub struct Daemon {
     stop: Arc<AtomicBool>,
     pollers: Arc<Vec<PollerHandle>>,
     acceptors: Vec<JoinHandle<()>>,
+    rdma: Option<RdmaTransport>,
     /// Bound TCP listener addresses (port 0 in the config is resolved here).
     pub tcp_addrs: Vec<SocketAddr>,
+    /// Bound RDMA listener addresses.
+    pub rdma_addrs: Vec<SocketAddr>,
 }
 
 impl Daemon {
@@ -98,7 +110,28 @@ impl Daemon {
             })
             .collect();
 
-        // Listeners.
+        // Listeners. RDMA ones are bound first, all on one rdma_cm event channel, so that a
+        // machine without RDMA fails before anything else is set up.
+        let rdma_wanted: Vec<(usize, SocketAddr)> = cfg
+            .listeners
+            .iter()
+            .enumerate()
+            .filter(|(_, l)| l.transport == Transport::Rdma)
+            .map(|(i, l)| (i, SocketAddr::new(l.address, l.port)))
+            .collect();
+        let rdma_options = RdmaOptions {
+            send_with_invalidate: SendWithInvalidate::from_env().map_err(StartError::RdmaOption)?,
+        };
+        let rdma_listeners = if rdma_wanted.is_empty() {
+            None
+        } else {
+            let addrs: Vec<SocketAddr> = rdma_wanted.iter().map(|&(_, a)| a).collect();
+            Some(RdmaListeners::bind(&addrs)?)
+        };
+        let rdma_bound = rdma_listeners
+            .as_ref()
+            .map(|l| l.local_addrs())
+            .unwrap_or_default();
         let mut tcp = Vec::new();
         let mut infos = Vec::new();
         for (i, l) in cfg.listeners.iter().enumerate() {
@@ -119,7 +152,19 @@ impl Daemon {
                     });
                     tcp.push((sock, bound));
                 }
-                Transport::Rdma => return Err(StartError::NoRdma(addr)),
+                Transport::Rdma => {
+                    let k = rdma_wanted
+                        .iter()
+                        .position(|&(j, _)| j == i)
+                        .expect("collected above");
+                    let bound = rdma_bound[k];
+                    infos.push(ListenerInfo {
+                        trtype: TrType::Rdma,
+                        traddr: bound.ip().to_string(),
+                        trsvcid: bound.port().to_string(),
+                        port_id: i as u16 + 1,
+                    });
+                }
             }
         }
 
@@ -139,8 +184,44 @@ impl Daemon {
         };
         let stop = Arc::new(AtomicBool::new(false));
         let buffers = (2 * t.max_queue_depth).clamp(64, 1024);
+        let rdma = match rdma_listeners {
+            Some(listeners) => {
+                let devs = devices.clone();
+                let io = caps.max_io_size as usize;
+                let make_store = move || {
+                    let pool = BufPool::new(buffers, io).map_err(std::io::Error::other)?;
+                    let cfg = RingConfig {
+                        sq_entries: 256,
+                        max_inflight: 2 * buffers,
+                    };
+                    let ring = Ring::new(cfg, devs.clone(), pool).map_err(std::io::Error::other)?;
+                    Ok(RingStore::new(ring))
+                };
+                let rcfg = RdmaConfig {
+                    caps: TransportCaps {
+                        trtype: TrType::Rdma,
+                        ..caps.clone()
+                    },
+                    threads: t.threads as usize,
+                    idle_poll: Duration::from_micros(t.idle_poll_us as u64),
+                    options: rdma_options,
+                    stop: stop.clone(),
+                };
+                Some(
+                    RdmaTransport::start(listeners, target.clone(), rcfg, make_store)
+                        .map_err(StartError::Poller)?,
+                )
+            }
+            None => None,
+        };
         let mut pollers = Vec::new();
-        for id in 0..t.threads as usize {
+        // TCP pollers serve only TCP connections: none without a TCP listener.
+        let tcp_threads = if tcp.is_empty() {
+            0
+        } else {
+            t.threads as usize
+        };
+        for id in 0..tcp_threads {
             let pc = PollerConfig {
                 id,
                 caps: caps.clone(),
@@ -175,12 +256,18 @@ impl Daemon {
                     .map_err(StartError::Poller)?,
             );
         }
+        let rdma_addrs = rdma
+            .as_ref()
+            .map(|r| r.local_addrs().to_vec())
+            .unwrap_or_default();
         Ok(Daemon {
             target,
             stop,
             pollers,
             acceptors,
+            rdma,
             tcp_addrs,
+            rdma_addrs,
         })
     }
 
@@ -193,6 +280,11 @@ impl Daemon {
         self.pollers.iter().map(|p| p.stats.clone()).collect()
     }
 
+    /// Per-RDMA-poller counters (empty without RDMA listeners).
+    pub fn rdma_stats(&self) -> Vec<Arc<RdmaPollerStats>> {
+        self.rdma.as_ref().map(|r| r.stats()).unwrap_or_default()
+    }
+
     /// Stop accepting, close every connection (in-flight backend operations are waited for,
     /// bounded), join the threads.
     pub fn shutdown(mut self) {
@@ -202,6 +294,9 @@ impl Daemon {
         }
         for a in self.acceptors.drain(..) {
             let _ = a.join();
+        }
+        if let Some(r) = self.rdma.take() {
+            r.join();
         }
         match Arc::try_unwrap(self.pollers) {
             Ok(mut ps) => ps.iter_mut().for_each(|p| p.join()),

@@ -2,6 +2,7 @@
 //! logic here.
 
 pub mod poller;
+pub mod rdma;
 pub mod sendq;
 pub mod tcp;
 

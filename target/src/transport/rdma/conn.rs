@@ -1,0 +1,1087 @@
+//! One NVMe/RDMA queue: its queue pair, RECV and response buffers, request slots and the
+//! request state machine (see [`super::request`]).
+//!
+//! Buffers and keys:
+//! - RECV buffers (one [`Mr`] per connection, `LOCAL_WRITE`): RECV `i` is one SGE of
+//!   `recv_stride` bytes, the 64-byte SQE followed by the in-capsule data area (I/O queues
+//!   only). In-capsule write data is copied into a pool buffer (counted in `copied_bytes`):
+//!   the backend runs O_DIRECT on fixed pool buffers only, and tying a pool buffer to each
+//!   posted RECV would pin `hsqsize + 1` buffers per queue for capsules that mostly carry none.
+//! - Response buffers (one [`Mr`], no remote access): 16 bytes per slot, the SEND source.
+//! - Data: the poller's pool, registered once per device with `LOCAL_WRITE` only. RDMA WRITE
+//!   sources use that lkey, and so do RDMA READ sinks on InfiniBand/RoCE. On iWARP a READ sink
+//!   needs `REMOTE_WRITE`, which would let the host write anywhere in a pool-wide region, so
+//!   each READ registers just its own buffer slice (`LOCAL_WRITE | REMOTE_WRITE`) and
+//!   deregisters it when the READ completes: the exposure is one I/O's buffer while its READ
+//!   is in flight (rdma-binding notes §5, §6).
+//!
+//! Ordering rules kept here (rdma-binding notes §8):
+//! - every RECV is posted before `rdma_accept`;
+//! - a command's RECV is reposted as soon as its capsule is consumed (SQE decoded, in-capsule
+//!   data copied), always before its response SEND is posted;
+//! - capsules that arrive before ESTABLISHED wait (their RECVs stay consumed) and run once the
+//!   connection is established;
+//! - read data goes out as RDMA WRITE chained with the response SEND in one post, only the
+//!   SEND signaled; SEND_WITH_INVALIDATE only for a keyed-invalidate SGL (0x4F) that moved data
+//!   and only where enabled;
+//! - the send queue never overflows (credits) and RDMA READs never exceed the negotiated
+//!   initiator depth (FIFO wait lists beyond).
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ::rdma::{
+    AccessFlags, CmId, ConnParam, Cq, Mr, Qp, QpInitAttr, RecvWr, RemoteBuf, SendWr, Sge, WcStatus,
+    WorkCompletion,
+};
+use nvme::rdma::CmReply;
+use nvme::sgl::Sgl;
+use nvme::{Sqe, Status};
+use tracing::{debug, info, warn};
+
+use super::params::{split_wr_id, wr_id, QueueSizing, WrKind, CQE_BYTES, SQE_BYTES};
+use super::poller::DevRes;
+use super::request::{Req, ReqState, StateCounts};
+use crate::backend::BufId;
+use crate::core::{Cmd, Exec, Queue, QueueEvent, Target, TransportCaps, Xfer};
+use crate::store::RingStore;
+use crate::transport::{ConnStats, Store};
+
+/// How long a closing connection waits for the flush completions of its posted work requests
+/// before it destroys the QP anyway (which ends any DMA) and releases their buffers.
+const DRAIN_LIMIT: Duration = Duration::from_secs(5);
+
+/// What a connection borrows from its poller while it handles an event.
+pub(super) struct Env<'a> {
+    pub store: &'a mut RingStore,
+    pub dev: &'a DevRes,
+    /// The poller's FIFO of (connection key, slot) waiting for a pool buffer.
+    pub need_buf: &'a mut VecDeque<(u32, u32)>,
+    pub now: Instant,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// Accepted; ESTABLISHED not seen yet. Capsules wait.
+    Accepting,
+    Live,
+    /// Torn down: waiting for flushes and backend operations.
+    Closing {
+        since: Instant,
+    },
+}
+
+/// What a new connection is set up with.
+pub(super) struct Setup<'a> {
+    pub tag: u64,
+    pub key: u32,
+    pub id: Arc<CmId>,
+    pub cm_qid: u16,
+    pub sizing: QueueSizing,
+    pub ord: u8,
+    pub dev_index: usize,
+    pub dev: &'a DevRes,
+    pub target: Arc<Target>,
+    pub caps: TransportCaps,
+    pub send_with_inv: bool,
+}
+
+/// One NVMe/RDMA connection (one NVMe queue).
+pub(super) struct Conn {
+    // Field order is drop order: the QP first (it holds the CM id, PD and CQ alive), then the
+    // CM id, the CQ, and the buffers the QP used.
+    qp: Option<Qp>,
+    id: Arc<CmId>,
+    cq: Arc<Cq>,
+    recv_mr: Mr,
+    rsp_mr: Mr,
+    slots: Vec<Req>,
+    /// rdma_cm tag of this connection (what the CM thread names it by).
+    pub tag: u64,
+    /// Index in the poller's connection table (backend user_data upper half).
+    pub key: u32,
+    /// Index of its device in the poller's device table.
+    pub dev: usize,
+    pub peer: String,
+    cm_qid: u16,
+    sizing: QueueSizing,
+    ord: u32,
+    iwarp: bool,
+    send_with_inv: bool,
+    queue: Queue,
+    phase: Phase,
+    counts: StateCounts,
+    free_slots: Vec<u32>,
+    /// Send-queue entries not in use.
+    sq_free: u32,
+    /// RDMA READs posted and not completed.
+    reads_out: u32,
+    read_wait: VecDeque<u32>,
+    send_wait: VecDeque<u32>,
+    /// Received capsules (RECV index, byte length) waiting for ESTABLISHED or a free slot.
+    capsule_wait: VecDeque<(u32, u32)>,
+    recvs_posted: u32,
+    /// Signaled send WRs (SENDs, READs) posted and not completed.
+    signaled_out: u32,
+    /// Backend operations in flight.
+    io_inflight: u32,
+    /// Per-I/O memory regions registered now (iWARP READ sinks).
+    pub io_mrs: usize,
+    /// Per-I/O memory regions registered over the connection's life.
+    pub io_mrs_total: u64,
+    pub stats: ConnStats,
+}
+
+impl Conn {
+    /// Creates the CQ and QP on the connection's id, allocates and registers the RECV and
+    /// response buffers and posts every RECV. The caller accepts next.
+    pub fn new(s: Setup<'_>) -> Result<Conn, ::rdma::Error> {
+        let dev = s.dev;
+        let z = s.sizing;
+        let cq = Arc::new(Cq::with_channel(
+            &dev.ctx,
+            z.cq_entries,
+            &dev.chan,
+            s.key as u64,
+        )?);
+        let qp = Qp::create(
+            &s.id,
+            &dev.pd,
+            &QpInitAttr {
+                send_cq: &cq,
+                recv_cq: &cq,
+                srq: None,
+                max_send_wr: z.max_send_wr,
+                max_recv_wr: z.recvs,
+                max_send_sge: 1,
+                max_recv_sge: 1,
+                max_inline_data: 0,
+                sq_sig_all: false,
+            },
+        )?;
+        let recv_mr = Mr::alloc(
+            &dev.pd,
+            z.recvs as usize * z.recv_stride,
+            AccessFlags::LOCAL_WRITE,
+        )?;
+        let rsp_mr = Mr::alloc(&dev.pd, z.slots as usize * CQE_BYTES, AccessFlags::empty())?;
+        let peer =
+            s.id.peer_addr()
+                .map(|a| a.to_string())
+                .unwrap_or_else(|| "?".into());
+        let mut slots = Vec::with_capacity(z.slots as usize);
+        slots.resize_with(z.slots as usize, Req::new);
+        let mut c = Conn {
+            // The provider may round the send queue up; credits use what was asked for.
+            sq_free: z.max_send_wr.min(qp.caps().max_send_wr),
+            qp: Some(qp),
+            id: s.id,
+            cq,
+            recv_mr,
+            rsp_mr,
+            slots,
+            tag: s.tag,
+            key: s.key,
+            dev: s.dev_index,
+            queue: Queue::new(s.target, s.caps, peer.clone()),
+            peer,
+            cm_qid: s.cm_qid,
+            sizing: z,
+            ord: u32::from(s.ord),
+            iwarp: dev.iwarp,
+            send_with_inv: s.send_with_inv,
+            phase: Phase::Accepting,
+            counts: StateCounts::new(z.slots),
+            free_slots: (0..z.slots).rev().collect(),
+            reads_out: 0,
+            read_wait: VecDeque::with_capacity(z.slots as usize),
+            send_wait: VecDeque::with_capacity(z.slots as usize),
+            capsule_wait: VecDeque::with_capacity(z.recvs as usize),
+            recvs_posted: 0,
+            signaled_out: 0,
+            io_inflight: 0,
+            io_mrs: 0,
+            io_mrs_total: 0,
+            stats: ConnStats::default(),
+        };
+        c.post_all_recvs()?;
+        Ok(c)
+    }
+
+    fn post_all_recvs(&mut self) -> Result<(), ::rdma::Error> {
+        let stride = self.sizing.recv_stride;
+        let sges: Vec<Sge> = (0..self.sizing.recvs as usize)
+            .map(|i| self.recv_mr.sge(i * stride, stride))
+            .collect::<Result<_, _>>()?;
+        let wrs: Vec<RecvWr<'_>> = sges
+            .iter()
+            .enumerate()
+            .map(|(i, sge)| RecvWr {
+                wr_id: wr_id(WrKind::Recv, i as u32),
+                sges: std::slice::from_ref(sge),
+            })
+            .collect();
+        let qp = self.qp.as_ref().expect("a new connection has its QP");
+        match qp.post_recv_list(&wrs) {
+            Ok(()) => {
+                self.recvs_posted = self.sizing.recvs;
+                Ok(())
+            }
+            Err(e) => {
+                if let ::rdma::Error::Post { posted, .. } = e {
+                    self.recvs_posted = posted as u32;
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// `rdma_accept` with the NVMe/RDMA reply (crqsize = the RECVs posted), ORD as negotiated,
+    /// no responder resources (the host never reads from the target, as with nvmet), RNR
+    /// retry 7.
+    pub fn accept(&self) -> Result<(), ::rdma::Error> {
+        let rep = CmReply {
+            crqsize: self.sizing.recvs as u16,
+        }
+        .encode();
+        self.id.accept(&ConnParam {
+            private_data: &rep,
+            responder_resources: 0,
+            initiator_depth: self.ord as u8,
+            flow_control: true,
+            retry_count: 7,
+            rnr_retry_count: 7,
+        })
+    }
+
+    pub fn qp_num(&self) -> Option<u32> {
+        self.qp.as_ref().map(|q| q.qp_num())
+    }
+
+    pub fn cq(&self) -> &Arc<Cq> {
+        &self.cq
+    }
+
+    pub fn qid(&self) -> Option<u16> {
+        self.queue.qid()
+    }
+
+    pub fn is_closing(&self) -> bool {
+        matches!(self.phase, Phase::Closing { .. })
+    }
+
+    /// Everything posted has come back and no backend operation is in flight: the
+    /// connection can be dropped.
+    pub fn is_finished(&self) -> bool {
+        self.is_closing()
+            && (self.qp.is_none() || (self.recvs_posted == 0 && self.signaled_out == 0))
+            && self.io_inflight == 0
+    }
+
+    pub fn counts(&self) -> &StateCounts {
+        &self.counts
+    }
+
+    /// Whether the CQ can still produce completions worth polling.
+    pub fn has_qp(&self) -> bool {
+        self.qp.is_some()
+    }
+
+    fn set(&mut self, slot: u32, to: ReqState) {
+        self.counts.set(slot, &mut self.slots[slot as usize], to);
+    }
+
+    fn state(&self, slot: u32) -> ReqState {
+        self.slots[slot as usize].state()
+    }
+
+    // ---- events from the poller ------------------------------------------------------------
+
+    /// ESTABLISHED: run the capsules that arrived before it.
+    pub fn established(&mut self, env: &mut Env<'_>) {
+        if self.phase == Phase::Accepting {
+            debug!(peer = %self.peer, cm_qid = self.cm_qid, "NVMe/RDMA queue established");
+            self.phase = Phase::Live;
+            self.serve_waiters(env);
+        }
+    }
+
+    /// Polls the CQ once (up to `wcs.len()` completions) and handles them. Returns how many.
+    pub fn poll(&mut self, wcs: &mut [WorkCompletion], env: &mut Env<'_>) -> usize {
+        if self.qp.is_none() {
+            return 0;
+        }
+        let n = match self.cq.poll(wcs) {
+            Ok(n) => n,
+            Err(e) => {
+                warn!(peer = %self.peer, error = %e, "polling the completion queue failed");
+                self.close("completion queue error", env);
+                return 0;
+            }
+        };
+        for wc in &wcs[..n] {
+            self.on_wc(wc, env);
+        }
+        if n > 0 {
+            self.serve_waiters(env);
+        }
+        n
+    }
+
+    fn on_wc(&mut self, wc: &WorkCompletion, env: &mut Env<'_>) {
+        let Some((kind, idx)) = split_wr_id(wc.wr_id()) else {
+            warn!(peer = %self.peer, wr_id = wc.wr_id(), "completion with an unknown work request id");
+            return;
+        };
+        let ok = wc.is_ok();
+        match kind {
+            WrKind::Recv => {
+                if idx >= self.sizing.recvs {
+                    warn!(peer = %self.peer, idx, "RECV completion for an unknown buffer");
+                    return;
+                }
+                self.recvs_posted = self.recvs_posted.saturating_sub(1);
+                if ok {
+                    self.stats.rx_bytes += u64::from(wc.byte_len());
+                    self.on_capsule(idx, wc.byte_len(), env);
+                } else {
+                    self.wc_error(wc, "RECV", env);
+                }
+            }
+            WrKind::Send => {
+                if !matches!(
+                    self.slot_state(idx),
+                    Some(ReqState::TransferringToHost | ReqState::Completing)
+                ) {
+                    debug!(peer = %self.peer, slot = idx, "SEND completion for a request not sending");
+                    return;
+                }
+                self.signaled_out -= 1;
+                let r = &mut self.slots[idx as usize];
+                self.sq_free += std::mem::take(&mut r.wrs);
+                if !ok {
+                    self.wc_error(wc, "SEND", env);
+                }
+                self.release(idx, env);
+            }
+            WrKind::Read => {
+                if self.slot_state(idx) != Some(ReqState::TransferringFromHost) {
+                    debug!(peer = %self.peer, slot = idx, "READ completion for a request not reading");
+                    return;
+                }
+                self.signaled_out -= 1;
+                self.reads_out -= 1;
+                let r = &mut self.slots[idx as usize];
+                self.sq_free += std::mem::take(&mut r.wrs);
+                if r.read_mr.take().is_some() {
+                    self.io_mrs -= 1;
+                }
+                if !ok {
+                    self.wc_error(wc, "RDMA READ", env);
+                    self.release(idx, env);
+                    return;
+                }
+                if self.is_closing() {
+                    self.release(idx, env);
+                    return;
+                }
+                self.stats.rx_bytes += u64::from(wc.byte_len());
+                self.set(idx, ReqState::ReadyToExecute);
+                self.advance(idx, env);
+            }
+            // Unsignaled: only a failure or a flush reports it; its SEND accounts for it.
+            WrKind::Write => {
+                if !ok {
+                    self.wc_error(wc, "RDMA WRITE", env);
+                }
+            }
+        }
+    }
+
+    fn slot_state(&self, slot: u32) -> Option<ReqState> {
+        self.slots.get(slot as usize).map(|r| r.state())
+    }
+
+    /// A failed completion: a flush is expected while closing; anything else ends the
+    /// connection (the QP is in the error state now), as in nvmet_rdma_error_comp.
+    fn wc_error(&mut self, wc: &WorkCompletion, what: &str, env: &mut Env<'_>) {
+        let status = wc.status();
+        if self.is_closing() {
+            if status != WcStatus::WrFlushErr {
+                debug!(peer = %self.peer, what, %status, "failed completion while closing");
+            }
+            return;
+        }
+        if status == WcStatus::WrFlushErr {
+            debug!(peer = %self.peer, what, "work request flushed: the queue pair left RTS");
+            self.close("queue pair flushed", env);
+        } else {
+            warn!(peer = %self.peer, qid = ?self.queue.qid(), what, %status,
+                vendor_err = wc.vendor_err(), "RDMA work request failed: closing the queue");
+            self.stats.errors += 1;
+            self.close("work request failed", env);
+        }
+    }
+
+    /// A command capsule arrived in RECV `recv`.
+    fn on_capsule(&mut self, recv: u32, byte_len: u32, env: &mut Env<'_>) {
+        match self.phase {
+            // The queue is going away: the RECV is not reposted.
+            Phase::Closing { .. } => {}
+            Phase::Accepting => self.capsule_wait.push_back((recv, byte_len)),
+            Phase::Live if !self.capsule_wait.is_empty() => {
+                self.capsule_wait.push_back((recv, byte_len))
+            }
+            Phase::Live => self.start_capsule(recv, byte_len, env),
+        }
+    }
+
+    /// Takes a slot for the capsule in RECV `recv` and parses it.
+    fn start_capsule(&mut self, recv: u32, byte_len: u32, env: &mut Env<'_>) {
+        if (byte_len as usize) < SQE_BYTES {
+            // nvmet: "Ctrl Fatal Error: capsule size less than 64 bytes".
+            warn!(peer = %self.peer, byte_len, "capsule shorter than 64 bytes: closing the queue");
+            self.stats.errors += 1;
+            self.close("capsule shorter than an SQE", env);
+            return;
+        }
+        let Some(slot) = self.free_slots.pop() else {
+            self.capsule_wait.push_back((recv, byte_len));
+            return;
+        };
+        let at = recv as usize * self.sizing.recv_stride;
+        let mut raw = [0u8; SQE_BYTES];
+        if let Err(e) = self.recv_mr.read_at(at, &mut raw) {
+            warn!(peer = %self.peer, error = %e, "RECV buffer out of range");
+            self.free_slots.push(slot);
+            self.close("internal error", env);
+            return;
+        }
+        let sqe = match Sqe::decode(&raw) {
+            Ok(s) => s,
+            Err(e) => {
+                warn!(peer = %self.peer, error = %e, "undecodable SQE");
+                self.free_slots.push(slot);
+                self.close("internal error", env);
+                return;
+            }
+        };
+        self.stats.commands += 1;
+        let data_bytes = byte_len - SQE_BYTES as u32;
+        let cmd = match self.queue.parse(&sqe) {
+            Ok(cmd) => cmd,
+            Err(cqe) => {
+                let r = &mut self.slots[slot as usize];
+                r.cmd = Some(Cmd {
+                    sqe,
+                    xfer: Xfer::None,
+                    sgl: None,
+                });
+                r.cqe = Some(cqe);
+                r.data_len = 0;
+                self.set(slot, ReqState::ReadyToComplete);
+                if self.repost(recv, env) {
+                    self.advance(slot, env);
+                }
+                return;
+            }
+        };
+        let in_capsule = match (cmd.xfer, cmd.sgl) {
+            (Xfer::FromHost(len), Some(Sgl::InCapsule { .. })) => Some(len),
+            _ => None,
+        };
+        let no_data = cmd.xfer == Xfer::None;
+        self.slots[slot as usize].cmd = Some(cmd);
+        let bad = match in_capsule {
+            // More than this queue's RECV buffers hold (admin RECVs hold none): nvmet answers
+            // SGL Offset Invalid.
+            Some(len) if len > self.sizing.in_capsule => Some(Status::SGL_INVALID_OFFSET),
+            // The capsule is shorter than its SGL says.
+            Some(len) if len > data_bytes => Some(Status::SGL_INVALID_DATA),
+            _ => None,
+        };
+        if let Some(st) = bad {
+            self.fail(slot, st.dnr());
+            if self.repost(recv, env) {
+                self.advance(slot, env);
+            }
+            return;
+        }
+        if in_capsule.is_some() {
+            // The data stays in the RECV buffer until it is copied into a pool buffer.
+            self.slots[slot as usize].recv = Some(recv);
+            self.set(slot, ReqState::NeedBuffer);
+        } else {
+            let next = if no_data {
+                ReqState::ReadyToExecute
+            } else {
+                ReqState::NeedBuffer
+            };
+            self.set(slot, next);
+            if !self.repost(recv, env) {
+                // The connection is closing; close() released the request.
+                return;
+            }
+        }
+        self.advance(slot, env);
+    }
+
+    /// Completes a request with a transport-detected status (before any data moved).
+    fn fail(&mut self, slot: u32, st: Status) {
+        let r = &mut self.slots[slot as usize];
+        let cmd = r.cmd.as_ref().expect("a failing request has its command");
+        r.cqe = Some(self.queue.complete_status(cmd, st));
+        r.data_len = 0;
+        self.set(slot, ReqState::ReadyToComplete);
+    }
+
+    /// Reposts RECV `recv`. False (and the connection closes) if the post fails.
+    fn repost(&mut self, recv: u32, env: &mut Env<'_>) -> bool {
+        let Some(qp) = self.qp.as_ref() else {
+            return false;
+        };
+        let stride = self.sizing.recv_stride;
+        let r = self
+            .recv_mr
+            .sge(recv as usize * stride, stride)
+            .and_then(|sge| qp.post_recv(wr_id(WrKind::Recv, recv), &[sge]));
+        match r {
+            Ok(()) => {
+                self.recvs_posted += 1;
+                true
+            }
+            Err(e) => {
+                if !self.is_closing() {
+                    warn!(peer = %self.peer, error = %e, "reposting a RECV failed: closing the queue");
+                    self.close("RECV repost failed", env);
+                }
+                false
+            }
+        }
+    }
+
+    /// The one transition function: moves a request on as far as it can go now.
+    fn advance(&mut self, slot: u32, env: &mut Env<'_>) {
+        loop {
+            if self.is_closing() {
+                return;
+            }
+            let s = slot as usize;
+            match self.state(slot) {
+                ReqState::NeedBuffer => {
+                    let Some(b) = env.store.alloc_buf() else {
+                        env.need_buf.push_back((self.key, slot));
+                        return;
+                    };
+                    self.slots[s].buf = Some(b);
+                    self.buffer_ready(slot, env);
+                }
+                ReqState::ReadPending => {
+                    if self.slots[s].queued {
+                        return;
+                    }
+                    if !self.read_wait.is_empty() || !self.can_read() {
+                        self.slots[s].queued = true;
+                        self.read_wait.push_back(slot);
+                        return;
+                    }
+                    self.post_read(slot, env);
+                }
+                ReqState::ReadyToExecute => self.execute(slot, env),
+                ReqState::ReadyToComplete => {
+                    if self.slots[s].queued {
+                        return;
+                    }
+                    if !self.send_wait.is_empty() || self.sq_free < self.response_wrs(slot) {
+                        self.slots[s].queued = true;
+                        self.send_wait.push_back(slot);
+                        return;
+                    }
+                    self.post_response(slot, env);
+                }
+                ReqState::Free
+                | ReqState::TransferringFromHost
+                | ReqState::Executing
+                | ReqState::Deferred
+                | ReqState::TransferringToHost
+                | ReqState::Completing => return,
+            }
+        }
+    }
+
+    /// A buffer waiting request got one from the poller's FIFO.
+    pub fn buffer_granted(&mut self, slot: u32, buf: u32, env: &mut Env<'_>) {
+        if self.is_closing() || self.slot_state(slot) != Some(ReqState::NeedBuffer) {
+            env.store.free_buf(buf);
+            return;
+        }
+        self.slots[slot as usize].buf = Some(buf);
+        self.buffer_ready(slot, env);
+        self.advance(slot, env);
+    }
+
+    /// The request has its buffer: bring host data in, or go execute.
+    fn buffer_ready(&mut self, slot: u32, env: &mut Env<'_>) {
+        let r = &mut self.slots[slot as usize];
+        let b = r.buf.expect("buffer just assigned");
+        let cmd = r.cmd.as_ref().expect("request has its command");
+        match (cmd.xfer, cmd.sgl) {
+            (Xfer::FromHost(len), Some(Sgl::InCapsule { .. })) => {
+                let recv = r.recv.take().expect("in-capsule data is held in its RECV");
+                let at = recv as usize * self.sizing.recv_stride + SQE_BYTES;
+                let dst = &mut env.store.buf(b)[..len as usize];
+                // recv_mr bounds were checked against the capsule length at parse time.
+                if let Err(e) = self.recv_mr.read_at(at, dst) {
+                    warn!(peer = %self.peer, error = %e, "in-capsule data out of range");
+                    self.fail(slot, Status::INTERNAL);
+                } else {
+                    self.stats.copied_bytes += u64::from(len);
+                    self.set(slot, ReqState::ReadyToExecute);
+                }
+                self.repost(recv, env);
+            }
+            (Xfer::FromHost(len), Some(Sgl::Keyed { .. })) if len > 0 => {
+                self.set(slot, ReqState::ReadPending)
+            }
+            _ => self.set(slot, ReqState::ReadyToExecute),
+        }
+    }
+
+    fn can_read(&self) -> bool {
+        self.reads_out < self.ord && self.sq_free >= 1
+    }
+
+    /// Posts the RDMA READ of a request's host data into its buffer.
+    fn post_read(&mut self, slot: u32, env: &mut Env<'_>) {
+        let s = slot as usize;
+        let r = &self.slots[s];
+        let b = r.buf.expect("reading request has a buffer");
+        let Some(Sgl::Keyed { addr, len, key, .. }) = r.cmd.as_ref().and_then(|c| c.sgl) else {
+            self.fail(slot, Status::INTERNAL);
+            return;
+        };
+        let remote = RemoteBuf {
+            addr,
+            len: u64::from(len),
+            rkey: key,
+        };
+        let bs = env.store.ring().pool().buf_size();
+        let (sge, mr) = if self.iwarp {
+            let ptr = match env.store.ring().pool().buf_ptr(BufId(b as u16)) {
+                Ok(p) => p.as_ptr(),
+                Err(e) => {
+                    warn!(peer = %self.peer, error = %e, "pool buffer lookup failed");
+                    self.fail(slot, Status::INTERNAL);
+                    return;
+                }
+            };
+            // SAFETY: [ptr, ptr + len) lies inside pool buffer `b` (len ≤ the transfer limit ≤
+            // the buffer size), which this request owns until it is released; the pool memory
+            // outlives every connection of the poller (the store is dropped last), and the MR
+            // is deregistered (dropped) when the READ completes or the request is released,
+            // which happens before the buffer goes back to the pool. No Rust reference to the
+            // buffer exists while the READ is in flight (state TransferringFromHost).
+            let reg = unsafe {
+                Mr::register_external(
+                    &env.dev.pd,
+                    ptr,
+                    len as usize,
+                    AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,
+                )
+            };
+            match reg.and_then(|mr| mr.sge(0, len as usize).map(|sge| (sge, mr))) {
+                Ok((sge, mr)) => (sge, Some(mr)),
+                Err(e) => {
+                    warn!(peer = %self.peer, error = %e,
+                        "registering an RDMA READ sink failed: failing the command");
+                    self.fail(slot, Status::DATA_XFER_ERROR);
+                    return;
+                }
+            }
+        } else {
+            match env.dev.pool_mr.sge(b as usize * bs, len as usize) {
+                Ok(sge) => (sge, None),
+                Err(e) => {
+                    warn!(peer = %self.peer, error = %e, "pool SGE out of range");
+                    self.fail(slot, Status::INTERNAL);
+                    return;
+                }
+            }
+        };
+        let Some(qp) = self.qp.as_ref() else {
+            return;
+        };
+        let wr = SendWr::read(
+            wr_id(WrKind::Read, slot),
+            std::slice::from_ref(&sge),
+            remote,
+        )
+        .signaled();
+        match qp.post_send(&[wr]) {
+            Ok(()) => {
+                self.sq_free -= 1;
+                self.reads_out += 1;
+                self.signaled_out += 1;
+                let r = &mut self.slots[s];
+                r.wrs = 1;
+                if let Some(mr) = mr {
+                    r.read_mr = Some(mr);
+                    self.io_mrs += 1;
+                    self.io_mrs_total += 1;
+                }
+                self.set(slot, ReqState::TransferringFromHost);
+            }
+            Err(e) => {
+                warn!(peer = %self.peer, error = %e, "posting an RDMA READ failed: closing the queue");
+                self.close("RDMA READ post failed", env);
+            }
+        }
+    }
+
+    fn execute(&mut self, slot: u32, env: &mut Env<'_>) {
+        let s = slot as usize;
+        let cmd = self.slots[s].cmd.take().expect("request has its command");
+        let ex = match self.slots[s].buf {
+            Some(b) => self.queue.execute(&cmd, env.store.buf(b), env.now),
+            None => self.queue.execute(&cmd, &mut [], env.now),
+        };
+        let connect = cmd.sqe.is_fabrics() && cmd.sqe.fctype() == nvme::opcode::fctype::CONNECT;
+        self.slots[s].cmd = Some(cmd);
+        match ex {
+            Exec::Done { cqe, data_len } => {
+                let ok = cqe.status().is_success();
+                let r = &mut self.slots[s];
+                r.cqe = Some(cqe);
+                r.data_len = data_len;
+                self.set(slot, ReqState::ReadyToComplete);
+                if connect && ok && self.queue.qid() != Some(self.cm_qid) {
+                    // The RECVs were sized for the CM request's queue (admin: no in-capsule
+                    // data), so a Connect for another queue cannot be served here.
+                    warn!(peer = %self.peer, cm_qid = self.cm_qid, connect_qid = ?self.queue.qid(),
+                        "Connect names another queue than the RDMA CM request: closing");
+                    self.close("Connect qid differs from the CM request qid", env);
+                }
+            }
+            Exec::Io(op) => {
+                self.set(slot, ReqState::Executing);
+                self.io_inflight += 1;
+                let ud = u64::from(self.key) << 32 | u64::from(slot);
+                env.store.submit(&op, self.slots[s].buf, ud);
+            }
+            Exec::Deferred => {
+                if let Some(b) = self.slots[s].buf.take() {
+                    env.store.free_buf(b);
+                }
+                self.set(slot, ReqState::Deferred);
+            }
+        }
+    }
+
+    /// A backend operation of this connection completed.
+    pub fn backend_done(&mut self, slot: u32, res: Result<u32, i32>, env: &mut Env<'_>) {
+        if self.slot_state(slot) != Some(ReqState::Executing) {
+            warn!(peer = %self.peer, slot, "backend completion for a request not executing");
+            return;
+        }
+        self.io_inflight -= 1;
+        if self.is_closing() {
+            self.release(slot, env);
+            return;
+        }
+        let r = &mut self.slots[slot as usize];
+        let cmd = r.cmd.as_ref().expect("executing request has its command");
+        let cqe = self.queue.complete_io(cmd, res.map(|_| ()));
+        r.data_len = match cmd.xfer {
+            Xfer::ToHost(len) if cqe.status().is_success() => len,
+            _ => 0,
+        };
+        r.cqe = Some(cqe);
+        self.set(slot, ReqState::ReadyToComplete);
+        self.advance(slot, env);
+    }
+
+    fn response_wrs(&self, slot: u32) -> u32 {
+        if self.slots[slot as usize].data_len > 0 {
+            2
+        } else {
+            1
+        }
+    }
+
+    /// Posts the response: RDMA WRITE of the read data (if any) chained with the SEND of the
+    /// CQE, one post, only the SEND signaled.
+    fn post_response(&mut self, slot: u32, env: &mut Env<'_>) {
+        let s = slot as usize;
+        let keyed = match self.slots[s].cmd.as_ref().and_then(|c| c.sgl) {
+            Some(Sgl::Keyed {
+                addr,
+                len,
+                key,
+                invalidate,
+            }) => Some((addr, len, key, invalidate)),
+            _ => None,
+        };
+        if self.slots[s].data_len > 0 && keyed.is_none() {
+            // parse only hands out ToHost transfers with a keyed SGL on RDMA.
+            warn!(peer = %self.peer, "read data without a keyed SGL: failing the command");
+            self.fail(slot, Status::INTERNAL);
+        }
+        let r = &mut self.slots[s];
+        let cqe = r.cqe.take().expect("a completing request has its CQE");
+        let data_len = r.data_len;
+        if !cqe.status().is_success() {
+            self.stats.errors += 1;
+        }
+        let off = s * CQE_BYTES;
+        let rsp = match self
+            .rsp_mr
+            .write_at(off, &cqe.encode())
+            .and_then(|()| self.rsp_mr.sge(off, CQE_BYTES))
+        {
+            Ok(sge) => sge,
+            Err(e) => {
+                warn!(peer = %self.peer, error = %e, "response buffer out of range");
+                self.close("internal error", env);
+                return;
+            }
+        };
+        // SEND_WITH_INVALIDATE only for the keyed-invalidate subtype with data, as nvmet does
+        // (a key the host did not ask to invalidate makes it log "Bogus remote invalidation").
+        let inv = match keyed {
+            Some((_, len, key, true)) if self.send_with_inv && len > 0 => Some(key),
+            _ => None,
+        };
+        let rsp = [rsp];
+        let id = wr_id(WrKind::Send, slot);
+        let send = match inv {
+            Some(k) => SendWr::send_with_inv(id, &rsp, k),
+            None => SendWr::send(id, &rsp),
+        }
+        .signaled();
+        let Some(qp) = self.qp.as_ref() else {
+            return;
+        };
+        let (res, wrs, next) = if data_len > 0 {
+            let (addr, len, key, _) = keyed.expect("checked above");
+            let b = self.slots[s]
+                .buf
+                .expect("read data is in the request's buffer");
+            let bs = env.store.ring().pool().buf_size();
+            let data = match env.dev.pool_mr.sge(b as usize * bs, data_len as usize) {
+                Ok(sge) => [sge],
+                Err(e) => {
+                    warn!(peer = %self.peer, error = %e, "pool SGE out of range");
+                    self.close("internal error", env);
+                    return;
+                }
+            };
+            let remote = RemoteBuf {
+                addr,
+                len: u64::from(len),
+                rkey: key,
+            };
+            let write = SendWr::write(wr_id(WrKind::Write, slot), &data, remote);
+            (
+                qp.post_send(&[write, send]),
+                2,
+                ReqState::TransferringToHost,
+            )
+        } else {
+            (qp.post_send(&[send]), 1, ReqState::Completing)
+        };
+        match res {
+            Ok(()) => {
+                self.sq_free -= wrs;
+                self.signaled_out += 1;
+                self.slots[s].wrs = wrs;
+                self.stats.tx_bytes += CQE_BYTES as u64 + u64::from(data_len);
+                self.stats.tx_payload += u64::from(data_len);
+                self.set(slot, next);
+            }
+            Err(e) => {
+                warn!(peer = %self.peer, error = %e, "posting a response failed: closing the queue");
+                self.close("response post failed", env);
+            }
+        }
+    }
+
+    /// Frees a request's buffer, memory region and slot; reposts a RECV it still held.
+    fn release(&mut self, slot: u32, env: &mut Env<'_>) {
+        let s = slot as usize;
+        if self.slots[s].state() == ReqState::Free {
+            return;
+        }
+        let r = &mut self.slots[s];
+        if let Some(b) = r.buf.take() {
+            env.store.free_buf(b);
+        }
+        if r.read_mr.take().is_some() {
+            self.io_mrs -= 1;
+        }
+        let recv = r.recv.take();
+        r.cmd = None;
+        r.cqe = None;
+        r.data_len = 0;
+        r.wrs = 0;
+        r.queued = false;
+        self.set(slot, ReqState::Free);
+        self.free_slots.push(slot);
+        if let Some(recv) = recv {
+            if !self.is_closing() {
+                self.repost(recv, env);
+            }
+        }
+    }
+
+    /// Gives waiting requests what became free: send-queue room to responses first (they
+    /// free slots and credits), then READ credits, then slots to waiting capsules.
+    fn serve_waiters(&mut self, env: &mut Env<'_>) {
+        loop {
+            if self.phase != Phase::Live {
+                return;
+            }
+            let mut progress = false;
+            while let Some(&slot) = self.send_wait.front() {
+                if self.sq_free < self.response_wrs(slot) {
+                    break;
+                }
+                self.send_wait.pop_front();
+                self.slots[slot as usize].queued = false;
+                self.advance(slot, env);
+                progress = true;
+                if self.is_closing() {
+                    return;
+                }
+            }
+            while let Some(&slot) = self.read_wait.front() {
+                if !self.can_read() || !self.send_wait.is_empty() {
+                    break;
+                }
+                self.read_wait.pop_front();
+                self.slots[slot as usize].queued = false;
+                self.advance(slot, env);
+                progress = true;
+                if self.is_closing() {
+                    return;
+                }
+            }
+            while !self.free_slots.is_empty() {
+                let Some((recv, len)) = self.capsule_wait.pop_front() else {
+                    break;
+                };
+                self.start_capsule(recv, len, env);
+                progress = true;
+                if self.is_closing() {
+                    return;
+                }
+            }
+            if !progress {
+                return;
+            }
+        }
+    }
+
+    /// Keep-alive and other timers, core events (AER completions, teardown requests), and the
+    /// drain deadline of a closing connection.
+    pub fn tick(&mut self, env: &mut Env<'_>) {
+        match self.phase {
+            Phase::Live => {
+                if self.queue.poll_timeout().is_some_and(|t| t <= env.now) {
+                    self.queue.handle_timeout(env.now);
+                }
+                while let Some(ev) = self.queue.poll_event() {
+                    match ev {
+                        QueueEvent::Complete(cqe) => {
+                            let slot = (0..self.slots.len() as u32).find(|&i| {
+                                let r = &self.slots[i as usize];
+                                r.state() == ReqState::Deferred
+                                    && r.cmd.as_ref().is_some_and(|c| c.sqe.cid() == cqe.cid())
+                            });
+                            match slot {
+                                Some(slot) => {
+                                    let r = &mut self.slots[slot as usize];
+                                    r.cqe = Some(cqe);
+                                    r.data_len = 0;
+                                    self.set(slot, ReqState::ReadyToComplete);
+                                    self.advance(slot, env);
+                                }
+                                None => {
+                                    warn!(peer = %self.peer, cid = cqe.cid(),
+                                        "event for an unknown deferred command")
+                                }
+                            }
+                        }
+                        QueueEvent::Disconnect(reason) => {
+                            self.close(reason, env);
+                            return;
+                        }
+                    }
+                }
+            }
+            Phase::Closing { since } => {
+                if self.qp.is_some()
+                    && (self.recvs_posted > 0 || self.signaled_out > 0)
+                    && env.now.duration_since(since) >= DRAIN_LIMIT
+                {
+                    warn!(peer = %self.peer, recvs = self.recvs_posted, sends = self.signaled_out,
+                        "flush completions missing after the drain limit: destroying the queue pair");
+                    // Destroying the QP ends all DMA on its work requests: their buffers can
+                    // go back.
+                    self.qp = None;
+                    self.recvs_posted = 0;
+                    self.signaled_out = 0;
+                    for slot in 0..self.slots.len() as u32 {
+                        if self.state(slot).waits_on_device() {
+                            if self.state(slot) == ReqState::TransferringFromHost {
+                                self.reads_out -= 1;
+                            }
+                            self.release(slot, env);
+                        }
+                    }
+                }
+            }
+            Phase::Accepting => {}
+        }
+    }
+
+    /// Tears the queue down (peer disconnect, error, keep-alive expiry, controller teardown,
+    /// shutdown): the core forgets the queue, rdma_disconnect tells the host, the QP goes to
+    /// the error state so every posted work request comes back as a flush, and requests that
+    /// wait on nothing but software are released at once.
+    pub fn close(&mut self, reason: &str, env: &mut Env<'_>) {
+        if self.is_closing() {
+            return;
+        }
+        info!(peer = %self.peer, qid = ?self.queue.qid(), cm_qid = self.cm_qid, reason,
+            "closing NVMe/RDMA queue");
+        self.phase = Phase::Closing { since: env.now };
+        self.queue.disconnected();
+        if let Err(e) = self.id.disconnect() {
+            // EINVAL when the connection is already gone.
+            debug!(peer = %self.peer, error = %e, "rdma_disconnect");
+        }
+        if let Some(qp) = &self.qp {
+            if let Err(e) = qp.set_error() {
+                warn!(peer = %self.peer, error = %e, "moving the queue pair to the error state failed");
+            }
+        }
+        self.capsule_wait.clear();
+        self.read_wait.clear();
+        self.send_wait.clear();
+        for slot in 0..self.slots.len() as u32 {
+            match self.state(slot) {
+                ReqState::NeedBuffer
+                | ReqState::ReadPending
+                | ReqState::ReadyToExecute
+                | ReqState::ReadyToComplete
+                | ReqState::Deferred => self.release(slot, env),
+                ReqState::Free
+                | ReqState::TransferringFromHost
+                | ReqState::Executing
+                | ReqState::TransferringToHost
+                | ReqState::Completing => {}
+            }
+        }
+    }
+}

@@ -1,0 +1,293 @@
+//! NVMe/RDMA transport (NVMe-oF 1.1 RDMA binding): rdma_cm listeners, RDMA poller threads
+//! and the per-request state machine that moves capsules and data between hosts and
+//! [`core::Queue`](crate::core::Queue)s.
+//!
+//! # Threads
+//! - One **CM thread** ([`cm`]) owns the rdma_cm event channel and the listening ids. A
+//!   CONNECT_REQUEST is routed to a poller (I/O queue `qid` to poller `(qid - 1) % n`, admin
+//!   queues round robin); later CM events of the connection (ESTABLISHED, DISCONNECTED,
+//!   TIMEWAIT_EXIT, DEVICE_REMOVAL, ADDR_CHANGE, errors) are forwarded to that poller. It also
+//!   forwards COMM_EST to rdma_cm (`rdma_notify`) and fatal QP async events to the poller.
+//! - **RDMA pollers** ([`poller`]) own everything of a connection: its QP and CQ (one CQ per
+//!   connection, sized for every RECV and send WR, so a CQ never overruns and a connection is
+//!   drained by reaping its own CQ), its RECV and response buffers, a `core::Queue`, and the
+//!   poller's io_uring ring and buffer pool (the same backend as TCP). The pool is registered
+//!   once per device as one memory region with `LOCAL_WRITE` only.
+//!
+//! # Connection set-up (passive side)
+//! The poller checks the CM request private data (recfmt, qid, hrqsize, hsqsize; rejects carry
+//! the NVMe/RDMA reject private data and status through `rdma_reject`), sizes the queue pair
+//! ([`params`]), posts all `hsqsize + 1` RECVs, then accepts with `recfmt 0, crqsize`,
+//! `initiator_depth = min(peer responder resources, max_qp_init_rd_atom)`, no responder
+//! resources (the host never reads from us) and RNR retry 7.
+//!
+//! # iWARP
+//! Detected from the device's transport type. RDMA READ sinks need `REMOTE_WRITE` there; the
+//! pool region never gets it: each READ registers only its own buffer slice
+//! (`LOCAL_WRITE | REMOTE_WRITE`, one SGE) and deregisters it on completion, which bounds the
+//! host-writable memory to the I/O in flight. SEND_WITH_INVALIDATE is off by default on iWARP
+//! (see [`SendWithInvalidate`]).
+//!
+//! # Teardown
+//! On DISCONNECTED, a failed (non-flush) completion, keep-alive expiry or a controller reset the
+//! connection tells the core (`Queue::disconnected`), calls `rdma_disconnect`, moves the QP to
+//! the error state and reaps flush completions until every posted RECV and signaled send WR
+//! has come back and no backend operation is in flight; then the QP, CM id, CQ and regions are
+//! destroyed in that order. Every buffer and region returns (counted in [`RdmaPollerStats`]).
+
+mod cm;
+mod conn;
+pub mod params;
+mod poller;
+pub mod request;
+
+use std::net::SocketAddr;
+use std::sync::atomic::AtomicBool;
+use std::sync::{mpsc, Arc};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use ::rdma::EventChannel;
+use tracing::info;
+
+pub use poller::RdmaPollerStats;
+pub use request::ReqState;
+
+use crate::core::{Target, TransportCaps};
+use crate::store::RingStore;
+use poller::RdmaPollerHandle;
+
+/// Environment variable that overrides [`SendWithInvalidate`]: `auto`, `on` or `off`.
+pub const SEND_WITH_INV_ENV: &str = "NVMF_RDMA_SEND_WITH_INV";
+
+/// Listen backlog of each rdma_cm listener (nvmet uses 128).
+const BACKLOG: i32 = 128;
+
+/// Whether responses to commands whose SGL asked for remote invalidation (keyed SGL subtype
+/// 0xF) use SEND_WITH_INVALIDATE, sparing the host its LOCAL_INV.
+///
+/// A plain SEND is always correct (the host then invalidates its key itself). Over iWARP,
+/// the soft-iWARP user library reports no WITH_INV flag to the receiver, and a published
+/// userspace target that used SEND_WITH_INV over siw made the Linux host's connect time out,
+/// so `Auto` enables it only on InfiniBand/RoCE.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SendWithInvalidate {
+    /// On for InfiniBand/RoCE devices, off for iWARP.
+    #[default]
+    Auto,
+    /// Always (where the host asked for it).
+    On,
+    /// Never.
+    Off,
+}
+
+impl SendWithInvalidate {
+    /// Whether it applies to a device of this kind.
+    pub fn enabled(self, iwarp: bool) -> bool {
+        match self {
+            SendWithInvalidate::Auto => !iwarp,
+            SendWithInvalidate::On => true,
+            SendWithInvalidate::Off => false,
+        }
+    }
+
+    /// Parses `auto`, `on` or `off` (also `1`/`0`, `true`/`false`, any case).
+    pub fn parse(s: &str) -> Result<SendWithInvalidate, String> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "auto" | "" => Ok(SendWithInvalidate::Auto),
+            "on" | "1" | "true" | "yes" => Ok(SendWithInvalidate::On),
+            "off" | "0" | "false" | "no" => Ok(SendWithInvalidate::Off),
+            other => Err(format!(
+                "{SEND_WITH_INV_ENV}={other:?}: expected auto, on or off"
+            )),
+        }
+    }
+
+    /// The value of [`SEND_WITH_INV_ENV`], `Auto` when unset.
+    pub fn from_env() -> Result<SendWithInvalidate, String> {
+        match std::env::var(SEND_WITH_INV_ENV) {
+            Ok(v) => SendWithInvalidate::parse(&v),
+            Err(_) => Ok(SendWithInvalidate::Auto),
+        }
+    }
+}
+
+/// RDMA-specific settings.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RdmaOptions {
+    pub send_with_invalidate: SendWithInvalidate,
+}
+
+/// What a poller tells the CM thread.
+pub(crate) enum CmNote {
+    /// The connection is accepted on this QP (for async-event routing).
+    Accepted { tag: u64, qp_num: u32 },
+    /// The connection is gone (or was rejected): forget its id.
+    Released { tag: u64 },
+}
+
+/// A listener that could not be set up.
+#[derive(Debug, thiserror::Error)]
+#[error("rdma listener {addr}: {source}")]
+pub struct ListenError {
+    pub addr: SocketAddr,
+    #[source]
+    pub source: ::rdma::Error,
+}
+
+/// Bound and listening rdma_cm ids, before the transport starts (so the discovery log can
+/// name their addresses).
+pub struct RdmaListeners {
+    ch: EventChannel,
+    listeners: Vec<cm::Listener>,
+}
+
+impl RdmaListeners {
+    /// Creates the event channel and one listening id per address (port 0 picks a port).
+    ///
+    /// Without kernel RDMA support this fails with [`::rdma::Error::NoRdma`] ("no usable RDMA
+    /// on this machine: rdma_create_event_channel failed: No such device ..."); an address
+    /// that is not on an RDMA-capable interface fails in `rdma_bind_addr`.
+    pub fn bind(addrs: &[SocketAddr]) -> Result<RdmaListeners, ListenError> {
+        let first = addrs
+            .first()
+            .copied()
+            .unwrap_or(SocketAddr::from(([0, 0, 0, 0], 0)));
+        let ch = EventChannel::new().map_err(|source| ListenError {
+            addr: first,
+            source,
+        })?;
+        let mut listeners = Vec::with_capacity(addrs.len());
+        for (i, &addr) in addrs.iter().enumerate() {
+            let err = |source| ListenError { addr, source };
+            let id = ch.create_id(cm::LISTENER_TAG | i as u64).map_err(err)?;
+            id.bind_addr(addr).map_err(err)?;
+            id.listen(BACKLOG).map_err(err)?;
+            let bound = id.local_addr().unwrap_or(addr);
+            listeners.push(cm::Listener { id, addr: bound });
+        }
+        Ok(RdmaListeners { ch, listeners })
+    }
+
+    /// The bound addresses, in the order given to [`bind`](Self::bind).
+    pub fn local_addrs(&self) -> Vec<SocketAddr> {
+        self.listeners.iter().map(|l| l.addr).collect()
+    }
+}
+
+/// How the RDMA side runs.
+#[derive(Clone)]
+pub struct RdmaConfig {
+    /// `trtype` must be [`TrType::Rdma`](crate::core::TrType::Rdma).
+    pub caps: TransportCaps,
+    /// RDMA poller threads.
+    pub threads: usize,
+    /// Busy-poll this long after the last work before sleeping.
+    pub idle_poll: Duration,
+    pub options: RdmaOptions,
+    /// Set to stop (then call [`RdmaTransport::join`]).
+    pub stop: Arc<AtomicBool>,
+}
+
+/// The running RDMA transport: the CM thread and the RDMA pollers.
+pub struct RdmaTransport {
+    pollers: Arc<Vec<RdmaPollerHandle>>,
+    cm: Option<JoinHandle<()>>,
+    addrs: Vec<SocketAddr>,
+}
+
+impl RdmaTransport {
+    /// Starts `cfg.threads` RDMA pollers (`make_store` builds each one's ring and pool, on its
+    /// thread) and the CM thread serving `listeners`.
+    pub fn start<F>(
+        listeners: RdmaListeners,
+        target: Arc<Target>,
+        cfg: RdmaConfig,
+        make_store: F,
+    ) -> std::io::Result<RdmaTransport>
+    where
+        F: Fn() -> std::io::Result<RingStore> + Clone + Send + 'static,
+    {
+        let (notes_tx, notes_rx) = mpsc::channel();
+        let mut pollers = Vec::new();
+        for id in 0..cfg.threads.max(1) {
+            let pc = poller::PollerCfg {
+                id,
+                caps: cfg.caps.clone(),
+                idle_poll: cfg.idle_poll,
+                options: cfg.options,
+                stop: cfg.stop.clone(),
+            };
+            let h = poller::spawn(target.clone(), pc, notes_tx.clone(), make_store.clone())?;
+            pollers.push(h);
+        }
+        let pollers = Arc::new(pollers);
+        let addrs = listeners.local_addrs();
+        for a in &addrs {
+            info!(address = %a, "NVMe/RDMA listener up");
+        }
+        let t = cm::CmThread::new(
+            listeners.ch,
+            listeners.listeners,
+            pollers.clone(),
+            notes_rx,
+            cfg.stop.clone(),
+        );
+        let cm = std::thread::Builder::new()
+            .name("nvmf-rdma-cm".into())
+            .spawn(move || t.run())?;
+        Ok(RdmaTransport {
+            pollers,
+            cm: Some(cm),
+            addrs,
+        })
+    }
+
+    /// The listeners' bound addresses.
+    pub fn local_addrs(&self) -> &[SocketAddr] {
+        &self.addrs
+    }
+
+    /// Per-poller counters.
+    pub fn stats(&self) -> Vec<Arc<RdmaPollerStats>> {
+        self.pollers.iter().map(|p| p.stats.clone()).collect()
+    }
+
+    /// After the stop flag is set: wakes the pollers, joins the CM thread (closing the
+    /// listeners), then the pollers (closing every connection).
+    pub fn join(mut self) {
+        for p in self.pollers.iter() {
+            p.wake();
+        }
+        if let Some(t) = self.cm.take() {
+            let _ = t.join();
+        }
+        match Arc::try_unwrap(self.pollers) {
+            Ok(mut ps) => ps.iter_mut().for_each(|p| p.join()),
+            Err(_) => tracing::warn!("RDMA poller handles still shared at shutdown"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn send_with_invalidate_policy() {
+        use SendWithInvalidate::*;
+        assert!(Auto.enabled(false));
+        assert!(!Auto.enabled(true), "off by default on iWARP");
+        assert!(On.enabled(true) && On.enabled(false));
+        assert!(!Off.enabled(true) && !Off.enabled(false));
+        assert_eq!(SendWithInvalidate::parse("ON"), Ok(On));
+        assert_eq!(SendWithInvalidate::parse(" off "), Ok(Off));
+        assert_eq!(SendWithInvalidate::parse("0"), Ok(Off));
+        assert_eq!(SendWithInvalidate::parse("auto"), Ok(Auto));
+        let e = SendWithInvalidate::parse("sometimes").unwrap_err();
+        assert!(
+            e.contains(SEND_WITH_INV_ENV) && e.contains("sometimes"),
+            "{e}"
+        );
+    }
+}
