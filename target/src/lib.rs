@@ -7,6 +7,7 @@
 pub mod backend;
 pub mod core;
 pub mod daemon;
+pub mod metrics;
 pub mod notify;
 pub mod store;
 pub mod transport;

@@ -2,6 +2,8 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 use clap::Parser;
 use config::Config;
@@ -9,6 +11,7 @@ use nix::sys::signal::{SigSet, Signal};
 use tracing::{error, info, warn};
 
 use nvmf_target::daemon::Daemon;
+use nvmf_target::metrics;
 use nvmf_target::notify::Notifier;
 
 /// Userspace NVMe-over-Fabrics target (NVMe/TCP, NVMe/RDMA) with an io_uring backend.
@@ -27,11 +30,54 @@ struct Args {
     /// Directory for the embedded default's namespace file (default: $TMPDIR or /tmp).
     #[arg(long, value_name = "DIR")]
     default_dir: Option<PathBuf>,
+    /// Unix socket where the daemon answers `nvmf-target stats`.
+    #[arg(long, value_name = "PATH", default_value = DEFAULT_CONTROL, global = true)]
+    control_socket: PathBuf,
+    #[command(subcommand)]
+    command: Option<Cmd>,
+}
+
+const DEFAULT_CONTROL: &str = "/run/nvmf-target.sock";
+
+#[derive(clap::Subcommand, Debug)]
+enum Cmd {
+    /// Print the running daemon's counters (read from --control-socket).
+    Stats {
+        /// JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+        /// Prometheus text format.
+        #[arg(long, conflicts_with = "json")]
+        prometheus: bool,
+    },
 }
 
 fn main() -> ExitCode {
     let args = Args::parse();
     init_logging();
+
+    if let Some(Cmd::Stats { json, prometheus }) = args.command {
+        let req = if json {
+            "stats json"
+        } else if prometheus {
+            "metrics"
+        } else {
+            "stats"
+        };
+        return match nvmf_target::metrics::query_control(&args.control_socket, req) {
+            Ok(text) => {
+                print!("{text}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!(
+                    "nvmf-target stats: cannot reach the daemon at {}: {e}",
+                    args.control_socket.display()
+                );
+                ExitCode::FAILURE
+            }
+        };
+    }
 
     if let Some(path) = args.check_config {
         return match Config::load(&path) {
@@ -83,6 +129,17 @@ fn main() -> ExitCode {
         return ExitCode::FAILURE;
     }
 
+    // Bind the metrics port before the NVMe listeners, so "listening" means both are up.
+    let metrics_listener = match &cfg.metrics {
+        Some(m) => match std::net::TcpListener::bind(m.listen) {
+            Ok(l) => Some((l, m.listen)),
+            Err(e) => {
+                eprintln!("nvmf-target: metrics endpoint {}: {e}", m.listen);
+                return ExitCode::FAILURE;
+            }
+        },
+        None => None,
+    };
     let daemon = match Daemon::start(&cfg) {
         Ok(d) => d,
         Err(e) => {
@@ -99,6 +156,28 @@ fn main() -> ExitCode {
         threads = cfg.target.threads,
         "nvmf-target ready"
     );
+    let stop_aux = Arc::new(AtomicBool::new(false));
+    let src = metrics::Source {
+        target: daemon.target().clone(),
+        pollers: daemon
+            .poller_stats()
+            .into_iter()
+            .enumerate()
+            .map(|(i, s)| ("tcp", i, s))
+            .collect(),
+    };
+    if let Err(e) =
+        metrics::serve_control(args.control_socket.clone(), src.clone(), stop_aux.clone())
+    {
+        warn!(path = %args.control_socket.display(), error = %e, "no control socket: `nvmf-target stats` will not reach this daemon");
+    }
+    if let Some((l, addr)) = metrics_listener {
+        info!(address = %addr, "metrics endpoint up (GET /metrics)");
+        let (src, stop) = (src.clone(), stop_aux.clone());
+        let _ = std::thread::Builder::new()
+            .name("nvmf-metrics".into())
+            .spawn(move || metrics::serve_http(l, src, stop));
+    }
     let notifier = Notifier::from_env();
     if let Some(n) = &notifier {
         n.notify(&format!(
@@ -129,6 +208,7 @@ fn main() -> ExitCode {
     if let Some(n) = &notifier {
         n.notify("STOPPING=1");
     }
+    stop_aux.store(true, Ordering::Relaxed);
     daemon.shutdown();
     if let Some(p) = &temp_file {
         let _ = std::fs::remove_file(p);

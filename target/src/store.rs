@@ -25,12 +25,6 @@ impl RingStore {
         &self.ring
     }
 
-    /// Buffers currently handed out.
-    pub fn buffers_in_use(&self) -> usize {
-        let p = self.ring.pool();
-        p.count() as usize - p.free_count()
-    }
-
     fn push(&mut self, op: &IoOp, buf: Option<u32>, user_data: u64) -> bool {
         let b = buf.map(|b| (BufId(b as u16), 0));
         match self.ring.submit_op(op, b, user_data) {
@@ -79,5 +73,10 @@ impl Store for RingStore {
 
     fn inflight(&self) -> usize {
         self.ring.in_flight() + self.backlog.len()
+    }
+
+    fn buffers_in_use(&self) -> usize {
+        let p = self.ring.pool();
+        p.count() as usize - p.free_count()
     }
 }

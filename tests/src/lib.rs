@@ -91,13 +91,14 @@ pub fn default_yaml(port: u16, dir: &Path) -> String {
 impl TargetProc {
     /// Start the target with the YAML `make(port, dir)` returns.
     pub fn start_with(make: impl FnOnce(u16, &Path) -> String) -> TargetProc {
-        Self::start_with_env(make, &[])
+        Self::start_with_env(make, &[], &[])
     }
 
     /// As [`TargetProc::start_with`], with extra environment variables.
     pub fn start_with_env(
         make: impl FnOnce(u16, &Path) -> String,
         env: &[(&str, std::ffi::OsString)],
+        args: &[std::ffi::OsString],
     ) -> TargetProc {
         let dir = TempDir::new("target");
         let port = free_port();
@@ -108,6 +109,7 @@ impl TargetProc {
         let child = Command::new(target_bin())
             .arg("--config")
             .arg(&cfg)
+            .args(args)
             .env(
                 "RUST_LOG",
                 std::env::var("NVMF_TEST_LOG").unwrap_or_else(|_| "info".into()),

@@ -22,6 +22,8 @@ pub trait Store {
     fn reap(&mut self, out: &mut Vec<(u64, Result<u32, i32>)>);
     /// Operations submitted and not yet reaped.
     fn inflight(&self) -> usize;
+    /// Buffers currently allocated.
+    fn buffers_in_use(&self) -> usize;
 }
 
 /// Per-connection counters.

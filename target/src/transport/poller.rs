@@ -33,6 +33,8 @@ pub struct PollerStats {
     /// Payload bytes received from / sent to hosts.
     pub rx_bytes: AtomicU64,
     pub tx_payload: AtomicU64,
+    /// Registered I/O buffers held by commands (returns to 0 when idle).
+    pub buffers_in_use: AtomicUsize,
 }
 
 /// The handle the acceptor uses to give a poller new connections.
@@ -355,6 +357,9 @@ impl<S: Store> Poller<S> {
             .store(t.copied_bytes, Ordering::Relaxed);
         self.stats.rx_bytes.store(t.rx_bytes, Ordering::Relaxed);
         self.stats.tx_payload.store(t.tx_payload, Ordering::Relaxed);
+        self.stats
+            .buffers_in_use
+            .store(self.store.buffers_in_use(), Ordering::Relaxed);
     }
 
     /// Close every connection and wait (bounded) for in-flight backend operations.
