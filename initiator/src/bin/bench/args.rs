@@ -1,0 +1,359 @@
+//! Command line: fio's option names and meanings, plus the transport selection and target
+//! address. Parsing only; [`crate::bench::job::Workload`] checks the combination.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Parser, ValueEnum};
+
+/// Subsystem NQN of nvmf-target's embedded default configuration.
+pub const DEFAULT_SUBNQN: &str = "nqn.2026-11.io.nvmf-rs:default";
+
+/// fio-style benchmark for NVMe over Fabrics: runs one workload over each requested transport
+/// against an NVMe-oF target and reports IOPS, bandwidth, latency percentiles, CPU time per
+/// I/O and payload copies per I/O, side by side.
+///
+/// Sizes take fio's suffixes (k, m, g, t; powers of 1024: `--bs=4k` is 4096 bytes); times
+/// take s (default), ms, us, m, h. Without --runtime a job makes one pass over its region
+/// (fio's default); with --runtime it runs for that long (fio's --time_based), wrapping around
+/// the region.
+///
+/// `--output-format=json` prints one JSON document (schema "nvmf-bench/1", documented in
+/// initiator/src/bin/bench/report.rs). Exit status: 0 when every transport that was available
+/// ran without error or verify mismatch, 1 otherwise (or when no transport could run), 2 for
+/// bad options.
+#[derive(Parser, Debug, Clone)]
+#[command(name = "nvmf-bench", version, about, long_about)]
+pub struct Args {
+    /// I/O pattern.
+    #[arg(long, alias = "readwrite", value_enum, default_value = "randread")]
+    pub rw: Rw,
+
+    /// Percentage of reads in mixed workloads (rw, randrw).
+    #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u8).range(0..=100))]
+    pub rwmixread: u8,
+
+    /// Block size of each I/O (a multiple of the namespace's block size).
+    #[arg(long, default_value = "4k", value_parser = parse_size)]
+    pub bs: u64,
+
+    /// I/Os in flight per job.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..))]
+    pub iodepth: u16,
+
+    /// Jobs: one thread and one NVMe I/O queue each.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=1024))]
+    pub numjobs: u16,
+
+    /// Run each transport for this long (fio's --runtime with --time_based).
+    #[arg(long, value_parser = parse_duration)]
+    pub runtime: Option<Duration>,
+
+    /// Accepted for fio compatibility: with --runtime the run is always time based.
+    #[arg(long = "time_based", alias = "time-based")]
+    pub time_based: bool,
+
+    /// Run this long before measuring (I/O runs, statistics start afterwards).
+    #[arg(long = "ramp_time", alias = "ramp-time", value_parser = parse_duration, default_value = "0")]
+    pub ramp_time: Duration,
+
+    /// Bytes of each job's region (default: the namespace from --offset to its end).
+    #[arg(long, value_parser = parse_size)]
+    pub size: Option<u64>,
+
+    /// Byte offset of the region in the namespace.
+    #[arg(long, value_parser = parse_size, default_value = "0")]
+    pub offset: u64,
+
+    /// Job N's region starts at offset + N * offset_increment (fio's option).
+    #[arg(long = "offset_increment", alias = "offset-increment", value_parser = parse_size, default_value = "0")]
+    pub offset_increment: u64,
+
+    /// Write blocks carrying a header (offset, seed, generation) and a CRC32C; check every
+    /// block read. Write workloads read back what they wrote at the end.
+    #[arg(long, value_enum)]
+    pub verify: Option<VerifyKind>,
+
+    /// Job name (shown in the report).
+    #[arg(long)]
+    pub name: Option<String>,
+
+    /// Transport to measure (repeatable; default tcp).
+    #[arg(long = "transport", value_enum)]
+    pub transport: Vec<TransportKind>,
+
+    /// Transports to compare, comma separated (e.g. tcp,rdma).
+    #[arg(long, value_enum, value_delimiter = ',')]
+    pub compare: Vec<TransportKind>,
+
+    /// Target address.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub traddr: String,
+
+    /// Target port (transport service id).
+    #[arg(long, default_value_t = 4420)]
+    pub trsvcid: u16,
+
+    /// Subsystem NQN.
+    #[arg(long, default_value = DEFAULT_SUBNQN)]
+    pub subnqn: String,
+
+    /// Namespace ID.
+    #[arg(long, default_value_t = 1)]
+    pub nsid: u32,
+
+    /// Host NQN (default: a UUID-based NQN generated for this run).
+    #[arg(long)]
+    pub hostnqn: Option<String>,
+
+    /// Negotiate NVMe/TCP header digests.
+    #[arg(long = "hdr_digest", alias = "hdr-digest")]
+    pub hdr_digest: bool,
+
+    /// Negotiate NVMe/TCP data digests.
+    #[arg(long = "data_digest", alias = "data-digest")]
+    pub data_digest: bool,
+
+    /// Busy-poll for completions instead of sleeping (fio's hipri): lower latency, one busy
+    /// core per job.
+    #[arg(long)]
+    pub hipri: bool,
+
+    /// Fail an I/O (and the run) that takes longer than this.
+    #[arg(long = "io_timeout", alias = "io-timeout", value_parser = parse_duration, default_value = "30")]
+    pub io_timeout: Duration,
+
+    /// Output format.
+    #[arg(
+        long = "output-format",
+        alias = "output_format",
+        value_enum,
+        default_value = "normal"
+    )]
+    pub output_format: OutputFormat,
+
+    /// Draw the latency CDF of every transport on one SVG chart.
+    #[arg(long = "latency-plot", alias = "latency_plot", value_name = "FILE.svg")]
+    pub latency_plot: Option<PathBuf>,
+
+    /// Also measure a plain loopback TCP socket pair: a stream of the same bytes (bandwidth)
+    /// and a ping-pong of bs-sized messages at the same depth (round-trip latency).
+    #[arg(long = "raw-tcp-baseline", alias = "raw_tcp_baseline")]
+    pub raw_tcp_baseline: bool,
+
+    /// Start nvmf-target (next to this executable) on its embedded default, compare every
+    /// transport on 4k randread QD1 and QD32 and 128k read QD8 (5 s each, or --runtime), print
+    /// the table, stop the target.
+    #[arg(long, conflicts_with_all = ["traddr", "trsvcid", "subnqn", "nsid", "size", "offset", "verify"])]
+    pub demo: bool,
+}
+
+/// fio's `--rw`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Rw {
+    /// Sequential reads.
+    Read,
+    /// Sequential writes.
+    Write,
+    /// Random reads.
+    Randread,
+    /// Random writes.
+    Randwrite,
+    /// Random mixed reads and writes (--rwmixread).
+    Randrw,
+    /// Sequential mixed reads and writes (--rwmixread).
+    #[value(name = "rw", alias = "readwrite")]
+    ReadWrite,
+}
+
+impl Rw {
+    pub fn name(self) -> &'static str {
+        match self {
+            Rw::Read => "read",
+            Rw::Write => "write",
+            Rw::Randread => "randread",
+            Rw::Randwrite => "randwrite",
+            Rw::Randrw => "randrw",
+            Rw::ReadWrite => "rw",
+        }
+    }
+
+    pub fn is_random(self) -> bool {
+        matches!(self, Rw::Randread | Rw::Randwrite | Rw::Randrw)
+    }
+
+    /// Percentage of reads.
+    pub fn read_percent(self, rwmixread: u8) -> u8 {
+        match self {
+            Rw::Read | Rw::Randread => 100,
+            Rw::Write | Rw::Randwrite => 0,
+            Rw::Randrw | Rw::ReadWrite => rwmixread,
+        }
+    }
+}
+
+/// `--verify` methods.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum VerifyKind {
+    /// Per-block header and CRC32C (Castagnoli) over the block.
+    Crc32c,
+}
+
+/// Transports the bench knows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, ValueEnum)]
+pub enum TransportKind {
+    Tcp,
+    Rdma,
+}
+
+impl TransportKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            TransportKind::Tcp => "tcp",
+            TransportKind::Rdma => "rdma",
+        }
+    }
+}
+
+/// `--output-format`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum OutputFormat {
+    /// fio-like text.
+    Normal,
+    /// One JSON document (schema nvmf-bench/1).
+    Json,
+}
+
+impl Args {
+    /// The transports asked for, in order, without repeats (default: tcp).
+    pub fn transports(&self) -> Vec<TransportKind> {
+        let mut out = Vec::new();
+        for t in self.transport.iter().chain(&self.compare) {
+            if !out.contains(t) {
+                out.push(*t);
+            }
+        }
+        if out.is_empty() {
+            out.push(TransportKind::Tcp);
+        }
+        out
+    }
+}
+
+/// A size with fio's suffixes: k/m/g/t/p (optionally followed by `b` or `ib`), all powers of
+/// 1024 (fio's default kb_base).
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let lower = t.to_ascii_lowercase();
+    let split = lower
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(lower.len());
+    let (num, suffix) = lower.split_at(split);
+    if num.is_empty() {
+        return Err(format!("{s:?} is not a size (e.g. 4096, 4k, 1m, 2g)"));
+    }
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("{s:?}: number out of range"))?;
+    let shift = match suffix {
+        "" | "b" => 0,
+        "k" | "kb" | "kib" => 10,
+        "m" | "mb" | "mib" => 20,
+        "g" | "gb" | "gib" => 30,
+        "t" | "tb" | "tib" => 40,
+        "p" | "pb" | "pib" => 50,
+        _ => {
+            return Err(format!(
+                "{s:?}: unknown size suffix {suffix:?} (use k, m, g, t)"
+            ))
+        }
+    };
+    n.checked_mul(1u64 << shift)
+        .ok_or_else(|| format!("{s:?}: size out of range"))
+}
+
+/// A time with fio's suffixes: s (default), ms, us/usec, m/min, h, d; decimals allowed.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let t = s.trim().to_ascii_lowercase();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (num, suffix) = t.split_at(split);
+    let v: f64 = num
+        .parse()
+        .map_err(|_| format!("{s:?} is not a time (e.g. 10, 10s, 500ms, 2m)"))?;
+    let secs = match suffix {
+        "" | "s" | "sec" => v,
+        "ms" | "msec" => v / 1e3,
+        "us" | "usec" => v / 1e6,
+        "m" | "min" => v * 60.0,
+        "h" => v * 3600.0,
+        "d" => v * 86400.0,
+        _ => {
+            return Err(format!(
+                "{s:?}: unknown time suffix {suffix:?} (use s, ms, us, m, h)"
+            ))
+        }
+    };
+    Duration::try_from_secs_f64(secs).map_err(|_| format!("{s:?}: time out of range"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_use_fio_suffixes() {
+        assert_eq!(parse_size("4k"), Ok(4096));
+        assert_eq!(parse_size("4K"), Ok(4096));
+        assert_eq!(parse_size("128KiB"), Ok(128 << 10));
+        assert_eq!(parse_size("1m"), Ok(1 << 20));
+        assert_eq!(parse_size("2g"), Ok(2 << 30));
+        assert_eq!(parse_size("512"), Ok(512));
+        assert!(parse_size("k").is_err());
+        assert!(parse_size("4x").is_err());
+        assert!(parse_size("-4k").is_err());
+        assert!(parse_size("99999999999999p").is_err());
+    }
+
+    #[test]
+    fn durations_use_fio_suffixes() {
+        assert_eq!(parse_duration("10"), Ok(Duration::from_secs(10)));
+        assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1500)));
+        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert_eq!(parse_duration("100us"), Ok(Duration::from_micros(100)));
+        assert!(parse_duration("fast").is_err());
+        assert!(parse_duration("3y").is_err());
+    }
+
+    #[test]
+    fn fio_style_command_line() {
+        let a = Args::try_parse_from([
+            "nvmf-bench",
+            "--rw=randread",
+            "--bs=4k",
+            "--iodepth=32",
+            "--runtime=10",
+            "--time_based",
+            "--ramp_time=2",
+            "--compare",
+            "tcp,rdma",
+            "--transport=tcp",
+            "--output-format=json",
+        ])
+        .unwrap();
+        assert_eq!((a.rw, a.bs, a.iodepth), (Rw::Randread, 4096, 32));
+        assert_eq!(a.runtime, Some(Duration::from_secs(10)));
+        assert_eq!(a.ramp_time, Duration::from_secs(2));
+        assert_eq!(
+            a.transports(),
+            vec![TransportKind::Tcp, TransportKind::Rdma]
+        );
+        assert_eq!(a.output_format, OutputFormat::Json);
+        assert!(Args::try_parse_from(["nvmf-bench", "--rwmixread=101"]).is_err());
+        assert!(Args::try_parse_from(["nvmf-bench", "--iodepth=0"]).is_err());
+        assert!(Args::try_parse_from(["nvmf-bench", "--rw=sideways"]).is_err());
+        assert!(Args::try_parse_from(["nvmf-bench", "--demo", "--traddr=1.2.3.4"]).is_err());
+    }
+}

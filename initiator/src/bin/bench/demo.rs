@@ -1,0 +1,239 @@
+//! `nvmf-bench --demo`: start `nvmf-target` (the binary next to this one) on its embedded
+//! default — or, when port 4420 is taken, on a generated configuration with a free port —
+//! wait until it reports READY=1 over the sd_notify protocol, and stop it with SIGTERM
+//! afterwards.
+
+use std::fs;
+use std::io::{self, Read, Seek, SeekFrom};
+use std::net::TcpListener;
+use std::os::unix::net::UnixDatagram;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+
+use super::args::DEFAULT_SUBNQN;
+
+/// nvmf-target's embedded default port (NVMe/TCP's IANA port).
+const DEFAULT_PORT: u16 = 4420;
+/// How long the target may take to report READY=1.
+const READY_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long it may take to exit after SIGTERM.
+const STOP_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// A running nvmf-target child; killed on drop if not stopped.
+pub struct TargetProcess {
+    child: Option<Child>,
+    dir: PathBuf,
+    pub port: u16,
+    pub log: PathBuf,
+    /// How it was configured ("embedded default" or the generated file).
+    pub how: String,
+}
+
+/// `nvmf-target` next to the running executable.
+pub fn target_binary() -> Result<PathBuf, String> {
+    let exe = std::env::current_exe().map_err(|e| format!("cannot locate nvmf-bench: {e}"))?;
+    let p = exe
+        .parent()
+        .map(|d| d.join("nvmf-target"))
+        .ok_or_else(|| format!("{} has no parent directory", exe.display()))?;
+    if p.is_file() {
+        Ok(p)
+    } else {
+        Err(format!(
+            "{} not found: build it next to nvmf-bench (cargo build --release -p nvmf-target -p nvmf-initiator)",
+            p.display()
+        ))
+    }
+}
+
+fn free_port() -> io::Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+/// The demo's configuration file: the embedded default on another port.
+fn config_yaml(port: u16, image: &Path) -> String {
+    let path = serde_json::to_string(&image.to_string_lossy()).expect("a string serializes");
+    format!(
+        "# Written by nvmf-bench --demo: nvmf-target's embedded default on port {port}.\n\
+         listeners:\n  - {{ transport: tcp, address: 127.0.0.1, port: {port} }}\n\
+         subsystems:\n  - nqn: {DEFAULT_SUBNQN}\n    allow_any_host: true\n    namespaces:\n      \
+         - {{ nsid: 1, path: {path}, size: 1GiB }}\n"
+    )
+}
+
+/// The last lines of the target's log, for error messages.
+fn log_tail(path: &Path) -> String {
+    let mut s = String::new();
+    if let Ok(mut f) = fs::File::open(path) {
+        let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+        let _ = f.seek(SeekFrom::Start(len.saturating_sub(4096)));
+        let _ = f.read_to_string(&mut s);
+    }
+    let lines: Vec<&str> = s.lines().collect();
+    lines[lines.len().saturating_sub(15)..].join("\n")
+}
+
+impl TargetProcess {
+    pub fn start() -> Result<TargetProcess, String> {
+        let bin = target_binary()?;
+        let dir = std::env::temp_dir().join(format!("nvmf-bench-demo-{}", std::process::id()));
+        fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        let mut t = TargetProcess {
+            child: None,
+            log: dir.join("nvmf-target.log"),
+            dir,
+            port: DEFAULT_PORT,
+            how: String::new(),
+        };
+        let mut cmd = Command::new(&bin);
+        // Probing with a bind is racy but only decides which configuration to use: a target
+        // that then fails to listen reports it and exits, and the error below says so.
+        if TcpListener::bind(("127.0.0.1", DEFAULT_PORT)).is_ok() {
+            cmd.arg("--default-dir").arg(&t.dir);
+            t.how = "embedded default".into();
+        } else {
+            t.port = free_port().map_err(|e| format!("no free TCP port: {e}"))?;
+            let cfg = t.dir.join("nvmf-target.yaml");
+            fs::write(&cfg, config_yaml(t.port, &t.dir.join("demo.img")))
+                .map_err(|e| format!("{}: {e}", cfg.display()))?;
+            cmd.arg("--config").arg(&cfg);
+            t.how = format!(
+                "port {DEFAULT_PORT} is taken: the embedded default on port {} ({})",
+                t.port,
+                cfg.display()
+            );
+        }
+        let notify_path = t.dir.join("notify.sock");
+        let _ = fs::remove_file(&notify_path);
+        let notify = UnixDatagram::bind(&notify_path)
+            .map_err(|e| format!("{}: {e}", notify_path.display()))?;
+        notify
+            .set_read_timeout(Some(Duration::from_millis(100)))
+            .map_err(|e| e.to_string())?;
+        let log = fs::File::create(&t.log).map_err(|e| format!("{}: {e}", t.log.display()))?;
+        cmd.env("NOTIFY_SOCKET", &notify_path)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log);
+        if std::env::var_os("RUST_LOG").is_none() {
+            cmd.env("RUST_LOG", "info");
+        }
+        let child = cmd
+            .spawn()
+            .map_err(|e| format!("cannot start {}: {e}", bin.display()))?;
+        t.child = Some(child);
+
+        let deadline = Instant::now() + READY_TIMEOUT;
+        let mut buf = [0u8; 4096];
+        loop {
+            match notify.recv(&mut buf) {
+                Ok(n) => {
+                    if String::from_utf8_lossy(&buf[..n])
+                        .lines()
+                        .any(|l| l == "READY=1")
+                    {
+                        return Ok(t);
+                    }
+                }
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                    ) => {}
+                Err(e) => return Err(format!("waiting for nvmf-target: {e}")),
+            }
+            let child = t.child.as_mut().expect("spawned");
+            if let Ok(Some(status)) = child.try_wait() {
+                return Err(format!(
+                    "nvmf-target exited ({status}) before it was ready; its log ({}):\n{}",
+                    t.log.display(),
+                    log_tail(&t.log)
+                ));
+            }
+            if Instant::now() >= deadline {
+                return Err(format!(
+                    "nvmf-target did not report READY=1 within {READY_TIMEOUT:?}; its log ({}):\n{}",
+                    t.log.display(),
+                    log_tail(&t.log)
+                ));
+            }
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().map_or(0, |c| c.id())
+    }
+
+    /// SIGTERM, then wait for a clean exit.
+    pub fn stop(mut self) -> Result<(), String> {
+        let Some(mut child) = self.child.take() else {
+            return Ok(());
+        };
+        let pid = Pid::from_raw(child.id() as i32);
+        if let Ok(Some(status)) = child.try_wait() {
+            return Err(format!(
+                "nvmf-target had already exited ({status}); its log ({}):\n{}",
+                self.log.display(),
+                log_tail(&self.log)
+            ));
+        }
+        kill(pid, Signal::SIGTERM).map_err(|e| format!("SIGTERM to nvmf-target: {e}"))?;
+        let deadline = Instant::now() + STOP_TIMEOUT;
+        loop {
+            match child.try_wait() {
+                Ok(Some(status)) if status.success() => return Ok(()),
+                Ok(Some(status)) => {
+                    return Err(format!(
+                        "nvmf-target exited with {status} after SIGTERM; its log ({}):\n{}",
+                        self.log.display(),
+                        log_tail(&self.log)
+                    ))
+                }
+                Ok(None) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(20))
+                }
+                Ok(None) => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    return Err(format!(
+                        "nvmf-target did not stop within {STOP_TIMEOUT:?} of SIGTERM (killed)"
+                    ));
+                }
+                Err(e) => return Err(format!("waiting for nvmf-target: {e}")),
+            }
+        }
+    }
+}
+
+impl Drop for TargetProcess {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        if !std::thread::panicking() {
+            let keep_log = std::env::var_os("NVMF_BENCH_KEEP_DEMO_DIR").is_some();
+            if !keep_log {
+                let _ = fs::remove_dir_all(&self.dir);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn generated_config_is_the_embedded_default_on_another_port() {
+        let y = config_yaml(4999, Path::new("/tmp/a b/demo.img"));
+        assert!(y.contains("port: 4999"));
+        assert!(y.contains(r#"path: "/tmp/a b/demo.img""#));
+        assert!(y.contains(DEFAULT_SUBNQN));
+        assert!(y.contains("size: 1GiB"));
+    }
+}

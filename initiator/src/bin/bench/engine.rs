@@ -1,0 +1,304 @@
+//! The transport-agnostic I/O interface of a job, and how each transport provides it.
+//!
+//! A job sees an [`Engine`]: a fixed number of slots, each with its own data buffer, that it
+//! fills (writes) or inspects (reads) between [`Engine::submit`] and the slot's completion.
+//! Buffers belong to the engine so a transport can register them once (RDMA memory regions)
+//! and the measured loop allocates nothing. [`open`] connects a controller over one transport
+//! and hands out one engine per job, or says why the transport cannot run here.
+
+use std::time::Duration;
+
+use initiator::{
+    CmdError, Completion, ConnectOptions, Controller, Error, IoQueue, NsInfo, Stats, Transport,
+};
+
+use super::args::TransportKind;
+
+/// Data direction of one I/O.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Op {
+    Read,
+    Write,
+}
+
+/// One finished I/O.
+#[derive(Debug, Clone, Copy)]
+pub struct Done {
+    pub slot: usize,
+    pub result: Result<(), CmdError>,
+}
+
+/// Payload copy counters (see [`initiator::Stats`]): bytes delivered, bytes the CPU copied
+/// through the socket (kernel copies) and in user space.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CopyStats {
+    pub payload_bytes: u64,
+    pub socket_bytes: u64,
+    pub memcpy_bytes: u64,
+}
+
+impl CopyStats {
+    pub fn since(&self, earlier: &CopyStats) -> CopyStats {
+        CopyStats {
+            payload_bytes: self.payload_bytes - earlier.payload_bytes,
+            socket_bytes: self.socket_bytes - earlier.socket_bytes,
+            memcpy_bytes: self.memcpy_bytes - earlier.memcpy_bytes,
+        }
+    }
+
+    pub fn add(&mut self, o: &CopyStats) {
+        self.payload_bytes += o.payload_bytes;
+        self.socket_bytes += o.socket_bytes;
+        self.memcpy_bytes += o.memcpy_bytes;
+    }
+}
+
+/// One queue of some transport, driven by one job thread.
+pub trait Engine: Send {
+    /// Number of slots (I/Os in flight at most).
+    fn slots(&self) -> usize;
+    /// The data buffer of an idle slot (`bs` bytes).
+    fn buf(&self, slot: usize) -> &[u8];
+    /// The data buffer of an idle slot, to fill before a write.
+    fn buf_mut(&mut self, slot: usize) -> &mut [u8];
+    /// Start `op` of the slot's whole buffer at byte `offset` of the namespace.
+    fn submit(&mut self, slot: usize, op: Op, offset: u64) -> Result<(), Error>;
+    /// Wait up to `timeout` for at least `min` completions (fewer if fewer are in flight);
+    /// append them to `out`. An `Err` means the queue is dead.
+    fn reap(&mut self, out: &mut Vec<Done>, min: usize, timeout: Duration) -> Result<(), Error>;
+    /// I/Os in flight.
+    fn in_flight(&self) -> usize;
+    /// Copy counters since the queue was created.
+    fn copy_stats(&self) -> CopyStats;
+}
+
+/// An [`Engine`] over an initiator [`IoQueue`] (NVMe/TCP today; any transport the initiator
+/// puts behind `IoQueue`). Slot buffers are `Vec`s lent to the queue while the I/O runs.
+pub struct QueueEngine {
+    q: IoQueue,
+    ns: NsInfo,
+    bufs: Vec<Option<Vec<u8>>>,
+    done: Vec<Completion>,
+}
+
+impl QueueEngine {
+    pub fn new(q: IoQueue, ns: NsInfo, slots: usize, bs: usize) -> QueueEngine {
+        QueueEngine {
+            q,
+            ns,
+            bufs: (0..slots).map(|_| Some(vec![0u8; bs])).collect(),
+            done: Vec::with_capacity(slots),
+        }
+    }
+
+    fn idle(&self, slot: usize) -> &Vec<u8> {
+        self.bufs[slot]
+            .as_ref()
+            .expect("slot buffer is only touched while the slot is idle")
+    }
+}
+
+impl Engine for QueueEngine {
+    fn slots(&self) -> usize {
+        self.bufs.len()
+    }
+
+    fn buf(&self, slot: usize) -> &[u8] {
+        self.idle(slot)
+    }
+
+    fn buf_mut(&mut self, slot: usize) -> &mut [u8] {
+        self.bufs[slot]
+            .as_mut()
+            .expect("slot buffer is only touched while the slot is idle")
+    }
+
+    fn submit(&mut self, slot: usize, op: Op, offset: u64) -> Result<(), Error> {
+        let buf = self.bufs[slot]
+            .take()
+            .expect("submit on an idle slot with its buffer");
+        let slba = offset / self.ns.block_size as u64;
+        let r = match op {
+            Op::Read => self.q.submit_read(&self.ns, slba, buf, slot as u64),
+            Op::Write => self.q.submit_write(&self.ns, slba, buf, slot as u64),
+        };
+        r.map(|_tag| ()).map_err(|e| {
+            self.bufs[slot] = e.buf;
+            e.error
+        })
+    }
+
+    fn reap(&mut self, out: &mut Vec<Done>, min: usize, timeout: Duration) -> Result<(), Error> {
+        let r = self.q.reap(&mut self.done, min, Some(timeout));
+        for c in self.done.drain(..) {
+            let slot = c.user_data as usize;
+            self.bufs[slot] = c.buf;
+            out.push(Done {
+                slot,
+                result: c.result.map(|_| ()),
+            });
+        }
+        r.map(|_| ())
+    }
+
+    fn in_flight(&self) -> usize {
+        self.q.in_flight()
+    }
+
+    fn copy_stats(&self) -> CopyStats {
+        let Stats {
+            payload_bytes,
+            socket_payload_bytes,
+            memcpy_bytes,
+            ..
+        } = self.q.stats();
+        CopyStats {
+            payload_bytes,
+            socket_bytes: socket_payload_bytes,
+            memcpy_bytes,
+        }
+    }
+}
+
+/// Where the target is and how to talk to it.
+#[derive(Debug, Clone)]
+pub struct TargetSpec {
+    pub traddr: String,
+    pub trsvcid: u16,
+    pub subnqn: String,
+    pub hostnqn: Option<String>,
+    pub nsid: u32,
+    pub hdr_digest: bool,
+    pub data_digest: bool,
+    pub busy_poll: bool,
+    pub io_timeout: Duration,
+}
+
+/// A connected controller and one engine per job.
+pub struct Session {
+    /// Kept alive for keep-alive and shut down when dropped.
+    pub ctrl: Controller,
+    pub ns: NsInfo,
+    pub engines: Vec<Box<dyn Engine>>,
+}
+
+/// The outcome of [`open`].
+pub enum Opened {
+    Ready(Box<Session>),
+    /// The transport cannot run on this machine or with this build; the reason.
+    Unavailable(String),
+}
+
+/// Why RDMA cannot run on this machine, if it cannot: no device.
+fn rdma_device_missing() -> Option<String> {
+    match rdma::devices() {
+        Ok(d) if d.is_empty() => Some(
+            "no RDMA device on this machine — run tests/vm/run.sh for soft-RDMA (rxe/siw)".into(),
+        ),
+        Ok(_) => None,
+        Err(e) => Some(format!("cannot list RDMA devices: {e}")),
+    }
+}
+
+/// Connect over `kind` with `jobs` I/O queues of `depth`, checking the namespace and the
+/// block size against what the controller reports.
+pub fn open(
+    kind: TransportKind,
+    t: &TargetSpec,
+    jobs: u16,
+    depth: u16,
+    bs: u64,
+) -> Result<Opened, String> {
+    let mut o = ConnectOptions::tcp(&t.traddr, t.trsvcid, &t.subnqn);
+    o.transport = match kind {
+        TransportKind::Tcp => Transport::Tcp,
+        TransportKind::Rdma => Transport::Rdma,
+    };
+    if let Some(h) = &t.hostnqn {
+        o.hostnqn = h.clone();
+    }
+    o.queues = jobs;
+    o.queue_depth = depth;
+    o.hdr_digest = t.hdr_digest;
+    o.data_digest = t.data_digest;
+    o.busy_poll = t.busy_poll;
+    o.timeout = t.io_timeout;
+    let no_device = match kind {
+        TransportKind::Rdma => rdma_device_missing(),
+        TransportKind::Tcp => None,
+    };
+    let where_ = format!("{}:{} {}", t.traddr, t.trsvcid, t.subnqn);
+    let mut ctrl = match Controller::connect(o) {
+        Ok(c) => c,
+        Err(e @ Error::Unsupported(_)) => {
+            let mut why = Vec::from_iter(no_device);
+            why.push(format!("the initiator library cannot do it yet ({e})"));
+            return Ok(Opened::Unavailable(why.join("; ")));
+        }
+        Err(e) => {
+            return match no_device {
+                Some(why) => Ok(Opened::Unavailable(format!("{why} ({e})"))),
+                None => Err(format!("connect to {where_}: {e}")),
+            }
+        }
+    };
+    let ns = *ctrl
+        .namespaces()
+        .iter()
+        .find(|n| n.nsid == t.nsid)
+        .ok_or_else(|| {
+            let have: Vec<String> = ctrl
+                .namespaces()
+                .iter()
+                .map(|n| n.nsid.to_string())
+                .collect();
+            format!(
+                "{where_}: namespace {} is not active (active: {})",
+                t.nsid,
+                if have.is_empty() {
+                    "none".to_string()
+                } else {
+                    have.join(", ")
+                }
+            )
+        })?;
+    let info = ctrl.info().clone();
+    let block = ns.block_size as u64;
+    if bs % block != 0 {
+        return Err(format!(
+            "--bs={bs} is not a multiple of namespace {}'s {block}-byte block",
+            ns.nsid
+        ));
+    }
+    if bs > info.max_transfer as u64 || bs / block > 1 << 16 {
+        return Err(format!(
+            "--bs={bs} exceeds the controller's largest transfer ({} bytes, MDTS)",
+            info.max_transfer
+        ));
+    }
+    if info.io_queues < jobs {
+        return Err(format!(
+            "the controller granted {} I/O queues; --numjobs={jobs} needs one each",
+            info.io_queues
+        ));
+    }
+    if info.io_queue_depth < depth {
+        return Err(format!(
+            "--iodepth={depth} exceeds the controller's queue depth {} (CAP.MQES / MAXCMD)",
+            info.io_queue_depth
+        ));
+    }
+    let mut engines: Vec<Box<dyn Engine>> = Vec::with_capacity(jobs as usize);
+    for _ in 0..jobs {
+        let q = ctrl
+            .take_io_queue()
+            .ok_or_else(|| "the controller has fewer I/O queues than it reported".to_string())?;
+        engines.push(Box::new(QueueEngine::new(
+            q,
+            ns,
+            depth as usize,
+            bs as usize,
+        )));
+    }
+    Ok(Opened::Ready(Box::new(Session { ctrl, ns, engines })))
+}

@@ -1,0 +1,705 @@
+//! One workload (fio's job options) and the loop one job thread runs on one [`Engine`].
+//!
+//! The loop keeps every slot busy: it picks the next offset and direction, fills the slot's
+//! buffer if it writes with `--verify`, submits, reaps at least one completion, records its
+//! latency (from the time of submission) in an HDR histogram, checks read data, and repeats.
+//! Nothing in the loop allocates: buffers, histograms and the verify table exist before the
+//! clock starts.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use hdrhistogram::Histogram;
+
+use super::args::{Args, Rw};
+use super::engine::{CopyStats, Done, Engine, Op};
+use super::pattern::{self, Mismatch, Permutation, Rng};
+
+/// Largest verify table (one u32 per block of a job's region).
+const MAX_VERIFY_BLOCKS: u64 = 64 << 20;
+/// Mismatches kept per job for the report (all are counted).
+const KEEP_MISMATCHES: usize = 32;
+/// Longest a job waits in one reap before it looks at the clock again.
+const REAP_SLICE: Duration = Duration::from_millis(50);
+/// In the verify table: the block has an I/O in flight.
+const BUSY: u32 = 1 << 31;
+/// Largest generation number (31 bits; 0 means "not written by this run").
+const MAX_GENERATION: u32 = BUSY - 1;
+
+/// A workload: fio's job options, checked.
+#[derive(Debug, Clone)]
+pub struct Workload {
+    pub name: String,
+    pub rw: Rw,
+    pub rwmixread: u8,
+    pub bs: u64,
+    pub iodepth: u16,
+    pub numjobs: u16,
+    /// Time based when set (fio's --runtime with --time_based); one pass over the region
+    /// otherwise.
+    pub runtime: Option<Duration>,
+    pub ramp: Duration,
+    pub size: Option<u64>,
+    pub offset: u64,
+    pub offset_increment: u64,
+    pub verify: bool,
+}
+
+/// A job's part of the namespace, in bytes (a whole number of `bs` blocks).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Region {
+    pub start: u64,
+    pub len: u64,
+}
+
+impl Workload {
+    /// The workload the command line describes (checks what does not need the namespace).
+    pub fn from_args(a: &Args) -> Result<Workload, String> {
+        if a.bs < 512 {
+            return Err(format!("--bs={} is smaller than a 512-byte block", a.bs));
+        }
+        if a.bs > u32::MAX as u64 {
+            return Err(format!("--bs={} is too large", a.bs));
+        }
+        if a.time_based && a.runtime.is_none() {
+            return Err("--time_based needs --runtime".into());
+        }
+        if a.runtime.is_some_and(|r| r.is_zero()) {
+            return Err("--runtime must be positive".into());
+        }
+        let w = Workload {
+            name: String::new(),
+            rw: a.rw,
+            rwmixread: a.rwmixread,
+            bs: a.bs,
+            iodepth: a.iodepth,
+            numjobs: a.numjobs,
+            runtime: a.runtime,
+            ramp: a.ramp_time,
+            size: a.size,
+            offset: a.offset,
+            offset_increment: a.offset_increment,
+            verify: a.verify.is_some(),
+        };
+        Ok(Workload {
+            name: a.name.clone().unwrap_or_else(|| w.label()),
+            ..w
+        })
+    }
+
+    /// Short description: "4k randread qd32" (plus "x4" jobs, mix and verify when set).
+    pub fn label(&self) -> String {
+        let mut s = format!(
+            "{} {} qd{}",
+            human_size(self.bs),
+            self.rw.name(),
+            self.iodepth
+        );
+        if matches!(self.rw, Rw::Randrw | Rw::ReadWrite) {
+            s += &format!(" {}%r", self.rwmixread);
+        }
+        if self.numjobs > 1 {
+            s += &format!(" x{}", self.numjobs);
+        }
+        if self.verify {
+            s += " verify";
+        }
+        s
+    }
+
+    /// Each job's region in a namespace of `ns_size` bytes with `block`-byte blocks.
+    pub fn regions(&self, ns_size: u64, block: u64) -> Result<Vec<Region>, String> {
+        for (what, v) in [
+            ("--offset", self.offset),
+            ("--offset_increment", self.offset_increment),
+        ] {
+            if v % block != 0 {
+                return Err(format!(
+                    "{what}={v} is not a multiple of the {block}-byte block"
+                ));
+            }
+        }
+        if let Some(s) = self.size {
+            if s < self.bs {
+                return Err(format!("--size={s} is smaller than --bs={}", self.bs));
+            }
+        }
+        let mut out = Vec::with_capacity(self.numjobs as usize);
+        for i in 0..self.numjobs as u64 {
+            let start = i
+                .checked_mul(self.offset_increment)
+                .and_then(|d| d.checked_add(self.offset))
+                .filter(|&s| s < ns_size)
+                .ok_or_else(|| {
+                    format!(
+                        "job {i} would start beyond the namespace ({ns_size} bytes): \
+                         --offset={} --offset_increment={}",
+                        self.offset, self.offset_increment
+                    )
+                })?;
+            let len = self.size.unwrap_or(ns_size - start);
+            if start.checked_add(len).is_none_or(|e| e > ns_size) {
+                return Err(format!(
+                    "job {i}'s region {start}+{len} goes beyond the namespace ({ns_size} bytes)"
+                ));
+            }
+            let len = len / self.bs * self.bs;
+            if len == 0 {
+                return Err(format!(
+                    "job {i}'s region at {start} holds no whole --bs={} block",
+                    self.bs
+                ));
+            }
+            if self.verify && len / self.bs > MAX_VERIFY_BLOCKS {
+                return Err(format!(
+                    "--verify keeps one entry per block: {} blocks is too many; use a smaller --size",
+                    len / self.bs
+                ));
+            }
+            out.push(Region { start, len });
+        }
+        if self.verify {
+            for w in out.windows(2) {
+                if w[1].start < w[0].start + w[0].len {
+                    return Err(format!(
+                        "with --verify the jobs' regions must not overlap (job regions \
+                         {}+{} and {}+{}): set --offset_increment >= --size",
+                        w[0].start, w[0].len, w[1].start, w[1].len
+                    ));
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// `4k`, `128k`, `1m`, or bytes.
+pub fn human_size(b: u64) -> String {
+    for (shift, s) in [(40, "t"), (30, "g"), (20, "m"), (10, "k")] {
+        if b >= 1 << shift && b % (1 << shift) == 0 {
+            return format!("{}{s}", b >> shift);
+        }
+    }
+    b.to_string()
+}
+
+/// Counters shared by the jobs and the thread that reports progress.
+#[derive(Debug, Default)]
+pub struct Shared {
+    /// I/Os and bytes completed (all phases).
+    pub ios: AtomicU64,
+    pub bytes: AtomicU64,
+    /// Jobs whose measured phase is over.
+    pub finished: AtomicUsize,
+    /// A job failed: the others stop too.
+    pub abort: AtomicBool,
+}
+
+/// The clock of one run.
+#[derive(Debug, Clone, Copy)]
+pub struct Clock {
+    pub ramp_end: Instant,
+    /// End of a time-based run.
+    pub end: Option<Instant>,
+}
+
+/// What one job does.
+#[derive(Debug, Clone)]
+pub struct JobPlan {
+    pub index: usize,
+    pub rw: Rw,
+    pub read_pct: u8,
+    pub bs: u64,
+    pub region: Region,
+    /// The run's seed (offsets, read/write mix, verify data).
+    pub seed: u64,
+    pub verify: bool,
+}
+
+/// Completed I/Os of one direction.
+#[derive(Debug, Clone)]
+pub struct DirStats {
+    pub ios: u64,
+    pub bytes: u64,
+    /// Latency, nanoseconds, submission to completion.
+    pub hist: Histogram<u64>,
+}
+
+impl DirStats {
+    pub fn new() -> DirStats {
+        DirStats {
+            ios: 0,
+            bytes: 0,
+            hist: Histogram::new_with_bounds(1, 3_600_000_000_000, 3)
+                .expect("valid histogram bounds"),
+        }
+    }
+
+    pub fn add(&mut self, o: &DirStats) {
+        self.ios += o.ios;
+        self.bytes += o.bytes;
+        self.hist.add(&o.hist).expect("same histogram bounds");
+    }
+}
+
+/// Verify outcome of a job (or of all jobs).
+#[derive(Debug, Clone, Default)]
+pub struct VerifyStats {
+    pub checked: u64,
+    pub mismatches: u64,
+    /// The first few: (job, namespace byte offset, what).
+    pub first: Vec<(usize, u64, Mismatch)>,
+}
+
+impl VerifyStats {
+    fn record(&mut self, job: usize, offset: u64, m: Mismatch) {
+        self.mismatches += 1;
+        if self.first.len() < KEEP_MISMATCHES {
+            self.first.push((job, offset, m));
+        }
+    }
+
+    pub fn add(&mut self, o: &VerifyStats) {
+        self.checked += o.checked;
+        self.mismatches += o.mismatches;
+        self.first.extend(o.first.iter().cloned());
+    }
+}
+
+/// The result of one job.
+#[derive(Debug, Clone)]
+pub struct JobResult {
+    pub read: DirStats,
+    pub write: DirStats,
+    /// Copy counters over the measured window.
+    pub copies: CopyStats,
+    /// Length of the measured window.
+    pub measured: Duration,
+    pub verify: VerifyStats,
+    pub error: Option<String>,
+}
+
+/// Next block index of a job's region.
+struct Offsets {
+    random: bool,
+    blocks: u64,
+    /// Time based: wrap around forever; otherwise one pass.
+    wrap: bool,
+    issued: u64,
+    perm: Permutation,
+    seed: u64,
+}
+
+impl Offsets {
+    fn new(random: bool, blocks: u64, wrap: bool, seed: u64) -> Offsets {
+        Offsets {
+            random,
+            blocks,
+            wrap,
+            issued: 0,
+            perm: Permutation::new(blocks, seed),
+            seed,
+        }
+    }
+
+    fn next(&mut self) -> Option<u64> {
+        if !self.wrap && self.issued == self.blocks {
+            return None;
+        }
+        let i = self.issued % self.blocks;
+        if i == 0 && self.issued > 0 && self.random {
+            // A new pass visits the blocks in a new order.
+            let pass = self.issued / self.blocks;
+            self.perm = Permutation::new(self.blocks, pattern::splitmix64(self.seed ^ pass));
+        }
+        self.issued += 1;
+        Some(if self.random { self.perm.get(i) } else { i })
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct SlotInfo {
+    op: Op,
+    block: u64,
+    generation: u32,
+    start: Instant,
+}
+
+/// Per-block state for --verify: the generation this job last completed there (0: none) and
+/// the BUSY bit.
+struct VerifyTable {
+    blocks: Vec<u32>,
+    seed: u64,
+    next_generation: u32,
+    /// Check every read block (pure read workloads); otherwise only blocks this run wrote.
+    check_unwritten: bool,
+    scratch: Vec<u8>,
+}
+
+impl VerifyTable {
+    fn next_generation(&mut self) -> u32 {
+        let g = self.next_generation;
+        self.next_generation = if g == MAX_GENERATION { 1 } else { g + 1 };
+        g
+    }
+}
+
+fn stop_reason(op: Op, offset: u64, e: impl std::fmt::Display) -> String {
+    let what = match op {
+        Op::Read => "read",
+        Op::Write => "write",
+    };
+    format!("{what} of offset {offset} ({offset:#x}) failed: {e}")
+}
+
+/// Run one job to its end on `engine`. `shared.finished` is bumped when the measured phase
+/// is over (a verify pass may follow).
+pub fn run_job(
+    engine: &mut dyn Engine,
+    plan: &JobPlan,
+    clock: Clock,
+    shared: &Shared,
+) -> JobResult {
+    let bs = plan.bs;
+    let blocks = plan.region.len / bs;
+    let depth = engine.slots();
+    let mut offsets = Offsets::new(
+        plan.rw.is_random(),
+        blocks,
+        clock.end.is_some(),
+        pattern::splitmix64(plan.seed ^ plan.index as u64),
+    );
+    let mut rng = Rng::new(plan.seed.wrapping_add(plan.index as u64));
+    let mut table = plan.verify.then(|| VerifyTable {
+        blocks: vec![0u32; blocks as usize],
+        seed: plan.seed,
+        next_generation: 1,
+        check_unwritten: plan.read_pct == 100,
+        scratch: vec![0u8; bs as usize],
+    });
+    if !plan.verify && plan.read_pct < 100 {
+        for s in 0..depth {
+            rng.fill(engine.buf_mut(s));
+        }
+    }
+    let mut res = JobResult {
+        read: DirStats::new(),
+        write: DirStats::new(),
+        copies: CopyStats::default(),
+        measured: Duration::ZERO,
+        verify: VerifyStats::default(),
+        error: None,
+    };
+    let now0 = Instant::now();
+    let mut slots = vec![
+        SlotInfo {
+            op: Op::Read,
+            block: 0,
+            generation: 0,
+            start: now0,
+        };
+        depth
+    ];
+    let mut free: Vec<usize> = (0..depth).rev().collect();
+    let mut done: Vec<Done> = Vec::with_capacity(depth);
+    let mut pending: Option<(Op, u64)> = None;
+    let mut stopping = false;
+    let mut copies_start: Option<CopyStats> = None;
+    let mut last_completion = now0;
+    let mut window_end: Option<Instant> = None;
+
+    loop {
+        let now = Instant::now();
+        if copies_start.is_none() && now >= clock.ramp_end {
+            copies_start = Some(engine.copy_stats());
+        }
+        if !stopping {
+            if shared.abort.load(Ordering::Relaxed) {
+                stopping = true;
+                window_end = Some(now);
+            } else if let Some(end) = clock.end.filter(|&e| now >= e) {
+                stopping = true;
+                window_end = Some(end);
+            }
+            if stopping {
+                res.copies = engine.copy_stats().since(&copies_start.unwrap_or_default());
+            }
+        }
+        while !stopping {
+            let Some(&slot) = free.last() else { break };
+            let (op, block) = match pending.take() {
+                Some(p) => p,
+                None => match offsets.next() {
+                    Some(b) => {
+                        let op = match plan.read_pct {
+                            100 => Op::Read,
+                            0 => Op::Write,
+                            p => {
+                                if rng.percent() < p {
+                                    Op::Read
+                                } else {
+                                    Op::Write
+                                }
+                            }
+                        };
+                        (op, b)
+                    }
+                    None => {
+                        // One pass done: stop submitting; the window ends with the last
+                        // completion.
+                        stopping = true;
+                        break;
+                    }
+                },
+            };
+            let offset = plan.region.start + block * bs;
+            let mut generation = 0;
+            if let Some(t) = table.as_mut() {
+                let e = &mut t.blocks[block as usize];
+                if *e & BUSY != 0 {
+                    // Only one I/O per block at a time, or reads could not be checked.
+                    pending = Some((op, block));
+                    break;
+                }
+                *e |= BUSY;
+                if op == Op::Write {
+                    generation = t.next_generation();
+                    pattern::fill_block(engine.buf_mut(slot), offset, t.seed, generation);
+                }
+            }
+            if let Err(e) = engine.submit(slot, op, offset) {
+                res.error = Some(stop_reason(op, offset, e));
+                stopping = true;
+                break;
+            }
+            free.pop();
+            slots[slot] = SlotInfo {
+                op,
+                block,
+                generation,
+                start: Instant::now(),
+            };
+        }
+        if engine.in_flight() == 0 && (stopping || pending.is_none()) {
+            break;
+        }
+        if let Err(e) = engine.reap(&mut done, 1, REAP_SLICE) {
+            res.error
+                .get_or_insert_with(|| format!("queue failed: {e}"));
+            stopping = true;
+        }
+        let now = Instant::now();
+        let counted = now >= clock.ramp_end && clock.end.is_none_or(|e| now <= e);
+        let (mut n, mut bytes) = (0u64, 0u64);
+        for d in done.drain(..) {
+            let s = slots[d.slot];
+            free.push(d.slot);
+            let offset = plan.region.start + s.block * bs;
+            if let Some(t) = table.as_mut() {
+                t.blocks[s.block as usize] &= !BUSY;
+            }
+            if let Err(e) = d.result {
+                res.error
+                    .get_or_insert_with(|| stop_reason(s.op, offset, e));
+                stopping = true;
+                continue;
+            }
+            n += 1;
+            bytes += bs;
+            if let Some(t) = table.as_mut() {
+                let e = &mut t.blocks[s.block as usize];
+                match s.op {
+                    Op::Write => *e = s.generation,
+                    Op::Read if *e != 0 || t.check_unwritten => {
+                        let expected = (*e != 0).then_some(*e);
+                        res.verify.checked += 1;
+                        if let Err(m) = pattern::check_block(
+                            engine.buf(d.slot),
+                            offset,
+                            expected,
+                            &mut t.scratch,
+                        ) {
+                            res.verify.record(plan.index, offset, m);
+                        }
+                    }
+                    Op::Read => {}
+                }
+            }
+            if counted {
+                let dir = match s.op {
+                    Op::Read => &mut res.read,
+                    Op::Write => &mut res.write,
+                };
+                dir.ios += 1;
+                dir.bytes += bs;
+                let ns = now.saturating_duration_since(s.start).as_nanos() as u64;
+                dir.hist.saturating_record(ns.max(1));
+            }
+        }
+        if n > 0 {
+            last_completion = now;
+            shared.ios.fetch_add(n, Ordering::Relaxed);
+            shared.bytes.fetch_add(bytes, Ordering::Relaxed);
+        }
+        if res.error.is_some() {
+            shared.abort.store(true, Ordering::Relaxed);
+        }
+    }
+    let end = window_end.unwrap_or(last_completion);
+    if clock.end.is_none() || res.copies == CopyStats::default() {
+        res.copies = engine.copy_stats().since(&copies_start.unwrap_or_default());
+    }
+    res.measured = end.saturating_duration_since(clock.ramp_end);
+    shared.finished.fetch_add(1, Ordering::Release);
+
+    if let (Some(t), None) = (table.as_mut(), &res.error) {
+        if plan.read_pct < 100 {
+            verify_pass(engine, plan, t, &mut res);
+        }
+    }
+    res
+}
+
+/// Read back every block this job wrote and check it (after the measured phase).
+fn verify_pass(engine: &mut dyn Engine, plan: &JobPlan, t: &mut VerifyTable, res: &mut JobResult) {
+    let bs = plan.bs;
+    let depth = engine.slots();
+    let mut free: Vec<usize> = (0..depth).rev().collect();
+    let mut slot_block = vec![0u64; depth];
+    let mut done: Vec<Done> = Vec::with_capacity(depth);
+    let mut next = 0usize;
+    loop {
+        while let Some(&slot) = free.last() {
+            let Some(b) = (next..t.blocks.len()).find(|&b| t.blocks[b] != 0) else {
+                next = t.blocks.len();
+                break;
+            };
+            next = b + 1;
+            let offset = plan.region.start + b as u64 * bs;
+            if let Err(e) = engine.submit(slot, Op::Read, offset) {
+                res.error = Some(stop_reason(Op::Read, offset, e));
+                return;
+            }
+            free.pop();
+            slot_block[slot] = b as u64;
+        }
+        if engine.in_flight() == 0 {
+            return;
+        }
+        if let Err(e) = engine.reap(&mut done, 1, REAP_SLICE) {
+            res.error
+                .get_or_insert_with(|| format!("queue failed in the verify pass: {e}"));
+        }
+        for d in done.drain(..) {
+            free.push(d.slot);
+            let b = slot_block[d.slot];
+            let offset = plan.region.start + b * bs;
+            match d.result {
+                Err(e) => {
+                    res.error
+                        .get_or_insert_with(|| stop_reason(Op::Read, offset, e));
+                }
+                Ok(()) => {
+                    res.verify.checked += 1;
+                    let expected = t.blocks[b as usize];
+                    if let Err(m) = pattern::check_block(
+                        engine.buf(d.slot),
+                        offset,
+                        Some(expected),
+                        &mut t.scratch,
+                    ) {
+                        res.verify.record(plan.index, offset, m);
+                    }
+                }
+            }
+        }
+        if res.error.is_some() && engine.in_flight() == 0 {
+            return;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    fn wl(args: &[&str]) -> Workload {
+        let mut v = vec!["nvmf-bench"];
+        v.extend_from_slice(args);
+        Workload::from_args(&Args::try_parse_from(v).unwrap()).unwrap()
+    }
+
+    #[test]
+    fn regions_follow_fio() {
+        let mib = 1 << 20;
+        let w = wl(&["--bs=4k"]);
+        assert_eq!(
+            w.regions(64 * mib, 512).unwrap(),
+            vec![Region {
+                start: 0,
+                len: 64 * mib
+            }]
+        );
+        let w = wl(&["--bs=4k", "--offset=1m"]);
+        assert_eq!(w.regions(64 * mib, 512).unwrap()[0].len, 63 * mib);
+        let w = wl(&[
+            "--bs=4k",
+            "--size=1m",
+            "--numjobs=3",
+            "--offset_increment=1m",
+        ]);
+        let r = w.regions(64 * mib, 512).unwrap();
+        assert_eq!(
+            r.iter().map(|r| r.start).collect::<Vec<_>>(),
+            [0, mib, 2 * mib]
+        );
+        // Rounded down to whole bs blocks.
+        let w = wl(&["--bs=4k", "--size=6k"]);
+        assert_eq!(w.regions(64 * mib, 512).unwrap()[0].len, 4096);
+        assert!(wl(&["--offset=1000"]).regions(64 * mib, 512).is_err());
+        assert!(wl(&["--size=65m"]).regions(64 * mib, 512).is_err());
+        assert!(wl(&["--offset=64m"]).regions(64 * mib, 512).is_err());
+        assert!(wl(&["--bs=8k", "--size=4k"])
+            .regions(64 * mib, 512)
+            .is_err());
+        // Verify refuses overlapping job regions.
+        assert!(wl(&["--numjobs=2", "--verify=crc32c"])
+            .regions(64 * mib, 512)
+            .is_err());
+        assert!(wl(&[
+            "--numjobs=2",
+            "--verify=crc32c",
+            "--size=1m",
+            "--offset_increment=1m"
+        ])
+        .regions(64 * mib, 512)
+        .is_ok());
+    }
+
+    #[test]
+    fn labels() {
+        assert_eq!(wl(&["--bs=4k", "--iodepth=32"]).label(), "4k randread qd32");
+        assert_eq!(
+            wl(&["--bs=128k", "--rw=randrw", "--rwmixread=70", "--numjobs=2"]).label(),
+            "128k randrw qd1 70%r x2"
+        );
+        assert_eq!(wl(&["--name=x"]).name, "x");
+    }
+
+    #[test]
+    fn one_pass_offsets_cover_the_region_once() {
+        for random in [false, true] {
+            let mut o = Offsets::new(random, 100, false, 9);
+            let mut seen: Vec<u64> = std::iter::from_fn(|| o.next()).collect();
+            assert_eq!(seen.len(), 100);
+            seen.sort();
+            assert_eq!(seen, (0..100).collect::<Vec<_>>());
+        }
+        // Time based wraps, in a new order each pass.
+        let mut o = Offsets::new(true, 50, true, 9);
+        let a: Vec<u64> = (0..50).map(|_| o.next().unwrap()).collect();
+        let b: Vec<u64> = (0..50).map(|_| o.next().unwrap()).collect();
+        assert_ne!(a, b);
+    }
+}

@@ -1,0 +1,309 @@
+//! nvmf-bench: the pieces of the binary.
+//!
+//! - [`args`]: the command line (fio's option names).
+//! - [`engine`]: the transport-agnostic queue interface a job drives, and [`engine::open`]
+//!   which connects one transport (or says why it cannot run here).
+//! - [`job`]: a workload and the per-thread I/O loop; [`run`]: one workload on one transport.
+//! - [`pattern`]: offsets, data and the `--verify` block format.
+//! - [`baseline`]: `--raw-tcp-baseline`; [`report`]: text and JSON; [`plot`]: the SVG CDF;
+//!   [`demo`]: `--demo`'s target process.
+
+pub mod args;
+pub mod baseline;
+pub mod demo;
+pub mod engine;
+pub mod job;
+pub mod pattern;
+pub mod plot;
+pub mod report;
+pub mod run;
+
+use std::io::Write;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::Parser;
+
+use args::{Args, OutputFormat, Rw, TransportKind};
+use engine::TargetSpec;
+use job::Workload;
+use report::WorkloadOutcome;
+use run::Outcome;
+
+/// Exit status for bad options (clap's own).
+const EXIT_USAGE: u8 = 2;
+
+/// Write to stdout; a closed stdout (`| head`) is not an error worth a panic.
+fn emit(s: &str) {
+    let mut o = std::io::stdout().lock();
+    let _ = o.write_all(s.as_bytes()).and_then(|()| o.flush());
+}
+
+/// What to run.
+struct Plan {
+    target: TargetSpec,
+    workloads: Vec<Workload>,
+    transports: Vec<TransportKind>,
+    baseline: bool,
+    format: OutputFormat,
+}
+
+fn target_spec(a: &Args) -> TargetSpec {
+    TargetSpec {
+        traddr: a.traddr.clone(),
+        trsvcid: a.trsvcid,
+        subnqn: a.subnqn.clone(),
+        hostnqn: a.hostnqn.clone(),
+        nsid: a.nsid,
+        hdr_digest: a.hdr_digest,
+        data_digest: a.data_digest,
+        busy_poll: a.hipri,
+        io_timeout: a.io_timeout,
+    }
+}
+
+/// Run every workload on every transport (plus the baseline), printing text summaries as
+/// they finish.
+fn execute(plan: &Plan) -> Vec<WorkloadOutcome> {
+    let text = plan.format == OutputFormat::Normal;
+    let mut out = Vec::with_capacity(plan.workloads.len());
+    for w in &plan.workloads {
+        let mut results = Vec::new();
+        for &kind in &plan.transports {
+            let r = run::run(kind, &plan.target, w);
+            if let Outcome::Ran(m) = &r {
+                if let Some(v) = &m.verify {
+                    for (job, off, e) in &v.first {
+                        eprintln!(
+                            "nvmf-bench: verify: {} [{}] job {job}: offset {off} ({off:#x}): {e}",
+                            w.name,
+                            kind.name()
+                        );
+                    }
+                    if v.mismatches > v.first.len() as u64 {
+                        eprintln!(
+                            "nvmf-bench: verify: {} more mismatches not shown",
+                            v.mismatches - v.first.len() as u64
+                        );
+                    }
+                }
+                for e in &m.errors {
+                    eprintln!("nvmf-bench: {} [{}]: {e}", w.name, kind.name());
+                }
+            }
+            if let Outcome::Failed(e) = &r {
+                eprintln!("nvmf-bench: {} [{}]: {e}", w.name, kind.name());
+            }
+            if text {
+                emit(&report::transport_text(w, kind, &r));
+            }
+            results.push((kind, r));
+        }
+        let baseline = plan.baseline.then(|| {
+            let each = w.runtime.unwrap_or(Duration::from_secs(2)) / 2;
+            let reads = w.rw.read_percent(w.rwmixread) >= 50;
+            let b = baseline::run(
+                w.bs as usize,
+                w.iodepth as usize,
+                w.numjobs as usize,
+                reads,
+                each.max(Duration::from_millis(200)),
+            )
+            .map_err(|e| e.to_string());
+            if text {
+                emit(&report::baseline_text(&b));
+            }
+            b
+        });
+        if text {
+            emit("\n");
+        }
+        out.push(WorkloadOutcome {
+            workload: w.clone(),
+            results,
+            baseline,
+        });
+    }
+    out
+}
+
+/// Print the table / JSON, write the plot; the exit status.
+fn finish(plan: &Plan, outcomes: &[WorkloadOutcome], plot: Option<&std::path::Path>) -> ExitCode {
+    match plan.format {
+        OutputFormat::Normal => {
+            let rows: usize = outcomes
+                .iter()
+                .map(|o| o.results.len() + 2 * o.baseline.is_some() as usize)
+                .sum();
+            if rows > 1 {
+                emit(&report::table(outcomes));
+            }
+        }
+        OutputFormat::Json => {
+            let r = report::json(&plan.target, outcomes);
+            match serde_json::to_string_pretty(&r) {
+                Ok(s) => emit(&(s + "\n")),
+                Err(e) => {
+                    eprintln!("nvmf-bench: JSON output: {e}");
+                    return ExitCode::FAILURE;
+                }
+            }
+        }
+    }
+    let mut status = ExitCode::SUCCESS;
+    if let Some(path) = plot {
+        let mut totals = Vec::new();
+        for o in outcomes {
+            for (k, r) in &o.results {
+                if let Outcome::Ran(m) = r {
+                    totals.push((format!("{} {}", o.workload.name, k.name()), m.total()));
+                }
+            }
+        }
+        let mut series: Vec<plot::Series<'_>> = totals
+            .iter()
+            .map(|(label, t)| plot::Series {
+                label: label.clone(),
+                hist: &t.hist,
+                dashed: false,
+            })
+            .collect();
+        for o in outcomes {
+            if let Some(Ok(b)) = &o.baseline {
+                series.push(plot::Series {
+                    label: format!("{} raw-tcp ping-pong", o.workload.name),
+                    hist: &b.pingpong.stats.hist,
+                    dashed: true,
+                });
+            }
+        }
+        let title = "nvmf-bench latency CDF";
+        if let Err(e) = std::fs::write(path, plot::svg(title, &series)) {
+            eprintln!("nvmf-bench: {}: {e}", path.display());
+            status = ExitCode::FAILURE;
+        }
+    }
+    let mut ran = 0;
+    for o in outcomes {
+        for (_, r) in &o.results {
+            match r {
+                Outcome::Ran(m) if m.ok() => ran += 1,
+                Outcome::Ran(_) | Outcome::Failed(_) => status = ExitCode::FAILURE,
+                Outcome::Skipped(_) => {}
+            }
+        }
+        if let Some(Err(_)) = &o.baseline {
+            status = ExitCode::FAILURE;
+        }
+    }
+    if ran == 0 && status == ExitCode::SUCCESS {
+        eprintln!("nvmf-bench: no transport could run");
+        status = ExitCode::FAILURE;
+    }
+    status
+}
+
+/// `--demo`.
+fn demo(a: &Args) -> ExitCode {
+    let target = match demo::TargetProcess::start() {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("nvmf-bench --demo: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let runtime = a.runtime.unwrap_or(Duration::from_secs(5));
+    let mk = |rw: Rw, bs: u64, qd: u16| {
+        let w = Workload {
+            name: String::new(),
+            rw,
+            rwmixread: 50,
+            bs,
+            iodepth: qd,
+            numjobs: a.numjobs,
+            runtime: Some(runtime),
+            ramp: a.ramp_time,
+            size: None,
+            offset: 0,
+            offset_increment: 0,
+            verify: false,
+        };
+        Workload {
+            name: w.label(),
+            ..w
+        }
+    };
+    let transports = if a.transport.is_empty() && a.compare.is_empty() {
+        vec![TransportKind::Tcp, TransportKind::Rdma]
+    } else {
+        a.transports()
+    };
+    let plan = Plan {
+        target: TargetSpec {
+            traddr: "127.0.0.1".into(),
+            trsvcid: target.port,
+            subnqn: args::DEFAULT_SUBNQN.into(),
+            nsid: 1,
+            ..target_spec(a)
+        },
+        workloads: vec![
+            mk(Rw::Randread, 4096, 1),
+            mk(Rw::Randread, 4096, 32),
+            mk(Rw::Read, 128 << 10, 8),
+        ],
+        transports,
+        baseline: true,
+        format: a.output_format,
+    };
+    let intro = format!(
+        "nvmf-bench --demo: nvmf-target (pid {}) on 127.0.0.1:{} ({}), subsystem {}, {:.0?} per run",
+        target.pid(),
+        target.port,
+        target.how,
+        plan.target.subnqn,
+        runtime
+    );
+    if plan.format == OutputFormat::Normal {
+        emit(&format!("{intro}\n\n"));
+    } else {
+        eprintln!("{intro}");
+    }
+    let outcomes = execute(&plan);
+    let status = finish(&plan, &outcomes, a.latency_plot.as_deref());
+    match target.stop() {
+        Ok(()) => status,
+        Err(e) => {
+            eprintln!("nvmf-bench --demo: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+pub fn main() -> ExitCode {
+    let a = Args::parse();
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+    if a.demo {
+        return demo(&a);
+    }
+    let w = match Workload::from_args(&a) {
+        Ok(w) => w,
+        Err(e) => {
+            eprintln!("nvmf-bench: {e}");
+            return ExitCode::from(EXIT_USAGE);
+        }
+    };
+    let plan = Plan {
+        target: target_spec(&a),
+        workloads: vec![w],
+        transports: a.transports(),
+        baseline: a.raw_tcp_baseline,
+        format: a.output_format,
+    };
+    let outcomes = execute(&plan);
+    finish(&plan, &outcomes, a.latency_plot.as_deref())
+}
