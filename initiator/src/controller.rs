@@ -45,7 +45,9 @@ pub struct ConnectOptions {
     /// Commands in flight per I/O queue (the SQ has one more entry; clamped to CAP.MQES and
     /// MAXCMD).
     pub queue_depth: u16,
-    /// Keep-alive timeout; `Duration::ZERO` disables keep-alive. Sent every `kato / 2`.
+    /// Keep-alive timeout, sent in the admin Connect; Keep Alive goes out every `kato / 2`.
+    /// `Duration::ZERO` asks for no keep-alive, which targets may refuse for an I/O controller
+    /// (nvmf-target answers Connect Invalid Parameters; the Linux host never sends 0 there).
     pub kato: Duration,
     /// Negotiate NVMe/TCP header digests.
     pub hdr_digest: bool,
