@@ -28,6 +28,8 @@ use crate::core::{self, Cmd, Exec, Queue, QueueEvent, TransportCaps, Xfer};
 /// Size of the receive staging buffer: small PDUs (capsules, small in-capsule data) are read
 /// in batches through it; larger data is read straight into the slot buffer.
 const STAGE: usize = 64 * 1024;
+/// Socket reads one connection may do per readiness event before yielding to the others.
+const READ_BUDGET: u32 = 16;
 /// Data still outstanding at or above this size is read directly into the slot's buffer.
 const DIRECT_READ_MIN: usize = 4096;
 
@@ -225,6 +227,7 @@ impl Conn {
     /// Read and process everything the socket has. Returns true if anything was read.
     pub fn on_readable(&mut self, store: &mut dyn Store, now: Instant, w: &mut Wants) -> bool {
         let mut progress = false;
+        let mut reads = 0;
         while self.phase != Phase::Closing && self.stalled.is_none() {
             // 1. Bytes already staged.
             if self.st_start < self.st_end {
@@ -237,6 +240,12 @@ impl Conn {
             }
             self.st_start = 0;
             self.st_end = 0;
+            // Fairness: after a few socket reads let the other connections of this poller run
+            // (nothing is staged now; level-triggered epoll reports the socket again).
+            if reads == READ_BUDGET {
+                break;
+            }
+            reads += 1;
             // 2. Large data outstanding: read it straight into the slot buffer.
             if let (Need::Data(n), DataDst::Slot { slot, base }) = (self.rx.need(), self.dst) {
                 if n >= DIRECT_READ_MIN {
