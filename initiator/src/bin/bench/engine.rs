@@ -237,9 +237,13 @@ pub fn open(
         }
         Err(e) => {
             return match no_device {
-                Some(why) => Ok(Opened::Unavailable(format!("{why} ({e})"))),
+                // Whatever the initiator tripped over, without a device RDMA cannot run.
+                Some(why) => {
+                    tracing::debug!(error = %e, "NVMe/RDMA connect without an RDMA device");
+                    Ok(Opened::Unavailable(why))
+                }
                 None => Err(format!("connect to {where_}: {e}")),
-            }
+            };
         }
     };
     let ns = *ctrl

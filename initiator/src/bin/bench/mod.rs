@@ -152,31 +152,47 @@ fn finish(plan: &Plan, outcomes: &[WorkloadOutcome], plot: Option<&std::path::Pa
     }
     let mut status = ExitCode::SUCCESS;
     if let Some(path) = plot {
-        let mut totals = Vec::new();
-        for o in outcomes {
+        // One colour per workload when there are several (the transport is told by the
+        // dash), one per transport otherwise; raw-TCP baselines are dashed in their
+        // workload's colour.
+        let by_workload = outcomes.len() > 1;
+        let mut curves = Vec::new();
+        for (wi, o) in outcomes.iter().enumerate() {
+            let mut ran = 0;
             for (k, r) in &o.results {
                 if let Outcome::Ran(m) = r {
-                    totals.push((format!("{} {}", o.workload.name, k.name()), m.total()));
+                    let (color, dash) = if by_workload {
+                        (wi, (ran > 0).then_some(plot::DASH_ALT))
+                    } else {
+                        (ran, None)
+                    };
+                    curves.push((
+                        format!("{} {}", o.workload.name, k.name()),
+                        m.total().hist,
+                        color,
+                        dash,
+                    ));
+                    ran += 1;
                 }
             }
-        }
-        let mut series: Vec<plot::Series<'_>> = totals
-            .iter()
-            .map(|(label, t)| plot::Series {
-                label: label.clone(),
-                hist: &t.hist,
-                dashed: false,
-            })
-            .collect();
-        for o in outcomes {
             if let Some(Ok(b)) = &o.baseline {
-                series.push(plot::Series {
-                    label: format!("{} raw-tcp ping-pong", o.workload.name),
-                    hist: &b.pingpong.stats.hist,
-                    dashed: true,
-                });
+                curves.push((
+                    format!("{} raw-tcp ping-pong", o.workload.name),
+                    b.pingpong.stats.hist.clone(),
+                    if by_workload { wi } else { 0 },
+                    Some(plot::DASH_BASELINE),
+                ));
             }
         }
+        let series: Vec<plot::Series<'_>> = curves
+            .iter()
+            .map(|(label, hist, color, dash)| plot::Series {
+                label: label.clone(),
+                hist,
+                color: *color,
+                dash: *dash,
+            })
+            .collect();
         let title = "nvmf-bench latency CDF";
         if let Err(e) = std::fs::write(path, plot::svg(title, &series)) {
             eprintln!("nvmf-bench: {}: {e}", path.display());

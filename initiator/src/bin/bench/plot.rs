@@ -10,9 +10,16 @@ use hdrhistogram::Histogram;
 pub struct Series<'a> {
     pub label: String,
     pub hist: &'a Histogram<u64>,
-    /// Drawn dashed (baselines).
-    pub dashed: bool,
+    /// Index into the palette.
+    pub color: usize,
+    /// SVG stroke-dasharray, e.g. "6 4" (None: solid).
+    pub dash: Option<&'static str>,
 }
+
+/// Dash pattern of the raw-TCP baseline curves.
+pub const DASH_BASELINE: &str = "6 4";
+/// Dash pattern of a second transport on a chart coloured by workload.
+pub const DASH_ALT: &str = "2 3";
 
 const W: f64 = 960.0;
 const H: f64 = 540.0;
@@ -138,7 +145,11 @@ pub fn svg(title: &str, series: &[Series<'_>]) -> String {
     );
     // Curves: a step line through every recorded bucket.
     for (i, s) in series.iter().enumerate() {
-        let color = COLORS[i % COLORS.len()];
+        let color = COLORS[s.color % COLORS.len()];
+        let dash = s
+            .dash
+            .map(|d| format!(r##" stroke-dasharray="{d}""##))
+            .unwrap_or_default();
         if !s.hist.is_empty() {
             let mut d = String::new();
             let total = s.hist.len() as f64;
@@ -158,11 +169,6 @@ pub fn svg(title: &str, series: &[Series<'_>]) -> String {
                 last_x = xv;
                 prev_y = yv;
             }
-            let dash = if s.dashed {
-                r##" stroke-dasharray="6 4""##
-            } else {
-                ""
-            };
             let _ = writeln!(
                 o,
                 r##"<path d="{d}" fill="none" stroke="{color}" stroke-width="2"{dash}/>"##
@@ -171,11 +177,6 @@ pub fn svg(title: &str, series: &[Series<'_>]) -> String {
         // Legend.
         let ly = TOP + 10.0 + i as f64 * 22.0;
         let lx = LEFT + pw + 20.0;
-        let dash = if s.dashed {
-            r##" stroke-dasharray="6 4""##
-        } else {
-            ""
-        };
         let _ = writeln!(
             o,
             r##"<line x1="{lx}" y1="{ly}" x2="{}" y2="{ly}" stroke="{color}" stroke-width="2"{dash}/>"##,
@@ -219,17 +220,20 @@ mod tests {
                 Series {
                     label: "tcp".into(),
                     hist: &a,
-                    dashed: false,
+                    color: 0,
+                    dash: None,
                 },
                 Series {
                     label: "raw-tcp & co".into(),
                     hist: &b,
-                    dashed: true,
+                    color: 0,
+                    dash: Some(DASH_BASELINE),
                 },
                 Series {
                     label: "rdma".into(),
                     hist: &empty,
-                    dashed: false,
+                    color: 1,
+                    dash: None,
                 },
             ],
         );
@@ -241,7 +245,7 @@ mod tests {
         assert!(s.contains("rdma (no data)"));
         assert!(s.contains("log scale"));
         assert!(s.contains("1µs") && s.contains("100µs"));
-        assert!(s.contains("stroke-dasharray"));
+        assert_eq!(s.matches(r#"stroke-dasharray="6 4""#).count(), 2);
         // Each curve ends at 100% (y = TOP).
         assert!(s.contains(&format!(",{TOP:.1}\"")));
     }

@@ -745,6 +745,7 @@ pub fn table(outcomes: &[WorkloadOutcome]) -> String {
                 .into(),
         );
     }
+    notes.dedup();
     for n in notes {
         let _ = writeln!(out, "  {n}");
     }
