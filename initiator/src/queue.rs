@@ -72,20 +72,20 @@ pub(crate) enum Dir {
 }
 
 /// A command's data buffer, owned by the caller of [`IoQueue::submit`] and returned in its
-/// [`Completion`].
+/// [`Completion`]. `B` is `Vec<u8>` over TCP, [`crate::rdma::RdmaBuf`] over RDMA.
 #[derive(Debug)]
-pub enum Data {
+pub enum Data<B = Vec<u8>> {
     /// No data.
     None,
     /// Data sent to the controller (the whole vector).
-    ToController(Vec<u8>),
+    ToController(B),
     /// Data received from the controller (fills the whole vector).
-    FromController(Vec<u8>),
+    FromController(B),
 }
 
 /// The end of one command submitted with [`IoQueue::submit`].
 #[derive(Debug)]
-pub struct Completion {
+pub struct Completion<B = Vec<u8>> {
     /// The tag [`IoQueue::submit`] returned (it is also the command identifier).
     pub tag: u16,
     /// The caller's value from the submission.
@@ -93,15 +93,15 @@ pub struct Completion {
     /// CQE DW0..1 on success.
     pub result: Result<u64, CmdError>,
     /// The buffer given at submission, back to the caller.
-    pub buf: Option<Vec<u8>>,
+    pub buf: Option<B>,
 }
 
 /// A submission that did not go out; the buffer comes back.
 #[derive(Debug, thiserror::Error)]
 #[error("{error}")]
-pub struct SubmitError {
+pub struct SubmitError<B: std::fmt::Debug = Vec<u8>> {
     pub error: Error,
-    pub buf: Option<Vec<u8>>,
+    pub buf: Option<B>,
 }
 
 /// Counters of one queue (see the module doc for the copy accounting).
