@@ -13,8 +13,10 @@ use nvme::opcode::{admin, io};
 use nvme::sgl::Sgl;
 use nvme::{Sqe, Status};
 
+use crate::any_queue::AnyQueue;
 use crate::error::Error;
 use crate::queue::{Data, DataRef, IoQueue, QueueParams, SubmitError};
+use crate::rdma::RdmaQueue;
 
 /// Transports the initiator can use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -22,7 +24,7 @@ pub enum Transport {
     /// NVMe/TCP.
     #[default]
     Tcp,
-    /// NVMe/RDMA (not implemented by this initiator yet).
+    /// NVMe/RDMA over rdma_cm (see [`crate::rdma`]).
     Rdma,
 }
 
@@ -79,6 +81,16 @@ impl ConnectOptions {
             data_digest: false,
             timeout: Duration::from_secs(30),
             busy_poll: false,
+        }
+    }
+
+    /// NVMe/RDMA to `addr:port` (an IP address of an RDMA device's netdev, or of a peer
+    /// reachable through one) for `subnqn`; otherwise the same defaults as
+    /// [`ConnectOptions::tcp`] (digests do not apply).
+    pub fn rdma(addr: &str, port: u16, subnqn: &str) -> ConnectOptions {
+        ConnectOptions {
+            transport: Transport::Rdma,
+            ..ConnectOptions::tcp(addr, port, subnqn)
         }
     }
 }
@@ -215,9 +227,9 @@ struct KeepAlive {
 /// # Ok::<(), initiator::Error>(())
 /// ```
 pub struct Controller {
-    admin: Arc<Mutex<IoQueue>>,
+    admin: Arc<Mutex<AnyQueue>>,
     keep_alive: Option<KeepAlive>,
-    io: Vec<IoQueue>,
+    io: Vec<AnyQueue>,
     info: ControllerInfo,
     namespaces: Vec<NsInfo>,
     timeout: Duration,
@@ -242,12 +254,26 @@ pub(crate) fn resolve(addr: &str, port: u16) -> Result<SocketAddr, Error> {
         .ok_or_else(|| Error::InvalidArgument(format!("{addr}:{port} resolves to no address")))
 }
 
-/// A bare admin queue: TCP connection, ICReq/ICResp, Fabrics Connect. Returns the queue and
-/// the controller ID.
+/// Open one queue of `opts.transport`: TCP connection and ICReq/ICResp, or the NVMe/RDMA
+/// rdma_cm handshake (which carries `cntlid` for I/O queues).
+fn open_queue(
+    sa: &SocketAddr,
+    opts: &ConnectOptions,
+    p: &QueueParams,
+    cntlid: u16,
+) -> Result<AnyQueue, Error> {
+    Ok(match opts.transport {
+        Transport::Tcp => IoQueue::open(sa, p)?.into(),
+        Transport::Rdma => RdmaQueue::connect(sa, p, cntlid)?.into(),
+    })
+}
+
+/// A bare admin queue: TCP connection, ICReq/ICResp (or rdma_cm connect), Fabrics Connect.
+/// Returns the queue and the controller ID.
 pub(crate) fn connect_admin(
     sa: &SocketAddr,
     opts: &ConnectOptions,
-) -> Result<(IoQueue, u16), Error> {
+) -> Result<(AnyQueue, u16), Error> {
     let params = QueueParams {
         qid: 0,
         depth: ADMIN_SQSIZE,
@@ -256,8 +282,14 @@ pub(crate) fn connect_admin(
         timeout: opts.timeout,
         busy_poll: false,
     };
-    let mut q = IoQueue::open(sa, &params)?;
-    q.set_icd_max(ADMIN_ICD);
+    if opts.transport == Transport::Rdma {
+        crate::rdma::check_devices()?;
+    }
+    let mut q = open_queue(sa, opts, &params, 0)?;
+    // The Linux RDMA host puts no data in admin capsules (nvmet-rdma admin RECVs have no room).
+    if opts.transport == Transport::Tcp {
+        q.set_icd_max(ADMIN_ICD);
+    }
     let kato_ms = u32::try_from(opts.kato.as_millis())
         .map_err(|_| Error::InvalidArgument("kato too large".into()))?;
     let cntlid = fabrics_connect(
@@ -273,7 +305,7 @@ pub(crate) fn connect_admin(
 
 /// Fabrics Connect on `q` (`nvmf_connect_admin_queue` / `nvmf_connect_io_queue`).
 fn fabrics_connect(
-    q: &mut IoQueue,
+    q: &mut AnyQueue,
     opts: &ConnectOptions,
     qid: u16,
     sqsize: u16,
@@ -312,7 +344,7 @@ fn fabrics_connect(
     }
 }
 
-fn property_get(q: &mut IoQueue, offset: u32, size: PropSize) -> Result<u64, Error> {
+fn property_get(q: &mut AnyQueue, offset: u32, size: PropSize) -> Result<u64, Error> {
     q.execute(
         "Property Get",
         fabrics::property_get_sqe(0, offset, size),
@@ -320,7 +352,7 @@ fn property_get(q: &mut IoQueue, offset: u32, size: PropSize) -> Result<u64, Err
     )
 }
 
-fn property_set(q: &mut IoQueue, offset: u32, value: u64, size: PropSize) -> Result<(), Error> {
+fn property_set(q: &mut AnyQueue, offset: u32, value: u64, size: PropSize) -> Result<(), Error> {
     q.execute(
         "Property Set",
         fabrics::property_set_sqe(0, offset, value, size),
@@ -329,7 +361,7 @@ fn property_set(q: &mut IoQueue, offset: u32, value: u64, size: PropSize) -> Res
     .map(|_| ())
 }
 
-fn identify(q: &mut IoQueue, cns: u8, nsid: u32, buf: &mut [u8; 4096]) -> Result<(), Error> {
+fn identify(q: &mut AnyQueue, cns: u8, nsid: u32, buf: &mut [u8; 4096]) -> Result<(), Error> {
     let cmd = identify::IdentifyCmd {
         cns,
         cntid: 0,
@@ -343,7 +375,7 @@ fn identify(q: &mut IoQueue, cns: u8, nsid: u32, buf: &mut [u8; 4096]) -> Result
 
 /// Enable the controller as `nvme_enable_ctrl` does: CC without EN, CAP again, CC with EN,
 /// then poll CSTS.RDY for CAP.TO * 500 ms. Returns CAP.
-pub(crate) fn enable(q: &mut IoQueue) -> Result<Cap, Error> {
+pub(crate) fn enable(q: &mut AnyQueue) -> Result<Cap, Error> {
     let cap = Cap(property_get(q, reg::CAP, PropSize::Eight)?);
     if cap.mpsmin() != 0 {
         return Err(Error::Controller(format!(
@@ -379,7 +411,7 @@ pub(crate) fn enable(q: &mut IoQueue) -> Result<Cap, Error> {
 }
 
 /// Normal shutdown: CC.SHN = 01b, then poll CSTS.SHST for completion.
-pub(crate) fn shutdown_ctrl(q: &mut IoQueue, wait: Duration) -> Result<(), Error> {
+pub(crate) fn shutdown_ctrl(q: &mut AnyQueue, wait: Duration) -> Result<(), Error> {
     let cc = Cc(property_get(q, reg::CC, PropSize::Four)? as u32);
     let cc = Cc::new(
         cc.en(),
@@ -414,9 +446,6 @@ impl Controller {
     /// Connect, enable and identify the controller, create the I/O queues and scan the
     /// namespaces (the sequence of `drivers/nvme/host`; see the crate doc).
     pub fn connect(opts: ConnectOptions) -> Result<Controller, Error> {
-        if opts.transport == Transport::Rdma {
-            return Err(Error::Unsupported("NVMe/RDMA initiator"));
-        }
         if opts.queues > 0 && opts.queue_depth == 0 {
             return Err(Error::InvalidArgument("queue_depth 0".into()));
         }
@@ -460,6 +489,13 @@ impl Controller {
         if id.sgls.get() & 3 == 0 {
             return Err(Error::Controller("no SGL support".into()));
         }
+        let rdma = opts.transport == Transport::Rdma;
+        // nvme_rdma_setup_ctrl: "Mandatory keyed sgls are not supported!"
+        if rdma && id.sgls.get() & identify::ctrl::SGLS_KEYED == 0 {
+            return Err(Error::Controller(
+                "no keyed SGL support (SGLS bit 2), which NVMe/RDMA needs".into(),
+            ));
+        }
         let page = 4096u64;
         // MDTS is a power of two in units of the minimum page (4 KiB, checked in `enable`);
         // above 2^19 pages (2 GiB) the NLB limit of one command bites first anyway.
@@ -467,7 +503,11 @@ impl Controller {
             0 => DEFAULT_MAX_XFER,
             m => (page << m.min(19)) as u32,
         };
-        let in_capsule = ioccsz.saturating_mul(16).saturating_sub(64);
+        let mut in_capsule = ioccsz.saturating_mul(16).saturating_sub(64);
+        // Over RDMA, in-capsule data needs SGL offsets (SGLS bit 20), as the Linux host checks.
+        if rdma && id.sgls.get() & identify::ctrl::SGLS_OFFSET == 0 {
+            in_capsule = 0;
+        }
 
         // Number of Queues (Set Features 07h), then one Connect per I/O queue.
         let mut io = Vec::new();
@@ -503,7 +543,7 @@ impl Controller {
                 busy_poll: opts.busy_poll,
             };
             for qid in 1..=nq {
-                let mut q = IoQueue::open(&sa, &QueueParams { qid, ..params })?;
+                let mut q = open_queue(&sa, &opts, &QueueParams { qid, ..params }, cntlid)?;
                 q.set_icd_max(in_capsule);
                 fabrics_connect(&mut q, &opts, qid, depth, 0, cntlid)?;
                 io.push(q);
@@ -556,8 +596,33 @@ impl Controller {
         &self.namespaces
     }
 
-    /// Take one of the I/O queues (for a thread of its own). `None` when all are taken.
+    /// Take one of the NVMe/TCP I/O queues (for a thread of its own). `None` when all are
+    /// taken or the controller is connected over another transport ([`Controller::take_queue`]
+    /// serves both).
     pub fn take_io_queue(&mut self) -> Option<IoQueue> {
+        match self.io.pop()? {
+            AnyQueue::Tcp(q) => Some(q),
+            other => {
+                self.io.push(other);
+                None
+            }
+        }
+    }
+
+    /// Take one of the NVMe/RDMA I/O queues. `None` when all are taken or the controller is
+    /// connected over another transport.
+    pub fn take_rdma_queue(&mut self) -> Option<RdmaQueue> {
+        match self.io.pop()? {
+            AnyQueue::Rdma(q) => Some(q),
+            other => {
+                self.io.push(other);
+                None
+            }
+        }
+    }
+
+    /// Take one of the I/O queues, of whichever transport. `None` when all are taken.
+    pub fn take_queue(&mut self) -> Option<AnyQueue> {
         self.io.pop()
     }
 
@@ -580,7 +645,7 @@ impl Controller {
         Ok(Namespace::new(info, queue, &self.info))
     }
 
-    fn lock_admin(&self) -> MutexGuard<'_, IoQueue> {
+    fn lock_admin(&self) -> MutexGuard<'_, AnyQueue> {
         // A panic while holding the lock leaves the queue usable (or failed): keep going.
         self.admin.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -658,7 +723,7 @@ impl Drop for Controller {
     }
 }
 
-fn start_keep_alive(admin: &Arc<Mutex<IoQueue>>, period: Duration) -> Result<KeepAlive, Error> {
+fn start_keep_alive(admin: &Arc<Mutex<AnyQueue>>, period: Duration) -> Result<KeepAlive, Error> {
     let (stop, rx) = mpsc::channel::<()>();
     let q = admin.clone();
     let thread = thread::Builder::new()
@@ -681,7 +746,7 @@ fn start_keep_alive(admin: &Arc<Mutex<IoQueue>>, period: Duration) -> Result<Kee
 
 /// Get Log Page into `buf`, in pieces of at most `max_xfer` bytes.
 pub(crate) fn get_log(
-    q: &mut IoQueue,
+    q: &mut AnyQueue,
     lid: u8,
     nsid: u32,
     offset: u64,
@@ -711,7 +776,7 @@ pub(crate) fn get_log(
 
 /// Identify CNS 02h, or (old controllers failing it with DNR) every NSID up to NN; then
 /// Identify Namespace for each.
-fn scan_namespaces(q: &mut IoQueue, vs: u32, nn: u32) -> Result<Vec<NsInfo>, Error> {
+fn scan_namespaces(q: &mut AnyQueue, vs: u32, nn: u32) -> Result<Vec<NsInfo>, Error> {
     let mut buf = [0u8; 4096];
     let nsids = if vs >= fabrics::version(1, 1, 0) {
         match identify(q, cns::NS_ACTIVE_LIST, 0, &mut buf) {
@@ -769,12 +834,12 @@ struct IoLimits {
 #[derive(Debug)]
 pub struct Namespace {
     info: NsInfo,
-    queue: IoQueue,
+    queue: AnyQueue,
     limits: IoLimits,
 }
 
 impl Namespace {
-    fn new(info: NsInfo, queue: IoQueue, c: &ControllerInfo) -> Namespace {
+    fn new(info: NsInfo, queue: AnyQueue, c: &ControllerInfo) -> Namespace {
         Namespace {
             info,
             queue,
@@ -800,12 +865,12 @@ impl Namespace {
     }
 
     /// The I/O queue, for the asynchronous API (it stays bound to this handle).
-    pub fn queue(&mut self) -> &mut IoQueue {
+    pub fn queue(&mut self) -> &mut AnyQueue {
         &mut self.queue
     }
 
     /// Give the queue back.
-    pub fn into_queue(self) -> IoQueue {
+    pub fn into_queue(self) -> AnyQueue {
         self.queue
     }
 
@@ -1028,7 +1093,7 @@ impl IoQueue {
     }
 }
 
-fn blocks_of(ns: &NsInfo, slba: u64, len: usize) -> Result<u32, Error> {
+pub(crate) fn blocks_of(ns: &NsInfo, slba: u64, len: usize) -> Result<u32, Error> {
     let bs = ns.block_size as usize;
     if len == 0 || len % bs != 0 || len / bs > 1 << 16 {
         return Err(Error::InvalidArgument(format!(

@@ -50,6 +50,9 @@ pub enum Error {
     /// The requested transport is not available in this build.
     #[error("transport not supported: {0}")]
     Unsupported(&'static str),
+    /// An NVMe/RDMA connection or queue failed (verbs, rdma_cm, work completions).
+    #[error("NVMe/RDMA: {0}")]
+    Rdma(#[from] crate::rdma::RdmaError),
 }
 
 impl Error {

@@ -1,7 +1,8 @@
-//! NVMe-oF initiator library (NVMe/TCP).
+//! NVMe-oF initiator library (NVMe/TCP and NVMe/RDMA).
 //!
 //! [`Controller::connect`] brings a controller up the way the Linux host does: ICReq/ICResp
-//! (checked as `nvme_tcp_init_connection` checks it), Fabrics Connect on the admin queue
+//! (checked as `nvme_tcp_init_connection` checks it) or the NVMe/RDMA rdma_cm handshake
+//! ([`rdma`], with [`ConnectOptions::rdma`]), Fabrics Connect on the admin queue
 //! (SQSIZE 31, CNTLID FFFFh), Property Get CAP, Property Set CC (without, then with EN), poll
 //! CSTS.RDY, Property Get VS, Identify Controller (checked: CNTLID, KAS, IOCCSZ, ICDOFF,
 //! SGLS), Set Features Number of Queues, one Connect per I/O queue, Identify active namespace
@@ -38,21 +39,29 @@
 //! # Ok::<(), initiator::Error>(())
 //! ```
 //!
+//! Over RDMA the I/O queue is an [`RdmaQueue`] with the same methods and registered
+//! [`RdmaBuf`] buffers from [`RdmaQueue::alloc_buf`] (zero-copy); the [`Queue`] trait covers
+//! both queue types, and [`Controller::take_queue`] hands out either as an [`AnyQueue`].
+//!
 //! Every wait is bounded by [`ConnectOptions::timeout`]: a dead target fails the queue (all its
 //! commands complete with an error) instead of hanging. Errors carry the NVMe [`nvme::Status`]
 //! when the target answered with one ([`Error::status`]).
 
+mod any_queue;
 mod controller;
 mod discovery;
 mod error;
 mod queue;
+pub mod rdma;
 
+pub use any_queue::{AnyQueue, Queue};
 pub use controller::{
     hostnqn_for, ConnectOptions, Controller, ControllerInfo, Namespace, NsInfo, Transport,
 };
 pub use discovery::{discover, discover_with, DiscoveryEntry};
 pub use error::{CmdError, Error};
 pub use queue::{Completion, Data, DataRef, IoQueue, Stats, SubmitError};
+pub use rdma::{RdmaBuf, RdmaQueue};
 
 impl From<CmdError> for Error {
     fn from(e: CmdError) -> Error {
