@@ -1,0 +1,457 @@
+//! End-to-end check of the initiator library against a live target, over NVMe/RDMA or NVMe/TCP:
+//! discovery, connect, a zero-copy asynchronous write/read/verify pass over `--size` bytes, the
+//! synchronous block API (large and in-capsule writes, read back), Flush, Write Zeroes, Trim
+//! (Dataset Management), an out-of-range read that must fail without hurting the queue, and a
+//! clean shutdown.
+//!
+//! ```text
+//! io_check --transport rdma --traddr 192.168.78.1 --trsvcid 4420 --subnqn NQN [--size 64M]
+//!          [--bs 128k] [--iodepth 16] [--nsid 1] [--busy-poll] [--timeout 30]
+//! ```
+//!
+//! Prints one line per phase and `io_check OK` last; exits 1 on the first failed check.
+
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use initiator::{
+    discover_with, AnyQueue, ConnectOptions, Controller, Error, NsInfo, Queue, Transport,
+};
+
+#[derive(Parser, Debug)]
+#[command(about = "Write/read/verify, flush, write zeroes and trim through the initiator")]
+struct Args {
+    /// tcp or rdma.
+    #[arg(long, default_value = "rdma")]
+    transport: String,
+    #[arg(long)]
+    traddr: String,
+    #[arg(long, default_value_t = 4420)]
+    trsvcid: u16,
+    #[arg(long)]
+    subnqn: String,
+    /// Bytes to write and verify asynchronously (suffixes k, M, G).
+    #[arg(long, default_value = "64M", value_parser = parse_size)]
+    size: u64,
+    /// I/O size of the asynchronous pass.
+    #[arg(long, default_value = "128k", value_parser = parse_size)]
+    bs: u64,
+    #[arg(long, default_value_t = 16)]
+    iodepth: u16,
+    #[arg(long, default_value_t = 1)]
+    nsid: u32,
+    /// Spin on the completion queue instead of sleeping.
+    #[arg(long)]
+    busy_poll: bool,
+    /// Seconds every wait may take.
+    #[arg(long, default_value_t = 30)]
+    timeout: u64,
+}
+
+fn parse_size(s: &str) -> Result<u64, String> {
+    let (num, mul) = match s.as_bytes().last() {
+        Some(b'k' | b'K') => (&s[..s.len() - 1], 1u64 << 10),
+        Some(b'm' | b'M') => (&s[..s.len() - 1], 1 << 20),
+        Some(b'g' | b'G') => (&s[..s.len() - 1], 1 << 30),
+        _ => (s, 1),
+    };
+    num.parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(mul))
+        .filter(|&n| n > 0)
+        .ok_or_else(|| format!("bad size {s:?}"))
+}
+
+type Res<T> = Result<T, String>;
+
+macro_rules! ensure {
+    ($cond:expr, $($fmt:tt)+) => {
+        if !$cond {
+            return Err(format!($($fmt)+));
+        }
+    };
+}
+
+/// The pattern of the 8-byte word at byte `off` of the namespace for pass `seed`.
+fn word(off: u64, seed: u64) -> u64 {
+    (off ^ seed.rotate_left(40)).wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ seed
+}
+
+fn fill(buf: &mut [u8], off: u64, seed: u64) {
+    for (i, w) in buf.chunks_exact_mut(8).enumerate() {
+        w.copy_from_slice(&word(off + 8 * i as u64, seed).to_le_bytes());
+    }
+}
+
+fn check(buf: &[u8], off: u64, seed: u64) -> Res<()> {
+    for (i, w) in buf.chunks_exact(8).enumerate() {
+        let at = off + 8 * i as u64;
+        let got = u64::from_le_bytes(w.try_into().expect("8 bytes"));
+        ensure!(
+            got == word(at, seed),
+            "data mismatch at byte {at}: {got:#018x}, expected {:#018x}",
+            word(at, seed)
+        );
+    }
+    Ok(())
+}
+
+/// Write (`write`) or read and verify `[0, size)` in `bs` pieces, `qd` at a time, with buffers
+/// from the queue itself (registered memory over RDMA). Returns bytes per second.
+fn async_pass<Q: Queue>(
+    q: &mut Q,
+    ns: &NsInfo,
+    size: u64,
+    bs: usize,
+    qd: usize,
+    seed: u64,
+    write: bool,
+) -> Res<f64> {
+    let bsz = ns.block_size as u64;
+    let mut bufs = Vec::with_capacity(qd);
+    for _ in 0..qd {
+        bufs.push(
+            q.alloc_buf(bs)
+                .map_err(|e| format!("alloc_buf({bs}): {e}"))?,
+        );
+    }
+    let mut done = Vec::with_capacity(qd);
+    let mut next = 0u64;
+    let t = Instant::now();
+    while next < size || q.in_flight() > 0 {
+        while next < size && !bufs.is_empty() && q.free_slots() > 0 {
+            let mut b = bufs.pop().expect("non-empty");
+            let r = if write {
+                fill(&mut b, next, seed);
+                q.submit_write(ns, next / bsz, b, next)
+            } else {
+                q.submit_read(ns, next / bsz, b, next)
+            };
+            r.map_err(|e| format!("submit at {next}: {}", e.error))?;
+            next += bs as u64;
+        }
+        q.reap(&mut done, 1, None)
+            .map_err(|e| format!("reap: {e}"))?;
+        for c in done.drain(..) {
+            let off = c.user_data;
+            c.result.map_err(|e| {
+                format!(
+                    "{} at byte {off}: {e}",
+                    if write { "write" } else { "read" }
+                )
+            })?;
+            let b = c.buf.ok_or("completion without its buffer")?;
+            if !write {
+                check(&b, off, seed)?;
+            }
+            bufs.push(b);
+        }
+    }
+    Ok(size as f64 / t.elapsed().as_secs_f64())
+}
+
+/// The async phase on a queue of either type; checks the copy accounting.
+fn async_phase<Q: Queue>(q: &mut Q, a: &Args, ns: &NsInfo, rdma: bool) -> Res<()> {
+    let (size, bs, qd) = (a.size, a.bs as usize, a.iodepth as usize);
+    // The queue's Fabrics Connect (1024 bytes of data) is in the counters already.
+    let s0 = q.stats();
+    let w = async_pass(q, ns, size, bs, qd, 1, true)?;
+    let r = async_pass(q, ns, size, bs, qd, 1, false)?;
+    let s1 = q.stats();
+    let s = initiator::Stats {
+        commands: s1.commands - s0.commands,
+        completed: s1.completed - s0.completed,
+        payload_bytes: s1.payload_bytes - s0.payload_bytes,
+        socket_payload_bytes: s1.socket_payload_bytes - s0.socket_payload_bytes,
+        memcpy_bytes: s1.memcpy_bytes - s0.memcpy_bytes,
+        syscalls: s1.syscalls - s0.syscalls,
+    };
+    println!(
+        "async: wrote+verified {} MiB in {} KiB I/Os at QD {qd}: write {:.1} MB/s, read {:.1} MB/s; \
+         {} commands, payload {} B, memcpy {} B, socket {} B, copies/byte {:.2}",
+        size >> 20,
+        bs >> 10,
+        w / 1e6,
+        r / 1e6,
+        s.commands,
+        s.payload_bytes,
+        s.memcpy_bytes,
+        s.socket_payload_bytes,
+        s.copies_per_byte()
+    );
+    ensure!(
+        s.payload_bytes == 2 * size,
+        "payload accounting: {} bytes for 2 x {size}",
+        s.payload_bytes
+    );
+    if rdma {
+        ensure!(
+            s.memcpy_bytes == 0 && s.socket_payload_bytes == 0,
+            "the RDMA data path copied: {s:?}"
+        );
+    }
+    // Flush through the async API too.
+    q.submit_flush(ns.nsid, 7)
+        .map_err(|e| format!("submit_flush: {}", e.error))?;
+    let mut done = Vec::new();
+    while q.in_flight() > 0 {
+        q.reap(&mut done, 1, None).map_err(|e| e.to_string())?;
+    }
+    ensure!(
+        done.len() == 1 && done[0].user_data == 7 && done[0].result.is_ok(),
+        "async flush: {done:?}"
+    );
+    Ok(())
+}
+
+fn run(a: &Args) -> Res<()> {
+    let rdma = match a.transport.as_str() {
+        "rdma" => true,
+        "tcp" => false,
+        t => return Err(format!("--transport {t}: tcp or rdma")),
+    };
+    let mut o = if rdma {
+        ConnectOptions::rdma(&a.traddr, a.trsvcid, &a.subnqn)
+    } else {
+        ConnectOptions::tcp(&a.traddr, a.trsvcid, &a.subnqn)
+    };
+    o.queues = 1;
+    o.queue_depth = a.iodepth.max(4);
+    o.busy_poll = a.busy_poll;
+    o.timeout = Duration::from_secs(a.timeout);
+    let tr = if rdma { "rdma" } else { "tcp" };
+
+    // Discovery over the same transport (`nvme discover -t rdma`).
+    let entries = discover_with(&o).map_err(|e| format!("discovery: {e}"))?;
+    for e in &entries {
+        println!(
+            "discovery: trtype {} subtype {} {}:{} {}",
+            e.trtype, e.subtype, e.traddr, e.trsvcid, e.subnqn
+        );
+    }
+    ensure!(
+        entries.iter().any(|e| e.subnqn == a.subnqn),
+        "discovery log does not list {}",
+        a.subnqn
+    );
+
+    let t = Instant::now();
+    let mut ctrl = Controller::connect(o).map_err(|e| format!("connect: {e}"))?;
+    let info = ctrl.info().clone();
+    println!(
+        "connected over {tr} in {:.2} s: cntlid {} model {:?} fw {:?} max_transfer {} \
+         in_capsule {} io_queues {} depth {} oncs {:#x}",
+        t.elapsed().as_secs_f64(),
+        info.cntlid,
+        info.model,
+        info.firmware,
+        info.max_transfer,
+        info.in_capsule,
+        info.io_queues,
+        info.io_queue_depth,
+        info.oncs
+    );
+    ensure!(info.io_queues == 1, "{} I/O queues granted", info.io_queues);
+    let ns = *ctrl
+        .namespaces()
+        .iter()
+        .find(|n| n.nsid == a.nsid)
+        .ok_or_else(|| format!("namespace {} not active", a.nsid))?;
+    println!(
+        "namespace {}: {} blocks of {} bytes ({} MiB)",
+        ns.nsid,
+        ns.blocks,
+        ns.block_size,
+        ns.size() >> 20
+    );
+    ensure!(
+        a.size <= ns.size() && a.size % a.bs == 0 && a.bs % ns.block_size as u64 == 0,
+        "--size {} / --bs {} do not fit namespace {} of {} bytes",
+        a.size,
+        a.bs,
+        ns.nsid,
+        ns.size()
+    );
+    ensure!(a.bs <= info.max_transfer as u64, "--bs {} above MDTS", a.bs);
+
+    // A second controller (another host NQN) for the synchronous API, at the same time.
+    let mut o2 = if rdma {
+        ConnectOptions::rdma(&a.traddr, a.trsvcid, &a.subnqn)
+    } else {
+        ConnectOptions::tcp(&a.traddr, a.trsvcid, &a.subnqn)
+    };
+    o2.queues = 1;
+    o2.queue_depth = 8;
+    o2.timeout = Duration::from_secs(a.timeout);
+    let mut ctrl2 = Controller::connect(o2).map_err(|e| format!("second connect: {e}"))?;
+    let mut nsh = ctrl2.open_namespace(ns.nsid).map_err(|e| e.to_string())?;
+
+    // ---- asynchronous, zero-copy on RDMA ----
+    let mut q = ctrl.take_queue().ok_or("no I/O queue")?;
+    let want = if rdma {
+        Transport::Rdma
+    } else {
+        Transport::Tcp
+    };
+    ensure!(q.transport() == want, "queue transport {:?}", q.transport());
+    let bsz = ns.block_size as usize;
+    match &mut q {
+        AnyQueue::Tcp(q) => async_phase(q, a, &ns, false)?,
+        AnyQueue::Rdma(q) => {
+            async_phase(q, a, &ns, true)?;
+            println!(
+                "rdma queue {} on {}: {} bytes registered for its pool",
+                q.qid(),
+                q.device(),
+                q.registered_bytes()
+            );
+            // A buffer of another queue's pool is refused, and comes back.
+            let other = nsh.queue().as_rdma().ok_or("second queue is not RDMA")?;
+            let b = other.alloc_buf(bsz).map_err(|e| e.to_string())?;
+            let e = q.submit_read(&ns, 0, b, 0).unwrap_err();
+            ensure!(
+                matches!(e.error, Error::InvalidArgument(_)) && e.buf.is_some(),
+                "foreign buffer: {e}"
+            );
+            println!(
+                "rdma: a buffer from another queue's pool is refused: {}",
+                e.error
+            );
+        }
+    }
+    // An out-of-range read fails with an NVMe status; the queue keeps working.
+    let bad = match &mut q {
+        AnyQueue::Tcp(q) => one_read(q, &ns, ns.blocks, bsz),
+        AnyQueue::Rdma(q) => one_read(q, &ns, ns.blocks, bsz),
+    }?;
+    ensure!(bad != "ok", "a read past the end succeeded");
+    println!("read past the end: {bad}");
+    let again = match &mut q {
+        AnyQueue::Tcp(q) => one_read(q, &ns, 0, bsz),
+        AnyQueue::Rdma(q) => one_read(q, &ns, 0, bsz),
+    }?;
+    ensure!(again == "ok", "read after the failed one: {again}");
+    drop(q);
+
+    // ---- synchronous block API (copies through the pool on RDMA, counted) ----
+    let s_sync0 = nsh.queue().stats();
+    let big = (4usize << 20).min(a.size as usize);
+    let base = a.size - big as u64;
+    let mut data = vec![0u8; big];
+    fill(&mut data, base, 2);
+    nsh.write_at(&data, base)
+        .map_err(|e| format!("write_at: {e}"))?;
+    let mut back = vec![0u8; big];
+    nsh.read_at(&mut back, base)
+        .map_err(|e| format!("read_at: {e}"))?;
+    check(&back, base, 2)?;
+    // Small writes: in the capsule when the controller allows it.
+    for i in 0..8u64 {
+        let off = i * 3 * bsz as u64;
+        let mut small = vec![0u8; bsz];
+        fill(&mut small, off, 3);
+        nsh.write_at(&small, off)
+            .map_err(|e| format!("small write_at: {e}"))?;
+        let mut r = vec![0u8; bsz];
+        nsh.read_at(&mut r, off)
+            .map_err(|e| format!("small read_at: {e}"))?;
+        check(&r, off, 3)?;
+    }
+    let s1 = nsh.queue().stats();
+    let s = initiator::Stats {
+        payload_bytes: s1.payload_bytes - s_sync0.payload_bytes,
+        memcpy_bytes: s1.memcpy_bytes - s_sync0.memcpy_bytes,
+        ..s1
+    };
+    println!(
+        "sync: write_at/read_at {} MiB + 8 x {bsz} B (in-capsule limit {}): memcpy {} B for payload {} B",
+        big >> 20,
+        nsh.queue().in_capsule_limit(),
+        s.memcpy_bytes,
+        s.payload_bytes
+    );
+    if rdma {
+        ensure!(
+            s.memcpy_bytes == s.payload_bytes,
+            "sync path copy accounting: {s:?}"
+        );
+    }
+
+    nsh.flush().map_err(|e| format!("flush: {e}"))?;
+    println!("flush: ok");
+
+    let zlen = 64 * bsz as u64;
+    match nsh.write_zeroes(0, zlen) {
+        Ok(()) => {
+            let mut z = vec![0xffu8; zlen as usize];
+            nsh.read_at(&mut z, 0)
+                .map_err(|e| format!("read after write zeroes: {e}"))?;
+            ensure!(z.iter().all(|&b| b == 0), "write zeroes left data behind");
+            println!("write zeroes: {zlen} bytes, read back as zeroes");
+        }
+        Err(Error::Unsupported(why)) => println!("write zeroes: not supported ({why})"),
+        Err(e) => return Err(format!("write zeroes: {e}")),
+    }
+
+    let tlen = 256 * bsz as u64;
+    nsh.trim(&[(0, tlen), (a.size / 2, tlen)])
+        .map_err(|e| format!("trim: {e}"))?;
+    println!("trim: 2 ranges of {tlen} bytes deallocated");
+    // Data outside the trimmed and zeroed ranges is intact.
+    let mut r = vec![0u8; 4 * bsz];
+    let off = a.size / 4;
+    nsh.read_at(&mut r, off)
+        .map_err(|e| format!("read after trim: {e}"))?;
+    check(&r, off, 1)?;
+
+    drop(nsh);
+    ctrl2.shutdown().map_err(|e| format!("shutdown: {e}"))?;
+    ctrl.keep_alive().map_err(|e| format!("keep alive: {e}"))?;
+    ctrl.shutdown().map_err(|e| format!("shutdown: {e}"))?;
+    println!("shutdown: ok");
+    Ok(())
+}
+
+/// One read of `bs` bytes at `slba`: "ok" or the error text.
+fn one_read<Q: Queue>(q: &mut Q, ns: &NsInfo, slba: u64, bs: usize) -> Res<String> {
+    let b = q.alloc_buf(bs).map_err(|e| e.to_string())?;
+    let mut sqe = nvme::Sqe::new(nvme::opcode::io::READ, 0);
+    sqe.nsid = ns.nsid.into();
+    sqe.cdw10 = (slba as u32).into();
+    sqe.cdw11 = ((slba >> 32) as u32).into();
+    sqe.cdw12 = ((bs / ns.block_size as usize) as u32 - 1).into();
+    q.submit(sqe, initiator::Data::FromController(b), 0)
+        .map_err(|e| e.error.to_string())?;
+    let mut done = Vec::new();
+    q.reap(&mut done, 1, None).map_err(|e| e.to_string())?;
+    ensure!(!q.is_failed(), "queue failed: {:?}", q.error());
+    Ok(match done.pop().map(|c| c.result) {
+        Some(Ok(_)) => "ok".into(),
+        Some(Err(e)) => format!("failed as expected: {e}"),
+        None => return Err("no completion".into()),
+    })
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let a = Args::parse();
+    match run(&a) {
+        Ok(()) => {
+            println!(
+                "io_check OK ({} {}:{} {})",
+                a.transport, a.traddr, a.trsvcid, a.subnqn
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            println!("io_check FAILED: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
