@@ -1,11 +1,12 @@
 //! `nvmf-bench --demo`: start `nvmf-target` (the binary next to this one) on its embedded
-//! default — or, when port 4420 is taken, on a generated configuration with a free port —
-//! wait until it reports READY=1 over the sd_notify protocol, and stop it with SIGTERM
-//! afterwards.
+//! default — or on a generated configuration that is the embedded default plus what the
+//! machine needs: a free port when 4420 is taken, an NVMe/RDMA listener on the address of an
+//! RDMA device when there is one — wait until it reports READY=1 over the sd_notify
+//! protocol, and stop it with SIGTERM afterwards.
 
 use std::fs;
 use std::io::{self, Read, Seek, SeekFrom};
-use std::net::TcpListener;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener};
 use std::os::unix::net::UnixDatagram;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -28,6 +29,8 @@ pub struct TargetProcess {
     child: Option<Child>,
     dir: PathBuf,
     pub port: u16,
+    /// The NVMe/RDMA listener's address (same port), when the machine has an RDMA device.
+    pub rdma_addr: Option<Ipv4Addr>,
     pub log: PathBuf,
     /// How it was configured ("embedded default" or the generated file).
     pub how: String,
@@ -54,12 +57,46 @@ fn free_port() -> io::Result<u16> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
-/// The demo's configuration file: the embedded default on another port.
-fn config_yaml(port: u16, image: &Path) -> String {
+/// An IPv4 address of this machine that rdma_cm binds to an RDMA device (RoCE, iWARP or
+/// InfiniBand), for the demo's NVMe/RDMA listener. None without RDMA.
+pub fn rdma_local_addr() -> Option<Ipv4Addr> {
+    if rdma::devices().ok()?.is_empty() {
+        return None;
+    }
+    let channel = rdma::EventChannel::new().ok()?;
+    let addrs = nix::ifaddrs::getifaddrs().ok()?;
+    for ifa in addrs {
+        let Some(ip) = ifa
+            .address
+            .as_ref()
+            .and_then(|a| a.as_sockaddr_in())
+            .map(|s| s.ip())
+        else {
+            continue;
+        };
+        let Ok(id) = channel.create_id(0) else {
+            continue;
+        };
+        // Binding to a specific address binds the id to that address's device, if any.
+        if id.bind_addr(SocketAddr::new(IpAddr::V4(ip), 0)).is_ok()
+            && matches!(id.context(), Ok(Some(_)))
+        {
+            return Some(ip);
+        }
+    }
+    None
+}
+
+/// The demo's configuration file: the embedded default on `port`, plus an NVMe/RDMA listener
+/// on `rdma` (same port) when given.
+fn config_yaml(port: u16, rdma: Option<Ipv4Addr>, image: &Path) -> String {
     let path = serde_json::to_string(&image.to_string_lossy()).expect("a string serializes");
+    let rdma = rdma
+        .map(|ip| format!("  - {{ transport: rdma, address: {ip}, port: {port} }}\n"))
+        .unwrap_or_default();
     format!(
         "# Written by nvmf-bench --demo: nvmf-target's embedded default on port {port}.\n\
-         listeners:\n  - {{ transport: tcp, address: 127.0.0.1, port: {port} }}\n\
+         listeners:\n  - {{ transport: tcp, address: 127.0.0.1, port: {port} }}\n{rdma}\
          subsystems:\n  - nqn: {DEFAULT_SUBNQN}\n    allow_any_host: true\n    namespaces:\n      \
          - {{ nsid: 1, path: {path}, size: 1GiB }}\n"
     )
@@ -78,7 +115,8 @@ fn log_tail(path: &Path) -> String {
 }
 
 impl TargetProcess {
-    pub fn start() -> Result<TargetProcess, String> {
+    /// Start the target; with `rdma`, also listening for NVMe/RDMA on that address.
+    pub fn start(rdma: Option<Ipv4Addr>) -> Result<TargetProcess, String> {
         let bin = target_binary()?;
         let dir = std::env::temp_dir().join(format!("nvmf-bench-demo-{}", std::process::id()));
         fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
@@ -87,25 +125,30 @@ impl TargetProcess {
             log: dir.join("nvmf-target.log"),
             dir,
             port: DEFAULT_PORT,
+            rdma_addr: rdma,
             how: String::new(),
         };
         let mut cmd = Command::new(&bin);
         // Probing with a bind is racy but only decides which configuration to use: a target
         // that then fails to listen reports it and exits, and the error below says so.
-        if TcpListener::bind(("127.0.0.1", DEFAULT_PORT)).is_ok() {
+        let port_free = TcpListener::bind(("127.0.0.1", DEFAULT_PORT)).is_ok();
+        if port_free && rdma.is_none() {
             cmd.arg("--default-dir").arg(&t.dir);
             t.how = "embedded default".into();
         } else {
-            t.port = free_port().map_err(|e| format!("no free TCP port: {e}"))?;
+            let mut why = Vec::new();
+            if !port_free {
+                t.port = free_port().map_err(|e| format!("no free TCP port: {e}"))?;
+                why.push(format!("port {DEFAULT_PORT} is taken"));
+            }
+            if let Some(ip) = rdma {
+                why.push(format!("NVMe/RDMA on {ip}:{}", t.port));
+            }
             let cfg = t.dir.join("nvmf-target.yaml");
-            fs::write(&cfg, config_yaml(t.port, &t.dir.join("demo.img")))
+            fs::write(&cfg, config_yaml(t.port, rdma, &t.dir.join("demo.img")))
                 .map_err(|e| format!("{}: {e}", cfg.display()))?;
             cmd.arg("--config").arg(&cfg);
-            t.how = format!(
-                "port {DEFAULT_PORT} is taken: the embedded default on port {} ({})",
-                t.port,
-                cfg.display()
-            );
+            t.how = format!("embedded default + {}", why.join(", "));
         }
         let notify_path = t.dir.join("notify.sock");
         let _ = fs::remove_file(&notify_path);
@@ -230,10 +273,18 @@ mod tests {
 
     #[test]
     fn generated_config_is_the_embedded_default_on_another_port() {
-        let y = config_yaml(4999, Path::new("/tmp/a b/demo.img"));
+        let y = config_yaml(4999, None, Path::new("/tmp/a b/demo.img"));
         assert!(y.contains("port: 4999"));
+        assert!(!y.contains("rdma"));
         assert!(y.contains(r#"path: "/tmp/a b/demo.img""#));
         assert!(y.contains(DEFAULT_SUBNQN));
         assert!(y.contains("size: 1GiB"));
+        let y = config_yaml(
+            4420,
+            Some(Ipv4Addr::new(192, 168, 78, 1)),
+            Path::new("/x.img"),
+        );
+        assert!(y.contains("{ transport: rdma, address: 192.168.78.1, port: 4420 }"));
+        assert!(y.contains("{ transport: tcp, address: 127.0.0.1, port: 4420 }"));
     }
 }

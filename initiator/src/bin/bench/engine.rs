@@ -164,6 +164,9 @@ impl Engine for QueueEngine {
 #[derive(Debug, Clone)]
 pub struct TargetSpec {
     pub traddr: String,
+    /// Address for NVMe/RDMA when it differs from `traddr` (the demo's target listens for
+    /// TCP on loopback and for RDMA on an RDMA device's address).
+    pub rdma_traddr: Option<String>,
     pub trsvcid: u16,
     pub subnqn: String,
     pub hostnqn: Option<String>,
@@ -209,7 +212,11 @@ pub fn open(
     depth: u16,
     bs: u64,
 ) -> Result<Opened, String> {
-    let mut o = ConnectOptions::tcp(&t.traddr, t.trsvcid, &t.subnqn);
+    let traddr = match kind {
+        TransportKind::Rdma => t.rdma_traddr.as_deref().unwrap_or(&t.traddr),
+        TransportKind::Tcp => &t.traddr,
+    };
+    let mut o = ConnectOptions::tcp(traddr, t.trsvcid, &t.subnqn);
     o.transport = match kind {
         TransportKind::Tcp => Transport::Tcp,
         TransportKind::Rdma => Transport::Rdma,
@@ -227,7 +234,7 @@ pub fn open(
         TransportKind::Rdma => rdma_device_missing(),
         TransportKind::Tcp => None,
     };
-    let where_ = format!("{}:{} {}", t.traddr, t.trsvcid, t.subnqn);
+    let where_ = format!("{traddr}:{} {}", t.trsvcid, t.subnqn);
     let mut ctrl = match Controller::connect(o) {
         Ok(c) => c,
         Err(e @ Error::Unsupported(_)) => {

@@ -51,6 +51,7 @@ struct Plan {
 fn target_spec(a: &Args) -> TargetSpec {
     TargetSpec {
         traddr: a.traddr.clone(),
+        rdma_traddr: None,
         trsvcid: a.trsvcid,
         subnqn: a.subnqn.clone(),
         hostnqn: a.hostnqn.clone(),
@@ -91,8 +92,12 @@ fn execute(plan: &Plan) -> Vec<WorkloadOutcome> {
                     eprintln!("nvmf-bench: {} [{}]: {e}", w.name, kind.name());
                 }
             }
-            if let Outcome::Failed(e) = &r {
-                eprintln!("nvmf-bench: {} [{}]: {e}", w.name, kind.name());
+            match &r {
+                Outcome::Failed(e) => eprintln!("nvmf-bench: {} [{}]: {e}", w.name, kind.name()),
+                Outcome::Skipped(why) => {
+                    eprintln!("nvmf-bench: {} [{}]: skipped: {why}", w.name, kind.name())
+                }
+                Outcome::Ran(_) => {}
             }
             if text {
                 emit(&report::transport_text(w, kind, &r));
@@ -221,7 +226,17 @@ fn finish(plan: &Plan, outcomes: &[WorkloadOutcome], plot: Option<&std::path::Pa
 
 /// `--demo`.
 fn demo(a: &Args) -> ExitCode {
-    let target = match demo::TargetProcess::start() {
+    let transports = if a.transport.is_empty() && a.compare.is_empty() {
+        vec![TransportKind::Tcp, TransportKind::Rdma]
+    } else {
+        a.transports()
+    };
+    let rdma = if transports.contains(&TransportKind::Rdma) {
+        demo::rdma_local_addr()
+    } else {
+        None
+    };
+    let target = match demo::TargetProcess::start(rdma) {
         Ok(t) => t,
         Err(e) => {
             eprintln!("nvmf-bench --demo: {e}");
@@ -249,15 +264,11 @@ fn demo(a: &Args) -> ExitCode {
             ..w
         }
     };
-    let transports = if a.transport.is_empty() && a.compare.is_empty() {
-        vec![TransportKind::Tcp, TransportKind::Rdma]
-    } else {
-        a.transports()
-    };
     let plan = Plan {
         target: TargetSpec {
             traddr: "127.0.0.1".into(),
             trsvcid: target.port,
+            rdma_traddr: target.rdma_addr.map(|ip| ip.to_string()),
             subnqn: args::DEFAULT_SUBNQN.into(),
             nsid: 1,
             ..target_spec(a)
