@@ -333,6 +333,9 @@ fn randread_qd32_json_report() {
     let copies = tcp.get("copies");
     assert!(copies.get("socket_per_byte").num() >= 0.999, "{copies:?}");
     assert!(copies.get("per_byte").num() >= copies.get("socket_per_byte").num());
+    // The queue makes system calls (sends, receives, waits), but batches them at depth 32.
+    let sys = tcp.get("syscalls_per_io").num();
+    assert!(sys > 0.0 && sys < 8.0, "syscalls per I/O {sys}");
     assert_eq!(tcp.get("verify"), &J::Null);
 
     // This target listens on TCP only: RDMA never produces numbers here; it says why.

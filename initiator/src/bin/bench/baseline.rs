@@ -3,8 +3,8 @@
 //!
 //! - **stream**: one sender writes `bs`-sized chunks as fast as it can, one receiver reads;
 //!   bandwidth. One pair per job.
-//! - **ping-pong**: per job one connection with `iodepth` requests in flight; each request is
-//!   answered as soon as it is read. For read-heavy workloads a request is 72 bytes (the size
+//! - **ping-pong**: per job one connection with `iodepth` requests in flight; each side reads
+//!   whatever has arrived and answers all whole messages in it with one write. For read-heavy workloads a request is 72 bytes (the size
 //!   of an NVMe/TCP command capsule) and the reply is `bs` bytes; for write-heavy ones the
 //!   request carries `bs` bytes and the reply is 24 bytes (a response capsule). Latency is
 //!   measured from sending a request to receiving its whole reply, in an HDR histogram, and
@@ -112,6 +112,31 @@ fn stream(bs: usize, jobs: usize, dur: Duration) -> io::Result<Stream> {
     })
 }
 
+/// Messages written by one `write` at most (bounds the pre-filled batch buffers).
+const BATCH: usize = 32;
+
+/// Read into `buf` once (retrying EINTR); 0 at EOF.
+fn read_some(s: &mut TcpStream, buf: &mut [u8]) -> io::Result<usize> {
+    loop {
+        match s.read(buf) {
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            r => return r,
+        }
+    }
+}
+
+/// Write `n` copies of a message from `batch` (which holds [`BATCH`] of them).
+fn write_n(s: &mut TcpStream, batch: &[u8], msg_len: usize, mut n: usize) -> io::Result<()> {
+    while n > 0 {
+        let k = n.min(BATCH);
+        s.write_all(&batch[..k * msg_len])?;
+        n -= k;
+    }
+    Ok(())
+}
+
+/// Both sides read whatever has arrived and answer every whole message in it with one write,
+/// as a protocol implementation that batches would: the fewest system calls per message.
 fn pingpong(
     bs: usize,
     depth: usize,
@@ -131,42 +156,64 @@ fn pingpong(
         let mut clients = Vec::new();
         for (mut c, mut srv) in pairs {
             s.spawn(move || -> io::Result<()> {
-                let mut req = vec![0u8; req_len];
-                let resp = vec![0xa5u8; resp_len];
+                let mut rx = vec![0u8; (BATCH * req_len).max(64 << 10)];
+                let replies = vec![0xa5u8; BATCH * resp_len];
+                let mut partial = 0usize;
                 loop {
-                    match srv.read_exact(&mut req) {
-                        Ok(()) => srv.write_all(&resp)?,
-                        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(()),
-                        Err(e) => return Err(e),
+                    let n = read_some(&mut srv, &mut rx)?;
+                    if n == 0 {
+                        return Ok(());
                     }
+                    partial += n;
+                    let whole = partial / req_len;
+                    partial %= req_len;
+                    write_n(&mut srv, &replies, resp_len, whole)?;
                 }
             });
             clients.push(s.spawn(move || -> io::Result<DirStats> {
-                let req = vec![0x3cu8; req_len];
-                let mut resp = vec![0u8; resp_len];
+                let requests = vec![0x3cu8; BATCH * req_len];
+                let mut rx = vec![0u8; (BATCH * resp_len).max(64 << 10)];
+                // Send times of the requests in flight, oldest at `head` (replies come in
+                // order).
                 let mut sent = vec![t0; depth];
                 let mut stats = DirStats::new();
-                let (mut head, mut outstanding) = (0usize, 0usize);
-                for s in sent.iter_mut() {
-                    *s = Instant::now();
-                    c.write_all(&req)?;
-                    outstanding += 1;
-                }
+                let (mut head, mut outstanding, mut partial) = (0usize, 0usize, 0usize);
+                let now = Instant::now();
+                sent.fill(now);
+                write_n(&mut c, &requests, req_len, depth)?;
+                outstanding += depth;
                 while outstanding > 0 {
-                    c.read_exact(&mut resp)?;
-                    let now = Instant::now();
-                    outstanding -= 1;
-                    if now <= end {
-                        stats.ios += 1;
-                        stats.bytes += bs as u64;
-                        let ns = now.duration_since(sent[head]).as_nanos() as u64;
-                        stats.hist.saturating_record(ns.max(1));
-                        // Requests are answered in order: the slot just freed is the oldest.
-                        sent[head] = Instant::now();
-                        c.write_all(&req)?;
-                        outstanding += 1;
+                    let n = read_some(&mut c, &mut rx)?;
+                    if n == 0 {
+                        return Err(io::ErrorKind::UnexpectedEof.into());
                     }
-                    head = (head + 1) % depth;
+                    let now = Instant::now();
+                    partial += n;
+                    let whole = partial / resp_len;
+                    partial %= resp_len;
+                    let mut again = 0;
+                    for _ in 0..whole {
+                        outstanding -= 1;
+                        if now <= end {
+                            stats.ios += 1;
+                            stats.bytes += bs as u64;
+                            let ns = now.duration_since(sent[head]).as_nanos() as u64;
+                            stats.hist.saturating_record(ns.max(1));
+                            again += 1;
+                        }
+                        head = (head + 1) % depth;
+                    }
+                    if again > 0 {
+                        // The freed entries are the `again` oldest ones, which the new
+                        // requests take over at the tail.
+                        let now = Instant::now();
+                        let tail = (head + outstanding) % depth;
+                        for i in 0..again {
+                            sent[(tail + i) % depth] = now;
+                        }
+                        write_n(&mut c, &requests, req_len, again)?;
+                        outstanding += again;
+                    }
                 }
                 c.shutdown(Shutdown::Write)?;
                 Ok(stats)

@@ -9,7 +9,7 @@
 use std::time::Duration;
 
 use initiator::{
-    CmdError, Completion, ConnectOptions, Controller, Error, IoQueue, NsInfo, Stats, Transport,
+    AnyQueue, CmdError, Completion, ConnectOptions, Controller, Error, NsInfo, Queue, Transport,
 };
 
 use super::args::TransportKind;
@@ -28,28 +28,31 @@ pub struct Done {
     pub result: Result<(), CmdError>,
 }
 
-/// Payload copy counters (see [`initiator::Stats`]): bytes delivered, bytes the CPU copied
-/// through the socket (kernel copies) and in user space.
+/// Queue counters (see [`initiator::Stats`]): payload bytes delivered, payload bytes the CPU
+/// copied through the socket (kernel copies) and in user space, system calls.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct CopyStats {
+pub struct Counters {
     pub payload_bytes: u64,
     pub socket_bytes: u64,
     pub memcpy_bytes: u64,
+    pub syscalls: u64,
 }
 
-impl CopyStats {
-    pub fn since(&self, earlier: &CopyStats) -> CopyStats {
-        CopyStats {
+impl Counters {
+    pub fn since(&self, earlier: &Counters) -> Counters {
+        Counters {
             payload_bytes: self.payload_bytes - earlier.payload_bytes,
             socket_bytes: self.socket_bytes - earlier.socket_bytes,
             memcpy_bytes: self.memcpy_bytes - earlier.memcpy_bytes,
+            syscalls: self.syscalls - earlier.syscalls,
         }
     }
 
-    pub fn add(&mut self, o: &CopyStats) {
+    pub fn add(&mut self, o: &Counters) {
         self.payload_bytes += o.payload_bytes;
         self.socket_bytes += o.socket_bytes;
         self.memcpy_bytes += o.memcpy_bytes;
+        self.syscalls += o.syscalls;
     }
 }
 
@@ -68,55 +71,51 @@ pub trait Engine: Send {
     fn reap(&mut self, out: &mut Vec<Done>, min: usize, timeout: Duration) -> Result<(), Error>;
     /// I/Os in flight.
     fn in_flight(&self) -> usize;
-    /// Copy counters since the queue was created.
-    fn copy_stats(&self) -> CopyStats;
+    /// Counters since the queue was created.
+    fn counters(&self) -> Counters;
 }
 
-/// An [`Engine`] over an initiator [`IoQueue`] (NVMe/TCP today; any transport the initiator
-/// puts behind `IoQueue`). Slot buffers are `Vec`s lent to the queue while the I/O runs.
-pub struct QueueEngine {
-    q: IoQueue,
+/// An [`Engine`] over any initiator [`Queue`]: NVMe/TCP's `IoQueue` with `Vec` buffers,
+/// NVMe/RDMA's `RdmaQueue` with buffers from its registered pool (the target reads and writes
+/// them directly). Each slot's buffer is lent to the queue while its I/O runs.
+pub struct QueueEngine<Q: Queue> {
+    q: Q,
     ns: NsInfo,
-    bufs: Vec<Option<Vec<u8>>>,
-    done: Vec<Completion>,
+    bufs: Vec<Option<Q::Buf>>,
+    done: Vec<Completion<Q::Buf>>,
 }
 
-impl QueueEngine {
-    pub fn new(q: IoQueue, ns: NsInfo, slots: usize, bs: usize) -> QueueEngine {
-        QueueEngine {
+impl<Q: Queue> QueueEngine<Q> {
+    pub fn new(q: Q, ns: NsInfo, slots: usize, bs: usize) -> Result<QueueEngine<Q>, Error> {
+        let bufs = (0..slots)
+            .map(|_| q.alloc_buf(bs).map(Some))
+            .collect::<Result<_, _>>()?;
+        Ok(QueueEngine {
             q,
             ns,
-            bufs: (0..slots).map(|_| Some(vec![0u8; bs])).collect(),
+            bufs,
             done: Vec::with_capacity(slots),
-        }
-    }
-
-    fn idle(&self, slot: usize) -> &Vec<u8> {
-        self.bufs[slot]
-            .as_ref()
-            .expect("slot buffer is only touched while the slot is idle")
+        })
     }
 }
 
-impl Engine for QueueEngine {
+const IDLE: &str = "slot buffer is only touched while the slot is idle";
+
+impl<Q: Queue> Engine for QueueEngine<Q> {
     fn slots(&self) -> usize {
         self.bufs.len()
     }
 
     fn buf(&self, slot: usize) -> &[u8] {
-        self.idle(slot)
+        self.bufs[slot].as_deref().expect(IDLE)
     }
 
     fn buf_mut(&mut self, slot: usize) -> &mut [u8] {
-        self.bufs[slot]
-            .as_mut()
-            .expect("slot buffer is only touched while the slot is idle")
+        self.bufs[slot].as_deref_mut().expect(IDLE)
     }
 
     fn submit(&mut self, slot: usize, op: Op, offset: u64) -> Result<(), Error> {
-        let buf = self.bufs[slot]
-            .take()
-            .expect("submit on an idle slot with its buffer");
+        let buf = self.bufs[slot].take().expect(IDLE);
         let slba = offset / self.ns.block_size as u64;
         let r = match op {
             Op::Read => self.q.submit_read(&self.ns, slba, buf, slot as u64),
@@ -145,17 +144,13 @@ impl Engine for QueueEngine {
         self.q.in_flight()
     }
 
-    fn copy_stats(&self) -> CopyStats {
-        let Stats {
-            payload_bytes,
-            socket_payload_bytes,
-            memcpy_bytes,
-            ..
-        } = self.q.stats();
-        CopyStats {
-            payload_bytes,
-            socket_bytes: socket_payload_bytes,
-            memcpy_bytes,
+    fn counters(&self) -> Counters {
+        let s = self.q.stats();
+        Counters {
+            payload_bytes: s.payload_bytes,
+            socket_bytes: s.socket_payload_bytes,
+            memcpy_bytes: s.memcpy_bytes,
+            syscalls: s.syscalls,
         }
     }
 }
@@ -300,16 +295,16 @@ pub fn open(
         ));
     }
     let mut engines: Vec<Box<dyn Engine>> = Vec::with_capacity(jobs as usize);
+    let (slots, bs) = (depth as usize, bs as usize);
+    let buffers = |e: Error| format!("I/O buffers: {e}");
     for _ in 0..jobs {
         let q = ctrl
-            .take_io_queue()
+            .take_queue()
             .ok_or_else(|| "the controller has fewer I/O queues than it reported".to_string())?;
-        engines.push(Box::new(QueueEngine::new(
-            q,
-            ns,
-            depth as usize,
-            bs as usize,
-        )));
+        engines.push(match q {
+            AnyQueue::Tcp(q) => Box::new(QueueEngine::new(q, ns, slots, bs).map_err(buffers)?),
+            AnyQueue::Rdma(q) => Box::new(QueueEngine::new(q, ns, slots, bs).map_err(buffers)?),
+        });
     }
     Ok(Opened::Ready(Box::new(Session { ctrl, ns, engines })))
 }

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use hdrhistogram::Histogram;
 
 use super::args::{Args, Rw};
-use super::engine::{CopyStats, Done, Engine, Op};
+use super::engine::{Counters, Done, Engine, Op};
 use super::pattern::{self, Mismatch, Permutation, Rng};
 
 /// Largest verify table (one u32 per block of a job's region).
@@ -271,8 +271,8 @@ impl VerifyStats {
 pub struct JobResult {
     pub read: DirStats,
     pub write: DirStats,
-    /// Copy counters over the measured window.
-    pub copies: CopyStats,
+    /// Queue counters over the measured window.
+    pub counters: Counters,
     /// Length of the measured window.
     pub measured: Duration,
     pub verify: VerifyStats,
@@ -385,7 +385,7 @@ pub fn run_job(
     let mut res = JobResult {
         read: DirStats::new(),
         write: DirStats::new(),
-        copies: CopyStats::default(),
+        counters: Counters::default(),
         measured: Duration::ZERO,
         verify: VerifyStats::default(),
         error: None,
@@ -404,14 +404,14 @@ pub fn run_job(
     let mut done: Vec<Done> = Vec::with_capacity(depth);
     let mut pending: Option<(Op, u64)> = None;
     let mut stopping = false;
-    let mut copies_start: Option<CopyStats> = None;
+    let mut counters_start: Option<Counters> = None;
     let mut last_completion = now0;
     let mut window_end: Option<Instant> = None;
 
     loop {
         let now = Instant::now();
-        if copies_start.is_none() && now >= clock.ramp_end {
-            copies_start = Some(engine.copy_stats());
+        if counters_start.is_none() && now >= clock.ramp_end {
+            counters_start = Some(engine.counters());
         }
         if !stopping {
             if shared.abort.load(Ordering::Relaxed) {
@@ -422,7 +422,7 @@ pub fn run_job(
                 window_end = Some(end);
             }
             if stopping {
-                res.copies = engine.copy_stats().since(&copies_start.unwrap_or_default());
+                res.counters = engine.counters().since(&counters_start.unwrap_or_default());
             }
         }
         while !stopping {
@@ -546,8 +546,8 @@ pub fn run_job(
         }
     }
     let end = window_end.unwrap_or(last_completion);
-    if clock.end.is_none() || res.copies == CopyStats::default() {
-        res.copies = engine.copy_stats().since(&copies_start.unwrap_or_default());
+    if clock.end.is_none() || res.counters == Counters::default() {
+        res.counters = engine.counters().since(&counters_start.unwrap_or_default());
     }
     res.measured = end.saturating_duration_since(clock.ramp_end);
     shared.finished.fetch_add(1, Ordering::Release);

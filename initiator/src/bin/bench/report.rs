@@ -34,6 +34,7 @@
 //!       "cpu": null | { "user_s": float, "sys_s": float, "usec_per_io": float|null },
 //!       "copies": null | { "per_byte": float, "socket_per_byte": float,
 //!                          "memcpy_per_byte": float, "bytes_per_io": float },
+//!       "syscalls_per_io": float|null,       // the initiator queues' system calls
 //!       "verify": null | { "blocks_checked": int, "mismatches": int,
 //!                          "first": [ { "job": int, "offset": int, "error": str } ] }
 //!     } ],
@@ -59,7 +60,7 @@ use serde::Serialize;
 
 use super::args::TransportKind;
 use super::baseline::Baseline;
-use super::engine::{CopyStats, TargetSpec};
+use super::engine::{Counters, TargetSpec};
 use super::job::{human_size, DirStats, Workload};
 use super::run::Outcome;
 
@@ -120,6 +121,7 @@ struct TransportJson {
     write: Option<DirJson>,
     cpu: Option<CpuJson>,
     copies: Option<CopiesJson>,
+    syscalls_per_io: Option<f64>,
     verify: Option<VerifyJson>,
 }
 
@@ -237,7 +239,7 @@ fn dir_json(d: &DirStats, secs: f64) -> DirJson {
     }
 }
 
-fn copies_json(c: &CopyStats, bs: u64) -> CopiesJson {
+fn copies_json(c: &Counters, bs: u64) -> CopiesJson {
     let p = c.payload_bytes.max(1) as f64;
     let per_byte = (c.socket_bytes + c.memcpy_bytes) as f64 / p;
     CopiesJson {
@@ -261,6 +263,7 @@ fn transport_json(kind: TransportKind, o: &Outcome, bs: u64) -> TransportJson {
         write: None,
         cpu: None,
         copies: None,
+        syscalls_per_io: None,
         verify: None,
     };
     match o {
@@ -288,7 +291,9 @@ fn transport_json(kind: TransportKind, o: &Outcome, bs: u64) -> TransportJson {
                 usec_per_io: (total.ios > 0)
                     .then(|| (m.cpu.user + m.cpu.sys).as_secs_f64() * 1e6 / total.ios as f64),
             });
-            t.copies = (m.copies.payload_bytes > 0).then(|| copies_json(&m.copies, bs));
+            t.copies = (m.counters.payload_bytes > 0).then(|| copies_json(&m.counters, bs));
+            t.syscalls_per_io =
+                (total.ios > 0).then(|| m.counters.syscalls as f64 / total.ios as f64);
             t.verify = m.verify.as_ref().map(|v| VerifyJson {
                 blocks_checked: v.checked,
                 mismatches: v.mismatches,
@@ -500,14 +505,15 @@ pub fn transport_text(w: &Workload, kind: TransportKind, o: &Outcome) -> String 
                 let cpu = m.cpu.user + m.cpu.sys;
                 let _ = writeln!(
                     out,
-                    "  cpu: usr={:.2}s, sys={:.2}s, {:.2}us per I/O",
+                    "  cpu: usr={:.2}s, sys={:.2}s, {:.2}us per I/O; {:.2} syscalls per I/O",
                     m.cpu.user.as_secs_f64(),
                     m.cpu.sys.as_secs_f64(),
-                    cpu.as_secs_f64() * 1e6 / total.ios as f64
+                    cpu.as_secs_f64() * 1e6 / total.ios as f64,
+                    m.counters.syscalls as f64 / total.ios as f64
                 );
             }
-            if m.copies.payload_bytes > 0 {
-                let c = copies_json(&m.copies, w.bs);
+            if m.counters.payload_bytes > 0 {
+                let c = copies_json(&m.counters, w.bs);
                 let _ = writeln!(
                     out,
                     "  copies: {:.2} per payload byte (socket {:.2}, memcpy {:.2}), {} copied per {} I/O",
@@ -654,8 +660,8 @@ pub fn table(outcomes: &[WorkloadOutcome]) -> String {
                             cpu,
                         ],
                     );
-                    copies_col.push(if m.copies.payload_bytes > 0 {
-                        format!("{:.2}", copies_json(&m.copies, o.workload.bs).per_byte)
+                    copies_col.push(if m.counters.payload_bytes > 0 {
+                        format!("{:.2}", copies_json(&m.counters, o.workload.bs).per_byte)
                     } else {
                         String::new()
                     });

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use nix::sys::resource::{getrusage, UsageWho};
 
 use super::args::TransportKind;
-use super::engine::{self, CopyStats, Opened, TargetSpec};
+use super::engine::{self, Counters, Opened, TargetSpec};
 use super::job::{self, Clock, DirStats, JobPlan, Shared, VerifyStats, Workload};
 
 /// CPU time of this process (all threads), user and system.
@@ -52,7 +52,7 @@ pub struct Measured {
     /// Length of the measured window (longest job).
     pub elapsed: Duration,
     pub cpu: CpuTime,
-    pub copies: CopyStats,
+    pub counters: Counters,
     pub verify: Option<VerifyStats>,
     /// Bytes of each job's region.
     pub region_len: u64,
@@ -203,7 +203,7 @@ pub fn run(kind: TransportKind, t: &TargetSpec, w: &Workload) -> Outcome {
                 (
                     "run",
                     format!(
-                        "{:.0}/{:.0}s",
+                        "{:.1}/{:.0}s",
                         now.duration_since(clock.ramp_end).as_secs_f64(),
                         r.as_secs_f64()
                     ),
@@ -242,7 +242,7 @@ pub fn run(kind: TransportKind, t: &TargetSpec, w: &Workload) -> Outcome {
         write: DirStats::new(),
         elapsed: Duration::ZERO,
         cpu,
-        copies: CopyStats::default(),
+        counters: Counters::default(),
         verify: w.verify.then(VerifyStats::default),
         region_len,
         errors: Vec::new(),
@@ -250,7 +250,7 @@ pub fn run(kind: TransportKind, t: &TargetSpec, w: &Workload) -> Outcome {
     for (i, r) in results.iter().enumerate() {
         m.read.add(&r.read);
         m.write.add(&r.write);
-        m.copies.add(&r.copies);
+        m.counters.add(&r.counters);
         m.elapsed = m.elapsed.max(r.measured);
         if let Some(v) = m.verify.as_mut() {
             v.add(&r.verify);
