@@ -1,8 +1,9 @@
 //! `--raw-tcp-baseline`: what a plain loopback TCP socket pair does with the same bytes, in
 //! the same run: the physical limit an NVMe/TCP initiator and target sit on.
 //!
-//! - **stream**: one sender writes `bs`-sized chunks as fast as it can, one receiver reads;
-//!   bandwidth. One pair per job.
+//! - **stream**: one sender writes as fast as it can, one receiver reads; bandwidth. One pair
+//!   per job. Writes are `bs` bytes, at least [`STREAM_CHUNK`], so the number is the socket's
+//!   ceiling rather than a system-call rate.
 //! - **ping-pong**: per job one connection with `iodepth` requests in flight; each side reads
 //!   whatever has arrived and answers all whole messages in it with one write. For read-heavy workloads a request is 72 bytes (the size
 //!   of an NVMe/TCP command capsule) and the reply is `bs` bytes; for write-heavy ones the
@@ -20,6 +21,8 @@ use super::job::DirStats;
 const REQ_LEN: usize = 72;
 /// Bytes of an NVMe/TCP CapsuleResp PDU (8-byte header + 16-byte CQE).
 const RESP_LEN: usize = 24;
+/// Smallest write of the stream.
+pub const STREAM_CHUNK: usize = 256 << 10;
 
 #[derive(Debug, Clone)]
 pub struct Stream {
@@ -67,6 +70,8 @@ pub fn run(
 }
 
 fn stream(bs: usize, jobs: usize, dur: Duration) -> io::Result<Stream> {
+    // The receiver reads in pieces as large as the sender's writes.
+    let rx_len = bs.max(STREAM_CHUNK);
     let pairs: Vec<(TcpStream, TcpStream)> = (0..jobs).map(|_| pair()).collect::<Result<_, _>>()?;
     let t0 = Instant::now();
     let end = t0 + dur;
@@ -74,7 +79,7 @@ fn stream(bs: usize, jobs: usize, dur: Duration) -> io::Result<Stream> {
         let mut hs = Vec::new();
         for (mut tx, mut rx) in pairs {
             hs.push(s.spawn(move || -> io::Result<u64> {
-                let mut buf = vec![0u8; 1 << 20];
+                let mut buf = vec![0u8; rx_len];
                 let mut n = 0u64;
                 loop {
                     match rx.read(&mut buf) {
@@ -86,11 +91,9 @@ fn stream(bs: usize, jobs: usize, dur: Duration) -> io::Result<Stream> {
                 }
             }));
             hs.push(s.spawn(move || -> io::Result<u64> {
-                let buf = vec![0x5au8; bs];
+                let buf = vec![0x5au8; bs.max(STREAM_CHUNK)];
                 while Instant::now() < end {
-                    for _ in 0..16 {
-                        tx.write_all(&buf)?;
-                    }
+                    tx.write_all(&buf)?;
                 }
                 tx.shutdown(Shutdown::Write)?;
                 Ok(0)

@@ -73,6 +73,8 @@ pub trait Engine: Send {
     fn in_flight(&self) -> usize;
     /// Counters since the queue was created.
     fn counters(&self) -> Counters;
+    /// Why the queue failed, if it did.
+    fn failure(&self) -> Option<String>;
 }
 
 /// An [`Engine`] over any initiator [`Queue`]: NVMe/TCP's `IoQueue` with `Vec` buffers,
@@ -152,6 +154,10 @@ impl<Q: Queue> Engine for QueueEngine<Q> {
             memcpy_bytes: s.memcpy_bytes,
             syscalls: s.syscalls,
         }
+    }
+
+    fn failure(&self) -> Option<String> {
+        self.q.error().map(|e| e.to_string())
     }
 }
 

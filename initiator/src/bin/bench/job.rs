@@ -344,12 +344,17 @@ impl VerifyTable {
     }
 }
 
-fn stop_reason(op: Op, offset: u64, e: impl std::fmt::Display) -> String {
+fn stop_reason(op: Op, offset: u64, e: impl std::fmt::Display, engine: &dyn Engine) -> String {
     let what = match op {
         Op::Read => "read",
         Op::Write => "write",
     };
-    format!("{what} of offset {offset} ({offset:#x}) failed: {e}")
+    let mut msg = format!("{what} of offset {offset} ({offset:#x}) failed: {e}");
+    // A command failed with its queue: say why the queue failed.
+    if let Some(cause) = engine.failure().filter(|c| !msg.contains(c.as_str())) {
+        msg += &format!(" ({cause})");
+    }
+    msg
 }
 
 /// Run one job to its end on `engine`. `shared.finished` is bumped when the measured phase
@@ -468,7 +473,7 @@ pub fn run_job(
                 }
             }
             if let Err(e) = engine.submit(slot, op, offset) {
-                res.error = Some(stop_reason(op, offset, e));
+                res.error = Some(stop_reason(op, offset, e, &*engine));
                 stopping = true;
                 break;
             }
@@ -500,7 +505,7 @@ pub fn run_job(
             }
             if let Err(e) = d.result {
                 res.error
-                    .get_or_insert_with(|| stop_reason(s.op, offset, e));
+                    .get_or_insert_with(|| stop_reason(s.op, offset, e, &*engine));
                 stopping = true;
                 continue;
             }
@@ -577,7 +582,7 @@ fn verify_pass(engine: &mut dyn Engine, plan: &JobPlan, t: &mut VerifyTable, res
             next = b + 1;
             let offset = plan.region.start + b as u64 * bs;
             if let Err(e) = engine.submit(slot, Op::Read, offset) {
-                res.error = Some(stop_reason(Op::Read, offset, e));
+                res.error = Some(stop_reason(Op::Read, offset, e, &*engine));
                 return;
             }
             free.pop();
@@ -597,7 +602,7 @@ fn verify_pass(engine: &mut dyn Engine, plan: &JobPlan, t: &mut VerifyTable, res
             match d.result {
                 Err(e) => {
                     res.error
-                        .get_or_insert_with(|| stop_reason(Op::Read, offset, e));
+                        .get_or_insert_with(|| stop_reason(Op::Read, offset, e, &*engine));
                 }
                 Ok(()) => {
                     res.verify.checked += 1;

@@ -233,8 +233,12 @@ pub fn run(kind: TransportKind, t: &TargetSpec, w: &Workload) -> Outcome {
     });
     progress.clear();
     drop(engines);
+    let clean = results.iter().all(|r| r.error.is_none());
     if let Err(e) = ctrl.shutdown() {
-        tracing::warn!(error = %e, "controller shutdown");
+        // After a failed run (a dead target, say) this failing too is no news.
+        if clean {
+            tracing::warn!(error = %e, "controller shutdown");
+        }
     }
 
     let mut m = Measured {
