@@ -627,7 +627,229 @@ fn verify_pass(engine: &mut dyn Engine, plan: &JobPlan, t: &mut VerifyTable, res
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::bench::engine::Counters;
     use clap::Parser;
+    use initiator::{CmdError, Error};
+
+    /// An in-memory namespace: every I/O completes at the next reap, against `disk`.
+    struct MemEngine {
+        disk: Vec<u8>,
+        bufs: Vec<Vec<u8>>,
+        busy: Vec<bool>,
+        ready: Vec<Done>,
+        /// Writes to this offset after the first are dropped (a lost write).
+        lose_rewrites_at: Option<u64>,
+        written_at_lost: bool,
+        /// I/O to this offset fails with Unrecovered Read Error.
+        fail_at: Option<u64>,
+        ios: u64,
+    }
+
+    impl MemEngine {
+        fn new(disk_len: usize, slots: usize, bs: usize) -> MemEngine {
+            MemEngine {
+                disk: vec![0; disk_len],
+                bufs: vec![vec![0; bs]; slots],
+                busy: vec![false; slots],
+                ready: Vec::new(),
+                lose_rewrites_at: None,
+                written_at_lost: false,
+                fail_at: None,
+                ios: 0,
+            }
+        }
+    }
+
+    impl Engine for MemEngine {
+        fn slots(&self) -> usize {
+            self.bufs.len()
+        }
+        fn buf(&self, slot: usize) -> &[u8] {
+            assert!(!self.busy[slot], "buffer of a busy slot read");
+            &self.bufs[slot]
+        }
+        fn buf_mut(&mut self, slot: usize) -> &mut [u8] {
+            assert!(!self.busy[slot], "buffer of a busy slot written");
+            &mut self.bufs[slot]
+        }
+        fn submit(&mut self, slot: usize, op: Op, offset: u64) -> Result<(), Error> {
+            assert!(!self.busy[slot], "slot {slot} submitted twice");
+            self.busy[slot] = true;
+            self.ios += 1;
+            let (o, n) = (offset as usize, self.bufs[slot].len());
+            let result = if Some(offset) == self.fail_at {
+                Err(CmdError::Status(nvme::Status::READ_ERROR))
+            } else {
+                match op {
+                    Op::Read => self.bufs[slot].copy_from_slice(&self.disk[o..o + n]),
+                    Op::Write => {
+                        let lost = Some(offset) == self.lose_rewrites_at
+                            && std::mem::replace(&mut self.written_at_lost, true);
+                        if !lost {
+                            self.disk[o..o + n].copy_from_slice(&self.bufs[slot]);
+                        }
+                    }
+                }
+                Ok(())
+            };
+            self.ready.push(Done { slot, result });
+            Ok(())
+        }
+        fn reap(&mut self, out: &mut Vec<Done>, _min: usize, _t: Duration) -> Result<(), Error> {
+            for d in self.ready.drain(..) {
+                self.busy[d.slot] = false;
+                out.push(d);
+            }
+            Ok(())
+        }
+        fn in_flight(&self) -> usize {
+            self.ready.len()
+        }
+        fn counters(&self) -> Counters {
+            Counters {
+                payload_bytes: self.ios * self.bufs[0].len() as u64,
+                ..Counters::default()
+            }
+        }
+        fn failure(&self) -> Option<String> {
+            None
+        }
+    }
+
+    fn plan(rw: Rw, blocks: u64, verify: bool) -> JobPlan {
+        JobPlan {
+            index: 0,
+            rw,
+            read_pct: rw.read_percent(50),
+            bs: 4096,
+            region: Region {
+                start: 8192,
+                len: blocks * 4096,
+            },
+            seed: 77,
+            verify,
+        }
+    }
+
+    fn one_pass() -> Clock {
+        Clock {
+            ramp_end: Instant::now(),
+            end: None,
+        }
+    }
+
+    fn timed(ms: u64) -> Clock {
+        let now = Instant::now();
+        Clock {
+            ramp_end: now,
+            end: Some(now + Duration::from_millis(ms)),
+        }
+    }
+
+    #[test]
+    fn one_pass_writes_every_block_once_then_verifies_them() {
+        let mut e = MemEngine::new(8192 + 64 * 4096, 8, 4096);
+        let shared = Shared::default();
+        let r = run_job(&mut e, &plan(Rw::Randwrite, 64, true), one_pass(), &shared);
+        assert_eq!(r.error, None);
+        assert_eq!((r.write.ios, r.read.ios), (64, 0));
+        assert_eq!(r.write.bytes, 64 * 4096);
+        assert_eq!(r.write.hist.len(), 64);
+        assert_eq!((r.verify.checked, r.verify.mismatches), (64, 0));
+        // 64 writes and the 64 reads of the verify pass.
+        assert_eq!(e.ios, 128);
+        assert_eq!(shared.ios.load(Ordering::Relaxed), 64);
+        assert_eq!(shared.finished.load(Ordering::Relaxed), 1);
+        assert_eq!(r.counters.payload_bytes, 64 * 4096);
+        // Nothing outside the region was touched; every block carries its own offset.
+        assert!(e.disk[..8192].iter().all(|&b| b == 0));
+        let mut scratch = vec![0u8; 4096];
+        for b in 0..64u64 {
+            let off = 8192 + b * 4096;
+            let blk = &e.disk[off as usize..][..4096];
+            assert_eq!(pattern::check_block(blk, off, None, &mut scratch), Ok(()));
+        }
+
+        // A separate read run checks every block; then one flipped byte is found.
+        let r = run_job(&mut e, &plan(Rw::Read, 64, true), one_pass(), &shared);
+        assert_eq!(
+            (r.read.ios, r.verify.checked, r.verify.mismatches),
+            (64, 64, 0)
+        );
+        e.disk[8192 + 5 * 4096 + 999] ^= 1;
+        let r = run_job(&mut e, &plan(Rw::Randread, 64, true), one_pass(), &shared);
+        assert_eq!(r.verify.mismatches, 1);
+        let (job, off, m) = &r.verify.first[0];
+        assert_eq!((*job, *off), (0, 8192 + 5 * 4096));
+        assert!(
+            matches!(
+                m,
+                Mismatch::Crc {
+                    first_bad: Some(999),
+                    ..
+                }
+            ),
+            "{m:?}"
+        );
+    }
+
+    #[test]
+    fn time_based_rewrites_detect_a_lost_write() {
+        let mut e = MemEngine::new(8192 + 8 * 4096, 4, 4096);
+        e.lose_rewrites_at = Some(8192 + 3 * 4096);
+        let shared = Shared::default();
+        let r = run_job(&mut e, &plan(Rw::Write, 8, true), timed(30), &shared);
+        assert_eq!(r.error, None);
+        assert!(
+            r.write.ios > 8,
+            "wrapped around the region: {}",
+            r.write.ios
+        );
+        assert_eq!(r.verify.checked, 8);
+        assert_eq!(r.verify.mismatches, 1, "{:?}", r.verify.first);
+        let (_, off, m) = &r.verify.first[0];
+        assert_eq!(*off, 8192 + 3 * 4096);
+        assert!(
+            // Sequential: the first write of block 3 was the job's 4th.
+            matches!(m, Mismatch::Stale { expected, found: 4 } if *expected > 4),
+            "{m:?}"
+        );
+    }
+
+    #[test]
+    fn mixed_verify_checks_only_blocks_this_run_wrote() {
+        // The disk starts as zeroes: reads of unwritten blocks are not errors in a mixed run,
+        // reads of written ones are checked against the latest generation.
+        let mut e = MemEngine::new(8192 + 32 * 4096, 8, 4096);
+        let shared = Shared::default();
+        let r = run_job(&mut e, &plan(Rw::Randrw, 32, true), timed(30), &shared);
+        assert_eq!(r.error, None);
+        assert!(r.read.ios > 0 && r.write.ios > 0);
+        assert_eq!(r.verify.mismatches, 0, "{:?}", r.verify.first);
+        assert!(r.verify.checked > 0);
+        let ratio = r.read.ios as f64 / (r.read.ios + r.write.ios) as f64;
+        assert!((0.35..0.65).contains(&ratio), "rwmixread 50: {ratio}");
+    }
+
+    #[test]
+    fn an_io_error_stops_the_job_and_names_the_offset() {
+        let mut e = MemEngine::new(8192 + 16 * 4096, 4, 4096);
+        e.fail_at = Some(8192 + 9 * 4096);
+        let shared = Shared::default();
+        let r = run_job(&mut e, &plan(Rw::Read, 16, false), one_pass(), &shared);
+        let err = r.error.expect("an error");
+        assert!(
+            err.starts_with("read of offset 45056 (0xb000) failed:"),
+            "{err}"
+        );
+        assert!(err.contains("Unrecovered Read Error"), "{err}");
+        assert!(
+            shared.abort.load(Ordering::Relaxed),
+            "the other jobs are told to stop"
+        );
+        assert!(r.read.ios < 16);
+        assert_eq!(e.in_flight(), 0, "drained before returning");
+    }
 
     fn wl(args: &[&str]) -> Workload {
         let mut v = vec!["nvmf-bench"];
