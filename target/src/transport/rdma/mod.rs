@@ -3,12 +3,12 @@
 //! [`core::Queue`](crate::core::Queue)s.
 //!
 //! # Threads
-//! - One **CM thread** ([`cm`]) owns the rdma_cm event channel and the listening ids. A
+//! - One **CM thread** (`cm.rs`) owns the rdma_cm event channel and the listening ids. A
 //!   CONNECT_REQUEST is routed to a poller (I/O queue `qid` to poller `(qid - 1) % n`, admin
 //!   queues round robin); later CM events of the connection (ESTABLISHED, DISCONNECTED,
 //!   TIMEWAIT_EXIT, DEVICE_REMOVAL, ADDR_CHANGE, errors) are forwarded to that poller. It also
 //!   forwards COMM_EST to rdma_cm (`rdma_notify`) and fatal QP async events to the poller.
-//! - **RDMA pollers** ([`poller`]) own everything of a connection: its QP and CQ (one CQ per
+//! - **RDMA pollers** (`poller.rs`) own everything of a connection: its QP and CQ (one CQ per
 //!   connection, sized for every RECV and send WR, so a CQ never overruns and a connection is
 //!   drained by reaping its own CQ), its RECV and response buffers, a `core::Queue`, and the
 //!   poller's io_uring ring and buffer pool (the same backend as TCP). The pool is registered
@@ -69,7 +69,10 @@ const BACKLOG: i32 = 128;
 /// A plain SEND is always correct (the host then invalidates its key itself). Over iWARP,
 /// the soft-iWARP user library reports no WITH_INV flag to the receiver, and a published
 /// userspace target that used SEND_WITH_INV over siw made the Linux host's connect time out,
-/// so `Auto` enables it only on InfiniBand/RoCE.
+/// so `Auto` enables it only on InfiniBand/RoCE. Measured with this target in the test VM
+/// (Linux 6.1 host, siw): with `On` the host's admin Connect times out (`I/O 0 QID 0
+/// timeout`) and siw logs `got TERMINATE. layer 0, type 2, code 9`; over rxe, `Auto` (on)
+/// passes the fio write+verify runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum SendWithInvalidate {
     /// On for InfiniBand/RoCE devices, off for iWARP.
