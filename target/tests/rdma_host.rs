@@ -137,3 +137,14 @@ fn bad_send_with_invalidate_setting_is_refused() {
         "{text}"
     );
 }
+
+#[test]
+fn rdma_addresses_match_the_machine() {
+    let found = nvmf_target::transport::rdma::local_rdma_ipv4();
+    if !machine_has_rdma() {
+        assert!(found.is_empty(), "no RDMA device, yet {found:?}");
+    }
+    for a in &found {
+        assert!(!a.device.is_empty() && !a.addr.is_unspecified(), "{a:?}");
+    }
+}

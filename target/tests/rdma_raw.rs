@@ -314,6 +314,14 @@ fn nvme_rdma_wire_protocol_against_the_daemon() {
         eprintln!("skipped: no RDMA device (set NVMF_TEST_RDMA_IP to run this test)");
         return;
     };
+    // The address under test is one of this machine's RDMA addresses.
+    let local = nvmf_target::transport::rdma::local_rdma_ipv4();
+    assert!(
+        local
+            .iter()
+            .any(|a| IpAddr::V4(a.addr) == ip && !a.device.is_empty()),
+        "{ip} not among the RDMA addresses {local:?}"
+    );
     let dir = std::env::temp_dir().join(format!("nvmf-rdma-raw-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let yaml = format!(
