@@ -114,7 +114,18 @@ fn main() -> ExitCode {
             let path = dir.join(format!("nvmf-rs-default-{}.img", std::process::id()));
             info!(namespace = %path.display(), "no --config: serving the embedded default");
             temp_file = Some(path.clone());
-            Config::embedded_default(path)
+            let mut cfg = Config::embedded_default(path);
+            // NVMe/RDMA on every RDMA device that has an IPv4 address (none on machines
+            // without RDMA: the default then serves NVMe/TCP only).
+            for a in nvmf_target::transport::rdma::local_rdma_ipv4() {
+                info!(address = %a.addr, device = %a.device, "embedded default: NVMe/RDMA listener");
+                cfg.listeners.push(config::Listener {
+                    transport: config::Transport::Rdma,
+                    address: a.addr.into(),
+                    port: 4420,
+                });
+            }
+            cfg
         }
     };
 
