@@ -45,7 +45,7 @@ pub struct ConnectOptions {
     /// Number of I/O queues to create (0: admin only).
     pub queues: u16,
     /// Commands in flight per I/O queue (the SQ has one more entry; clamped to CAP.MQES and
-    /// MAXCMD).
+    /// MAXCMD; at least 15 over RDMA, as the Linux host).
     pub queue_depth: u16,
     /// Keep-alive timeout, sent in the admin Connect; Keep Alive goes out every `kato / 2`.
     /// `Duration::ZERO` asks for no keep-alive, which targets may refuse for an I/O controller
@@ -117,6 +117,8 @@ pub fn hostnqn_for(hostid: &[u8; 16]) -> String {
 const ADMIN_SQSIZE: u16 = 31;
 /// The Linux host's in-capsule limit on the admin queue (NVME_TCP_ADMIN_CCSZ).
 const ADMIN_ICD: u32 = 8192;
+/// Smallest NVMe/RDMA I/O queue (SQSIZE 15: 16 entries, the Linux host's NVMF_MIN_QUEUE_SIZE).
+const RDMA_MIN_SQSIZE: u16 = 15;
 /// Cap on one command's transfer when the controller reports no MDTS.
 const DEFAULT_MAX_XFER: u32 = 1 << 20;
 /// Shutdown wait when none is configured (Linux shutdown_timeout default).
@@ -529,7 +531,15 @@ impl Controller {
                     "controller granted fewer I/O queues"
                 );
             }
-            depth = opts.queue_depth.min(cap.mqes());
+            depth = opts.queue_depth;
+            if rdma {
+                // NVMF_MIN_QUEUE_SIZE: the Linux host never makes an RDMA I/O queue smaller
+                // than 16 entries, and nvmet-rdma sizes its send queue from hrqsize (about
+                // 4 x hrqsize WRs over siw). A 1 MiB read over siw needs 44 (6 SGEs per
+                // RDMA WRITE): on a queue of 8 it never completed (Linux 6.1 in the VM).
+                depth = depth.max(RDMA_MIN_SQSIZE);
+            }
+            depth = depth.min(cap.mqes());
             let maxcmd = id.maxcmd.get();
             if maxcmd != 0 {
                 depth = depth.min(maxcmd);
