@@ -700,8 +700,10 @@ impl RdmaQueue {
     }
 
     /// Stop the QP and wait (bounded) until the device has returned every posted work request,
-    /// so no buffer handed back afterwards is still addressed by the device.
-    fn quiesce(&mut self) {
+    /// so no buffer handed back afterwards is still addressed by the device. `failed`: the
+    /// connection is already broken; siw then may not flush what its dead stream held, which
+    /// is no longer reachable by the peer either, so running out of time is not news.
+    fn quiesce(&mut self, failed: bool) {
         if let Err(e) = self.conn.qp.set_error() {
             tracing::debug!(qid = self.qid, error = %e, "moving the QP to ERR failed");
         }
@@ -712,12 +714,12 @@ impl RdmaQueue {
         while self.recv_posted > 0 || self.sq_free < self.nsend {
             match self.conn.cq.poll(&mut self.wcs) {
                 Ok(0) if Instant::now() >= end => {
-                    tracing::warn!(
-                        qid = self.qid,
-                        recvs = self.recv_posted,
-                        sends = self.nsend - self.sq_free,
-                        "work requests not flushed in time"
-                    );
+                    let (recvs, sends) = (self.recv_posted, self.nsend - self.sq_free);
+                    if failed {
+                        tracing::debug!(qid = self.qid, recvs, sends, "work requests not flushed");
+                    } else {
+                        tracing::warn!(qid = self.qid, recvs, sends, "work requests not flushed");
+                    }
                     return;
                 }
                 Ok(0) => std::thread::sleep(Duration::from_micros(200)),
@@ -744,7 +746,7 @@ impl RdmaQueue {
             let timeout = matches!(e, Error::Timeout(..));
             tracing::warn!(qid = self.qid, error = %e, "NVMe/RDMA queue failed");
             self.failed = Some(Arc::new(e));
-            self.quiesce();
+            self.quiesce(true);
             let err = if timeout {
                 CmdError::Timeout
             } else {
@@ -1026,7 +1028,7 @@ impl Drop for RdmaQueue {
         // Disconnect and let the device return every work request before the QP, the CQE
         // buffers and the in-flight pool buffers go away.
         if self.failed.is_none() {
-            self.quiesce();
+            self.quiesce(false);
         }
     }
 }
