@@ -39,6 +39,9 @@ struct Args {
     bs: u64,
     #[arg(long, default_value_t = 16)]
     iodepth: u16,
+    /// I/O queues driven at once, one thread each, each over its share of `--size`.
+    #[arg(long, default_value_t = 2)]
+    numjobs: u16,
     #[arg(long, default_value_t = 1)]
     nsid: u32,
     /// Spin on the completion queue instead of sleeping.
@@ -97,11 +100,13 @@ fn check(buf: &[u8], off: u64, seed: u64) -> Res<()> {
     Ok(())
 }
 
-/// Write (`write`) or read and verify `[0, size)` in `bs` pieces, `qd` at a time, with buffers
-/// from the queue itself (registered memory over RDMA). Returns bytes per second.
+/// Write (`write`) or read and verify `[base, base + size)` in `bs` pieces, `qd` at a time,
+/// with buffers from the queue itself (registered memory over RDMA). Returns bytes per second.
+#[allow(clippy::too_many_arguments)]
 fn async_pass<Q: Queue>(
     q: &mut Q,
     ns: &NsInfo,
+    base: u64,
     size: u64,
     bs: usize,
     qd: usize,
@@ -117,10 +122,11 @@ fn async_pass<Q: Queue>(
         );
     }
     let mut done = Vec::with_capacity(qd);
-    let mut next = 0u64;
+    let mut next = base;
+    let end = base + size;
     let t = Instant::now();
-    while next < size || q.in_flight() > 0 {
-        while next < size && !bufs.is_empty() && q.free_slots() > 0 {
+    while next < end || q.in_flight() > 0 {
+        while next < end && !bufs.is_empty() && q.free_slots() > 0 {
             let mut b = bufs.pop().expect("non-empty");
             let r = if write {
                 fill(&mut b, next, seed);
@@ -151,13 +157,15 @@ fn async_pass<Q: Queue>(
     Ok(size as f64 / t.elapsed().as_secs_f64())
 }
 
-/// The async phase on a queue of either type; checks the copy accounting.
-fn async_phase<Q: Queue>(q: &mut Q, a: &Args, ns: &NsInfo, rdma: bool) -> Res<()> {
-    let (size, bs, qd) = (a.size, a.bs as usize, a.iodepth as usize);
+/// The async phase of job `job` on a queue of either type; checks the copy accounting.
+fn async_phase<Q: Queue>(q: &mut Q, a: &Args, ns: &NsInfo, rdma: bool, job: u64) -> Res<()> {
+    let (bs, qd) = (a.bs as usize, a.iodepth as usize);
+    let size = a.size / a.numjobs as u64;
+    let base = job * size;
     // The queue's Fabrics Connect (1024 bytes of data) is in the counters already.
     let s0 = q.stats();
-    let w = async_pass(q, ns, size, bs, qd, 1, true)?;
-    let r = async_pass(q, ns, size, bs, qd, 1, false)?;
+    let w = async_pass(q, ns, base, size, bs, qd, 1, true)?;
+    let r = async_pass(q, ns, base, size, bs, qd, 1, false)?;
     let s1 = q.stats();
     let s = initiator::Stats {
         commands: s1.commands - s0.commands,
@@ -168,9 +176,11 @@ fn async_phase<Q: Queue>(q: &mut Q, a: &Args, ns: &NsInfo, rdma: bool) -> Res<()
         syscalls: s1.syscalls - s0.syscalls,
     };
     println!(
-        "async: wrote+verified {} MiB in {} KiB I/Os at QD {qd}: write {:.1} MB/s, read {:.1} MB/s; \
-         {} commands, payload {} B, memcpy {} B, socket {} B, copies/byte {:.2}",
+        "async queue {}: wrote+verified {} MiB at {} MiB in {} KiB I/Os at QD {qd}: write {:.1} MB/s, \
+         read {:.1} MB/s; {} commands, payload {} B, memcpy {} B, socket {} B, copies/byte {:.2}",
+        q.qid(),
         size >> 20,
+        base >> 20,
         bs >> 10,
         w / 1e6,
         r / 1e6,
@@ -216,7 +226,7 @@ fn run(a: &Args) -> Res<()> {
     } else {
         ConnectOptions::tcp(&a.traddr, a.trsvcid, &a.subnqn)
     };
-    o.queues = 1;
+    o.queues = a.numjobs.max(1);
     o.queue_depth = a.iodepth.max(4);
     o.busy_poll = a.busy_poll;
     o.timeout = Duration::from_secs(a.timeout);
@@ -252,7 +262,11 @@ fn run(a: &Args) -> Res<()> {
         info.io_queue_depth,
         info.oncs
     );
-    ensure!(info.io_queues == 1, "{} I/O queues granted", info.io_queues);
+    ensure!(
+        info.io_queues == a.numjobs.max(1),
+        "{} I/O queues granted",
+        info.io_queues
+    );
     let ns = *ctrl
         .namespaces()
         .iter()
@@ -266,10 +280,14 @@ fn run(a: &Args) -> Res<()> {
         ns.size() >> 20
     );
     ensure!(
-        a.size <= ns.size() && a.size % a.bs == 0 && a.bs % ns.block_size as u64 == 0,
-        "--size {} / --bs {} do not fit namespace {} of {} bytes",
+        a.numjobs > 0
+            && a.size <= ns.size()
+            && a.size % (a.bs * a.numjobs as u64) == 0
+            && a.bs % ns.block_size as u64 == 0,
+        "--size {} must be a multiple of --bs {} x --numjobs {} within namespace {} of {} bytes",
         a.size,
         a.bs,
+        a.numjobs,
         ns.nsid,
         ns.size()
     );
@@ -287,19 +305,51 @@ fn run(a: &Args) -> Res<()> {
     let mut ctrl2 = Controller::connect(o2).map_err(|e| format!("second connect: {e}"))?;
     let mut nsh = ctrl2.open_namespace(ns.nsid).map_err(|e| e.to_string())?;
 
-    // ---- asynchronous, zero-copy on RDMA ----
-    let mut q = ctrl.take_queue().ok_or("no I/O queue")?;
+    // ---- asynchronous, zero-copy on RDMA: one thread per queue ----
+    let mut queues: Vec<AnyQueue> = std::iter::from_fn(|| ctrl.take_queue()).collect();
     let want = if rdma {
         Transport::Rdma
     } else {
         Transport::Tcp
     };
-    ensure!(q.transport() == want, "queue transport {:?}", q.transport());
+    ensure!(
+        queues.iter().all(|q| q.transport() == want),
+        "queue transport"
+    );
+    let t = Instant::now();
+    let results: Vec<Res<()>> = std::thread::scope(|sc| {
+        let hs: Vec<_> = queues
+            .iter_mut()
+            .enumerate()
+            .map(|(i, q)| {
+                sc.spawn(move || match q {
+                    AnyQueue::Tcp(q) => async_phase(q, a, &ns, false, i as u64),
+                    AnyQueue::Rdma(q) => async_phase(q, a, &ns, true, i as u64),
+                })
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err("job thread panicked".into()))
+            })
+            .collect()
+    });
+    for r in results {
+        r?;
+    }
+    println!(
+        "async: {} queues, {} MiB written and verified in {:.1} s",
+        queues.len(),
+        a.size >> 20,
+        t.elapsed().as_secs_f64()
+    );
+    let mut q = queues.swap_remove(0);
+    drop(queues);
     let bsz = ns.block_size as usize;
     match &mut q {
-        AnyQueue::Tcp(q) => async_phase(q, a, &ns, false)?,
+        AnyQueue::Tcp(_) => {}
         AnyQueue::Rdma(q) => {
-            async_phase(q, a, &ns, true)?;
             println!(
                 "rdma queue {} on {}: {} bytes registered for its pool",
                 q.qid(),
