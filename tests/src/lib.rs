@@ -11,16 +11,26 @@ pub mod raw;
 
 /// The `nvmf-target` binary next to the test executable (same profile).
 pub fn target_bin() -> PathBuf {
+    sibling_bin("nvmf-target", "nvmf-target")
+}
+
+/// The `nvmf-bench` binary next to the test executable (same profile).
+pub fn bench_bin() -> PathBuf {
+    sibling_bin("nvmf-bench", "nvmf-initiator")
+}
+
+/// A workspace binary built in the same profile as this test (build/<profile>/<name>).
+fn sibling_bin(name: &str, package: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("current_exe");
-    // build/<profile>/deps/<test> → build/<profile>/nvmf-target
+    // build/<profile>/deps/<test> → build/<profile>/<name>
     let dir = exe
         .parent()
         .and_then(Path::parent)
         .expect("test binary lives in build/<profile>/deps");
-    let bin = dir.join("nvmf-target");
+    let bin = dir.join(name);
     assert!(
         bin.exists(),
-        "{} is missing: build it first (cargo build -p nvmf-target; scripts/test.sh does)",
+        "{} is missing: build it first (cargo build -p {package}; scripts/test.sh does)",
         bin.display()
     );
     bin

@@ -2,27 +2,14 @@
 //! a free port, runs the comparison on every transport, prints the table, stops the target
 //! and exits 0.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
-fn bench_bin() -> PathBuf {
-    let exe = std::env::current_exe().expect("current_exe");
-    let dir = exe
-        .parent()
-        .and_then(Path::parent)
-        .expect("test binary lives in build/<profile>/deps");
-    for b in ["nvmf-bench", "nvmf-target"] {
-        assert!(
-            dir.join(b).exists(),
-            "{} is missing: build it first (cargo build -p nvmf-initiator -p nvmf-target)",
-            dir.join(b).display()
-        );
-    }
-    dir.join("nvmf-bench")
-}
+use nvmf_tests::{bench_bin, target_bin};
 
 #[test]
 fn demo_runs_the_comparison_and_stops_the_target() {
+    target_bin(); // --demo starts the target next to the bench: both must be built
     let out = Command::new(bench_bin())
         .args(["--demo", "--runtime=1"])
         .output()

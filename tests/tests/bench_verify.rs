@@ -5,25 +5,9 @@
 
 use std::fs::OpenOptions;
 use std::os::unix::fs::FileExt;
-use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use nvmf_tests::{TargetProc, TEST_NQN};
-
-fn bench_bin() -> PathBuf {
-    let exe = std::env::current_exe().expect("current_exe");
-    let bin = exe
-        .parent()
-        .and_then(Path::parent)
-        .expect("test binary lives in build/<profile>/deps")
-        .join("nvmf-bench");
-    assert!(
-        bin.exists(),
-        "{} is missing: build it first (cargo build -p nvmf-initiator; scripts/test.sh does)",
-        bin.display()
-    );
-    bin
-}
+use nvmf_tests::{bench_bin, TargetProc, TEST_NQN};
 
 fn bench(t: &TargetProc, args: &[&str]) -> (Output, String) {
     let port = t.addr.port().to_string();
