@@ -173,8 +173,13 @@ fn main() -> ExitCode {
         pollers: daemon
             .poller_stats()
             .into_iter()
-            .enumerate()
-            .map(|(i, s)| ("tcp", i, s))
+            .map(metrics::PollerCounters::Tcp)
+            .chain(
+                daemon
+                    .rdma_stats()
+                    .into_iter()
+                    .map(metrics::PollerCounters::Rdma),
+            )
             .collect(),
     };
     if let Err(e) =

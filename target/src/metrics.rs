@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use crate::core::Target;
 use crate::transport::poller::PollerStats;
+use crate::transport::rdma::RdmaPollerStats;
 
 /// Name, type, help text and getter of one per-poller metric.
 type MetricDef = (
@@ -20,12 +21,51 @@ type MetricDef = (
     fn(&PollerSample) -> u64,
 );
 
+/// One poller thread's live counters.
+#[derive(Clone)]
+pub enum PollerCounters {
+    Tcp(Arc<PollerStats>),
+    Rdma(Arc<RdmaPollerStats>),
+}
+
+impl PollerCounters {
+    fn sample(&self, poller: usize) -> PollerSample {
+        let l = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+        match self {
+            PollerCounters::Tcp(s) => PollerSample {
+                transport: "tcp".into(),
+                poller,
+                connections: s.connections.load(Ordering::Relaxed) as u64,
+                commands: l(&s.commands),
+                errors: l(&s.errors),
+                rx_bytes: l(&s.rx_bytes),
+                tx_payload: l(&s.tx_payload),
+                copied_bytes: l(&s.copied_bytes),
+                buffers_in_use: s.buffers_in_use.load(Ordering::Relaxed) as u64,
+                mrs_registered: 0,
+            },
+            PollerCounters::Rdma(s) => PollerSample {
+                transport: "rdma".into(),
+                poller,
+                connections: s.connections.load(Ordering::Relaxed) as u64,
+                commands: l(&s.commands),
+                errors: l(&s.errors),
+                rx_bytes: l(&s.rx_bytes),
+                tx_payload: l(&s.tx_payload),
+                copied_bytes: l(&s.copied_bytes),
+                buffers_in_use: s.buffers_in_use.load(Ordering::Relaxed) as u64,
+                mrs_registered: s.mrs_registered.load(Ordering::Relaxed) as u64,
+            },
+        }
+    }
+}
+
 /// Where the numbers come from.
 #[derive(Clone)]
 pub struct Source {
     pub target: Arc<Target>,
-    /// (transport, poller index, counters)
-    pub pollers: Vec<(&'static str, usize, Arc<PollerStats>)>,
+    /// Every poller thread, TCP first; numbered per transport.
+    pub pollers: Vec<PollerCounters>,
 }
 
 /// One poller's counters at one instant.
@@ -40,24 +80,23 @@ pub struct PollerSample {
     pub tx_payload: u64,
     pub copied_bytes: u64,
     pub buffers_in_use: u64,
+    /// RDMA memory regions registered now (0 on TCP).
+    pub mrs_registered: u64,
 }
 
 impl Source {
     pub fn sample(&self) -> (u64, Vec<PollerSample>) {
-        let l = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+        let (mut tcp, mut rdma) = (0, 0);
         let ps = self
             .pollers
             .iter()
-            .map(|(t, i, s)| PollerSample {
-                transport: t.to_string(),
-                poller: *i,
-                connections: s.connections.load(Ordering::Relaxed) as u64,
-                commands: l(&s.commands),
-                errors: l(&s.errors),
-                rx_bytes: l(&s.rx_bytes),
-                tx_payload: l(&s.tx_payload),
-                copied_bytes: l(&s.copied_bytes),
-                buffers_in_use: s.buffers_in_use.load(Ordering::Relaxed) as u64,
+            .map(|c| {
+                let n = match c {
+                    PollerCounters::Tcp(_) => &mut tcp,
+                    PollerCounters::Rdma(_) => &mut rdma,
+                };
+                *n += 1;
+                c.sample(*n - 1)
             })
             .collect();
         (self.target.controller_count() as u64, ps)
@@ -70,7 +109,7 @@ impl Source {
         o.push_str("# HELP nvmf_controllers Live NVMe controllers (admin queues connected).\n");
         o.push_str("# TYPE nvmf_controllers gauge\n");
         o.push_str(&format!("nvmf_controllers {ctrls}\n"));
-        let metrics: [MetricDef; 7] = [
+        let metrics: [MetricDef; 8] = [
             (
                 "nvmf_connections",
                 "gauge",
@@ -113,6 +152,12 @@ impl Source {
                 "Registered I/O buffers held by commands.",
                 |p| p.buffers_in_use,
             ),
+            (
+                "nvmf_rdma_mrs_registered",
+                "gauge",
+                "RDMA memory regions registered now (pool, per-connection rings, per-I/O READ sinks).",
+                |p| p.mrs_registered,
+            ),
         ];
         for (name, kind, help, get) in metrics {
             o.push_str(&format!("# HELP {name} {help}\n# TYPE {name} {kind}\n"));
@@ -133,7 +178,7 @@ impl Source {
         let (ctrls, ps) = self.sample();
         let mut o = format!("controllers: {ctrls}\n");
         o.push_str(&format!(
-            "{:<9} {:>6} {:>6} {:>12} {:>8} {:>14} {:>14} {:>12} {:>8}\n",
+            "{:<9} {:>6} {:>6} {:>12} {:>8} {:>14} {:>14} {:>12} {:>8} {:>5}\n",
             "transport",
             "poller",
             "conns",
@@ -142,11 +187,12 @@ impl Source {
             "rx bytes",
             "read bytes",
             "copied",
-            "buffers"
+            "buffers",
+            "mrs"
         ));
         for p in &ps {
             o.push_str(&format!(
-                "{:<9} {:>6} {:>6} {:>12} {:>8} {:>14} {:>14} {:>12} {:>8}\n",
+                "{:<9} {:>6} {:>6} {:>12} {:>8} {:>14} {:>14} {:>12} {:>8} {:>5}\n",
                 p.transport,
                 p.poller,
                 p.connections,
@@ -155,7 +201,8 @@ impl Source {
                 p.rx_bytes,
                 p.tx_payload,
                 p.copied_bytes,
-                p.buffers_in_use
+                p.buffers_in_use,
+                p.mrs_registered
             ));
         }
         o
@@ -168,8 +215,8 @@ impl Source {
             .iter()
             .map(|p| {
                 format!(
-                    "{{\"transport\":\"{}\",\"poller\":{},\"connections\":{},\"commands\":{},\"errors\":{},\"rx_bytes\":{},\"read_payload_bytes\":{},\"copied_bytes\":{},\"buffers_in_use\":{}}}",
-                    p.transport, p.poller, p.connections, p.commands, p.errors, p.rx_bytes, p.tx_payload, p.copied_bytes, p.buffers_in_use
+                    "{{\"transport\":\"{}\",\"poller\":{},\"connections\":{},\"commands\":{},\"errors\":{},\"rx_bytes\":{},\"read_payload_bytes\":{},\"copied_bytes\":{},\"buffers_in_use\":{},\"mrs_registered\":{}}}",
+                    p.transport, p.poller, p.connections, p.commands, p.errors, p.rx_bytes, p.tx_payload, p.copied_bytes, p.buffers_in_use, p.mrs_registered
                 )
             })
             .collect();
