@@ -21,6 +21,20 @@ type MetricDef = (
     fn(&PollerSample) -> u64,
 );
 
+/// CPU time (user + system) this process has used so far, in nanoseconds.
+pub fn process_cpu_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec into the valid, exclusively borrowed `ts`.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
+    if rc != 0 {
+        return 0;
+    }
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
 /// One poller thread's live counters.
 #[derive(Clone)]
 pub enum PollerCounters {
@@ -109,6 +123,12 @@ impl Source {
         o.push_str("# HELP nvmf_controllers Live NVMe controllers (admin queues connected).\n");
         o.push_str("# TYPE nvmf_controllers gauge\n");
         o.push_str(&format!("nvmf_controllers {ctrls}\n"));
+        o.push_str("# HELP process_cpu_seconds_total User and system CPU time of the daemon.\n");
+        o.push_str("# TYPE process_cpu_seconds_total counter\n");
+        o.push_str(&format!(
+            "process_cpu_seconds_total {:.6}\n",
+            process_cpu_ns() as f64 / 1e9
+        ));
         let metrics: [MetricDef; 8] = [
             (
                 "nvmf_connections",
@@ -176,7 +196,10 @@ impl Source {
     /// A fixed-width table (for `nvmf-target stats`).
     pub fn table(&self) -> String {
         let (ctrls, ps) = self.sample();
-        let mut o = format!("controllers: {ctrls}\n");
+        let mut o = format!(
+            "controllers: {ctrls}\ncpu: {:.3} s\n",
+            process_cpu_ns() as f64 / 1e9
+        );
         o.push_str(&format!(
             "{:<9} {:>6} {:>6} {:>12} {:>8} {:>14} {:>14} {:>12} {:>8} {:>5}\n",
             "transport",
@@ -208,7 +231,9 @@ impl Source {
         o
     }
 
-    /// JSON (for `nvmf-target stats --json`): `{"controllers":N,"pollers":[{...}]}`.
+    /// JSON (for `nvmf-target stats --json`):
+    /// `{"controllers":N,"cpu_ns":N,"pollers":[{...}]}` (`cpu_ns`: the daemon's user + system
+    /// CPU time so far).
     pub fn json(&self) -> String {
         let (ctrls, ps) = self.sample();
         let items: Vec<String> = ps
@@ -221,7 +246,8 @@ impl Source {
             })
             .collect();
         format!(
-            "{{\"controllers\":{ctrls},\"pollers\":[{}]}}\n",
+            "{{\"controllers\":{ctrls},\"cpu_ns\":{},\"pollers\":[{}]}}\n",
+            process_cpu_ns(),
             items.join(",")
         )
     }

@@ -109,8 +109,9 @@ fn metrics_endpoint_and_stats_command() {
         .output()
         .unwrap();
     let json = String::from_utf8_lossy(&out.stdout);
+    assert!(json.starts_with("{\"controllers\":0,\"cpu_ns\":"), "{json}");
     assert!(
-        json.starts_with("{\"controllers\":0,\"pollers\":["),
+        json.contains("\"pollers\":[{\"transport\":\"tcp\""),
         "{json}"
     );
 }
