@@ -428,16 +428,13 @@ impl Queue {
         Ok(Outcome::result(cdw11 as u64))
     }
 
-    /// Set Features Keep Alive Timer: same policy as Connect's KATO.
+    /// Set Features Keep Alive Timer: same policy as Connect's KATO (0 disables the timer).
     pub(super) fn set_kato(
         &mut self,
         ctrl: &Controller,
         ms: u32,
         now: Instant,
     ) -> Result<Outcome, Reject> {
-        if ms == 0 && !ctrl.is_discovery() {
-            return Err(Reject::dnr(Status::INVALID_FIELD, loc::CDW11));
-        }
         let gran = KAS_100MS as u32 * 100;
         let ms = if ms == 0 {
             0

@@ -209,9 +209,10 @@ impl Queue {
                 // sessions are still cleaned up.
                 kato = DISCOVERY_DEFAULT_KATO_MS;
             } else {
-                // "Keep alive support is mandatory for fabrics" (Linux host): an I/O
-                // controller without a keep-alive timer could never be reclaimed.
-                return Err(invalid_param(InvalidAttr::Sqe, soff::KATO));
+                // KATO 0 disables the Keep Alive Timer (NVMe base spec, Keep Alive Timer
+                // feature), as nvmet allows: the controller then goes away with its admin
+                // queue's connection instead of by timeout.
+                return Ok(0);
             }
         }
         kato = kato.max(self.target.inner().params.keep_alive_ms_min);

@@ -368,7 +368,6 @@ fn connect_rejections() {
     let d = ConnectData::new(HOSTID, 0xffff, SUBNQN, HOSTNQN);
     expect_param(h.connect(0, 0, 5000, &d), InvalidAttr::Sqe, soff::SQSIZE);
     expect_param(h.connect(0, 32, 5000, &d), InvalidAttr::Sqe, soff::SQSIZE);
-    expect_param(h.connect(0, 31, 0, &d), InvalidAttr::Sqe, soff::KATO);
     let d = ConnectData::new(HOSTID, 0xffff, SUBNQN, "");
     expect_param(h.connect(0, 31, 5000, &d), InvalidAttr::Data, doff::HOSTNQN);
     let cid = h.next_cid();
@@ -557,10 +556,6 @@ fn admin_command_errors_and_error_log() {
     );
     expect(
         a.set_features(feat::ASYNC_EVENT, 1 << 9, &[]),
-        Status::INVALID_FIELD.dnr(),
-    );
-    expect(
-        a.set_features(feat::KATO, 0, &[]),
         Status::INVALID_FIELD.dnr(),
     );
     expect(

@@ -21,6 +21,31 @@ fn counter() -> (Arc<AtomicUsize>, Waker) {
 }
 
 #[test]
+fn kato_zero_disables_the_keep_alive_timer() {
+    // As nvmet: KATO 0 at Connect or in Set Features means no keep-alive timeout; the
+    // controller lives as long as its admin queue's connection.
+    let t = test_target();
+    let mut a = Host::new(&t, tcp_caps(), Instant::now());
+    let r = a.connect_admin(SUBNQN, HOSTNQN, 0);
+    assert_eq!(r.status(), Status::SUCCESS);
+    let cc = Cc::new(true, Cc::CSS_NVM, 0, 0, Cc::SHN_NONE, 6, 4);
+    assert!(a.prop_set(reg::CC, cc.0 as u64).status().is_success());
+    assert_eq!(a.get_features(feat::KATO, 0, 0).ok_result(), 0);
+    assert_eq!(a.q.poll_timeout(), None);
+    a.now += Duration::from_secs(3600);
+    a.q.handle_timeout(a.now);
+    assert!(a.q.poll_event().is_none(), "no keep-alive expiry");
+    assert_eq!(t.controller_count(), 1);
+    a.set_features(feat::KATO, 5000, &[]).ok_result();
+    assert_eq!(
+        a.q.poll_timeout(),
+        Some(a.now + Duration::from_millis(5000))
+    );
+    a.set_features(feat::KATO, 0, &[]).ok_result();
+    assert_eq!(a.q.poll_timeout(), None);
+}
+
+#[test]
 fn sq_head_wraps_and_can_be_disabled() {
     let t = test_target();
     let mut a = Host::new(&t, tcp_caps(), Instant::now());
