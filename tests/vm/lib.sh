@@ -2,8 +2,8 @@
 # lib.sh - shared steps for the VM scenarios (tests/vm/scenarios/*.sh). Sourced inside the guest.
 #
 # Set by tests/vm/guest-run.sh: SCENARIO (name), VM_RESULTS (this run's results dir, writable),
-# NVMF_TARGET_BIN / NVMF_BENCH_BIN (host-built binaries; empty when their build failed, with the
-# reason in NVMF_TARGET_NOTE / NVMF_BENCH_NOTE), NVMF_TEST_BREAK (deliberate breakage, see README).
+# NVMF_TARGET_BIN / NVMF_BENCH_BIN / NVMF_IOCHECK_BIN (host-built binaries; empty when their build
+# failed, with the reason in NVMF_TARGET_NOTE / NVMF_BENCH_NOTE / NVMF_IOCHECK_NOTE), NVMF_TEST_BREAK (deliberate breakage, see README).
 # Set by tests/vm/vm.sh: RXE_IP, SIW_IP, the guest helpers (vm_ramdisk, nvmet_export, ...).
 #
 # Verdicts: every case ends in exactly one of pass/fail/skip, which prints
@@ -16,6 +16,7 @@ set -o pipefail
 : "${VM_RESULTS:?VM_RESULTS unset: run scenarios through tests/vm/run.sh}"
 NVMF_TARGET_BIN=${NVMF_TARGET_BIN:-}
 NVMF_BENCH_BIN=${NVMF_BENCH_BIN:-}
+NVMF_IOCHECK_BIN=${NVMF_IOCHECK_BIN:-}
 NVMF_TEST_BREAK=${NVMF_TEST_BREAK:-}
 
 # Knobs (environment, passed through by run.sh).
@@ -86,16 +87,19 @@ target_bin() { # -> path of nvmf-target, or REASON and 1
   echo "$NVMF_TARGET_BIN"
 }
 
-# start_our_target TRTYPE ADDR DEV: config + launch + wait for the listener.
+# start_our_target TRTYPE ADDR DEV [MORE_TRTYPE...]: config + launch + wait for the listener(s)
+# (one per transport, all on ADDR:PORT). The daemon answers `nvmf-target stats` on $CTL.
 # Returns 0 (listening), 1 (failure, REASON set) or 3 (no RDMA transport in the target, REASON set).
+CTL=$WORK/nvmf-target.sock
 start_our_target() {
-  local tr=$1 addr=$2 dev=$3 bin cfg=$OUT/target.yaml rc
+  local tr=$1 addr=$2 dev=$3 bin cfg=$OUT/target.yaml rc t
+  shift 3
   bin=$(target_bin) || return 1
-  cat >"$cfg" <<EOF
-listeners:
-  - transport: $tr
-    address: $addr
-    port: $PORT
+  {
+    echo "listeners:"
+    for t in "$tr" "$@"; do printf '  - transport: %s\n    address: %s\n    port: %s\n' "$t" "$addr" "$PORT"; done
+  } >"$cfg"
+  cat >>"$cfg" <<EOF
 subsystems:
   - nqn: $OUR_NQN
     allow_any_host: true
@@ -104,11 +108,17 @@ subsystems:
         path: $dev
 EOF
   log "starting $bin --config $cfg"
-  RUST_LOG=${RUST_LOG:-info} NO_COLOR=1 "$bin" --config "$cfg" >"$OUT/target.log" 2>&1 &
+  RUST_LOG=${RUST_LOG:-info} NO_COLOR=1 "$bin" --config "$cfg" --control-socket "$CTL" >"$OUT/target.log" 2>&1 &
   TARGET_PID=$!
   local end=$((SECONDS + 20))
   while [ $SECONDS -lt $end ]; do
-    if vm_wait_listen "$tr" "$addr" "$PORT" 1; then log "target (pid $TARGET_PID) listens on $tr $addr:$PORT"; return 0; fi
+    if vm_wait_listen "$tr" "$addr" "$PORT" 1; then
+      for t in "$@"; do
+        vm_wait_listen "$t" "$addr" "$PORT" 10 || { REASON="target listens on $tr but not on $t $addr:$PORT"; return 1; }
+      done
+      log "target (pid $TARGET_PID) listens on $tr $* $addr:$PORT"
+      return 0
+    fi
     if ! kill -0 "$TARGET_PID" 2>/dev/null; then
       wait "$TARGET_PID"; rc=$?
       TARGET_PID=
@@ -202,14 +212,17 @@ check_size() { # DEV EXPECTED_BYTES
   [ "$got" = "$2" ] || { REASON="$1 has $got bytes, the backing device has $2"; return 1; }
 }
 
-# fio_verify DEV BS SIZE: random write of SIZE then read-back verify (crc32c), iodepth 16, O_DIRECT.
+# fio_verify DEV BS SIZE: random write of SIZE then read-back verify (crc32c), iodepth 16, O_DIRECT,
+# two jobs (two hardware queues on the host) over the two halves of SIZE.
 fio_verify() {
-  local dev=$1 bs=$2 size=$3 out engine=io_uring
+  local dev=$1 bs=$2 size=$3 out engine=io_uring half
   out=$OUT/fio-$bs.txt
+  half=$(($(numfmt --from=iec "$size") / 2))
   fio --enghelp=io_uring >/dev/null 2>&1 || engine=libaio
-  step "fio randwrite+verify bs=$bs size=$size on $dev" \
+  step "fio randwrite+verify bs=$bs size=$size numjobs=2 on $dev" \
     fio --name="verify-$bs" --filename="$dev" --ioengine=$engine --direct=1 --rw=randwrite \
-      --bs="$bs" --iodepth=16 --size="$size" --verify=crc32c --do_verify=1 --verify_fatal=1 \
+      --bs="$bs" --iodepth=16 --numjobs=2 --size="$half" --offset_increment="$half" --group_reporting \
+      --verify=crc32c --do_verify=1 --verify_fatal=1 \
       --output="$out" || { REASON="$REASON; $(grep -m1 -iE 'verify|err=' "$out" | cut -c1-160)"; return 1; }
   grep -E '^[[:space:]]+(write|read):' "$out" | sed "s/^[[:space:]]*/  fio bs=$bs /"
 }
@@ -300,6 +313,22 @@ run_bench() {
   return 1
 }
 
+# run_iocheck TRTYPE ADDR NQN: the initiator library's write/read/verify ($BENCH_SIZE, two queues),
+# synchronous API, Flush, Write Zeroes, Trim and an out-of-range read (initiator/examples/io_check.rs).
+run_iocheck() {
+  local tr=$1 addr=$2 nqn=$3 b=$NVMF_IOCHECK_BIN
+  [ -n "$b" ] && [ -x "$b" ] || { REASON="io_check not available: ${NVMF_IOCHECK_NOTE:-NVMF_IOCHECK_BIN unset}"; return 1; }
+  if step "io_check $tr $addr:$PORT $BENCH_SIZE numjobs 2 (verify, flush, write zeroes, trim)" \
+      timeout "${NVMF_VM_BENCH_TIMEOUT:-480}" "$b" --transport "$tr" --traddr "$addr" \
+      --trsvcid "$PORT" --subnqn "$nqn" --size "$BENCH_SIZE" --numjobs 2; then
+    cp "$WORK/step.out" "$OUT/io_check-$tr.txt"
+    grep -E 'OK|ok' "$WORK/step.out" | tail -n 12
+    return 0
+  fi
+  cp "$WORK/step.out" "$OUT/io_check-$tr.txt"
+  return 1
+}
+
 bench_vs_kernel_target() { # LABEL TRTYPE ADDR
   local label=$1 tr=$2 addr=$3 dev rc
   teardown
@@ -312,6 +341,7 @@ bench_vs_kernel_target() { # LABEL TRTYPE ADDR
   run_bench "$tr" "$addr" "$KERNEL_NQN"; rc=$?
   [ $rc = 3 ] && { skip "$label" "$REASON"; return; }
   [ $rc = 0 ] || { fail "$label" "$REASON"; return; }
+  run_iocheck "$tr" "$addr" "$KERNEL_NQN" || { fail "$label" "$REASON"; return; }
   pass "$label"
 }
 
@@ -329,8 +359,170 @@ bench_vs_our_target() { # LABEL TRTYPE ADDR
   run_bench "$tr" "$addr" "$OUR_NQN"; rc=$?
   [ $rc = 3 ] && { skip "$label" "$REASON"; return; }
   [ $rc = 0 ] || { fail "$label" "$REASON"; return; }
+  run_iocheck "$tr" "$addr" "$OUR_NQN" || { fail "$label" "$REASON"; return; }
   stop_our_target || { fail "$label" "$REASON"; return; }
   check_target_log || { fail "$label" "$REASON"; return; }
+  pass "$label"
+}
+
+# stat_json: the daemon's `nvmf-target stats --json` (one line) on stdout.
+stat_json() { "$NVMF_TARGET_BIN" stats --json --control-socket "$CTL"; }
+
+# rdma_gauges: "connections buffers_in_use mrs_registered" summed over the RDMA pollers.
+# (awk, not python: a cold python start in the emulated guest can take a minute.)
+rdma_gauges() {
+  local j
+  j=$(stat_json) || return 1
+  grep -o '{"transport":"rdma"[^}]*}' <<<"$j" | awk -F'[,:}]' '
+    { for (i = 1; i < NF; i++) {
+        if ($i == "\"connections\"") c += $(i + 1)
+        if ($i == "\"buffers_in_use\"") b += $(i + 1)
+        if ($i == "\"mrs_registered\"") m += $(i + 1) } }
+    END { printf "%d %d %d\n", c, b, m }'
+}
+
+# wait_rdma_idle WANT SECONDS: until the RDMA gauges read WANT ("0 0 N"); REASON on timeout.
+wait_rdma_idle() {
+  local want=$1 end=$((SECONDS + $2)) got
+  while :; do
+    got=$(rdma_gauges) || { REASON="nvmf-target stats failed"; return 1; }
+    [ "$got" = "$want" ] && return 0
+    [ $SECONDS -ge $end ] && break
+    sleep 0.5
+  done
+  REASON="RDMA (connections buffers_in_use mrs_registered) = ($got) after $2 s, idle was ($want)"
+  return 1
+}
+
+# bench_compare_our_target LABEL ADDR: our target listening on NVMe/TCP and NVMe/RDMA at ADDR;
+# `nvmf-bench --compare tcp,rdma` (4k randread QD16 and 128k read QD8) prints both rows side by
+# side; the tables go to report.txt (the run's summary). The RDMA rows must show 0 payload copies.
+bench_compare_our_target() {
+  local label=$1 addr=$2 dev rc b w rw bs qd copies
+  teardown
+  log "case $label: tcp+rdma $addr:$PORT"
+  b=$(bench_bin) || { skip "$label" "$REASON"; return; }
+  target_bin >/dev/null || { skip "$label" "$REASON"; return; }
+  dev=$(vm_ramdisk $RAMDISK_MB) || { fail "$label" "vm_ramdisk $RAMDISK_MB failed"; return; }
+  start_our_target rdma "$addr" "$dev" tcp; rc=$?
+  [ $rc = 0 ] || { fail "$label" "$REASON"; return; }
+  : >"$OUT/report.txt"
+  for w in "randread 4k 16" "read 128k 8"; do
+    read -r rw bs qd <<<"$w"
+    step "nvmf-bench --compare tcp,rdma $rw $bs qd$qd" timeout 300 "$b" --compare tcp,rdma \
+      --traddr "$addr" --trsvcid "$PORT" --subnqn "$OUR_NQN" --rw="$rw" --bs="$bs" \
+      --iodepth="$qd" --size=32M --runtime="${NVMF_VM_COMPARE_RUNTIME:-8}" \
+      --latency-plot="$OUT/cdf-$rw-$bs.svg" || { fail "$label" "$REASON"; return; }
+    { echo "\$ nvmf-bench --compare tcp,rdma --rw=$rw --bs=$bs --iodepth=$qd (rxe, TCG-emulated VM)"; cat "$WORK/step.out"; echo; } >>"$OUT/report.txt"
+    cat "$WORK/step.out"
+    copies=$(awk '/\[rdma\]:/ {r=1} r && /copies:/ {print $2; exit}' "$WORK/step.out")
+    [ -n "$copies" ] || { fail "$label" "no copies line for the rdma run of $rw $bs"; return; }
+    [ "$copies" = 0.00 ] || { fail "$label" "$rw $bs over rdma copied $copies bytes per payload byte (expected 0.00)"; return; }
+    awk '/\[tcp\]:/ {r=1} r && /copies:/ {exit !($2 > 0)}' "$WORK/step.out" ||
+      { fail "$label" "$rw $bs over tcp reports no copies: the counter is broken"; return; }
+  done
+  stop_our_target || { fail "$label" "$REASON"; return; }
+  check_target_log || { fail "$label" "$REASON"; return; }
+  pass "$label"
+}
+
+# host_killed_mid_io LABEL ADDR: our target on NVMe/RDMA; a first clean nvmf-bench run sets the
+# idle values of the RDMA gauges; a second nvmf-bench (2 queues, QD16, writes) is SIGKILLed
+# mid-I/O; the target must drop its connections and return every buffer and memory region
+# (gauges back to idle), then serve a second host (io_check: verify, flush, trim) and be idle again.
+host_killed_mid_io() {
+  local label=$1 addr=$2 dev rc b idle pid n c bu
+  teardown
+  log "case $label: rdma $addr:$PORT"
+  b=$(bench_bin) || { skip "$label" "$REASON"; return; }
+  target_bin >/dev/null || { skip "$label" "$REASON"; return; }
+  dev=$(vm_ramdisk $RAMDISK_MB) || { fail "$label" "vm_ramdisk $RAMDISK_MB failed"; return; }
+  start_our_target rdma "$addr" "$dev"; rc=$?
+  [ $rc = 0 ] || { fail "$label" "$REASON"; return; }
+  step "first host: nvmf-bench randrw 4k qd8 4M" timeout 120 "$b" --transport rdma --traddr "$addr" \
+    --trsvcid "$PORT" --subnqn "$OUR_NQN" --rw=randrw --bs=4k --iodepth=8 --size=4M ||
+    { fail "$label" "$REASON"; return; }
+  sleep 1
+  idle=$(rdma_gauges) || { fail "$label" "nvmf-target stats failed"; return; }
+  echo "idle RDMA gauges (connections buffers mrs): $idle" | tee -a "$OUT/report.txt"
+  [ "${idle%% *}" = 0 ] || { fail "$label" "connections still open after a clean bench run: ($idle)"; return; }
+  log "starting the host to be killed"
+  "$b" --transport rdma --traddr "$addr" --trsvcid "$PORT" --subnqn "$OUR_NQN" --rw=randwrite \
+    --bs=16k --iodepth=16 --numjobs=2 --size=16M --runtime=60 --time_based >"$OUT/killed-host.txt" 2>&1 &
+  pid=$!
+  n=0
+  # Kill once both queues carry I/O: connections >= 3 (admin + 2 I/O) and buffers held.
+  until read -r c bu _ <<<"$(rdma_gauges)" && [ "$c" -ge 3 ] && [ "$bu" -gt 0 ]; do
+    n=$((n + 1))
+    if [ $n -gt 60 ] || ! kill -0 $pid 2>/dev/null; then
+      kill -KILL $pid 2>/dev/null; wait $pid 2>/dev/null
+      fail "$label" "the second host never had I/O in flight (gauges: $(rdma_gauges)): $(tail -n 1 "$OUT/killed-host.txt")"; return
+    fi
+    sleep 0.5
+  done
+  echo "mid-I/O RDMA gauges (connections buffers mrs): $(rdma_gauges)" | tee -a "$OUT/report.txt"
+  kill -KILL $pid; wait $pid 2>/dev/null
+  log "host killed (SIGKILL) with I/O in flight"
+  wait_rdma_idle "$idle" 30 || { fail "$label" "after SIGKILL of the host: $REASON"; return; }
+  echo "after the kill RDMA gauges (connections buffers mrs): $(rdma_gauges)" | tee -a "$OUT/report.txt"
+  run_iocheck rdma "$addr" "$OUR_NQN" || { fail "$label" "second host after the kill: $REASON"; return; }
+  wait_rdma_idle "$idle" 30 || { fail "$label" "after the second host: $REASON"; return; }
+  kill -0 "$TARGET_PID" 2>/dev/null || { fail "$label" "target died"; return; }
+  stop_our_target || { fail "$label" "$REASON"; return; }
+  check_target_log || { fail "$label" "$REASON"; return; }
+  pass "$label"
+}
+
+# fio_iops DEV LABEL: fio 4k randread QD32, one job, O_DIRECT, time-based; prints the read IOPS.
+fio_iops() {
+  local dev=$1 tag=$2 engine=io_uring
+  fio --enghelp=io_uring >/dev/null 2>&1 || engine=libaio
+  step "fio randread 4k qd32 ${NVMF_VM_PERF_RUNTIME:-15}s on $dev ($tag)" \
+    fio --name="perf-$tag" --filename="$dev" --ioengine=$engine --direct=1 --rw=randread --bs=4k \
+      --iodepth=32 --numjobs=1 --time_based --runtime="${NVMF_VM_PERF_RUNTIME:-15}" --ramp_time=2 \
+      --output-format=json --output="$OUT/fio-$tag.json" || return 1
+  # The first "iops" of fio's JSON is jobs[0].read.iops.
+  sed -n 's/^[[:space:]]*"iops" : \([0-9]*\).*/\1/p' "$OUT/fio-$tag.json" | head -n 1
+}
+
+# perf_vs_nvmet LABEL: the same kernel host + fio (4k randread QD32, one job) against the Linux
+# kernel target (nvmet) and against ours, on the same RAM disk, over tcp (127.0.0.1) and rdma
+# (rxe0), kernel and ours alternating. A benchmark: the verdict is about the runs completing; the
+# IOPS and ratios go to report.txt (issue #6 goal 4: ours >= 1.0x nvmet on rdma, >= 1.5x on tcp).
+perf_vs_nvmet() {
+  local label=$1 dev tr addr k o rc line
+  teardown
+  target_bin >/dev/null || { skip "$label" "$REASON"; return; }
+  dev=$(vm_ramdisk $RAMDISK_MB) || { fail "$label" "vm_ramdisk $RAMDISK_MB failed"; return; }
+  # Fill the disk, so reads hit real pages on both targets.
+  step "fill $dev" dd if=/dev/urandom of="$dev" bs=1M count=$RAMDISK_MB oflag=direct || { fail "$label" "$REASON"; return; }
+  {
+    echo "fio 4k randread iodepth=32 numjobs=1 ${NVMF_VM_PERF_RUNTIME:-15}s, kernel host, ${RAMDISK_MB} MiB brd (TCG-emulated VM: ratios only)"
+    printf '%-10s %12s %12s %8s %s\n' transport "nvmet IOPS" "ours IOPS" ratio goal
+  } >"$OUT/report.txt"
+  for tr in tcp rdma; do
+    addr=127.0.0.1
+    [ $tr = rdma ] && addr=$RXE_IP
+    teardown
+    step "nvmet_export $KERNEL_NQN $dev $tr $addr $PORT" nvmet_export "$KERNEL_NQN" "$dev" "$tr" "$addr" "$PORT" ||
+      { fail "$label" "$REASON"; return; }
+    vm_wait_listen "$tr" "$addr" "$PORT" 10 || { fail "$label" "kernel target is not listening on $tr $addr:$PORT"; return; }
+    host_connect "$tr" "$addr" "$PORT" "$KERNEL_NQN" || { fail "$label" "$REASON"; return; }
+    k=$(fio_iops "$DEV" "nvmet-$tr") || { fail "$label" "$REASON"; return; }
+    host_disconnect "$KERNEL_NQN" || { fail "$label" "$REASON"; return; }
+    step "nvmet_clear" nvmet_clear || { fail "$label" "$REASON"; return; }
+    start_our_target "$tr" "$addr" "$dev"; rc=$?
+    [ $rc = 0 ] || { fail "$label" "$REASON"; return; }
+    host_connect "$tr" "$addr" "$PORT" "$OUR_NQN" || { fail "$label" "$REASON"; return; }
+    o=$(fio_iops "$DEV" "ours-$tr") || { fail "$label" "$REASON"; return; }
+    host_disconnect "$OUR_NQN" || { fail "$label" "$REASON"; return; }
+    stop_our_target || { fail "$label" "$REASON"; return; }
+    check_target_log || { fail "$label" "$REASON"; return; }
+    [ "$k" -gt 0 ] && [ "$o" -gt 0 ] || { fail "$label" "fio measured 0 IOPS (nvmet $k, ours $o)"; return; }
+    line=$(awk -v t="$tr" -v k="$k" -v o="$o" -v g="$([ $tr = tcp ] && echo 1.5 || echo 1.0)" \
+      'BEGIN { r = o / k; printf "%-10s %12d %12d %7.2fx >= %sx %s", t, k, o, r, g, (r >= g ? "met" : "NOT met") }')
+    echo "$line" | tee -a "$OUT/report.txt"
+  done
   pass "$label"
 }
 

@@ -33,6 +33,7 @@ ORDER=(
   kernel-host-tcp kernel-host-rdma-rxe kernel-host-rdma-siw
   initiator-vs-kernel-target-tcp initiator-vs-kernel-target-rdma-rxe initiator-vs-kernel-target-rdma-siw
   initiator-vs-our-target-tcp initiator-vs-our-target-rdma-rxe initiator-vs-our-target-rdma-siw
+  bench-compare-tcp-rdma-rxe host-killed-mid-io-rdma-rxe host-killed-mid-io-rdma-siw perf-vs-nvmet
 )
 all_scenarios() {
   local s f
@@ -86,6 +87,13 @@ finish() {
     echo
     echo "total wall time: $((SECONDS - T_START)) s"
     [ -f "$RESULTS/timings.txt" ] && sed 's/^/scenario time (s): /' "$RESULTS/timings.txt"
+    # Measurements a scenario wants in the summary (e.g. the tcp-vs-rdma table).
+    for s in "${SEL[@]}"; do
+      [ -s "$RESULTS/$s/report.txt" ] || continue
+      echo
+      echo "== $s"
+      cat "$RESULTS/$s/report.txt"
+    done
   } >>"$RESULTS/summary.txt"
   echo "run.sh: results in $RESULTS (summary.txt); total $((SECONDS - T_START)) s" >&2
   echo "$pass passed, $fail failed, $skip skipped"
@@ -115,23 +123,26 @@ if [ $need_build = 1 ]; then
   TDIR=$(cd "$ROOT" && cargo metadata --format-version 1 --no-deps 2>/dev/null |
     python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])') ||
     TDIR=${CARGO_TARGET_DIR:-$ROOT/build}
-  for pkg_bin in nvmf-target:nvmf-target nvmf-initiator:nvmf-bench; do
-    pkg=${pkg_bin%%:*} bin=${pkg_bin#*:}
+  # package:binary[:example]
+  for pkg_bin in nvmf-target:nvmf-target nvmf-initiator:nvmf-bench nvmf-initiator:io_check:example; do
+    IFS=: read -r pkg bin kind <<<"$pkg_bin"
+    sel=() path=$TDIR/release/$bin
+    [ "$kind" = example ] && sel=(--example "$bin") path=$TDIR/release/examples/$bin
     if [ $BUILD = 1 ]; then
-      echo "run.sh: cargo build --release -p $pkg" >&2
+      echo "run.sh: cargo build --release -p $pkg ${sel[*]}" >&2
       t0=$SECONDS
-      if (cd "$ROOT" && cargo build --release -p "$pkg") >"$RESULTS/build-$pkg.log" 2>&1; then
-        echo "run.sh: built $pkg in $((SECONDS - t0)) s" >&2
+      if (cd "$ROOT" && cargo build --release -p "$pkg" "${sel[@]}") >"$RESULTS/build-$bin.log" 2>&1; then
+        echo "run.sh: built $bin in $((SECONDS - t0)) s" >&2
       else
-        NOTE[$bin]="cargo build --release -p $pkg failed (build-$pkg.log)"
-        host_fail "build-$pkg" "cargo build --release -p $pkg failed: $(grep -m1 -E '^error' "$RESULTS/build-$pkg.log" | cut -c1-160)"
+        NOTE[$bin]="cargo build --release -p $pkg ${sel[*]} failed (build-$bin.log)"
+        host_fail "build-$bin" "cargo build --release -p $pkg ${sel[*]} failed: $(grep -m1 -E '^error' "$RESULTS/build-$bin.log" | cut -c1-160)"
         continue
       fi
     fi
-    if [ -x "$TDIR/release/$bin" ]; then
-      BIN[$bin]=$TDIR/release/$bin
+    if [ -x "$path" ]; then
+      BIN[$bin]=$path
     else
-      NOTE[$bin]="$TDIR/release/$bin does not exist"
+      NOTE[$bin]="$path does not exist"
     fi
   done
 fi
@@ -146,6 +157,7 @@ rdma=none
 envs=(
   NVMF_TARGET_BIN="${BIN[nvmf-target]:-}" NVMF_TARGET_NOTE="${NOTE[nvmf-target]:-}"
   NVMF_BENCH_BIN="${BIN[nvmf-bench]:-}" NVMF_BENCH_NOTE="${NOTE[nvmf-bench]:-}"
+  NVMF_IOCHECK_BIN="${BIN[io_check]:-}" NVMF_IOCHECK_NOTE="${NOTE[io_check]:-}"
   NVMF_TEST_BREAK="${NVMF_TEST_BREAK:-}" RUST_LOG="${RUST_LOG:-info}" RUST_BACKTRACE=1
 )
 for v in $(compgen -e | grep '^NVMF_VM_' || true); do envs+=("$v=${!v}"); done
