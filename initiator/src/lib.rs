@@ -53,6 +53,7 @@ mod discovery;
 mod error;
 mod queue;
 pub mod rdma;
+mod reconnect;
 
 pub use any_queue::{AnyQueue, Queue};
 pub use controller::{
@@ -62,6 +63,7 @@ pub use discovery::{discover, discover_with, DiscoveryEntry};
 pub use error::{CmdError, Error};
 pub use queue::{Completion, Data, DataRef, IoQueue, Stats, SubmitError};
 pub use rdma::{RdmaBuf, RdmaQueue};
+pub use reconnect::{ReconnectPolicy, ReconnectStats, ReconnectingNamespace};
 
 impl From<CmdError> for Error {
     fn from(e: CmdError) -> Error {
