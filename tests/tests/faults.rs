@@ -570,3 +570,198 @@ fn host_killed_mid_io_frees_everything() {
         Counters::idle,
     );
 }
+
+// ---- (e) network drop ------------------------------------------------------------------------
+
+/// A network namespace with a veth pair to the test's namespace: `host_if` (here, `.1`) and
+/// the peer inside the namespace (`.2`). Deleted on drop (which deletes the pair too).
+struct NetNs {
+    name: String,
+    host_if: String,
+    host_ip: IpAddr,
+    ns_ip: IpAddr,
+}
+
+fn ip(args: &[&str]) -> Result<(), String> {
+    let out = Command::new("ip")
+        .args(args)
+        .output()
+        .map_err(|e| format!("ip {}: {e}", args.join(" ")))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "ip {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
+}
+
+impl NetNs {
+    /// Set up, or say why not (not root, no `ip`, no netns support).
+    fn create() -> Result<NetNs, String> {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            return Err("needs root to create a network namespace".into());
+        }
+        let id = std::process::id();
+        let sub = (id % 250 + 1) as u8;
+        let n = NetNs {
+            name: format!("nvmf-faults-{id}"),
+            host_if: format!("nvf{id}h"),
+            host_ip: IpAddr::from([10, 213, sub, 1]),
+            ns_ip: IpAddr::from([10, 213, sub, 2]),
+        };
+        ip(&["netns", "add", &n.name])?;
+        // From here on, Drop cleans up.
+        let peer = format!("nvf{id}t");
+        let host_cidr = format!("{}/24", n.host_ip);
+        let ns_cidr = format!("{}/24", n.ns_ip);
+        ip(&[
+            "link", "add", &n.host_if, "type", "veth", "peer", "name", &peer,
+        ])?;
+        ip(&["link", "set", &peer, "netns", &n.name])?;
+        ip(&["addr", "add", &host_cidr, "dev", &n.host_if])?;
+        ip(&["link", "set", &n.host_if, "up"])?;
+        let inside = |args: &[&str]| {
+            let mut a = vec!["netns", "exec", &n.name, "ip"];
+            a.extend_from_slice(args);
+            ip(&a)
+        };
+        inside(&["addr", "add", &ns_cidr, "dev", &peer])?;
+        inside(&["link", "set", &peer, "up"])?;
+        inside(&["link", "set", "lo", "up"])?;
+        Ok(n)
+    }
+
+    fn set_link(&self, up: bool) {
+        ip(&["link", "set", &self.host_if, if up { "up" } else { "down" }]).unwrap();
+    }
+}
+
+impl Drop for NetNs {
+    fn drop(&mut self) {
+        let _ = ip(&["link", "del", &self.host_if]);
+        let _ = ip(&["netns", "del", &self.name]);
+    }
+}
+
+/// The target runs in its own network namespace behind a veth pair; the link goes down in the
+/// middle of a reconnecting host's write + read-back-verify loop. The host's command times
+/// out and it keeps trying to reconnect; the target, hearing nothing, tears the controller
+/// down after KATO and frees its connections and buffers. The link comes back after 5 s: the
+/// host reconnects, retries the failed command, and the loop ends with no mismatch.
+#[test]
+fn network_drop_between_namespaces() {
+    let net = match NetNs::create() {
+        Ok(n) => n,
+        Err(why) => {
+            println!("SKIP: network_drop_between_namespaces: {why}");
+            return;
+        }
+    };
+    let prefix: Vec<OsString> = ["ip", "netns", "exec", &net.name]
+        .iter()
+        .map(OsString::from)
+        .collect();
+    let ns_ip = net.ns_ip;
+    let d = Daemon::start_wrapped(ns_ip, &prefix, |port, dir| {
+        default_yaml(port, dir).replace("address: 127.0.0.1", &format!("address: {ns_ip}"))
+    });
+    const KATO: Duration = Duration::from_secs(2);
+    const OUTAGE: Duration = Duration::from_secs(5);
+    let mut opts = ConnectOptions::tcp(&ns_ip.to_string(), d.t.addr.port(), TEST_NQN);
+    opts.kato = KATO;
+    opts.timeout = Duration::from_secs(2);
+    let policy = ReconnectPolicy {
+        max_attempts: 1000,
+        max_total: Some(Duration::from_secs(60)),
+        initial_delay: Duration::from_millis(100),
+        max_delay: Duration::from_millis(500),
+        multiplier: 2.0,
+    };
+    let mut ns = ReconnectingNamespace::connect(opts, 1, policy)
+        .unwrap_or_else(|e| panic!("{e}\n{}", d.log()));
+    let c = d.counters();
+    assert_eq!((c.controllers, c.connections), (1, 2), "{c:?}");
+    println!("host {} -> target {ns_ip} in {}", net.host_ip, net.name);
+
+    let progress = Arc::new(AtomicU64::new(0));
+    let reconnects = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let worker = {
+        let (progress, reconnects, stop) = (progress.clone(), reconnects.clone(), stop.clone());
+        thread::spawn(move || {
+            let mut v = Verifier::new(32, 64 << 10);
+            while !stop.load(Ordering::Relaxed) {
+                v.step(&mut ns)
+                    .unwrap_or_else(|e| panic!("verify loop: {e}"));
+                progress.store(v.iterations, Ordering::Relaxed);
+                reconnects.store(ns.stats().reconnects, Ordering::Relaxed);
+            }
+            let stale = v.check_all(&mut ns);
+            (ns, v.iterations, v.mismatches, stale)
+        })
+    };
+    wait_until(Duration::from_secs(60), "50 verified iterations", || {
+        progress.load(Ordering::Relaxed) >= 50
+    });
+    net.set_link(false);
+    let t_down = Instant::now();
+    let at_down = progress.load(Ordering::Relaxed);
+    // The target hears nothing: its keep-alive timer frees the controller.
+    let (freed, took) = d.wait_counters(
+        KATO + Duration::from_secs(8),
+        "controller freed after KATO while the link is down",
+        Counters::idle,
+    );
+    let stalled = progress.load(Ordering::Relaxed);
+    println!("link down after {at_down} iterations; target idle {took:?} later: {freed:?}");
+    assert!(
+        took >= KATO / 2,
+        "freed before KATO could run out: {took:?}"
+    );
+    assert!(
+        stalled <= at_down + 1,
+        "I/O went on through a down link: {at_down} -> {stalled}"
+    );
+    assert!(d.log().contains("keep-alive timer expired"), "{}", d.log());
+
+    // The outage is a fault of chosen length, not a synchronization: long enough for the
+    // host's command to time out (2 s) and for at least one reconnect attempt to fail on the
+    // down link before it comes back.
+    thread::sleep(OUTAGE.saturating_sub(t_down.elapsed()));
+    net.set_link(true);
+    let t_up = Instant::now();
+    let back = wait_until(Duration::from_secs(60), "reconnect after link up", || {
+        reconnects.load(Ordering::Relaxed) >= 1
+    });
+    let at_up = progress.load(Ordering::Relaxed);
+    wait_until(Duration::from_secs(60), "50 more iterations", || {
+        progress.load(Ordering::Relaxed) >= at_up + 50
+    });
+    stop.store(true, Ordering::Relaxed);
+    let (ns, iterations, mismatches, stale) = worker.join().unwrap();
+    let s = ns.stats();
+    println!(
+        "link up {:?} after down; reconnected {back:?} after up; {iterations} iterations, \
+         {mismatches} mismatches, {stale} stale regions; {s:?}",
+        t_up - t_down
+    );
+    assert_eq!(mismatches, 0);
+    assert_eq!(stale, 0);
+    assert!(s.reconnects >= 1 && s.retries >= 1, "{s:?}");
+    assert!(
+        s.failed_attempts >= 1,
+        "no attempt failed on the down link: {s:?}"
+    );
+    let c = d.counters();
+    assert_eq!((c.controllers, c.connections), (1, 2), "{c:?}");
+    ns.shutdown().unwrap();
+    d.wait_counters(
+        Duration::from_secs(10),
+        "idle after shutdown",
+        Counters::idle,
+    );
+}
