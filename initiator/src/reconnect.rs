@@ -1,10 +1,17 @@
 //! A namespace that survives the loss of its connection: [`ReconnectingNamespace`].
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::controller::{ConnectOptions, Controller, ControllerInfo, Namespace, NsInfo};
+use nvme::opcode::io;
+use nvme::Sqe;
+
+use crate::controller::{
+    blocks_of, rw_sqe, ConnectOptions, Controller, ControllerInfo, Namespace, NsInfo, Transport,
+};
 use crate::error::{CmdError, Error};
+use crate::queue::{Completion, Data, Dir, IoQueue, SubmitError};
 
 /// How a [`ReconnectingNamespace`] reconnects: exponential backoff between attempts, bounded
 /// by a number of attempts and a total time per failed call.
@@ -134,189 +141,83 @@ struct Conn {
 /// # Ok::<(), initiator::Error>(())
 /// ```
 pub struct ReconnectingNamespace {
-    opts: ConnectOptions,
-    policy: ReconnectPolicy,
-    info: NsInfo,
-    subnqn: String,
-    serial: String,
+    link: Link,
     conn: Option<Conn>,
-    stats: ReconnectStats,
 }
 
 impl std::fmt::Debug for ReconnectingNamespace {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ReconnectingNamespace")
-            .field("addr", &self.opts.addr)
-            .field("port", &self.opts.port)
-            .field("subnqn", &self.subnqn)
-            .field("info", &self.info)
+            .field("link", &self.link)
             .field("connected", &self.conn.is_some())
-            .field("stats", &self.stats)
             .finish()
     }
 }
 
-/// Where one failed call stands in its reconnect budget.
+/// Where one failure stands in its reconnect budget.
 struct Budget {
     since: Instant,
     attempts: u32,
     last: Arc<Error>,
 }
 
-impl ReconnectingNamespace {
-    /// Connect (once, no retry: a first connection that fails is a configuration problem)
-    /// with one I/O queue (`opts.queues` is set to 1) and open namespace `nsid`.
-    pub fn connect(
+impl Budget {
+    fn start(cause: Error) -> Budget {
+        Budget {
+            since: Instant::now(),
+            attempts: 0,
+            last: Arc::new(cause),
+        }
+    }
+}
+
+/// What a reconnecting handle keeps across connections: how to connect, the policy, the
+/// identity the first connection found, the counters.
+struct Link {
+    opts: ConnectOptions,
+    policy: ReconnectPolicy,
+    info: NsInfo,
+    subnqn: String,
+    serial: String,
+    stats: ReconnectStats,
+}
+
+impl std::fmt::Debug for Link {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Link")
+            .field("addr", &self.opts.addr)
+            .field("port", &self.opts.port)
+            .field("subnqn", &self.subnqn)
+            .field("info", &self.info)
+            .field("stats", &self.stats)
+            .finish()
+    }
+}
+
+impl Link {
+    /// The first connection (no retry: a first connection that fails is a configuration
+    /// problem), with one I/O queue (`opts.queues` is set to 1).
+    fn first(
         mut opts: ConnectOptions,
         nsid: u32,
         policy: ReconnectPolicy,
-    ) -> Result<ReconnectingNamespace, Error> {
+    ) -> Result<(Link, Conn), Error> {
         opts.queues = 1;
         let conn = open(&opts, nsid)?;
         let c = conn.ctrl.info();
-        Ok(ReconnectingNamespace {
+        let link = Link {
             info: *conn.ns.info(),
             subnqn: c.subnqn.clone(),
             serial: c.serial.clone(),
             opts,
             policy,
-            conn: Some(conn),
             stats: ReconnectStats::default(),
-        })
-    }
-
-    /// The namespace's geometry (the same on every connection).
-    pub fn info(&self) -> &NsInfo {
-        &self.info
-    }
-
-    /// Size in bytes.
-    pub fn size(&self) -> u64 {
-        self.info.size()
-    }
-
-    /// Logical block size in bytes.
-    pub fn block_size(&self) -> u32 {
-        self.info.block_size
-    }
-
-    /// The policy in force.
-    pub fn policy(&self) -> &ReconnectPolicy {
-        &self.policy
-    }
-
-    /// Change the policy (applies from the next failure on).
-    pub fn set_policy(&mut self, policy: ReconnectPolicy) {
-        self.policy = policy;
-    }
-
-    /// Counters: reconnects, failed attempts, retried calls, give-ups.
-    pub fn stats(&self) -> ReconnectStats {
-        self.stats
-    }
-
-    /// Whether a connection is up (false after a give-up, until the next call reconnects).
-    pub fn is_connected(&self) -> bool {
-        self.conn.is_some()
-    }
-
-    /// The current controller's bring-up facts (its CNTLID changes with every reconnect).
-    pub fn controller_info(&self) -> Option<&ControllerInfo> {
-        self.conn.as_ref().map(|c| c.ctrl.info())
-    }
-
-    /// Read `buf.len()` bytes at byte `offset` ([`Namespace::read_at`]).
-    pub fn read_at(&mut self, buf: &mut [u8], offset: u64) -> Result<(), Error> {
-        self.run("Read", |ns| ns.read_at(buf, offset))
-    }
-
-    /// Write `buf` at byte `offset` ([`Namespace::write_at`]).
-    pub fn write_at(&mut self, buf: &[u8], offset: u64) -> Result<(), Error> {
-        self.run("Write", |ns| ns.write_at(buf, offset))
-    }
-
-    /// Flush the volatile write cache ([`Namespace::flush`]).
-    pub fn flush(&mut self) -> Result<(), Error> {
-        self.run("Flush", |ns| ns.flush())
-    }
-
-    /// Write zeroes over `len` bytes at `offset` ([`Namespace::write_zeroes`]).
-    pub fn write_zeroes(&mut self, offset: u64, len: u64) -> Result<(), Error> {
-        self.run("Write Zeroes", |ns| ns.write_zeroes(offset, len))
-    }
-
-    /// Deallocate byte ranges ([`Namespace::trim`]).
-    pub fn trim(&mut self, ranges: &[(u64, u64)]) -> Result<(), Error> {
-        self.run("Dataset Management", |ns| ns.trim(ranges))
-    }
-
-    /// Shut the controller down (CC.SHN) if connected.
-    pub fn shutdown(mut self) -> Result<(), Error> {
-        match self.conn.take() {
-            Some(Conn { ns, ctrl }) => {
-                drop(ns);
-                ctrl.shutdown()
-            }
-            None => Ok(()),
-        }
-    }
-
-    /// Run `op` on the namespace, reconnecting and running it again while it fails with
-    /// the transport.
-    fn run<T>(
-        &mut self,
-        what: &'static str,
-        mut op: impl FnMut(&mut Namespace) -> Result<T, Error>,
-    ) -> Result<T, Error> {
-        let mut budget: Option<Budget> = None;
-        loop {
-            if self.conn.is_none() {
-                let b = budget.get_or_insert_with(|| Budget {
-                    since: Instant::now(),
-                    attempts: 0,
-                    last: Arc::new(Error::Closed),
-                });
-                self.reconnect(b)?;
-            }
-            let conn = self.conn.as_mut().expect("connected above");
-            let err = match op(&mut conn.ns) {
-                Ok(v) => return Ok(v),
-                Err(e) if !is_transport_failure(&e) => return Err(e),
-                Err(e) => e,
-            };
-            tracing::warn!(
-                op = what,
-                cntlid = conn.ctrl.info().cntlid,
-                error = %err,
-                "connection failed; reconnecting to retry"
-            );
-            self.abandon();
-            self.stats.retries += 1;
-            let err = Arc::new(err);
-            match &mut budget {
-                Some(b) => b.last = err,
-                None => {
-                    budget = Some(Budget {
-                        since: Instant::now(),
-                        attempts: 0,
-                        last: err,
-                    })
-                }
-            }
-        }
-    }
-
-    /// Drop the broken connection without a shutdown handshake (the target frees its side
-    /// when its keep-alive timer fires, or has already, with the connection).
-    fn abandon(&mut self) {
-        if let Some(Conn { ns, ctrl }) = self.conn.take() {
-            drop(ns);
-            ctrl.abandon();
-        }
+        };
+        Ok((link, conn))
     }
 
     /// Connect again within `b`'s budget, waiting the policy's backoff before each attempt.
-    fn reconnect(&mut self, b: &mut Budget) -> Result<(), Error> {
+    fn reconnect(&mut self, b: &mut Budget) -> Result<Conn, Error> {
         loop {
             let elapsed = b.since.elapsed();
             let remaining = self.policy.max_total.map(|t| t.saturating_sub(elapsed));
@@ -338,10 +239,9 @@ impl ReconnectingNamespace {
                         outage_ms = outage.as_millis() as u64,
                         "reconnected"
                     );
-                    self.conn = Some(conn);
                     self.stats.reconnects += 1;
                     self.stats.last_outage = Some(outage);
-                    return Ok(());
+                    return Ok(conn);
                 }
                 Err(e) => {
                     self.stats.failed_attempts += 1;
@@ -392,6 +292,537 @@ impl ReconnectingNamespace {
         Err(Error::Controller(format!(
             "after reconnecting: the device changed: {what}"
         )))
+    }
+}
+
+impl Conn {
+    /// Drop a broken connection without a shutdown handshake (the target frees its side
+    /// when its keep-alive timer fires, or has already, with the connection).
+    fn abandon(self) {
+        let Conn { ns, ctrl } = self;
+        drop(ns);
+        ctrl.abandon();
+    }
+
+    fn shutdown(self) -> Result<(), Error> {
+        let Conn { ns, ctrl } = self;
+        drop(ns);
+        ctrl.shutdown()
+    }
+}
+
+impl ReconnectingNamespace {
+    /// Connect (once, no retry: a first connection that fails is a configuration problem)
+    /// with one I/O queue (`opts.queues` is set to 1) and open namespace `nsid`.
+    pub fn connect(
+        opts: ConnectOptions,
+        nsid: u32,
+        policy: ReconnectPolicy,
+    ) -> Result<ReconnectingNamespace, Error> {
+        let (link, conn) = Link::first(opts, nsid, policy)?;
+        Ok(ReconnectingNamespace {
+            link,
+            conn: Some(conn),
+        })
+    }
+
+    /// The namespace's geometry (the same on every connection).
+    pub fn info(&self) -> &NsInfo {
+        &self.link.info
+    }
+
+    /// Size in bytes.
+    pub fn size(&self) -> u64 {
+        self.link.info.size()
+    }
+
+    /// Logical block size in bytes.
+    pub fn block_size(&self) -> u32 {
+        self.link.info.block_size
+    }
+
+    /// The policy in force.
+    pub fn policy(&self) -> &ReconnectPolicy {
+        &self.link.policy
+    }
+
+    /// Change the policy (applies from the next failure on).
+    pub fn set_policy(&mut self, policy: ReconnectPolicy) {
+        self.link.policy = policy;
+    }
+
+    /// Counters: reconnects, failed attempts, retried calls, give-ups.
+    pub fn stats(&self) -> ReconnectStats {
+        self.link.stats
+    }
+
+    /// Whether a connection is up (false after a give-up, until the next call reconnects).
+    pub fn is_connected(&self) -> bool {
+        self.conn.is_some()
+    }
+
+    /// The current controller's bring-up facts (its CNTLID changes with every reconnect).
+    pub fn controller_info(&self) -> Option<&ControllerInfo> {
+        self.conn.as_ref().map(|c| c.ctrl.info())
+    }
+
+    /// Read `buf.len()` bytes at byte `offset` ([`Namespace::read_at`]).
+    pub fn read_at(&mut self, buf: &mut [u8], offset: u64) -> Result<(), Error> {
+        self.run("Read", |ns| ns.read_at(buf, offset))
+    }
+
+    /// Write `buf` at byte `offset` ([`Namespace::write_at`]).
+    pub fn write_at(&mut self, buf: &[u8], offset: u64) -> Result<(), Error> {
+        self.run("Write", |ns| ns.write_at(buf, offset))
+    }
+
+    /// Flush the volatile write cache ([`Namespace::flush`]).
+    pub fn flush(&mut self) -> Result<(), Error> {
+        self.run("Flush", |ns| ns.flush())
+    }
+
+    /// Write zeroes over `len` bytes at `offset` ([`Namespace::write_zeroes`]).
+    pub fn write_zeroes(&mut self, offset: u64, len: u64) -> Result<(), Error> {
+        self.run("Write Zeroes", |ns| ns.write_zeroes(offset, len))
+    }
+
+    /// Deallocate byte ranges ([`Namespace::trim`]).
+    pub fn trim(&mut self, ranges: &[(u64, u64)]) -> Result<(), Error> {
+        self.run("Dataset Management", |ns| ns.trim(ranges))
+    }
+
+    /// Shut the controller down (CC.SHN) if connected.
+    pub fn shutdown(mut self) -> Result<(), Error> {
+        self.conn.take().map_or(Ok(()), Conn::shutdown)
+    }
+
+    /// Run `op` on the namespace, reconnecting and running it again while it fails with
+    /// the transport.
+    fn run<T>(
+        &mut self,
+        what: &'static str,
+        mut op: impl FnMut(&mut Namespace) -> Result<T, Error>,
+    ) -> Result<T, Error> {
+        let mut budget: Option<Budget> = None;
+        loop {
+            if self.conn.is_none() {
+                let b = budget.get_or_insert_with(|| Budget::start(Error::Closed));
+                self.conn = Some(self.link.reconnect(b)?);
+            }
+            let conn = self.conn.as_mut().expect("connected above");
+            let err = match op(&mut conn.ns) {
+                Ok(v) => return Ok(v),
+                Err(e) if !is_transport_failure(&e) => return Err(e),
+                Err(e) => e,
+            };
+            tracing::warn!(
+                op = what,
+                cntlid = conn.ctrl.info().cntlid,
+                error = %err,
+                "connection failed; reconnecting to retry"
+            );
+            self.conn.take().expect("connected").abandon();
+            self.link.stats.retries += 1;
+            match &mut budget {
+                Some(b) => b.last = Arc::new(err),
+                None => budget = Some(Budget::start(err)),
+            }
+        }
+    }
+}
+
+/// The asynchronous counterpart of [`ReconnectingNamespace`] over NVMe/TCP: up to a queue
+/// depth of commands in flight ([`IoQueue`]'s `submit` / `reap` API, `Vec<u8>` buffers),
+/// each kept (SQE, direction, caller's value) until it completes. When the connection fails,
+/// every command it took down comes back with its buffer; after the reconnect they are
+/// submitted again in the order they were first submitted, ahead of anything submitted
+/// since, and complete as if nothing had happened. Completions carry the caller's
+/// `user_data`; `tag` is the tag on the connection that completed the command.
+///
+/// Retry rules and the budget are those of [`ReconnectingNamespace`]; the budget runs from a
+/// failure until a command completes successfully on a new connection (so a command that
+/// takes every connection down exhausts it). Commands in flight together have no defined
+/// order (NVMe gives none), with or without a reconnect: keep overlapping writes apart.
+/// Waiting for a reconnect can make [`ReconnectingQueue::reap`] take longer than its
+/// `timeout`, up to the policy's bound. NVMe/RDMA is not offered: registered buffers belong
+/// to the connection's protection domain and would not survive it.
+///
+/// ```no_run
+/// use initiator::{ConnectOptions, ReconnectPolicy, ReconnectingQueue};
+///
+/// let opts = ConnectOptions::tcp("127.0.0.1", 4420, "nqn.2026-11.io.nvmf-rs:default");
+/// let mut q = ReconnectingQueue::connect(opts, 1, ReconnectPolicy::default())?;
+/// let ns = *q.info();
+/// let bs = ns.block_size as usize;
+/// for i in 0..32u64 {
+///     q.submit_write(&ns, i * 8, vec![i as u8; 8 * bs], i).map_err(|e| e.error)?;
+/// }
+/// let mut done = Vec::new();
+/// while q.in_flight() > 0 {
+///     q.reap(&mut done, 1, None)?;
+/// }
+/// assert!(done.iter().all(|c| c.result.is_ok()));
+/// # Ok::<(), initiator::Error>(())
+/// ```
+pub struct ReconnectingQueue {
+    link: Link,
+    conn: Option<Conn>,
+    /// The connection failed: reconnect before anything else.
+    broken: bool,
+    /// Commands in flight at most (the first connection's queue depth).
+    depth: usize,
+    next_seq: u64,
+    /// Every command submitted and not yet handed back, by submission order. `held` is
+    /// `Some` while the command is on no connection, waiting for one.
+    pending: BTreeMap<u64, Pending>,
+    /// Commands in `pending` that are held.
+    held: usize,
+    budget: Option<Budget>,
+    scratch: Vec<Completion>,
+}
+
+/// A command as submitted, to submit it again.
+struct Pending {
+    sqe: Sqe,
+    dir: Dir,
+    user_data: u64,
+    held: Option<Option<Vec<u8>>>,
+}
+
+impl std::fmt::Debug for ReconnectingQueue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReconnectingQueue")
+            .field("link", &self.link)
+            .field("connected", &self.conn.is_some())
+            .field("in_flight", &self.pending.len())
+            .field("held", &self.held)
+            .finish()
+    }
+}
+
+fn split(data: Data) -> (Dir, Option<Vec<u8>>) {
+    match data {
+        Data::None => (Dir::None, None),
+        Data::ToController(b) => (Dir::ToCtrl, Some(b)),
+        Data::FromController(b) => (Dir::FromCtrl, Some(b)),
+    }
+}
+
+fn join(dir: Dir, buf: Option<Vec<u8>>) -> Data {
+    match (dir, buf) {
+        (Dir::ToCtrl, Some(b)) => Data::ToController(b),
+        (Dir::FromCtrl, Some(b)) => Data::FromController(b),
+        _ => Data::None,
+    }
+}
+
+impl ReconnectingQueue {
+    /// Connect over NVMe/TCP (once, no retry) with one I/O queue of `opts.queue_depth`
+    /// and open namespace `nsid`.
+    pub fn connect(
+        opts: ConnectOptions,
+        nsid: u32,
+        policy: ReconnectPolicy,
+    ) -> Result<ReconnectingQueue, Error> {
+        if opts.transport != Transport::Tcp {
+            return Err(Error::Unsupported(
+                "ReconnectingQueue over NVMe/RDMA (use ReconnectingNamespace)",
+            ));
+        }
+        let (link, conn) = Link::first(opts, nsid, policy)?;
+        let depth = conn.ctrl.info().io_queue_depth as usize;
+        Ok(ReconnectingQueue {
+            link,
+            conn: Some(conn),
+            broken: false,
+            depth,
+            next_seq: 0,
+            pending: BTreeMap::new(),
+            held: 0,
+            budget: None,
+            scratch: Vec::new(),
+        })
+    }
+
+    /// The namespace's geometry.
+    pub fn info(&self) -> &NsInfo {
+        &self.link.info
+    }
+
+    /// Counters: reconnects, failed attempts, commands submitted again, give-ups.
+    pub fn stats(&self) -> ReconnectStats {
+        self.link.stats
+    }
+
+    /// Change the policy (applies from the next failure on).
+    pub fn set_policy(&mut self, policy: ReconnectPolicy) {
+        self.link.policy = policy;
+    }
+
+    /// Commands submitted and not yet reaped (including those waiting for a reconnect).
+    pub fn in_flight(&self) -> usize {
+        self.pending.len()
+    }
+
+    /// Commands in flight at most.
+    pub fn depth(&self) -> usize {
+        self.depth
+    }
+
+    /// Whether a working connection is up.
+    pub fn is_connected(&self) -> bool {
+        self.conn.is_some() && !self.broken
+    }
+
+    /// The current controller's bring-up facts.
+    pub fn controller_info(&self) -> Option<&ControllerInfo> {
+        self.conn.as_ref().map(|c| c.ctrl.info())
+    }
+
+    fn queue(conn: &mut Conn) -> &mut IoQueue {
+        conn.ns
+            .queue()
+            .as_tcp()
+            .expect("ReconnectingQueue connects over NVMe/TCP only")
+    }
+
+    /// Submit a command ([`IoQueue::submit`]); returns its sequence number. While the
+    /// connection is down, or older commands wait for it, the command waits too and goes out
+    /// after them.
+    pub fn submit(&mut self, sqe: Sqe, data: Data, user_data: u64) -> Result<u64, SubmitError> {
+        if self.pending.len() >= self.depth {
+            let (_, buf) = split(data);
+            return Err(SubmitError {
+                error: Error::QueueFull,
+                buf,
+            });
+        }
+        let seq = self.next_seq;
+        let (dir, buf) = split(data);
+        let mut p = Pending {
+            sqe,
+            dir,
+            user_data,
+            held: None,
+        };
+        match &mut self.conn {
+            Some(c) if !self.broken && self.held == 0 => {
+                match Self::queue(c).submit(sqe, join(dir, buf), seq) {
+                    Ok(_) => {}
+                    Err(SubmitError { error, buf }) if is_transport_failure(&error) => {
+                        self.broken = true;
+                        self.budget.get_or_insert_with(|| Budget::start(error));
+                        p.held = Some(buf);
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+            _ => p.held = Some(buf),
+        }
+        if p.held.is_some() {
+            self.held += 1;
+        }
+        self.pending.insert(seq, p);
+        self.next_seq += 1;
+        Ok(seq)
+    }
+
+    /// Submit a Read of `buf.len()` bytes at block `slba` of `ns`.
+    pub fn submit_read(
+        &mut self,
+        ns: &NsInfo,
+        slba: u64,
+        buf: Vec<u8>,
+        user_data: u64,
+    ) -> Result<u64, SubmitError> {
+        match blocks_of(ns, slba, buf.len()) {
+            Ok(nlb) => self.submit(
+                rw_sqe(io::READ, ns.nsid, slba, nlb),
+                Data::FromController(buf),
+                user_data,
+            ),
+            Err(error) => Err(SubmitError {
+                error,
+                buf: Some(buf),
+            }),
+        }
+    }
+
+    /// Submit a Write of `buf` at block `slba` of `ns`.
+    pub fn submit_write(
+        &mut self,
+        ns: &NsInfo,
+        slba: u64,
+        buf: Vec<u8>,
+        user_data: u64,
+    ) -> Result<u64, SubmitError> {
+        match blocks_of(ns, slba, buf.len()) {
+            Ok(nlb) => self.submit(
+                rw_sqe(io::WRITE, ns.nsid, slba, nlb),
+                Data::ToController(buf),
+                user_data,
+            ),
+            Err(error) => Err(SubmitError {
+                error,
+                buf: Some(buf),
+            }),
+        }
+    }
+
+    /// Submit a Flush of `nsid`.
+    pub fn submit_flush(&mut self, nsid: u32, user_data: u64) -> Result<u64, SubmitError> {
+        let mut sqe = Sqe::new(io::FLUSH, 0);
+        sqe.nsid = nsid.into();
+        self.submit(sqe, Data::None, user_data)
+    }
+
+    /// Collect completions into `out` (appended), waiting until at least `min` are available
+    /// (at most as many as are in flight) or `timeout` passes; reconnects (and submits the
+    /// failed commands again) on the way when the connection fails. Returns how many were
+    /// added.
+    ///
+    /// When the policy gives up, every command still waiting for a connection is appended to
+    /// `out` with [`CmdError::QueueFailed`] (its buffer returned) and the call returns
+    /// [`Error::ReconnectGaveUp`].
+    pub fn reap(
+        &mut self,
+        out: &mut Vec<Completion>,
+        min: usize,
+        timeout: Option<Duration>,
+    ) -> Result<usize, Error> {
+        let until = timeout.map(|t| Instant::now() + t);
+        let want = min.min(self.pending.len());
+        let mut got = 0;
+        loop {
+            if self.broken || self.conn.is_none() {
+                if let Err(e) = self.recover() {
+                    self.fail_held(out);
+                    return Err(e);
+                }
+            }
+            self.submit_held();
+            if self.broken {
+                continue;
+            }
+            let wait = until.map(|u| u.saturating_duration_since(Instant::now()));
+            let q = Self::queue(self.conn.as_mut().expect("connected"));
+            let need = want.saturating_sub(got).min(q.in_flight());
+            let reaped = q.reap(&mut self.scratch, need, wait);
+            for c in self.scratch.drain(..) {
+                let Some(mut p) = self.pending.remove(&c.user_data) else {
+                    continue;
+                };
+                match c.result {
+                    Err(e) if !matches!(e, CmdError::Status(_)) => {
+                        // Taken down with the connection: keep it for the next one.
+                        self.broken = true;
+                        self.budget.get_or_insert_with(|| {
+                            Budget::start(Error::Command {
+                                what: "I/O",
+                                err: e,
+                            })
+                        });
+                        p.held = Some(c.buf);
+                        self.held += 1;
+                        self.pending.insert(c.user_data, p);
+                    }
+                    result => {
+                        if result.is_ok() {
+                            self.budget = None;
+                        }
+                        out.push(Completion {
+                            tag: c.tag,
+                            user_data: p.user_data,
+                            result,
+                            buf: c.buf,
+                        });
+                        got += 1;
+                    }
+                }
+            }
+            if let Err(e) = reaped {
+                self.broken = true;
+                self.budget.get_or_insert_with(|| Budget::start(e));
+            }
+            if got >= want || until.is_some_and(|u| Instant::now() >= u) {
+                return Ok(got);
+            }
+        }
+    }
+
+    /// Drop the failed connection and connect again within the budget.
+    fn recover(&mut self) -> Result<(), Error> {
+        if let Some(c) = self.conn.take() {
+            tracing::warn!(
+                cntlid = c.ctrl.info().cntlid,
+                in_flight = self.pending.len(),
+                "connection failed; reconnecting to submit the in-flight commands again"
+            );
+            c.abandon();
+        }
+        self.broken = false;
+        let b = self
+            .budget
+            .get_or_insert_with(|| Budget::start(Error::Closed));
+        let conn = self.link.reconnect(b)?;
+        self.conn = Some(conn);
+        Ok(())
+    }
+
+    /// Submit held commands in their original order while there are free tags.
+    fn submit_held(&mut self) {
+        if self.held == 0 || self.broken {
+            return;
+        }
+        let Some(c) = self.conn.as_mut() else {
+            return;
+        };
+        let q = Self::queue(c);
+        for (&seq, p) in self.pending.iter_mut() {
+            if q.free_slots() == 0 {
+                break;
+            }
+            let Some(buf) = p.held.take() else {
+                continue;
+            };
+            match q.submit(p.sqe, join(p.dir, buf), seq) {
+                Ok(_) => {
+                    self.held -= 1;
+                    self.link.stats.retries += 1;
+                }
+                Err(SubmitError { buf, .. }) => {
+                    // The new connection failed already.
+                    p.held = Some(buf);
+                    self.broken = true;
+                    break;
+                }
+            }
+        }
+    }
+
+    /// Hand every held command back as failed.
+    fn fail_held(&mut self, out: &mut Vec<Completion>) {
+        let seqs: Vec<u64> = self
+            .pending
+            .iter()
+            .filter(|(_, p)| p.held.is_some())
+            .map(|(&s, _)| s)
+            .collect();
+        for seq in seqs {
+            let p = self.pending.remove(&seq).expect("listed");
+            out.push(Completion {
+                tag: 0,
+                user_data: p.user_data,
+                result: Err(CmdError::QueueFailed),
+                buf: p.held.expect("held"),
+            });
+        }
+        self.held = 0;
+    }
+
+    /// Shut the controller down (CC.SHN) if connected; commands still in flight are dropped.
+    pub fn shutdown(mut self) -> Result<(), Error> {
+        self.conn.take().map_or(Ok(()), Conn::shutdown)
     }
 }
 

@@ -16,7 +16,9 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use initiator::{ConnectOptions, Controller, Error, ReconnectPolicy, ReconnectingNamespace};
+use initiator::{
+    ConnectOptions, Controller, Error, ReconnectPolicy, ReconnectingNamespace, ReconnectingQueue,
+};
 use nvme::fabrics::{self, reg, Cc, ConnectResult, PropSize};
 use nvme::opcode::admin;
 use nvme::{Sqe, Status};
@@ -300,6 +302,130 @@ fn reconnects_across_target_sigkill_and_restart() {
     println!("after shutdown: {c:?}");
 }
 
+/// The asynchronous queue at QD 32: writes are in flight when the target is SIGKILLed and
+/// restarted. `ReconnectingQueue` submits the commands the failure took down again; every
+/// write completes exactly once, successfully, and every block reads back its last
+/// acknowledged data.
+#[test]
+fn async_queue_resubmits_in_flight_commands_across_restart() {
+    const QD: usize = 32;
+    const BLOCKS: u64 = 4096;
+    let mut d = Daemon::start(default_yaml);
+    let mut opts = ConnectOptions::tcp("127.0.0.1", d.t.addr.port(), TEST_NQN);
+    opts.timeout = Duration::from_secs(10);
+    opts.queue_depth = QD as u16;
+    let policy = ReconnectPolicy {
+        max_attempts: 200,
+        max_total: Some(Duration::from_secs(30)),
+        initial_delay: Duration::from_millis(20),
+        max_delay: Duration::from_millis(500),
+        multiplier: 2.0,
+    };
+    let mut q =
+        ReconnectingQueue::connect(opts, 1, policy).unwrap_or_else(|e| panic!("{e}\n{}", d.log()));
+    assert_eq!(q.depth(), QD);
+    let ns = *q.info();
+    let bs = ns.block_size as usize;
+    assert!(ns.blocks >= BLOCKS);
+
+    let progress = Arc::new(AtomicU64::new(0));
+    let p = progress.clone();
+    let killer = thread::spawn(move || {
+        wait_until(Duration::from_secs(60), "2000 completed writes", || {
+            p.load(Ordering::Relaxed) >= 2000
+        });
+        d.t.kill_and_restart();
+        d
+    });
+
+    let mut submitted = 0u64;
+    let mut completions = vec![0u8; 0];
+    let mut last: Vec<Option<u64>> = vec![None; BLOCKS as usize];
+    let mut busy = vec![false; BLOCKS as usize];
+    let mut done = Vec::new();
+    let mut at_reconnect: Option<u64> = None;
+    let t0 = Instant::now();
+    loop {
+        assert!(
+            t0.elapsed() < Duration::from_secs(120),
+            "loop did not finish"
+        );
+        let finishing = killer.is_finished()
+            && at_reconnect.is_some_and(|at| progress.load(Ordering::Relaxed) >= at + 2000);
+        if finishing && q.in_flight() == 0 {
+            break;
+        }
+        while !finishing && q.in_flight() < QD {
+            let blk = submitted % BLOCKS;
+            assert!(
+                !busy[blk as usize],
+                "block {blk} still in flight after {BLOCKS} writes"
+            );
+            busy[blk as usize] = true;
+            q.submit_write(&ns, blk, pattern(submitted, bs), submitted)
+                .unwrap_or_else(|e| panic!("submit: {e}"));
+            submitted += 1;
+            completions.push(0);
+        }
+        done.clear();
+        q.reap(&mut done, 1, None)
+            .unwrap_or_else(|e| panic!("reap: {e}"));
+        for c in &done {
+            c.result
+                .unwrap_or_else(|e| panic!("write {} failed: {e}", c.user_data));
+            completions[c.user_data as usize] += 1;
+            let blk = (c.user_data % BLOCKS) as usize;
+            busy[blk] = false;
+            last[blk] = Some(c.user_data);
+            progress.fetch_add(1, Ordering::Relaxed);
+        }
+        if at_reconnect.is_none() && q.stats().reconnects > 0 {
+            at_reconnect = Some(progress.load(Ordering::Relaxed));
+        }
+    }
+    let d = killer.join().unwrap();
+    let s = q.stats();
+    let twice = completions.iter().filter(|&&n| n != 1).count();
+    assert_eq!(twice, 0, "writes not completed exactly once");
+
+    // Read every written block back at QD 32.
+    let mut stale = 0;
+    let mut next = 0u64;
+    while next < BLOCKS || q.in_flight() > 0 {
+        while next < BLOCKS && q.in_flight() < QD {
+            q.submit_read(&ns, next, vec![0u8; bs], next)
+                .unwrap_or_else(|e| panic!("submit read: {e}"));
+            next += 1;
+        }
+        done.clear();
+        q.reap(&mut done, 1, None).unwrap();
+        for c in done.drain(..) {
+            c.result.unwrap();
+            if let Some(seed) = last[c.user_data as usize] {
+                if c.buf.as_deref() != Some(&pattern(seed, bs)[..]) {
+                    stale += 1;
+                }
+            }
+        }
+    }
+    println!(
+        "QD {QD}: {submitted} writes, each completed once; reconnect stats {s:?}; \
+         {stale} stale blocks of {BLOCKS}"
+    );
+    assert_eq!(stale, 0);
+    assert!(s.reconnects >= 1, "{s:?}");
+    assert!(
+        s.retries >= 1,
+        "no in-flight command was submitted again: {s:?}"
+    );
+    q.shutdown().unwrap();
+    d.wait_counters(
+        Duration::from_secs(10),
+        "idle after shutdown",
+        Counters::idle,
+    );
+}
+
 // ---- (b) target stays dead -----------------------------------------------------------------
 
 /// Killed and not restarted: the call fails with `ReconnectGaveUp` after the policy's
@@ -373,6 +499,52 @@ fn gives_up_when_the_target_stays_dead() {
     let s = ns.stats();
     assert_eq!((s.gave_up, s.reconnects), (2, 0), "{s:?}");
     assert_eq!(s.failed_attempts, 5 + attempts as u64, "{s:?}");
+}
+
+/// The asynchronous queue against a target that stays dead: the policy gives up, and every
+/// command in flight comes back failed, with its buffer.
+#[test]
+fn async_queue_gives_up_and_returns_every_command() {
+    let mut d = Daemon::start(default_yaml);
+    let opts = ConnectOptions::tcp("127.0.0.1", d.t.addr.port(), TEST_NQN);
+    let policy = ReconnectPolicy {
+        max_attempts: 3,
+        max_total: None,
+        initial_delay: Duration::from_millis(50),
+        max_delay: Duration::from_millis(100),
+        multiplier: 2.0,
+    };
+    let mut q = ReconnectingQueue::connect(opts, 1, policy).unwrap();
+    let ns = *q.info();
+    let bs = ns.block_size as usize;
+    d.t.kill();
+    for i in 0..8u64 {
+        q.submit_write(&ns, i, pattern(i, bs), i)
+            .unwrap_or_else(|e| panic!("submit: {e}"));
+    }
+    let t0 = Instant::now();
+    let mut done = Vec::new();
+    let mut err = None;
+    while q.in_flight() > 0 && err.is_none() {
+        assert!(t0.elapsed() < Duration::from_secs(10), "no give-up");
+        if let Err(e) = q.reap(&mut done, 8, None) {
+            err = Some(e);
+        }
+    }
+    let took = t0.elapsed();
+    println!("async give-up after {took:?}: {err:?}");
+    assert!(
+        matches!(err, Some(Error::ReconnectGaveUp { attempts: 3, .. })),
+        "{err:?}"
+    );
+    assert_eq!(q.in_flight(), 0);
+    assert_eq!(done.len(), 8);
+    assert!(done
+        .iter()
+        .all(|c| c.result.is_err() && c.buf.as_ref().is_some_and(|b| b.len() == bs)));
+    let mut ids: Vec<u64> = done.iter().map(|c| c.user_data).collect();
+    ids.sort();
+    assert_eq!(ids, (0..8).collect::<Vec<u64>>());
 }
 
 /// An NVMe status (here: a write to a read-only namespace) is the controller's answer, not a
