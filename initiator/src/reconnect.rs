@@ -103,6 +103,13 @@ struct Conn {
 /// can overwrite that host's newer data, as it can with the Linux host.) The synchronous API
 /// has one operation in flight per handle, so a retry never reorders writes.
 ///
+/// A Flush retried on a new connection covers what the target holds now. Writes acknowledged
+/// before a target *crash* (power loss, kernel panic) and not yet flushed may be gone, and
+/// the retried Flush cannot tell; a killed target *process* loses nothing it acknowledged
+/// (nvmf-target writes with O_DIRECT, and the kernel keeps what a dead process wrote). Code
+/// that must know should write again what it wrote since its last successful Flush when
+/// [`ReconnectStats::reconnects`] moved.
+///
 /// Only failures of the transport are retried: a closed or reset connection, a protocol
 /// error, a termination request, a timeout, a data digest mismatch. An answer from the
 /// controller ([`Error::status`] is `Some`, e.g. LBA Out of Range or a write-protected
