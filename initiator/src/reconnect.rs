@@ -1,4 +1,5 @@
-//! A namespace that survives the loss of its connection: [`ReconnectingNamespace`].
+//! I/O that survives the loss of its connection: [`ReconnectingNamespace`] (synchronous)
+//! and [`ReconnectingQueue`] (asynchronous, NVMe/TCP).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -13,8 +14,8 @@ use crate::controller::{
 use crate::error::{CmdError, Error};
 use crate::queue::{Completion, Data, Dir, IoQueue, SubmitError};
 
-/// How a [`ReconnectingNamespace`] reconnects: exponential backoff between attempts, bounded
-/// by a number of attempts and a total time per failed call.
+/// How a [`ReconnectingNamespace`] or [`ReconnectingQueue`] reconnects: exponential backoff
+/// between attempts, bounded by a number of attempts and a total time per failure.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ReconnectPolicy {
     /// Most connection attempts for one failed call (0: never reconnect, fail at once).
