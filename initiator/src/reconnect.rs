@@ -449,8 +449,11 @@ impl ReconnectingNamespace {
 ///
 /// Retry rules and the budget are those of [`ReconnectingNamespace`]; the budget runs from a
 /// failure until a command completes successfully on a new connection (so a command that
-/// takes every connection down exhausts it). Commands in flight together have no defined
-/// order (NVMe gives none), with or without a reconnect: keep overlapping writes apart.
+/// takes every connection down exhausts it). A command that fails with a data digest error
+/// while the connection stays up is submitted again on the same connection, at most
+/// `max_attempts` times, then completes with the error. Commands in flight together have no
+/// defined order (NVMe gives none), with or without a reconnect: keep overlapping writes
+/// apart.
 /// Waiting for a reconnect can make [`ReconnectingQueue::reap`] take longer than its
 /// `timeout`, up to the policy's bound. NVMe/RDMA is not offered: registered buffers belong
 /// to the connection's protection domain and would not survive it.
@@ -494,7 +497,10 @@ struct Pending {
     sqe: Sqe,
     dir: Dir,
     user_data: u64,
+    /// The buffer (if any) while the command is on no connection.
     held: Option<Option<Vec<u8>>>,
+    /// Resubmissions on the same connection (after a data digest error).
+    tries: u32,
 }
 
 impl std::fmt::Debug for ReconnectingQueue {
@@ -612,6 +618,7 @@ impl ReconnectingQueue {
             dir,
             user_data,
             held: None,
+            tries: 0,
         };
         match &mut self.conn {
             Some(c) if !self.broken && self.held == 0 => {
@@ -702,6 +709,16 @@ impl ReconnectingQueue {
         let want = min.min(self.pending.len());
         let mut got = 0;
         loop {
+            if self.broken {
+                // A failed queue hands out every command it held at once, without waiting:
+                // collect them before dropping it.
+                if let Some(c) = self.conn.as_mut() {
+                    let q = Self::queue(c);
+                    let _ = q.poll(&mut self.scratch);
+                    debug_assert_eq!(q.in_flight(), 0, "a broken queue is a failed queue");
+                    got += self.absorb(out, true);
+                }
+            }
             if self.broken || self.conn.is_none() {
                 if let Err(e) = self.recover() {
                     self.fail_held(out);
@@ -716,38 +733,8 @@ impl ReconnectingQueue {
             let q = Self::queue(self.conn.as_mut().expect("connected"));
             let need = want.saturating_sub(got).min(q.in_flight());
             let reaped = q.reap(&mut self.scratch, need, wait);
-            for c in self.scratch.drain(..) {
-                let Some(mut p) = self.pending.remove(&c.user_data) else {
-                    continue;
-                };
-                match c.result {
-                    Err(e) if !matches!(e, CmdError::Status(_)) => {
-                        // Taken down with the connection: keep it for the next one.
-                        self.broken = true;
-                        self.budget.get_or_insert_with(|| {
-                            Budget::start(Error::Command {
-                                what: "I/O",
-                                err: e,
-                            })
-                        });
-                        p.held = Some(c.buf);
-                        self.held += 1;
-                        self.pending.insert(c.user_data, p);
-                    }
-                    result => {
-                        if result.is_ok() {
-                            self.budget = None;
-                        }
-                        out.push(Completion {
-                            tag: c.tag,
-                            user_data: p.user_data,
-                            result,
-                            buf: c.buf,
-                        });
-                        got += 1;
-                    }
-                }
-            }
+            let failed = q.is_failed();
+            got += self.absorb(out, failed);
             if let Err(e) = reaped {
                 self.broken = true;
                 self.budget.get_or_insert_with(|| Budget::start(e));
@@ -756,6 +743,56 @@ impl ReconnectingQueue {
                 return Ok(got);
             }
         }
+    }
+
+    /// Sort the completions in `scratch`: answers (success or NVMe status) go to `out`;
+    /// commands the transport failed are held for resubmission, on a new connection if the
+    /// queue `failed`, else on the same one (a data digest error), at most `max_attempts`
+    /// times each. Returns how many went to `out`.
+    fn absorb(&mut self, out: &mut Vec<Completion>, failed: bool) -> usize {
+        let mut got = 0;
+        let mut scratch = std::mem::take(&mut self.scratch);
+        for c in scratch.drain(..) {
+            let Some(mut p) = self.pending.remove(&c.user_data) else {
+                continue;
+            };
+            match c.result {
+                Err(e)
+                    if !matches!(e, CmdError::Status(_))
+                        && (failed || p.tries < self.link.policy.max_attempts) =>
+                {
+                    if failed {
+                        // Taken down with the connection: keep it for the next one.
+                        self.broken = true;
+                        self.budget.get_or_insert_with(|| {
+                            Budget::start(Error::Command {
+                                what: "I/O",
+                                err: e,
+                            })
+                        });
+                    } else {
+                        p.tries += 1;
+                    }
+                    p.held = Some(c.buf);
+                    self.held += 1;
+                    self.pending.insert(c.user_data, p);
+                }
+                result => {
+                    if result.is_ok() {
+                        self.budget = None;
+                    }
+                    out.push(Completion {
+                        tag: c.tag,
+                        user_data: p.user_data,
+                        result,
+                        buf: c.buf,
+                    });
+                    got += 1;
+                }
+            }
+        }
+        self.scratch = scratch;
+        got
     }
 
     /// Drop the failed connection and connect again within the budget.
