@@ -1,8 +1,10 @@
 //! Faults over NVMe/TCP against the real `nvmf-target` binary (issue 8, items 3 and 6):
-//! target SIGKILL + restart under a reconnecting host, a target that stays dead, a host that
-//! stops sending keep-alives, a host killed mid-I/O, and a network drop across a veth pair
-//! between two network namespaces. After each, the daemon's counters (`nvmf-target stats
-//! --json`: controllers, connections, registered buffers in use) must return to idle.
+//! target SIGKILL + restart under a reconnecting host (`ReconnectingNamespace`, and
+//! `ReconnectingQueue` at QD 32), a target that stays dead (the give-up bounds), NVMe status
+//! errors (not retried), a host that stops sending keep-alives, a host killed mid-I/O, and a
+//! network drop across a veth pair between two network namespaces. Where the daemon lives
+//! on, its counters (`nvmf-target stats --json`: controllers, connections, registered
+//! buffers in use) must return to idle.
 //!
 //! Every wait polls a condition against a deadline. Measured times are printed (run with
 //! `--nocapture` to see them).
