@@ -822,9 +822,10 @@ impl Drop for NetNs {
 }
 
 /// The target runs in its own network namespace behind a veth pair; the link goes down in the
-/// middle of a reconnecting host's write + read-back-verify loop. The host's command times
-/// out and it keeps trying to reconnect; the target, hearing nothing, tears the controller
-/// down after KATO and frees its connections and buffers. The link comes back after 5 s: the
+/// middle of a reconnecting host's write + read-back-verify loop. A plain host's read fails
+/// after its I/O timeout (no hang); the reconnecting host's command times out and it keeps
+/// trying to reconnect; the target, hearing nothing, tears both controllers down after KATO
+/// and frees their connections and buffers. The link comes back after 5 s: the
 /// host reconnects, retries the failed command, and the loop ends with no mismatch.
 #[test]
 fn network_drop_between_namespaces() {
@@ -857,8 +858,15 @@ fn network_drop_between_namespaces() {
     };
     let mut ns = ReconnectingNamespace::connect(opts, 1, policy)
         .unwrap_or_else(|e| panic!("{e}\n{}", d.log()));
+    // A plain (not reconnecting) host across the same link: its I/O must fail, not hang.
+    let mut plain_opts = ConnectOptions::tcp(&ns_ip.to_string(), d.t.addr.port(), TEST_NQN);
+    plain_opts.kato = KATO;
+    plain_opts.timeout = Duration::from_secs(2);
+    let io_timeout = plain_opts.timeout;
+    let mut plain = Controller::connect(plain_opts).unwrap();
+    let mut plain_ns = plain.open_namespace(1).unwrap();
     let c = d.counters();
-    assert_eq!((c.controllers, c.connections), (1, 2), "{c:?}");
+    assert_eq!((c.controllers, c.connections), (2, 4), "{c:?}");
     println!("host {} -> target {ns_ip} in {}", net.host_ip, net.name);
 
     let progress = Arc::new(AtomicU64::new(0));
@@ -884,12 +892,33 @@ fn network_drop_between_namespaces() {
     net.set_link(false);
     let t_down = Instant::now();
     let at_down = progress.load(Ordering::Relaxed);
-    // The target hears nothing: its keep-alive timer frees the controller.
-    let (freed, took) = d.wait_counters(
+    // The plain host's read fails once its command times out.
+    let mut buf = vec![0u8; 4096];
+    let t0 = Instant::now();
+    let err = plain_ns
+        .read_at(&mut buf, 0)
+        .expect_err("a read across a down link");
+    let failed_in = t0.elapsed();
+    println!("plain host: read failed after {failed_in:?}: {err}");
+    assert!(
+        failed_in >= io_timeout && failed_in < io_timeout + Duration::from_secs(2),
+        "{failed_in:?}"
+    );
+    assert!(
+        matches!(&err, Error::QueueFailed { cause, .. } if matches!(**cause, Error::Timeout(..))),
+        "{err:?}"
+    );
+    drop(plain_ns);
+    let t0 = Instant::now();
+    drop(plain);
+    println!("plain host: controller dropped in {:?}", t0.elapsed());
+    // The target hears nothing: its keep-alive timer frees both controllers.
+    let (freed, _) = d.wait_counters(
         KATO + Duration::from_secs(8),
-        "controller freed after KATO while the link is down",
+        "controllers freed after KATO while the link is down",
         Counters::idle,
     );
+    let took = t_down.elapsed();
     let stalled = progress.load(Ordering::Relaxed);
     println!("link down after {at_down} iterations; target idle {took:?} later: {freed:?}");
     assert!(
