@@ -549,6 +549,45 @@ fn async_queue_gives_up_and_returns_every_command() {
     assert_eq!(ids, (0..8).collect::<Vec<u64>>());
 }
 
+/// The target comes back on the same address with a different namespace (another size):
+/// the reconnect is refused at once instead of retrying writes on the wrong device.
+#[test]
+fn reconnect_refuses_a_different_device() {
+    let mut d = Daemon::start(default_yaml);
+    let opts = ConnectOptions::tcp("127.0.0.1", d.t.addr.port(), TEST_NQN);
+    let policy = ReconnectPolicy {
+        max_attempts: 50,
+        max_total: Some(Duration::from_secs(30)),
+        initial_delay: Duration::from_millis(20),
+        max_delay: Duration::from_millis(200),
+        multiplier: 2.0,
+    };
+    let mut ns = ReconnectingNamespace::connect(opts, 1, policy).unwrap();
+    let data = pattern(3, 4096);
+    ns.write_at(&data, 0).unwrap();
+    // Same port and subsystem, but namespace 1 is now another, smaller file.
+    let cfg = d.t.dir.0.join("config.yaml");
+    let yaml = std::fs::read_to_string(&cfg).unwrap();
+    let other = yaml.replace("ns1.img, size: 64MiB", "other.img, size: 32MiB");
+    assert_ne!(yaml, other);
+    std::fs::write(&cfg, other).unwrap();
+    d.t.kill_and_restart();
+    let t0 = Instant::now();
+    let err = ns.write_at(&data, 0).expect_err("a different device");
+    println!("after {:?}: {err}", t0.elapsed());
+    match &err {
+        Error::ReconnectGaveUp { cause, .. } => assert!(
+            matches!(&**cause, Error::Controller(m) if m.contains("device changed")),
+            "{cause:?}"
+        ),
+        other => panic!("expected ReconnectGaveUp, got {other:?}"),
+    }
+    let s = ns.stats();
+    assert_eq!((s.reconnects, s.gave_up), (0, 1), "{s:?}");
+    // The stranger was shut down cleanly: nothing left on the target.
+    d.wait_counters(Duration::from_secs(10), "idle", Counters::idle);
+}
+
 /// An NVMe status (here: a write to a read-only namespace) is the controller's answer, not a
 /// connection failure: it returns at once, with no reconnect.
 #[test]
