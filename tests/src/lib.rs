@@ -163,6 +163,15 @@ impl TargetProc {
     /// line: same configuration, port and namespace files. Its log is appended to.
     pub fn kill_and_restart(&mut self) {
         self.kill();
+        self.restart();
+    }
+
+    /// Start the (killed) target again with the same command line; its log is appended to.
+    pub fn restart(&mut self) {
+        assert!(
+            matches!(self.child.try_wait(), Ok(Some(_))),
+            "restart: the target is still running"
+        );
         self.child = self.launch.spawn(&self.log, true);
         self.wait_listening(Duration::from_secs(20));
     }

@@ -227,6 +227,7 @@ fn wait_until(limit: Duration, what: &str, mut cond: impl FnMut() -> bool) -> Du
 /// mismatch, and every region holds its last acknowledged data at the end.
 #[test]
 fn reconnects_across_target_sigkill_and_restart() {
+    const DOWNTIME: Duration = Duration::from_secs(2);
     let mut d = Daemon::start(default_yaml);
     let mut opts = ConnectOptions::tcp("127.0.0.1", d.t.addr.port(), TEST_NQN);
     opts.timeout = Duration::from_secs(10);
@@ -255,7 +256,11 @@ fn reconnects_across_target_sigkill_and_restart() {
         });
         let at = p.load(Ordering::Relaxed);
         let t0 = Instant::now();
-        d.t.kill_and_restart();
+        d.t.kill();
+        // Down for a while, as a crashed daemon waiting for its service manager: a fault of
+        // chosen length, long enough for the host's first attempts to be refused.
+        thread::sleep(DOWNTIME);
+        d.t.restart();
         (d, at, t0.elapsed())
     });
 
@@ -278,7 +283,7 @@ fn reconnects_across_target_sigkill_and_restart() {
     let s = ns.stats();
     let stale = v.check_all(&mut ns);
     println!(
-        "target SIGKILLed after {killed_at} iterations and listening again {restart:?} later; \
+        "target SIGKILLed after {killed_at} iterations, listening again {restart:?} later; \
          loop: {} iterations, {} mismatches; {} stale regions; reconnect stats {s:?}; \
          cntlid {first_cntlid} -> {}",
         v.iterations,
@@ -290,6 +295,15 @@ fn reconnects_across_target_sigkill_and_restart() {
     assert_eq!(stale, 0, "regions lost their last acknowledged write");
     assert!(s.reconnects >= 1, "{s:?}");
     assert!(s.retries >= 1, "{s:?}");
+    assert!(
+        s.failed_attempts >= 1,
+        "no attempt met the dead target: {s:?}"
+    );
+    assert!(
+        s.last_outage
+            .is_some_and(|o| o < DOWNTIME + Duration::from_secs(10)),
+        "{s:?}"
+    );
     assert_eq!(s.gave_up, 0, "{s:?}");
 
     // The restarted daemon holds exactly our new controller, and frees it at shutdown.
