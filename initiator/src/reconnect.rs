@@ -71,7 +71,8 @@ pub struct ReconnectStats {
     pub reconnects: u64,
     /// Connection attempts that failed.
     pub failed_attempts: u64,
-    /// Calls run again after their connection failed.
+    /// Calls ([`ReconnectingNamespace`]) or commands ([`ReconnectingQueue`]) run again after
+    /// their connection failed.
     pub retries: u64,
     /// Calls that gave up ([`Error::ReconnectGaveUp`]).
     pub gave_up: u64,
