@@ -710,6 +710,12 @@ impl Controller {
         }
     }
 
+    /// Stop keep-alive and drop the controller without the shutdown handshake (its connection
+    /// is known to be broken; the target frees its side when its keep-alive timer fires).
+    pub(crate) fn abandon(mut self) {
+        self.shut_down = true;
+    }
+
     /// Stop keep-alive and shut the controller down (CC.SHN, wait for CSTS.SHST).
     pub fn shutdown(mut self) -> Result<(), Error> {
         self.stop_keep_alive();

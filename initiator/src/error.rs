@@ -53,6 +53,15 @@ pub enum Error {
     /// An NVMe/RDMA connection or queue failed (verbs, rdma_cm, work completions).
     #[error("NVMe/RDMA: {0}")]
     Rdma(#[from] crate::rdma::RdmaError),
+    /// A [`crate::ReconnectingNamespace`] or [`crate::ReconnectingQueue`] could not get its
+    /// connection back within its [`crate::ReconnectPolicy`]; `cause` is the last failure (the
+    /// command's, or the last connection attempt's).
+    #[error("gave up reconnecting after {attempts} attempts in {elapsed:?}: {cause}")]
+    ReconnectGaveUp {
+        attempts: u32,
+        elapsed: Duration,
+        cause: Arc<Error>,
+    },
 }
 
 impl Error {

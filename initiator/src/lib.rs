@@ -46,6 +46,36 @@
 //! Every wait is bounded by [`ConnectOptions::timeout`]: a dead target fails the queue (all its
 //! commands complete with an error) instead of hanging. Errors carry the NVMe [`nvme::Status`]
 //! when the target answered with one ([`Error::status`]).
+//!
+//! To ride out a target restart or a network outage, open a [`ReconnectingNamespace`] instead
+//! of a [`Namespace`]: the same synchronous block API, and on a transport failure (connection
+//! closed or reset, timeout, protocol error) it drops the controller, reconnects with
+//! exponential backoff as its [`ReconnectPolicy`] says and runs the failed call again. That is
+//! safe because Read, Write, Flush, Write Zeroes and deallocate are idempotent at the block
+//! level. An NVMe status (LBA out of range, write-protected namespace) returns at once; past
+//! the policy's attempts or total time the call fails with [`Error::ReconnectGaveUp`].
+//! [`ReconnectingNamespace::stats`] counts reconnects, failed attempts and retried calls.
+//! [`ReconnectingQueue`] does the same for the asynchronous API over NVMe/TCP: it keeps every
+//! command in flight (SQE, buffer, caller's value) and, after a reconnect, submits the ones
+//! the failure took down again in their original order.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use initiator::{ConnectOptions, ReconnectPolicy, ReconnectingNamespace};
+//!
+//! let opts = ConnectOptions::tcp("127.0.0.1", 4420, "nqn.2026-11.io.nvmf-rs:default");
+//! let policy = ReconnectPolicy {
+//!     max_attempts: 20,
+//!     max_total: Some(Duration::from_secs(30)),
+//!     initial_delay: Duration::from_millis(100),
+//!     max_delay: Duration::from_secs(2),
+//!     multiplier: 2.0,
+//! };
+//! let mut ns = ReconnectingNamespace::connect(opts, 1, policy)?;
+//! let mut buf = vec![0u8; ns.block_size() as usize];
+//! ns.read_at(&mut buf, 0)?;
+//! # Ok::<(), initiator::Error>(())
+//! ```
 
 mod any_queue;
 mod controller;
@@ -53,6 +83,7 @@ mod discovery;
 mod error;
 mod queue;
 pub mod rdma;
+mod reconnect;
 
 pub use any_queue::{AnyQueue, Queue};
 pub use controller::{
@@ -62,6 +93,7 @@ pub use discovery::{discover, discover_with, DiscoveryEntry};
 pub use error::{CmdError, Error};
 pub use queue::{Completion, Data, DataRef, IoQueue, Stats, SubmitError};
 pub use rdma::{RdmaBuf, RdmaQueue};
+pub use reconnect::{ReconnectPolicy, ReconnectStats, ReconnectingNamespace, ReconnectingQueue};
 
 impl From<CmdError> for Error {
     fn from(e: CmdError) -> Error {

@@ -1,8 +1,9 @@
 //! Helpers shared by the end-to-end tests: run the real `nvmf-target` binary on a free
 //! loopback port with a generated configuration, and talk raw NVMe/TCP to it.
 
+use std::ffi::OsString;
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -72,6 +73,16 @@ pub struct TargetProc {
     pub addr: SocketAddr,
     pub log: PathBuf,
     pub dir: TempDir,
+    /// The command line, to start the same target again ([`TargetProc::kill_and_restart`]).
+    launch: Launch,
+}
+
+/// How a target was started: a wrapper (e.g. `ip netns exec NS`), its arguments, its
+/// environment.
+struct Launch {
+    prefix: Vec<OsString>,
+    args: Vec<OsString>,
+    env: Vec<(OsString, OsString)>,
 }
 
 pub const TEST_NQN: &str = "nqn.2026-11.io.nvmf-rs:test";
@@ -110,35 +121,65 @@ impl TargetProc {
         env: &[(&str, std::ffi::OsString)],
         args: &[std::ffi::OsString],
     ) -> TargetProc {
+        Self::start_wrapped(IpAddr::from([127, 0, 0, 1]), &[], make, env, args)
+    }
+
+    /// Start the target through `prefix` (e.g. `ip netns exec NS`: the wrapper must exec the
+    /// target, so that its pid is the target's), expecting it to listen on `ip` at the port
+    /// `make` is given.
+    pub fn start_wrapped(
+        ip: IpAddr,
+        prefix: &[OsString],
+        make: impl FnOnce(u16, &Path) -> String,
+        env: &[(&str, std::ffi::OsString)],
+        args: &[std::ffi::OsString],
+    ) -> TargetProc {
         let dir = TempDir::new("target");
         let port = free_port();
         let yaml = make(port, &dir.0);
         let cfg = dir.0.join("config.yaml");
         std::fs::write(&cfg, yaml).unwrap();
         let log = dir.0.join("target.log");
-        let child = Command::new(target_bin())
-            .arg("--config")
-            .arg(&cfg)
-            .args(args)
-            .env(
-                "RUST_LOG",
-                std::env::var("NVMF_TEST_LOG").unwrap_or_else(|_| "info".into()),
-            )
-            .envs(env.iter().map(|(k, v)| (k, v)))
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .expect("spawn nvmf-target");
-        let addr: SocketAddr = ([127, 0, 0, 1], port).into();
+        let mut all_args: Vec<OsString> = vec!["--config".into(), cfg.into()];
+        all_args.extend(args.iter().cloned());
+        let launch = Launch {
+            prefix: prefix.to_vec(),
+            args: all_args,
+            env: env.iter().map(|(k, v)| (k.into(), v.clone())).collect(),
+        };
+        let child = launch.spawn(&log, false);
         let mut t = TargetProc {
             child,
-            addr,
+            addr: SocketAddr::new(ip, port),
             log,
             dir,
+            launch,
         };
         t.wait_listening(Duration::from_secs(20));
         t
+    }
+
+    /// SIGKILL the target (no shutdown path runs) and start it again with the same command
+    /// line: same configuration, port and namespace files. Its log is appended to.
+    pub fn kill_and_restart(&mut self) {
+        self.kill();
+        self.restart();
+    }
+
+    /// Start the (killed) target again with the same command line; its log is appended to.
+    pub fn restart(&mut self) {
+        assert!(
+            matches!(self.child.try_wait(), Ok(Some(_))),
+            "restart: the target is still running"
+        );
+        self.child = self.launch.spawn(&self.log, true);
+        self.wait_listening(Duration::from_secs(20));
+    }
+
+    /// SIGKILL the target and reap it.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 
     fn wait_listening(&mut self, limit: Duration) {
@@ -175,6 +216,37 @@ impl TargetProc {
             std::thread::sleep(Duration::from_millis(20));
         }
         false
+    }
+}
+
+impl Launch {
+    fn spawn(&self, log: &Path, append: bool) -> Child {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .write(true)
+            .append(append)
+            .truncate(!append)
+            .open(log)
+            .unwrap();
+        let mut cmd = match self.prefix.split_first() {
+            Some((first, rest)) => {
+                let mut c = Command::new(first);
+                c.args(rest).arg(target_bin());
+                c
+            }
+            None => Command::new(target_bin()),
+        };
+        cmd.args(&self.args)
+            .env(
+                "RUST_LOG",
+                std::env::var("NVMF_TEST_LOG").unwrap_or_else(|_| "info".into()),
+            )
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("spawn nvmf-target")
     }
 }
 

@@ -102,17 +102,26 @@ impl RawHost {
         }
     }
 
-    /// Fabrics Connect on `qid` (admin: cntlid 0xFFFF).
+    /// Fabrics Connect on `qid` (admin: cntlid 0xFFFF, KATO 5 s).
     pub fn fabrics_connect(&mut self, subnqn: &str, qid: u16, sqsize: u16, cntlid: u16) -> Cqe {
+        let kato = if qid == 0 { 5000 } else { 0 };
+        self.fabrics_connect_kato(subnqn, qid, sqsize, cntlid, kato)
+    }
+
+    /// Fabrics Connect on `qid` with keep-alive timeout `kato_ms` (admin: cntlid 0xFFFF).
+    pub fn fabrics_connect_kato(
+        &mut self,
+        subnqn: &str,
+        qid: u16,
+        sqsize: u16,
+        cntlid: u16,
+        kato_ms: u32,
+    ) -> Cqe {
         let mut cmd = ConnectCmd::from_sqe(&Sqe::new(nvme::opcode::FABRICS, 1));
         cmd.fctype = nvme::opcode::fctype::CONNECT;
         cmd.qid = qid.into();
         cmd.sqsize = sqsize.into();
-        cmd.kato = if qid == 0 {
-            5000u32.into()
-        } else {
-            0u32.into()
-        };
+        cmd.kato = kato_ms.into();
         cmd.dptr = Sgl::InCapsule {
             offset: 0,
             len: 1024,

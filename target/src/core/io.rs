@@ -45,8 +45,8 @@ fn rw_extent(sqe: &Sqe, ns: &NamespaceSpec) -> Result<(u64, u32), Reject> {
 
 /// Map a backend errno (either sign) to a status, as nvmet `errno_to_nvme_status` does for its
 /// file backend: ENOSPC -> Capacity Exceeded, EREMOTEIO -> LBA Out of Range, EOPNOTSUPP ->
-/// Invalid Opcode, ENODATA -> Access Denied, anything else (EIO included) -> Internal Error, all
-/// with DNR except Access Denied. One deliberate difference: resource shortages that may pass
+/// Invalid Opcode, ENODATA -> Access Denied, EROFS -> Namespace is Write Protected, anything
+/// else (EIO included) -> Internal Error, all with DNR except Access Denied. One deliberate difference: resource shortages that may pass
 /// (EAGAIN, ENOMEM, EBUSY, EINTR) come back without DNR so the host retries instead of failing
 /// the I/O.
 pub(crate) fn errno_to_status(sqe: &Sqe, errno: i32) -> Reject {
@@ -60,6 +60,10 @@ pub(crate) fn errno_to_status(sqe: &Sqe, errno: i32) -> Reject {
         libc::EREMOTEIO => Reject::dnr(Status::LBA_RANGE, loc::CDW10),
         libc::EOPNOTSUPP => Reject::dnr(Status::INVALID_OPCODE, loc::OPCODE),
         libc::ENODATA => Reject::new(Status::ACCESS_DENIED, loc::NSID),
+        // A write to a `read_only` namespace (the backend refuses it with EROFS). nvmet
+        // (`nvmet_io_cmd_check_access`): a read-only namespace fails writes with
+        // NVME_SC_NS_WRITE_PROTECTED.
+        libc::EROFS => Reject::dnr(Status::NS_WRITE_PROTECTED, loc::NSID),
         libc::EAGAIN | libc::ENOMEM | libc::EBUSY | libc::EINTR => {
             Reject::new(Status::INTERNAL, loc::OPCODE)
         }
