@@ -6,7 +6,7 @@
 //! - [`job`]: a workload and the per-thread I/O loop; [`run`]: one workload on one transport.
 //! - [`pattern`]: offsets, data and the `--verify` block format.
 //! - [`baseline`]: `--raw-tcp-baseline`; [`report`]: text and JSON; [`plot`]: the SVG CDF;
-//!   [`demo`]: `--demo`'s target process.
+//!   [`demo`](mod@demo): `--demo`'s target process.
 
 pub mod args;
 pub mod baseline;
