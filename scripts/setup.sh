@@ -9,7 +9,7 @@ SUDO=
 [ "$(id -u)" = 0 ] || SUDO=sudo
 
 pkgs=(pkg-config libibverbs-dev librdmacm-dev libibverbs1 librdmacm1 ibverbs-providers
-      libclang1-14 libclang-common-14-dev gcc)
+      libclang1-14 libclang-common-14-dev gcc iproute2)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
