@@ -12,7 +12,7 @@ use std::time::Duration;
 use nvme::opcode::io;
 use nvme::Sqe;
 
-use crate::controller::{blocks_of, rw_sqe, NsInfo, Transport};
+use crate::controller::{flush_sqe, rw_cmd, rw_sqe, NsInfo, Transport};
 use crate::error::Error;
 use crate::queue::{Completion, Data, DataRef, Dir, IoQueue, Stats, SubmitError};
 use crate::rdma::{RdmaBuf, RdmaQueue};
@@ -89,17 +89,8 @@ pub trait Queue: Send {
         buf: Self::Buf,
         user_data: u64,
     ) -> Result<u16, SubmitError<Self::Buf>> {
-        match blocks_of(ns, slba, buf.len()) {
-            Ok(nlb) => self.submit(
-                rw_sqe(io::READ, ns.nsid, slba, nlb),
-                Data::FromController(buf),
-                user_data,
-            ),
-            Err(error) => Err(SubmitError {
-                error,
-                buf: Some(buf),
-            }),
-        }
+        let (sqe, data) = rw_cmd(io::READ, ns, slba, buf)?;
+        self.submit(sqe, data, user_data)
     }
 
     /// Submit a Write of `buf` at block `slba` of `ns`.
@@ -110,24 +101,13 @@ pub trait Queue: Send {
         buf: Self::Buf,
         user_data: u64,
     ) -> Result<u16, SubmitError<Self::Buf>> {
-        match blocks_of(ns, slba, buf.len()) {
-            Ok(nlb) => self.submit(
-                rw_sqe(io::WRITE, ns.nsid, slba, nlb),
-                Data::ToController(buf),
-                user_data,
-            ),
-            Err(error) => Err(SubmitError {
-                error,
-                buf: Some(buf),
-            }),
-        }
+        let (sqe, data) = rw_cmd(io::WRITE, ns, slba, buf)?;
+        self.submit(sqe, data, user_data)
     }
 
     /// Submit a Flush of `nsid`.
     fn submit_flush(&mut self, nsid: u32, user_data: u64) -> Result<u16, SubmitError<Self::Buf>> {
-        let mut sqe = Sqe::new(io::FLUSH, 0);
-        sqe.nsid = nsid.into();
-        self.submit(sqe, Data::None, user_data)
+        self.submit(flush_sqe(nsid), Data::None, user_data)
     }
 
     /// Submit a Write Zeroes of `nlb` blocks (1..=65536) at `slba`.

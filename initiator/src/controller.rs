@@ -1028,6 +1028,38 @@ impl Namespace {
     }
 }
 
+/// The SQE and data of a Read into `buf` (`io::READ`) or a Write of `buf` (`io::WRITE`) at block
+/// `slba` of `ns`; an invalid length or range gives the buffer back in the error.
+pub(crate) fn rw_cmd<B: std::ops::Deref<Target = [u8]> + std::fmt::Debug>(
+    opcode: u8,
+    ns: &NsInfo,
+    slba: u64,
+    buf: B,
+) -> Result<(Sqe, Data<B>), SubmitError<B>> {
+    match blocks_of(ns, slba, buf.len()) {
+        Ok(nlb) => {
+            let sqe = rw_sqe(opcode, ns.nsid, slba, nlb);
+            let data = if opcode == io::READ {
+                Data::FromController(buf)
+            } else {
+                Data::ToController(buf)
+            };
+            Ok((sqe, data))
+        }
+        Err(error) => Err(SubmitError {
+            error,
+            buf: Some(buf),
+        }),
+    }
+}
+
+/// A Flush SQE for `nsid`.
+pub(crate) fn flush_sqe(nsid: u32) -> Sqe {
+    let mut sqe = Sqe::new(io::FLUSH, 0);
+    sqe.nsid = nsid.into();
+    sqe
+}
+
 /// A Read/Write/Write Zeroes SQE (CID and data pointer are the queue's business).
 pub(crate) fn rw_sqe(opcode: u8, nsid: u32, slba: u64, nlb: u32) -> Sqe {
     let mut sqe = Sqe::new(opcode, 0);
@@ -1048,17 +1080,8 @@ impl IoQueue {
         buf: Vec<u8>,
         user_data: u64,
     ) -> Result<u16, SubmitError> {
-        match blocks_of(ns, slba, buf.len()) {
-            Ok(nlb) => self.submit(
-                rw_sqe(io::READ, ns.nsid, slba, nlb),
-                Data::FromController(buf),
-                user_data,
-            ),
-            Err(error) => Err(SubmitError {
-                error,
-                buf: Some(buf),
-            }),
-        }
+        let (sqe, data) = rw_cmd(io::READ, ns, slba, buf)?;
+        self.submit(sqe, data, user_data)
     }
 
     /// Submit a Write of `buf` at block `slba` of `ns`.
@@ -1069,24 +1092,13 @@ impl IoQueue {
         buf: Vec<u8>,
         user_data: u64,
     ) -> Result<u16, SubmitError> {
-        match blocks_of(ns, slba, buf.len()) {
-            Ok(nlb) => self.submit(
-                rw_sqe(io::WRITE, ns.nsid, slba, nlb),
-                Data::ToController(buf),
-                user_data,
-            ),
-            Err(error) => Err(SubmitError {
-                error,
-                buf: Some(buf),
-            }),
-        }
+        let (sqe, data) = rw_cmd(io::WRITE, ns, slba, buf)?;
+        self.submit(sqe, data, user_data)
     }
 
     /// Submit a Flush of `nsid`.
     pub fn submit_flush(&mut self, nsid: u32, user_data: u64) -> Result<u16, SubmitError> {
-        let mut sqe = Sqe::new(io::FLUSH, 0);
-        sqe.nsid = nsid.into();
-        self.submit(sqe, Data::None, user_data)
+        self.submit(flush_sqe(nsid), Data::None, user_data)
     }
 
     /// Submit a Write Zeroes of `nlb` blocks (1..=65536) at `slba`.

@@ -9,7 +9,7 @@ use nvme::opcode::io;
 use nvme::Sqe;
 
 use crate::controller::{
-    blocks_of, rw_sqe, ConnectOptions, Controller, ControllerInfo, Namespace, NsInfo, Transport,
+    flush_sqe, rw_cmd, ConnectOptions, Controller, ControllerInfo, Namespace, NsInfo, Transport,
 };
 use crate::error::{CmdError, Error};
 use crate::queue::{Completion, Data, Dir, IoQueue, SubmitError};
@@ -651,17 +651,8 @@ impl ReconnectingQueue {
         buf: Vec<u8>,
         user_data: u64,
     ) -> Result<u64, SubmitError> {
-        match blocks_of(ns, slba, buf.len()) {
-            Ok(nlb) => self.submit(
-                rw_sqe(io::READ, ns.nsid, slba, nlb),
-                Data::FromController(buf),
-                user_data,
-            ),
-            Err(error) => Err(SubmitError {
-                error,
-                buf: Some(buf),
-            }),
-        }
+        let (sqe, data) = rw_cmd(io::READ, ns, slba, buf)?;
+        self.submit(sqe, data, user_data)
     }
 
     /// Submit a Write of `buf` at block `slba` of `ns`.
@@ -672,24 +663,13 @@ impl ReconnectingQueue {
         buf: Vec<u8>,
         user_data: u64,
     ) -> Result<u64, SubmitError> {
-        match blocks_of(ns, slba, buf.len()) {
-            Ok(nlb) => self.submit(
-                rw_sqe(io::WRITE, ns.nsid, slba, nlb),
-                Data::ToController(buf),
-                user_data,
-            ),
-            Err(error) => Err(SubmitError {
-                error,
-                buf: Some(buf),
-            }),
-        }
+        let (sqe, data) = rw_cmd(io::WRITE, ns, slba, buf)?;
+        self.submit(sqe, data, user_data)
     }
 
     /// Submit a Flush of `nsid`.
     pub fn submit_flush(&mut self, nsid: u32, user_data: u64) -> Result<u64, SubmitError> {
-        let mut sqe = Sqe::new(io::FLUSH, 0);
-        sqe.nsid = nsid.into();
-        self.submit(sqe, Data::None, user_data)
+        self.submit(flush_sqe(nsid), Data::None, user_data)
     }
 
     /// Collect completions into `out` (appended), waiting until at least `min` are available

@@ -394,18 +394,27 @@ wait_rdma_idle() {
   return 1
 }
 
+# bench_case_start LABEL ADDR TRTYPE...: a case of nvmf-bench against our target: clean slate,
+# both binaries there (else SKIP), the RAM disk, our target listening on each TRTYPE at ADDR.
+# Returns 1 when the verdict was already given.
+bench_case_start() {
+  local label=$1 addr=$2 dev
+  shift 2
+  teardown
+  log "case $label: $* $addr:$PORT"
+  bench_bin >/dev/null || { skip "$label" "$REASON"; return 1; }
+  target_bin >/dev/null || { skip "$label" "$REASON"; return 1; }
+  dev=$(vm_ramdisk $RAMDISK_MB) || { fail "$label" "vm_ramdisk $RAMDISK_MB failed"; return 1; }
+  start_our_target "$1" "$addr" "$dev" "${@:2}" || { fail "$label" "$REASON"; return 1; }
+}
+
 # bench_compare_our_target LABEL ADDR: our target listening on NVMe/TCP and NVMe/RDMA at ADDR;
 # `nvmf-bench --compare tcp,rdma` (4k randread QD16 and 128k read QD8) prints both rows side by
 # side; the tables go to report.txt (the run's summary). The RDMA rows must show 0 payload copies.
 bench_compare_our_target() {
-  local label=$1 addr=$2 dev rc b w rw bs qd copies
-  teardown
-  log "case $label: tcp+rdma $addr:$PORT"
-  b=$(bench_bin) || { skip "$label" "$REASON"; return; }
-  target_bin >/dev/null || { skip "$label" "$REASON"; return; }
-  dev=$(vm_ramdisk $RAMDISK_MB) || { fail "$label" "vm_ramdisk $RAMDISK_MB failed"; return; }
-  start_our_target rdma "$addr" "$dev" tcp; rc=$?
-  [ $rc = 0 ] || { fail "$label" "$REASON"; return; }
+  local label=$1 addr=$2 b w rw bs qd copies
+  bench_case_start "$label" "$addr" rdma tcp || return
+  b=$(bench_bin)
   : >"$OUT/report.txt"
   for w in "randread 4k 16" "read 128k 8"; do
     read -r rw bs qd <<<"$w"
@@ -431,14 +440,9 @@ bench_compare_our_target() {
 # mid-I/O; the target must drop its connections and return every buffer and memory region
 # (gauges back to idle), then serve a second host (io_check: verify, flush, trim) and be idle again.
 host_killed_mid_io() {
-  local label=$1 addr=$2 dev rc b idle pid n c bu
-  teardown
-  log "case $label: rdma $addr:$PORT"
-  b=$(bench_bin) || { skip "$label" "$REASON"; return; }
-  target_bin >/dev/null || { skip "$label" "$REASON"; return; }
-  dev=$(vm_ramdisk $RAMDISK_MB) || { fail "$label" "vm_ramdisk $RAMDISK_MB failed"; return; }
-  start_our_target rdma "$addr" "$dev"; rc=$?
-  [ $rc = 0 ] || { fail "$label" "$REASON"; return; }
+  local label=$1 addr=$2 b idle pid n c bu
+  bench_case_start "$label" "$addr" rdma || return
+  b=$(bench_bin)
   step "first host: nvmf-bench randrw 4k qd8 4M" timeout 120 "$b" --transport rdma --traddr "$addr" \
     --trsvcid "$PORT" --subnqn "$OUR_NQN" --rw=randrw --bs=4k --iodepth=8 --size=4M ||
     { fail "$label" "$REASON"; return; }
