@@ -57,6 +57,8 @@ pub(crate) enum Gone {
     Reset = 3,
     Shutdown = 4,
     Fatal = 5,
+    /// The subsystem was removed (or replaced) by a configuration reload.
+    Removed = 6,
 }
 
 impl Gone {
@@ -67,6 +69,7 @@ impl Gone {
             3 => Gone::Reset,
             4 => Gone::Shutdown,
             5 => Gone::Fatal,
+            6 => Gone::Removed,
             _ => Gone::Alive,
         }
     }
@@ -78,6 +81,7 @@ impl Gone {
             Gone::Reset => "controller reset",
             Gone::Shutdown => "controller shutdown",
             Gone::Fatal => "controller fatal error",
+            Gone::Removed => "subsystem removed by a configuration reload",
         }
     }
 }
@@ -478,6 +482,18 @@ impl Controller {
                 }
             }
             self.queue_event(&mut g, idc::OAES_NS_ATTR, AsyncEvent::NS_CHANGED)
+        };
+        if let Some(w) = waker {
+            w();
+        }
+    }
+
+    /// The discovery log changed: queue a Discovery Log Page Change event if the host enabled
+    /// it and has not been told already.
+    pub fn discovery_changed(&self) {
+        let waker = {
+            let mut g = self.lock();
+            self.queue_event(&mut g, idc::OAES_DISC_CHANGE, AsyncEvent::DISCOVERY_CHANGED)
         };
         if let Some(w) = waker {
             w();
