@@ -1,0 +1,201 @@
+//! SIGHUP reload against the real daemon: a connected host sees an added namespace (AEN and
+//! the Changed Namespace List) and can use it; a broken file is rejected with file:line and
+//! the service goes on unchanged; a removed namespace answers Invalid Namespace.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use initiator::{ConnectOptions, Controller};
+use nvme::identify::ctrl::OAES_NS_ATTR;
+use nvme::log::AsyncEvent;
+use nvme::Status;
+use nvmf_tests::{TargetProc, TEST_NQN};
+
+/// The configuration with the given namespaces (`nsid`s: 64 MiB files in `dir`).
+fn yaml(port: u16, dir: &Path, nsids: &[u32]) -> String {
+    let mut s = format!(
+        "listeners:\n  - {{ transport: tcp, address: 127.0.0.1, port: {port} }}\n\
+         subsystems:\n  - nqn: {TEST_NQN}\n    allow_any_host: true\n    namespaces:\n"
+    );
+    for n in nsids {
+        s += &format!(
+            "      - {{ nsid: {n}, path: {}/ns{n}.img, size: 64MiB }}\n",
+            dir.display()
+        );
+    }
+    s + "target: { threads: 2, keep_alive_ms_min: 1000 }\n"
+}
+
+fn rewrite(t: &TargetProc, text: &str) {
+    std::fs::write(t.dir.0.join("config.yaml"), text).unwrap();
+}
+
+fn sighup(t: &TargetProc) {
+    // SAFETY: kill(2) with our own child's pid and a plain signal number.
+    unsafe { libc::kill(t.child.id() as i32, libc::SIGHUP) };
+}
+
+/// Wait until the daemon's log has `n` lines containing `what`.
+fn wait_log(t: &TargetProc, what: &str, n: usize) -> String {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let log = t.log_text();
+        if log.matches(what).count() >= n {
+            return log;
+        }
+        assert!(Instant::now() < deadline, "no `{what}` in the log:\n{log}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn connect(t: &TargetProc) -> Controller {
+    let mut o = ConnectOptions::tcp("127.0.0.1", t.addr.port(), TEST_NQN);
+    o.queues = 2;
+    Controller::connect(o).expect("connect")
+}
+
+fn pattern(seed: u8) -> Vec<u8> {
+    (0..8192u32)
+        .map(|i| (i as u8).wrapping_mul(31) ^ seed)
+        .collect()
+}
+
+#[test]
+fn an_added_namespace_reaches_a_connected_host() {
+    let mut t = TargetProc::start_with(|port, dir| yaml(port, dir, &[1]));
+    let port = t.addr.port();
+    let mut c = connect(&t);
+    assert_eq!(c.namespaces().len(), 1);
+    // As Linux: enable the notice, post an AER.
+    c.enable_async_events(OAES_NS_ATTR).unwrap();
+    c.submit_async_event_request().unwrap();
+    assert_eq!(
+        c.wait_async_event(Duration::from_millis(200)).unwrap(),
+        None
+    );
+
+    rewrite(&t, &yaml(port, &t.dir.0, &[1, 2]));
+    sighup(&t);
+    let ev = c
+        .wait_async_event(Duration::from_secs(10))
+        .unwrap()
+        .unwrap_or_else(|| panic!("no AEN after the reload:\n{}", t.log_text()));
+    assert_eq!(AsyncEvent::decode(ev), AsyncEvent::NS_CHANGED);
+    assert_eq!(c.changed_namespaces().unwrap(), vec![2]);
+    assert_eq!(
+        c.changed_namespaces().unwrap(),
+        Vec::<u32>::new(),
+        "cleared on read"
+    );
+    let nsids: Vec<u32> = c
+        .rescan_namespaces()
+        .unwrap()
+        .iter()
+        .map(|n| n.nsid)
+        .collect();
+    assert_eq!(nsids, vec![1, 2]);
+
+    // I/O to the new namespace, and to the old one, works.
+    let mut ns2 = c.open_namespace(2).unwrap();
+    let data = pattern(2);
+    ns2.write_at(&data, 1 << 20).unwrap();
+    let mut back = vec![0u8; data.len()];
+    ns2.read_at(&mut back, 1 << 20).unwrap();
+    assert!(
+        back == data,
+        "read back what was written to the new namespace"
+    );
+    let mut ns1 = c.open_namespace(1).unwrap();
+    ns1.write_at(&data, 0).unwrap();
+    ns1.read_at(&mut back, 0).unwrap();
+    assert!(back == data);
+    let log = wait_log(&t, "reload applied", 1);
+    assert!(
+        !log.contains('\x1b'),
+        "no ANSI escapes when stderr is a file"
+    );
+    drop((ns1, ns2));
+    c.shutdown().unwrap();
+    assert!(t.terminate(), "{}", t.log_text());
+}
+
+#[test]
+fn a_broken_file_is_rejected_and_the_old_configuration_keeps_serving() {
+    let t = TargetProc::start_with(|port, dir| yaml(port, dir, &[1]));
+    let port = t.addr.port();
+    let mut c = connect(&t);
+    let mut ns = c.open_namespace(1).unwrap();
+    let data = pattern(7);
+    ns.write_at(&data, 4096).unwrap();
+
+    // Line 7 carries an invalid size.
+    let good = yaml(port, &t.dir.0, &[1, 2]);
+    let broken = good.replace("size: 64MiB }\n", "size: sixty }\n");
+    assert_ne!(good, broken);
+    rewrite(&t, &broken);
+    sighup(&t);
+    let log = wait_log(&t, "the running configuration is unchanged", 1);
+    assert!(
+        log.lines()
+            .any(|l| l.contains("reload rejected") && l.contains("config.yaml:7:")),
+        "the error names file:line:\n{log}"
+    );
+    // Still serving the old configuration: I/O on NSID 1 works, there is no NSID 2.
+    let mut back = vec![0u8; data.len()];
+    ns.read_at(&mut back, 4096).unwrap();
+    assert!(back == data);
+    let nsids: Vec<u32> = c
+        .rescan_namespaces()
+        .unwrap()
+        .iter()
+        .map(|n| n.nsid)
+        .collect();
+    assert_eq!(nsids, vec![1]);
+    let mut tp = t;
+    assert!(
+        matches!(tp.child.try_wait(), Ok(None)),
+        "daemon still running"
+    );
+
+    // A reload that cannot be applied (a namespace file in a missing directory) also keeps
+    // the running configuration.
+    let missing = yaml(port, Path::new("/nonexistent/nvmf-rs"), &[1]);
+    rewrite(&tp, &missing);
+    sighup(&tp);
+    wait_log(&tp, "the running configuration is unchanged", 2);
+    ns.read_at(&mut back, 4096).unwrap();
+    assert!(back == data);
+    drop(ns);
+    c.shutdown().unwrap();
+    assert!(tp.terminate(), "{}", tp.log_text());
+}
+
+#[test]
+fn a_removed_namespace_answers_invalid_namespace() {
+    let mut t = TargetProc::start_with(|port, dir| yaml(port, dir, &[1, 2]));
+    let port = t.addr.port();
+    let mut c = connect(&t);
+    let mut ns2 = c.open_namespace(2).unwrap();
+    let mut ns1 = c.open_namespace(1).unwrap();
+    let data = pattern(9);
+    ns2.write_at(&data, 0).unwrap();
+
+    rewrite(&t, &yaml(port, &t.dir.0, &[1]));
+    sighup(&t);
+    wait_log(&t, "reload applied", 1);
+    let mut back = vec![0u8; data.len()];
+    let e = ns2.read_at(&mut back, 0).expect_err("NSID 2 is gone");
+    assert_eq!(
+        e.status().map(|s| s.code()),
+        Some(Status::INVALID_NS.code()),
+        "{e}"
+    );
+    // The other namespace and the controller are fine.
+    ns1.write_at(&data, 0).unwrap();
+    ns1.read_at(&mut back, 0).unwrap();
+    assert!(back == data);
+    assert_eq!(c.changed_namespaces().unwrap(), vec![2]);
+    drop((ns1, ns2));
+    c.shutdown().unwrap();
+    assert!(t.terminate(), "{}", t.log_text());
+}
