@@ -321,6 +321,12 @@ impl Daemon {
             max_io_size: t.max_io_size.bytes() as u32,
             max_queue_depth: t.max_queue_depth as u16,
         };
+        // Busy polling never goes idle: the pollers' "idle for longer than this" test
+        // never holds.
+        let idle_poll = match t.polling {
+            config::Polling::Adaptive => Duration::from_micros(t.idle_poll_us as u64),
+            config::Polling::Busy => Duration::MAX,
+        };
         let stop = Arc::new(AtomicBool::new(false));
         let buffers = (2 * t.max_queue_depth).clamp(64, 1024);
         // Each poller's ring learns the devices of the start-up configuration here, and those
@@ -352,7 +358,7 @@ impl Daemon {
                         ..caps.clone()
                     },
                     threads: t.threads as usize,
-                    idle_poll: Duration::from_micros(t.idle_poll_us as u64),
+                    idle_poll,
                     options: rdma_options,
                     stop: stop.clone(),
                 };
@@ -374,7 +380,7 @@ impl Daemon {
             let pc = PollerConfig {
                 id,
                 caps: caps.clone(),
-                idle_poll: Duration::from_micros(t.idle_poll_us as u64),
+                idle_poll,
                 stop: stop.clone(),
             };
             let h = poller::spawn(target.clone(), pc, make_store.clone())

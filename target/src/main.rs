@@ -165,6 +165,7 @@ fn main() -> ExitCode {
     info!(
         subsystems = cfg.subsystems.len(),
         threads = cfg.target.threads,
+        polling = %cfg.target.polling,
         "nvmf-target ready"
     );
     let stop_aux = Arc::new(AtomicBool::new(false));
