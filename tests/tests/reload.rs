@@ -116,6 +116,19 @@ fn an_added_namespace_reaches_a_connected_host() {
     );
     drop((ns1, ns2));
     c.shutdown().unwrap();
+    // One log line per controller connect and disconnect, with host NQN, transport and address.
+    let log = wait_log(&t, "controller disconnected", 1);
+    for what in ["controller connected", "controller disconnected"] {
+        let lines: Vec<&str> = log.lines().filter(|l| l.contains(what)).collect();
+        assert_eq!(lines.len(), 1, "{what}:\n{log}");
+        let l = lines[0];
+        assert!(
+            l.contains("host=nqn.2014-08.org.nvmexpress:uuid:")
+                && l.contains("transport=tcp ")
+                && l.contains("peer=127.0.0.1:"),
+            "{l}"
+        );
+    }
     assert!(t.terminate(), "{}", t.log_text());
 }
 

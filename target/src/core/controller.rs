@@ -130,6 +130,8 @@ pub(crate) struct Controller {
     pub subsys: Arc<Subsystem>,
     pub hostnqn: String,
     pub hostid: [u8; 16],
+    /// The admin queue's remote address (for logs).
+    pub peer: String,
     /// What the admin queue's transport offers (Identify reports from it).
     pub caps: TransportCaps,
     /// Creation time; keep-alive stamps are offsets from it.
@@ -159,6 +161,7 @@ impl Controller {
         caps: TransportCaps,
         kato_ms: u32,
         now: Instant,
+        peer: String,
     ) -> Controller {
         let aen_enabled = default_aen(subsys.discovery);
         Controller {
@@ -166,6 +169,7 @@ impl Controller {
             subsys,
             hostnqn,
             hostid,
+            peer,
             caps,
             base: now,
             cc: AtomicU32::new(0),
@@ -197,6 +201,14 @@ impl Controller {
 
     pub fn lock(&self) -> MutexGuard<'_, CtrlInner> {
         self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// "tcp" or "rdma" (for logs and metrics).
+    pub fn transport(&self) -> &'static str {
+        match self.caps.trtype {
+            super::TrType::Tcp => "tcp",
+            super::TrType::Rdma => "rdma",
+        }
     }
 
     pub fn is_discovery(&self) -> bool {

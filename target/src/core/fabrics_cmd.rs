@@ -175,6 +175,7 @@ impl Queue {
         let caps = self.caps.clone();
         let host = hostnqn.to_string();
         let hostid = d.hostid;
+        let peer = self.peer.clone();
         let ctrl = inner
             .register(|id| {
                 Arc::new(Controller::new(
@@ -185,11 +186,13 @@ impl Queue {
                     caps,
                     kato_ms,
                     now,
+                    peer,
                 ))
             })
             .ok_or_else(|| Reject::dnr(Status::CONNECT_CTRL_BUSY, loc::NONE))?;
-        tracing::info!(cntlid = ctrl.cntlid, subsys = %subsys.nqn, host = hostnqn,
-            peer = %self.peer, kato_ms, "controller created");
+        // One line per controller connect and (in `TargetInner::unregister`) disconnect.
+        tracing::info!(cntlid = ctrl.cntlid, subsys = %subsys.nqn, host = %hostnqn,
+            transport = %ctrl.transport(), peer = %self.peer, kato_ms, "controller connected");
         if let Some(w) = &self.waker {
             ctrl.set_admin_waker(Some(w.clone()));
         }

@@ -266,6 +266,10 @@ impl TargetInner {
             .is_some_and(|c| Arc::ptr_eq(c, ctrl))
         {
             reg.ctrls.remove(&ctrl.cntlid);
+            drop(reg);
+            tracing::info!(cntlid = ctrl.cntlid, subsys = %ctrl.subsys.nqn, host = %ctrl.hostnqn,
+                transport = %ctrl.transport(), peer = %ctrl.peer, reason = %ctrl.gone().reason(),
+                "controller disconnected");
         }
     }
 
