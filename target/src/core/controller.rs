@@ -17,6 +17,7 @@ use nvme::Status;
 use zerocopy::FromZeros;
 
 use super::queue::{Counters, QueueStats};
+use super::stats::IoTotals;
 use super::subsystem::Subsystem;
 use super::{TransportCaps, Waker};
 
@@ -103,6 +104,8 @@ pub(crate) struct CtrlInner {
     io: BTreeMap<u16, IoQueueSlot>,
     /// Counters of I/O queues already detached (for the SMART log).
     retired: QueueStats,
+    /// Their I/O statistics (also added to the subsystem's when they detach).
+    retired_io: IoTotals,
     /// Asynchronous Event Configuration (Set Features 0Bh).
     pub aen_enabled: u32,
     /// Event classes reported and not yet cleared by reading their log page with RAE = 0.
@@ -185,6 +188,7 @@ impl Controller {
                 io_queues_set: false,
                 io: BTreeMap::new(),
                 retired: QueueStats::default(),
+                retired_io: IoTotals::default(),
                 aen_enabled,
                 aen_masked: 0,
                 aer_cids: Vec::new(),
@@ -249,7 +253,7 @@ impl Controller {
         self.touch(now, true);
     }
 
-    fn since_base(&self, now: Instant) -> u64 {
+    pub(crate) fn since_base(&self, now: Instant) -> u64 {
         now.checked_duration_since(self.base)
             .unwrap_or_default()
             .as_nanos()
@@ -378,6 +382,7 @@ impl Controller {
         let detached = std::mem::take(&mut g.io);
         for slot in detached.values() {
             g.retired.add(&slot.counters.snapshot());
+            self.retire_io(g, &slot.counters);
             wake.extend(slot.waker.clone());
         }
         g.io_queues = MAX_IO_QUEUES;
@@ -419,6 +424,7 @@ impl Controller {
         if g.io.get(&qid).is_some_and(|s| s.token == token) {
             if let Some(slot) = g.io.remove(&qid) {
                 g.retired.add(&slot.counters.snapshot());
+                self.retire_io(&mut g, &slot.counters);
             }
         }
     }
@@ -428,6 +434,29 @@ impl Controller {
         if let Some(s) = g.io.get_mut(&qid).filter(|s| s.token == token) {
             s.waker = w;
         }
+    }
+
+    /// A detached queue's I/O statistics go to the controller's and the subsystem's totals.
+    fn retire_io(&self, g: &mut CtrlInner, c: &Counters) {
+        let mut t = IoTotals::default();
+        c.io.add_to(&mut t, false);
+        g.retired_io.add(&t);
+        self.subsys.retire_io(&t);
+    }
+
+    /// I/O statistics of this controller: its live queues, plus (`with_retired`) the queues
+    /// it had before.
+    pub fn io_metrics(&self, with_retired: bool) -> IoTotals {
+        let g = self.lock();
+        let mut t = if with_retired {
+            g.retired_io.clone()
+        } else {
+            IoTotals::default()
+        };
+        for s in g.io.values() {
+            s.counters.io.add_to(&mut t, true);
+        }
+        t
     }
 
     pub fn has_io_queues(&self) -> bool {

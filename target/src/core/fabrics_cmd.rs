@@ -257,6 +257,10 @@ impl Queue {
         }
         let depth = Self::check_sqsize(c, self.caps.max_queue_depth)?;
         let epoch = ctrl.io_epoch();
+        // Not shared yet: the controller gets its reference in `attach_io`.
+        if let Some(c) = Arc::get_mut(&mut self.counters) {
+            c.io = super::stats::IoCounters::sized(depth);
+        }
         if ctrl
             .attach_io(qid, self.token, self.counters.clone(), self.waker.clone())
             .is_err()

@@ -27,6 +27,7 @@ mod discovery;
 mod fabrics_cmd;
 mod io;
 mod queue;
+pub mod stats;
 mod subsystem;
 #[cfg(test)]
 mod tests;
@@ -149,6 +150,11 @@ impl Target {
         listeners: Vec<ListenerInfo>,
     ) -> Reconfigured {
         self.inner.reconfigure(subsystems, listeners)
+    }
+    /// Per-subsystem, per-namespace and per-controller I/O statistics, summed now from the
+    /// queues' own counters (see [`stats`]).
+    pub fn io_metrics(&self) -> Vec<stats::SubsystemMetrics> {
+        self.inner.io_metrics()
     }
     /// NQNs of the configured subsystems.
     pub fn subsystem_nqns(&self) -> Vec<String> {

@@ -10,6 +10,7 @@ use nvme::DISCOVERY_NQN;
 
 use super::controller::Controller;
 use super::controller::Gone;
+use super::stats::{ControllerMetrics, IoTotals, NsTotals, SubsystemMetrics};
 use super::{ListenerInfo, NamespaceSpec, Reconfigured, SubsystemSpec, Target, TargetParams};
 
 /// Namespaces of a subsystem at one point in time, by NSID.
@@ -62,6 +63,8 @@ pub(crate) struct Subsystem {
     ns: RwLock<Arc<NsTable>>,
     /// Bumped after every replacement of `ns` so queues can cache the table lock-free.
     ns_gen: AtomicU64,
+    /// I/O statistics of queues that are gone (scrapes add the live ones).
+    retired_io: Mutex<IoTotals>,
 }
 
 impl Subsystem {
@@ -78,6 +81,7 @@ impl Subsystem {
             discovery: false,
             ns: RwLock::new(Arc::new(table)),
             ns_gen: AtomicU64::new(1),
+            retired_io: Mutex::new(IoTotals::default()),
         }
     }
 
@@ -93,6 +97,7 @@ impl Subsystem {
             discovery: true,
             ns: RwLock::new(Arc::new(NsTable::default())),
             ns_gen: AtomicU64::new(1),
+            retired_io: Mutex::new(IoTotals::default()),
         }
     }
 
@@ -115,6 +120,13 @@ impl Subsystem {
         a.allow_any_host = allow_any_host;
         a.hosts = hosts.to_vec();
         true
+    }
+
+    pub fn retire_io(&self, t: &IoTotals) {
+        self.retired_io
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .add(t);
     }
 
     /// The current namespace table and its generation.
@@ -284,6 +296,42 @@ impl TargetInner {
             .values()
             .filter(|c| c.subsys.nqn == nqn)
             .cloned()
+            .collect()
+    }
+
+    /// Statistics per subsystem (every configured one), its namespaces (every configured
+    /// one, with zeros if unused) and its live controllers.
+    pub fn io_metrics(&self) -> Vec<SubsystemMetrics> {
+        let ctrls: Vec<Arc<Controller>> = self.registry().ctrls.values().cloned().collect();
+        self.subsystem_list()
+            .into_iter()
+            .map(|s| {
+                let mut io = s
+                    .retired_io
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .clone();
+                let mut controllers = Vec::new();
+                for c in ctrls.iter().filter(|c| Arc::ptr_eq(&c.subsys, &s)) {
+                    io.add(&c.io_metrics(false));
+                    controllers.push(ControllerMetrics {
+                        cntlid: c.cntlid,
+                        hostnqn: c.hostnqn.clone(),
+                        transport: c.transport(),
+                        peer: c.peer.clone(),
+                        io: c.io_metrics(true),
+                    });
+                }
+                controllers.sort_by_key(|c| c.cntlid);
+                for nsid in s.namespaces().1.by_nsid.keys() {
+                    io.namespaces.entry(*nsid).or_insert_with(NsTotals::default);
+                }
+                SubsystemMetrics {
+                    nqn: s.nqn.clone(),
+                    io,
+                    controllers,
+                }
+            })
             .collect()
     }
 

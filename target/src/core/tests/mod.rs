@@ -5,6 +5,7 @@ mod bringup;
 mod discovery;
 mod fuzz;
 mod lifecycle;
+mod metrics;
 mod reload;
 
 use std::sync::Arc;
