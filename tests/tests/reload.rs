@@ -64,15 +64,21 @@ fn pattern(seed: u8) -> Vec<u8> {
 fn an_added_namespace_reaches_a_connected_host() {
     let mut t = TargetProc::start_with(|port, dir| yaml(port, dir, &[1]));
     let port = t.addr.port();
-    let mut c = connect(&t);
+    // A short command timeout: an AER must outlive it (it has no deadline).
+    let mut o = ConnectOptions::tcp("127.0.0.1", port, TEST_NQN);
+    o.queues = 2;
+    o.timeout = Duration::from_secs(1);
+    let mut c = Controller::connect(o).expect("connect");
     assert_eq!(c.namespaces().len(), 1);
     // As Linux: enable the notice, post an AER.
     c.enable_async_events(OAES_NS_ATTR).unwrap();
     c.submit_async_event_request().unwrap();
     assert_eq!(
-        c.wait_async_event(Duration::from_millis(200)).unwrap(),
+        c.wait_async_event(Duration::from_millis(1500)).unwrap(),
         None
     );
+    c.keep_alive()
+        .expect("the admin queue is fine with an AER outstanding");
 
     rewrite(&t, &yaml(port, &t.dir.0, &[1, 2]));
     sighup(&t);
@@ -209,6 +215,68 @@ fn a_removed_namespace_answers_invalid_namespace() {
     assert!(back == data);
     assert_eq!(c.changed_namespaces().unwrap(), vec![2]);
     drop((ns1, ns2));
+    c.shutdown().unwrap();
+    assert!(t.terminate(), "{}", t.log_text());
+}
+
+#[test]
+fn tcp_listeners_come_and_go_and_systemd_hears_of_the_reload() {
+    use std::os::unix::net::UnixDatagram;
+    let d = nvmf_tests::TempDir::new("reload-notify");
+    let sock_path = d.0.join("notify.sock");
+    let rx = UnixDatagram::bind(&sock_path).unwrap();
+    rx.set_read_timeout(Some(Duration::from_secs(15))).unwrap();
+    let extra = nvmf_tests::free_port();
+    let t = TargetProc::start_with_env(
+        |port, dir| yaml(port, dir, &[1]),
+        &[("NOTIFY_SOCKET", sock_path.clone().into())],
+        &[],
+    );
+    let mut t = t;
+    let mut buf = [0u8; 512];
+    let mut next = || {
+        let n = rx.recv(&mut buf).expect("a notification");
+        String::from_utf8_lossy(&buf[..n]).to_string()
+    };
+    assert!(next().contains("READY=1"));
+    let port = t.addr.port();
+    let with_extra = yaml(port, &t.dir.0, &[1]).replace(
+        "subsystems:",
+        &format!("  - {{ transport: tcp, address: 127.0.0.1, port: {extra} }}\nsubsystems:"),
+    );
+    rewrite(&t, &with_extra);
+    sighup(&t);
+    let m = next();
+    assert!(
+        m.lines().any(|l| l == "RELOADING=1") && m.contains("MONOTONIC_USEC="),
+        "{m}"
+    );
+    let m = next();
+    assert!(m.lines().any(|l| l == "READY=1"), "{m}");
+    assert!(m.contains("on 2 listener(s)"), "{m}");
+    // A controller on the new port.
+    let mut o = ConnectOptions::tcp("127.0.0.1", extra, TEST_NQN);
+    o.queues = 1;
+    let c = Controller::connect(o).expect("connect on the added listener");
+    // The original listener goes away; the connection made through it stays.
+    let mut first = connect(&t);
+    rewrite(&t, &yaml(extra, &t.dir.0, &[1]));
+    sighup(&t);
+    assert!(next().contains("RELOADING=1"));
+    assert!(next().contains("READY=1"));
+    assert!(
+        std::net::TcpStream::connect(t.addr).is_err(),
+        "the removed listener refuses connections:\n{}",
+        t.log_text()
+    );
+    first
+        .keep_alive()
+        .expect("a controller of the removed listener stays");
+    let mut ns = first.open_namespace(1).unwrap();
+    let mut b = vec![0u8; 4096];
+    ns.read_at(&mut b, 0).unwrap();
+    drop(ns);
+    first.shutdown().unwrap();
     c.shutdown().unwrap();
     assert!(t.terminate(), "{}", t.log_text());
 }
