@@ -104,15 +104,21 @@ pub(crate) struct NsPlan {
     pub release: Vec<u32>,
 }
 
-/// Compare the running namespaces with a new configuration.
-pub(crate) fn plan_namespaces(running: &NsSlots, new: &Config) -> NsPlan {
+/// Compare the running namespaces with a new configuration. `resized(slot)` tells whether
+/// the storage behind a device slot changed size since it was opened (a file grown with
+/// `truncate`): such a namespace is reopened too.
+pub(crate) fn plan_namespaces(
+    running: &NsSlots,
+    new: &Config,
+    resized: impl Fn(u32) -> bool,
+) -> NsPlan {
     let mut plan = NsPlan::default();
     let mut used = BTreeSet::new();
     for s in &new.subsystems {
         for ns in &s.namespaces {
             let key = (s.nqn.clone(), ns.nsid);
             match running.get(&key) {
-                Some((old, slot)) if old == ns => {
+                Some((old, slot)) if old == ns && !resized(*slot) => {
                     used.insert(*slot);
                     plan.keep.push((key, *slot));
                 }
@@ -485,7 +491,7 @@ impl Daemon {
         }
 
         // 1. Open storage for new and changed namespaces.
-        let plan = plan_namespaces(&self.ns_slots, &new);
+        let plan = plan_namespaces(&self.ns_slots, &new, |slot| self.file_resized(slot));
         let mut opened = Vec::new();
         for (key, ns) in &plan.open {
             let dev = Arc::new(Device::open(&device_spec(ns))?);
@@ -589,6 +595,20 @@ impl Daemon {
             .collect();
         self.cfg = new;
         Ok(report)
+    }
+
+    /// Whether the regular file behind device slot `slot` is no longer the length it was
+    /// opened with (block devices and null devices: never).
+    fn file_resized(&self, slot: u32) -> bool {
+        let Some(Some(d)) = self.devices.get(slot as usize) else {
+            return false;
+        };
+        if d.kind() != crate::backend::DeviceKind::File {
+            return false;
+        }
+        d.path()
+            .and_then(|p| std::fs::metadata(p).ok())
+            .is_some_and(|m| m.len() != d.size_bytes())
     }
 
     /// Send a device slot change to every poller (TCP and RDMA) and wait for all of them.
@@ -699,7 +719,7 @@ mod tests {
         ));
         let running = slots(&old);
         // Same configuration: everything kept.
-        let p = plan_namespaces(&running, &old);
+        let p = plan_namespaces(&running, &old, |_| false);
         assert!(p.open.is_empty() && p.release.is_empty(), "{p:?}");
         assert_eq!(p.keep.len(), 4);
         // A: 1 unchanged, 2 resized (reopened), 3 removed, 4 added; B removed.
@@ -707,7 +727,7 @@ mod tests {
             "subsystems:\n  - nqn: {A}\n    namespaces:\n      - {{ nsid: 1, null: 1MiB }}\n      \
              - {{ nsid: 2, path: /tmp/x.img, size: 2MiB }}\n      - {{ nsid: 4, null: 1MiB }}\n"
         ));
-        let p = plan_namespaces(&running, &new);
+        let p = plan_namespaces(&running, &new, |_| false);
         assert_eq!(p.keep, vec![((A.to_string(), 1), 0)]);
         let open: Vec<(String, u32)> = p.open.iter().map(|(k, _)| k.clone()).collect();
         assert_eq!(open, vec![(A.to_string(), 2), (A.to_string(), 4)]);
@@ -719,9 +739,14 @@ mod tests {
             "subsystems:\n  - nqn: {A}\n    namespaces:\n      - {{ nsid: 1, null: 1MiB, read_only: true }}\n      \
              - {{ nsid: 2, path: /tmp/y.img, size: 1MiB }}\n      - {{ nsid: 3, null: 1MiB }}\n"
         ));
-        let p = plan_namespaces(&running, &new);
+        let p = plan_namespaces(&running, &new, |_| false);
         let open: Vec<u32> = p.open.iter().map(|(k, _)| k.1).collect();
         assert_eq!(open, vec![1, 2]);
+        // Unchanged configuration, but the file behind slot 1 (A/2) was resized.
+        let p = plan_namespaces(&running, &old, |slot| slot == 1);
+        let open: Vec<(String, u32)> = p.open.iter().map(|(k, _)| k.clone()).collect();
+        assert_eq!(open, vec![(A.to_string(), 2)]);
+        assert_eq!(p.release, vec![1]);
     }
 
     #[test]

@@ -280,3 +280,33 @@ fn tcp_listeners_come_and_go_and_systemd_hears_of_the_reload() {
     c.shutdown().unwrap();
     assert!(t.terminate(), "{}", t.log_text());
 }
+
+#[test]
+fn a_grown_backing_file_is_reported_as_changed() {
+    let mut t = TargetProc::start_with(|port, dir| yaml(port, dir, &[1]));
+    let mut c = connect(&t);
+    assert_eq!(c.namespaces()[0].size(), 64 << 20);
+    c.enable_async_events(OAES_NS_ATTR).unwrap();
+    c.submit_async_event_request().unwrap();
+    // Same configuration, but the file is now twice as large.
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(t.dir.0.join("ns1.img"))
+        .unwrap();
+    f.set_len(128 << 20).unwrap();
+    sighup(&t);
+    let ev = c.wait_async_event(Duration::from_secs(10)).unwrap();
+    assert_eq!(ev.map(AsyncEvent::decode), Some(AsyncEvent::NS_CHANGED));
+    assert_eq!(c.changed_namespaces().unwrap(), vec![1]);
+    let ns = c.rescan_namespaces().unwrap();
+    assert_eq!(ns[0].size(), 128 << 20);
+    let mut n = c.open_namespace(1).unwrap();
+    let data = pattern(3);
+    n.write_at(&data, (128 << 20) - 8192).unwrap();
+    let mut back = vec![0u8; data.len()];
+    n.read_at(&mut back, (128 << 20) - 8192).unwrap();
+    assert!(back == data, "the new end of the namespace is usable");
+    drop(n);
+    c.shutdown().unwrap();
+    assert!(t.terminate(), "{}", t.log_text());
+}
