@@ -2,7 +2,7 @@
 //! histogram), errors by status and commands outstanding, summed per controller and
 //! subsystem when scraped.
 //!
-//! Each queue owns its [`IoCounters`] and is their only writer: relaxed loads and stores, no
+//! Each queue owns its `IoCounters` and is their only writer: relaxed loads and stores, no
 //! locks, no read-modify-write, no allocation on the I/O path (the namespace slots and the
 //! start-time table are allocated at queue creation and Connect). A scrape reads them from
 //! another thread through the controller's queue list.
