@@ -11,8 +11,8 @@ use std::path::{Path, PathBuf};
 
 use crate::error::{join, Report};
 use crate::model::{
-    default_serial, Backing, Config, Listener, Metrics, Namespace, Subsystem, TargetSettings,
-    Transport, Uuid, DEFAULT_MODEL, DEFAULT_PORT,
+    default_serial, Backing, Config, Listener, Metrics, Namespace, Polling, Subsystem,
+    TargetSettings, Transport, Uuid, DEFAULT_MODEL, DEFAULT_PORT,
 };
 use crate::size::Size;
 use crate::yaml::{Kind, Location, Node};
@@ -43,6 +43,7 @@ const TARGET_KEYS: &[&str] = &[
     "max_io_size",
     "keep_alive_ms_min",
     "idle_poll_us",
+    "polling",
 ];
 const METRICS_KEYS: &[&str] = &["listen"];
 
@@ -343,6 +344,20 @@ impl Decoder<'_> {
             idle_poll_us: u32_key("idle_poll_us", d.idle_poll_us),
             in_capsule_data: optional(r, &m, "in_capsule_data", d.in_capsule_data, size),
             max_io_size: optional(r, &m, "max_io_size", d.max_io_size, size),
+            polling: optional(r, &m, "polling", d.polling, |r, n, p| {
+                match string(r, n, p)?.as_str() {
+                    "adaptive" => Some(Polling::Adaptive),
+                    "busy" => Some(Polling::Busy),
+                    other => {
+                        r.error_at(
+                            n.at,
+                            p,
+                            format!("unknown polling mode `{other}` (expected adaptive or busy)"),
+                        );
+                        None
+                    }
+                }
+            }),
         }
     }
 

@@ -56,7 +56,7 @@ use std::path::{Path, PathBuf};
 
 pub use error::{ConfigError, Diagnostic, Location, Severity};
 pub use model::{
-    default_serial, Backing, Config, InvalidUuid, Listener, Metrics, Namespace, Subsystem,
+    default_serial, Backing, Config, InvalidUuid, Listener, Metrics, Namespace, Polling, Subsystem,
     TargetSettings, Transport, Uuid, DEFAULT_BLOCK_SIZE, DEFAULT_MODEL, DEFAULT_PORT,
 };
 pub use nqn::{validate_nqn, InvalidNqn, DISCOVERY_NQN, NQN_MAX_BYTES};

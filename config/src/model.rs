@@ -164,6 +164,30 @@ pub struct TargetSettings {
     /// `idle_poll_us`: how long an idle poller keeps busy-polling before it sleeps until the
     /// next event, µs, 0–1000000 (0: sleep at once). Default 1000.
     pub idle_poll_us: u32,
+    /// `polling`: `adaptive` (busy-poll while there is traffic, sleep after `idle_poll_us`
+    /// without any) or `busy` (never sleep: one core per poller thread at 100%, for the
+    /// lowest latency and for comparing against adaptive polling).
+    pub polling: Polling,
+}
+
+/// How poller threads wait for work (`target.polling`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Polling {
+    /// Busy-poll while there is traffic, sleep after `idle_poll_us` without any.
+    #[default]
+    Adaptive,
+    /// Never sleep.
+    Busy,
+}
+
+impl fmt::Display for Polling {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Polling::Adaptive => "adaptive",
+            Polling::Busy => "busy",
+        })
+    }
 }
 
 impl Default for TargetSettings {
@@ -175,6 +199,7 @@ impl Default for TargetSettings {
             max_io_size: Size::kib(128),
             keep_alive_ms_min: 1000,
             idle_poll_us: 1000,
+            polling: Polling::Adaptive,
         }
     }
 }

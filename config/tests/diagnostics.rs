@@ -388,6 +388,7 @@ fn semantic_rules() {
         ),
         case(format!("{L}target: {{ keep_alive_ms_min: 0 }}\n"), "t.yaml:3:30: target.keep_alive_ms_min:", "out of range (100 to 3600000)"),
         case(format!("{L}target: {{ idle_poll_us: 2000000 }}\n"), "t.yaml:3:25: target.idle_poll_us:", "out of range (0 to 1000000)"),
+        case(format!("{L}target: {{ polling: spin }}\n"), "t.yaml:3:20: target.polling:", "unknown polling mode `spin` (expected adaptive or busy)"),
         // Metrics.
         case(format!("{L}metrics: {{ listen: '127.0.0.1:0' }}\n"), "t.yaml:3:20: metrics.listen:", "port 0 is not allowed"),
         case(

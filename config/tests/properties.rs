@@ -109,9 +109,10 @@ fn target() -> impl Strategy<Value = TargetSettings> {
         0u32..=10,
         100u32..=3_600_000,
         0u32..=1_000_000,
+        any::<bool>(),
     )
         .prop_map(
-            |(threads, icd16, max_queue_depth, shift, keep_alive_ms_min, idle_poll_us)| {
+            |(threads, icd16, max_queue_depth, shift, keep_alive_ms_min, idle_poll_us, busy)| {
                 let max_io_size = Size(4096 << shift);
                 TargetSettings {
                     threads,
@@ -120,6 +121,11 @@ fn target() -> impl Strategy<Value = TargetSettings> {
                     max_io_size,
                     keep_alive_ms_min,
                     idle_poll_us,
+                    polling: if busy {
+                        config::Polling::Busy
+                    } else {
+                        config::Polling::Adaptive
+                    },
                 }
             },
         )

@@ -218,6 +218,16 @@ pub enum AnyQueue {
     Rdma(RdmaQueue),
 }
 
+/// A command's completion deadline: the queue timeout, except for an Asynchronous Event
+/// Request, which by design completes only when the controller has an event to report.
+pub(crate) fn deadline_for(sqe: &Sqe, qid: u16, timeout: Duration) -> Option<std::time::Instant> {
+    if qid == 0 && sqe.opcode == nvme::opcode::admin::ASYNC_EVENT_REQUEST {
+        None
+    } else {
+        Some(std::time::Instant::now() + timeout)
+    }
+}
+
 macro_rules! each {
     ($self:expr, $q:ident => $e:expr) => {
         match $self {
@@ -317,6 +327,35 @@ impl AnyQueue {
         cmds: &mut dyn Iterator<Item = (Sqe, usize, u32)>,
     ) -> Result<u64, Error> {
         each!(self, q => q.run_borrowed(what, dir, ext, cmds))
+    }
+
+    /// Post an Asynchronous Event Request (admin queue, no data, no deadline).
+    pub(crate) fn submit_aer(&mut self) -> Result<u16, Error> {
+        let sqe = Sqe::new(nvme::opcode::admin::ASYNC_EVENT_REQUEST, 0);
+        match self {
+            AnyQueue::Tcp(q) => q.submit(sqe, Data::None, 0).map_err(|e| e.error),
+            AnyQueue::Rdma(q) => q.submit(sqe, Data::None, 0).map_err(|e| e.error),
+        }
+    }
+
+    /// Completions of commands posted with [`AnyQueue::submit_aer`] (the only ones submitted
+    /// asynchronously on an admin queue), waiting at most `timeout` for the first.
+    pub(crate) fn reap_aers(
+        &mut self,
+        timeout: Duration,
+    ) -> Result<Vec<Result<u64, crate::error::CmdError>>, Error> {
+        Ok(match self {
+            AnyQueue::Tcp(q) => {
+                let mut out = Vec::new();
+                q.reap(&mut out, 1, Some(timeout))?;
+                out.into_iter().map(|c| c.result).collect()
+            }
+            AnyQueue::Rdma(q) => {
+                let mut out = Vec::new();
+                q.reap(&mut out, 1, Some(timeout))?;
+                out.into_iter().map(|c| c.result).collect()
+            }
+        })
     }
 
     pub(crate) fn execute(

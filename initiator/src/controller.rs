@@ -697,6 +697,71 @@ impl Controller {
         )
     }
 
+    /// Enable asynchronous event notices (Set Features 0Bh Asynchronous Event Configuration,
+    /// CDW11 = `mask`, e.g. `identify::ctrl::OAES_NS_ATTR`), as the Linux host does before it
+    /// posts an AER.
+    pub fn enable_async_events(&self, mask: u32) -> Result<(), Error> {
+        let mut sqe = Sqe::new(admin::SET_FEATURES, 0);
+        sqe.cdw10 = (identify::feat::ASYNC_EVENT as u32).into();
+        sqe.cdw11 = mask.into();
+        self.admin_command("Set Features (Async Event Config)", sqe, DataRef::None)
+            .map(|_| ())
+    }
+
+    /// Post an Asynchronous Event Request. It completes when the controller has an event;
+    /// collect it with [`Controller::wait_async_event`]. It has no completion deadline.
+    pub fn submit_async_event_request(&self) -> Result<(), Error> {
+        self.lock_admin().submit_aer().map(|_| ())
+    }
+
+    /// Wait up to `timeout` for a posted AER to complete: `Some(event)` (CQE DW0, decode with
+    /// `nvme::log::AsyncEvent::decode`), `None` on timeout. The admin queue stays usable
+    /// (keep-alive, other commands) while this waits.
+    pub fn wait_async_event(&self, timeout: Duration) -> Result<Option<u32>, Error> {
+        let until = Instant::now() + timeout;
+        loop {
+            // Short slices: the keep-alive thread shares the admin queue.
+            let slice = until
+                .saturating_duration_since(Instant::now())
+                .min(Duration::from_millis(20));
+            let done = self.lock_admin().reap_aers(slice)?;
+            if let Some(r) = done.into_iter().next() {
+                return match r {
+                    Ok(dw) => Ok(Some(dw as u32)),
+                    Err(e) => Err(Error::from_cmd("Async Event Request", e)),
+                };
+            }
+            if Instant::now() >= until {
+                return Ok(None);
+            }
+        }
+    }
+
+    /// Read (and so clear, RAE = 0) the Changed Namespace List (log 04h): the NSIDs that
+    /// changed since it was last read, increasing (FFFFFFFFh alone: more than 1024).
+    pub fn changed_namespaces(&self) -> Result<Vec<u32>, Error> {
+        let mut buf = vec![0u8; 4096];
+        get_log(
+            &mut self.lock_admin(),
+            nvme::log::lid::CHANGED_NS,
+            0xffff_ffff,
+            0,
+            &mut buf,
+            self.info.max_transfer,
+            false,
+        )?;
+        Ok(identify::decode_ns_list(&buf))
+    }
+
+    /// Identify the active namespaces again (after a Namespace Attribute Changed event).
+    pub fn rescan_namespaces(&mut self) -> Result<&[NsInfo], Error> {
+        let nn = self.info.nn.max(1024);
+        let vs = self.info.vs;
+        let found = scan_namespaces(&mut self.lock_admin(), vs, nn)?;
+        self.namespaces = found;
+        Ok(&self.namespaces)
+    }
+
     /// Send one Keep Alive now.
     pub fn keep_alive(&self) -> Result<(), Error> {
         self.admin_command("Keep Alive", Sqe::new(admin::KEEP_ALIVE, 0), DataRef::None)

@@ -485,7 +485,7 @@ impl IoQueue {
             tx_pending: 1,
             digest_error: false,
             result: None,
-            deadline: Some(Instant::now() + self.timeout),
+            deadline: crate::any_queue::deadline_for(&sqe, self.qid, self.timeout),
         };
         let data_len = if incapsule { len } else { 0 };
         let hdr = TxHeader::capsule_cmd(&self.tx, &sqe, data_len);

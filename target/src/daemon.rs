@@ -1,17 +1,19 @@
 //! Wiring: configuration → devices, controller core, listeners and poller threads.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::{SocketAddr, TcpListener};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use config::{Backing, Config, Transport};
-use tracing::info;
+use tracing::{info, warn};
 
-use crate::backend::{BufPool, DeviceSpec, Devices, FileSpec, Ring, RingConfig};
+use crate::backend::{BufPool, Device, DeviceSpec, Devices, FileSpec, Ring, RingConfig};
 use crate::core::{
-    ListenerInfo, NamespaceSpec, SubsystemSpec, Target, TargetParams, TrType, TransportCaps,
+    ListenerInfo, NamespaceSpec, Reconfigured, SubsystemSpec, Target, TargetParams, TrType,
+    TransportCaps,
 };
 use crate::store::RingStore;
 use crate::transport::poller::{self, PollerConfig, PollerHandle, PollerStats};
@@ -19,6 +21,7 @@ use crate::transport::rdma::{
     ListenError, RdmaConfig, RdmaListeners, RdmaOptions, RdmaPollerStats, RdmaTransport,
     SendWithInvalidate,
 };
+use crate::transport::DeviceUpdate;
 
 /// Why the daemon could not start.
 #[derive(Debug, thiserror::Error)]
@@ -43,13 +46,206 @@ pub enum StartError {
     Poller(std::io::Error),
 }
 
+/// Why a reload was rejected (the running configuration is unchanged).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ReloadError {
+    #[error("namespace storage: {0}")]
+    Device(#[from] crate::backend::DeviceError),
+    #[error("listener {addr} (tcp): {source}")]
+    Listen {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("registering device {index} with the pollers' rings: {reason}")]
+    Register { index: u32, reason: String },
+}
+
+/// What a reload did, for the log.
+#[derive(Debug, Default)]
+pub struct ReloadReport {
+    pub core: Reconfigured,
+    pub listeners_added: Vec<SocketAddr>,
+    pub listeners_removed: Vec<SocketAddr>,
+    /// Backing stores opened (namespaces added, or changed and so reopened).
+    pub devices_opened: usize,
+    /// Backing stores closed (namespaces removed, or changed).
+    pub devices_released: usize,
+    /// Changes that were not applied (they need a restart).
+    pub not_applied: Vec<String>,
+}
+
+impl ReloadReport {
+    pub fn is_empty(&self) -> bool {
+        self.core.is_empty()
+            && self.listeners_added.is_empty()
+            && self.listeners_removed.is_empty()
+            && self.devices_opened == 0
+            && self.devices_released == 0
+    }
+}
+
+/// How long a reload waits for the pollers to register a device.
+const REGISTER_LIMIT: Duration = Duration::from_secs(5);
+
+/// Where each configured namespace lives: (subsystem NQN, NSID) -> its configuration and its
+/// backend device slot.
+type NsSlots = BTreeMap<(String, u32), (config::Namespace, u32)>;
+
+/// What a reload must do to the namespaces' backing stores.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub(crate) struct NsPlan {
+    /// Namespaces whose configuration is unchanged: they keep their device slot.
+    pub keep: Vec<((String, u32), u32)>,
+    /// Namespaces to open (new, or changed: path, size, block size, read-only, uuid or
+    /// kind; a changed namespace is a removal plus an addition).
+    pub open: Vec<((String, u32), config::Namespace)>,
+    /// Device slots no namespace uses any more.
+    pub release: Vec<u32>,
+}
+
+/// Compare the running namespaces with a new configuration. `resized(slot)` tells whether
+/// the storage behind a device slot changed size since it was opened (a file grown with
+/// `truncate`): such a namespace is reopened too.
+pub(crate) fn plan_namespaces(
+    running: &NsSlots,
+    new: &Config,
+    resized: impl Fn(u32) -> bool,
+) -> NsPlan {
+    let mut plan = NsPlan::default();
+    let mut used = BTreeSet::new();
+    for s in &new.subsystems {
+        for ns in &s.namespaces {
+            let key = (s.nqn.clone(), ns.nsid);
+            match running.get(&key) {
+                Some((old, slot)) if old == ns && !resized(*slot) => {
+                    used.insert(*slot);
+                    plan.keep.push((key, *slot));
+                }
+                _ => plan.open.push((key, ns.clone())),
+            }
+        }
+    }
+    plan.release = running
+        .values()
+        .map(|&(_, slot)| slot)
+        .filter(|slot| !used.contains(slot))
+        .collect();
+    plan
+}
+
+fn device_spec(ns: &config::Namespace) -> DeviceSpec {
+    match &ns.backing {
+        Backing::File { path, size } => DeviceSpec::File(FileSpec {
+            path: path.clone(),
+            size: size.map(|s| s.bytes()),
+            block_size: ns.block_size,
+            read_only: ns.read_only,
+            buffered: false,
+        }),
+        Backing::Null { size } => DeviceSpec::Null {
+            size: size.bytes(),
+            block_size: ns.block_size.unwrap_or(config::DEFAULT_BLOCK_SIZE),
+        },
+    }
+}
+
+/// The core's subsystems for `cfg`, with every namespace's device slot from `slots`.
+fn subsystem_specs(
+    cfg: &Config,
+    slots: &NsSlots,
+    devices: &[Option<Arc<Device>>],
+) -> Vec<SubsystemSpec> {
+    cfg.subsystems
+        .iter()
+        .map(|s| SubsystemSpec {
+            nqn: s.nqn.clone(),
+            serial: s.serial.clone(),
+            model: s.model.clone(),
+            allow_any_host: s.allow_any_host,
+            hosts: s.hosts.clone(),
+            namespaces: s
+                .namespaces
+                .iter()
+                .filter_map(|ns| {
+                    let &(_, slot) = slots.get(&(s.nqn.clone(), ns.nsid))?;
+                    let d = devices.get(slot as usize)?.as_ref()?;
+                    let bs = d.block_size();
+                    Some(NamespaceSpec {
+                        nsid: ns.nsid,
+                        blocks: d.size_bytes() / bs as u64,
+                        lba_shift: bs.trailing_zeros() as u8,
+                        device: slot,
+                        nguid: ns.uuid.0,
+                        uuid: ns.uuid.0,
+                    })
+                })
+                .collect(),
+        })
+        .collect()
+}
+
+/// A running NVMe/TCP listener and its acceptor thread.
+struct TcpRun {
+    listener: config::Listener,
+    bound: SocketAddr,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl TcpRun {
+    fn stop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn bind_tcp(l: &config::Listener) -> std::io::Result<(TcpListener, SocketAddr)> {
+    let addr = SocketAddr::new(l.address, l.port);
+    let sock = TcpListener::bind(addr)?;
+    let bound = sock.local_addr().unwrap_or(addr);
+    Ok((sock, bound))
+}
+
+fn spawn_acceptor(
+    listener: config::Listener,
+    sock: TcpListener,
+    bound: SocketAddr,
+    pollers: &Arc<Vec<PollerHandle>>,
+) -> std::io::Result<TcpRun> {
+    info!(address = %bound, "NVMe/TCP listener up");
+    // Each acceptor has its own stop flag, so a reload can close one listener.
+    let stop = Arc::new(AtomicBool::new(false));
+    let (p, s) = (pollers.clone(), stop.clone());
+    let thread = std::thread::Builder::new()
+        .name(format!("nvmf-accept-{bound}"))
+        .spawn(move || poller::run_acceptor(sock, p, s))?;
+    Ok(TcpRun {
+        listener,
+        bound,
+        stop,
+        thread: Some(thread),
+    })
+}
+
 /// A running target.
 pub struct Daemon {
     target: Arc<Target>,
     stop: Arc<AtomicBool>,
     pollers: Arc<Vec<PollerHandle>>,
-    acceptors: Vec<JoinHandle<()>>,
+    tcp: Vec<TcpRun>,
     rdma: Option<RdmaTransport>,
+    /// RDMA listeners as configured and bound (fixed for the daemon's life).
+    rdma_listeners: Vec<(config::Listener, SocketAddr)>,
+    /// The configuration running now (target settings and metrics as started).
+    cfg: Config,
+    /// Backend device slots (index = the core's device number); `None` once released.
+    /// Slots are never reused: an operation queued for a released slot fails instead of
+    /// reaching another namespace's storage.
+    devices: Vec<Option<Arc<Device>>>,
+    ns_slots: NsSlots,
     /// Bound TCP listener addresses (port 0 in the config is resolved here).
     pub tcp_addrs: Vec<SocketAddr>,
     /// Bound RDMA listener addresses.
@@ -59,56 +255,19 @@ pub struct Daemon {
 impl Daemon {
     /// Open the namespaces, bind every listener and start the poller threads.
     pub fn start(cfg: &Config) -> Result<Daemon, StartError> {
-        // Namespaces → devices (index = the core's device id).
-        let mut specs = Vec::new();
-        let mut subsystems = Vec::new();
+        // Namespaces -> devices (index = the core's device id).
+        let mut devices = Vec::new();
+        let mut ns_slots = NsSlots::new();
         for s in &cfg.subsystems {
-            let mut namespaces = Vec::new();
             for ns in &s.namespaces {
-                let spec = match &ns.backing {
-                    Backing::File { path, size } => DeviceSpec::File(FileSpec {
-                        path: path.clone(),
-                        size: size.map(|s| s.bytes()),
-                        block_size: ns.block_size,
-                        read_only: ns.read_only,
-                        buffered: false,
-                    }),
-                    Backing::Null { size } => DeviceSpec::Null {
-                        size: size.bytes(),
-                        block_size: ns.block_size.unwrap_or(config::DEFAULT_BLOCK_SIZE),
-                    },
-                };
-                specs.push(spec);
-                namespaces.push((ns.nsid, specs.len() as u32 - 1, ns.uuid.0));
+                devices.push(Some(Arc::new(Device::open(&device_spec(ns))?)));
+                ns_slots.insert(
+                    (s.nqn.clone(), ns.nsid),
+                    (ns.clone(), devices.len() as u32 - 1),
+                );
             }
-            subsystems.push((s, namespaces));
         }
-        let devices = Arc::new(Devices::open(&specs)?);
-        let subsystems = subsystems
-            .into_iter()
-            .map(|(s, nss)| SubsystemSpec {
-                nqn: s.nqn.clone(),
-                serial: s.serial.clone(),
-                model: s.model.clone(),
-                allow_any_host: s.allow_any_host,
-                hosts: s.hosts.clone(),
-                namespaces: nss
-                    .into_iter()
-                    .map(|(nsid, dev, uuid)| {
-                        let d = devices.get(dev).expect("device opened above");
-                        let bs = d.block_size();
-                        NamespaceSpec {
-                            nsid,
-                            blocks: d.size_bytes() / bs as u64,
-                            lba_shift: bs.trailing_zeros() as u8,
-                            device: dev,
-                            nguid: uuid,
-                            uuid,
-                        }
-                    })
-                    .collect(),
-            })
-            .collect();
+        let subsystems = subsystem_specs(cfg, &ns_slots, &devices);
 
         // Listeners. RDMA ones are bound first, all on one rdma_cm event channel, so that a
         // machine without RDMA fails before anything else is set up.
@@ -122,51 +281,37 @@ impl Daemon {
         let rdma_options = RdmaOptions {
             send_with_invalidate: SendWithInvalidate::from_env().map_err(StartError::RdmaOption)?,
         };
-        let rdma_listeners = if rdma_wanted.is_empty() {
+        let rdma_bind = if rdma_wanted.is_empty() {
             None
         } else {
             let addrs: Vec<SocketAddr> = rdma_wanted.iter().map(|&(_, a)| a).collect();
             Some(RdmaListeners::bind(&addrs)?)
         };
-        let rdma_bound = rdma_listeners
+        let rdma_bound = rdma_bind
             .as_ref()
             .map(|l| l.local_addrs())
             .unwrap_or_default();
+        let rdma_listeners: Vec<(config::Listener, SocketAddr)> = rdma_wanted
+            .iter()
+            .zip(&rdma_bound)
+            .map(|(&(i, _), &b)| (cfg.listeners[i].clone(), b))
+            .collect();
         let mut tcp = Vec::new();
-        let mut infos = Vec::new();
-        for (i, l) in cfg.listeners.iter().enumerate() {
-            let addr = SocketAddr::new(l.address, l.port);
-            match l.transport {
-                Transport::Tcp => {
-                    let sock = TcpListener::bind(addr).map_err(|source| StartError::Listen {
-                        addr,
-                        transport: "tcp",
-                        source,
-                    })?;
-                    let bound = sock.local_addr().unwrap_or(addr);
-                    infos.push(ListenerInfo {
-                        trtype: TrType::Tcp,
-                        traddr: bound.ip().to_string(),
-                        trsvcid: bound.port().to_string(),
-                        port_id: i as u16 + 1,
-                    });
-                    tcp.push((sock, bound));
-                }
-                Transport::Rdma => {
-                    let k = rdma_wanted
-                        .iter()
-                        .position(|&(j, _)| j == i)
-                        .expect("collected above");
-                    let bound = rdma_bound[k];
-                    infos.push(ListenerInfo {
-                        trtype: TrType::Rdma,
-                        traddr: bound.ip().to_string(),
-                        trsvcid: bound.port().to_string(),
-                        port_id: i as u16 + 1,
-                    });
-                }
-            }
+        for l in cfg
+            .listeners
+            .iter()
+            .filter(|l| l.transport == Transport::Tcp)
+        {
+            let (sock, bound) = bind_tcp(l).map_err(|source| StartError::Listen {
+                addr: SocketAddr::new(l.address, l.port),
+                transport: "tcp",
+                source,
+            })?;
+            tcp.push((l.clone(), sock, bound));
         }
+        let tcp_bound: Vec<(config::Listener, SocketAddr)> =
+            tcp.iter().map(|(l, _, b)| (l.clone(), *b)).collect();
+        let infos = listener_infos(&tcp_bound, &rdma_listeners);
 
         let t = &cfg.target;
         let target = Target::new(
@@ -182,33 +327,49 @@ impl Daemon {
             max_io_size: t.max_io_size.bytes() as u32,
             max_queue_depth: t.max_queue_depth as u16,
         };
+        // Busy polling never goes idle: the pollers' "idle for longer than this" test
+        // never holds.
+        let idle_poll = match t.polling {
+            config::Polling::Adaptive => Duration::from_micros(t.idle_poll_us as u64),
+            config::Polling::Busy => Duration::MAX,
+        };
         let stop = Arc::new(AtomicBool::new(false));
         let buffers = (2 * t.max_queue_depth).clamp(64, 1024);
-        let rdma = match rdma_listeners {
+        // Each poller's ring learns the devices of the start-up configuration here, and those
+        // a reload adds through `DeviceUpdate` messages.
+        let initial: Vec<(u32, Arc<Device>)> = devices
+            .iter()
+            .enumerate()
+            .filter_map(|(i, d)| Some((i as u32, d.clone()?)))
+            .collect();
+        let io = caps.max_io_size as usize;
+        let make_store = move || {
+            let pool = BufPool::new(buffers, io).map_err(std::io::Error::other)?;
+            let cfg = RingConfig {
+                sq_entries: 256,
+                max_inflight: 2 * buffers,
+            };
+            let mut ring = Ring::new(cfg, Arc::new(Devices::default()), pool)
+                .map_err(std::io::Error::other)?;
+            for (i, d) in &initial {
+                ring.set_device(*i, Some(d))?;
+            }
+            Ok(RingStore::new(ring))
+        };
+        let rdma = match rdma_bind {
             Some(listeners) => {
-                let devs = devices.clone();
-                let io = caps.max_io_size as usize;
-                let make_store = move || {
-                    let pool = BufPool::new(buffers, io).map_err(std::io::Error::other)?;
-                    let cfg = RingConfig {
-                        sq_entries: 256,
-                        max_inflight: 2 * buffers,
-                    };
-                    let ring = Ring::new(cfg, devs.clone(), pool).map_err(std::io::Error::other)?;
-                    Ok(RingStore::new(ring))
-                };
                 let rcfg = RdmaConfig {
                     caps: TransportCaps {
                         trtype: TrType::Rdma,
                         ..caps.clone()
                     },
                     threads: t.threads as usize,
-                    idle_poll: Duration::from_micros(t.idle_poll_us as u64),
+                    idle_poll,
                     options: rdma_options,
                     stop: stop.clone(),
                 };
                 Some(
-                    RdmaTransport::start(listeners, target.clone(), rcfg, make_store)
+                    RdmaTransport::start(listeners, target.clone(), rcfg, make_store.clone())
                         .map_err(StartError::Poller)?,
                 )
             }
@@ -225,36 +386,17 @@ impl Daemon {
             let pc = PollerConfig {
                 id,
                 caps: caps.clone(),
-                idle_poll: Duration::from_micros(t.idle_poll_us as u64),
+                idle_poll,
                 stop: stop.clone(),
             };
-            let devs = devices.clone();
-            let io = caps.max_io_size as usize;
-            let h = poller::spawn(target.clone(), pc, move || {
-                let pool = BufPool::new(buffers, io).map_err(std::io::Error::other)?;
-                let cfg = RingConfig {
-                    sq_entries: 256,
-                    max_inflight: 2 * buffers,
-                };
-                let ring = Ring::new(cfg, devs, pool).map_err(std::io::Error::other)?;
-                Ok(RingStore::new(ring))
-            })
-            .map_err(StartError::Poller)?;
+            let h = poller::spawn(target.clone(), pc, make_store.clone())
+                .map_err(StartError::Poller)?;
             pollers.push(h);
         }
         let pollers = Arc::new(pollers);
-        let mut acceptors = Vec::new();
-        let mut tcp_addrs = Vec::new();
-        for (sock, bound) in tcp {
-            info!(address = %bound, "NVMe/TCP listener up");
-            tcp_addrs.push(bound);
-            let (p, s) = (pollers.clone(), stop.clone());
-            acceptors.push(
-                std::thread::Builder::new()
-                    .name(format!("nvmf-accept-{bound}"))
-                    .spawn(move || poller::run_acceptor(sock, p, s))
-                    .map_err(StartError::Poller)?,
-            );
+        let mut runs = Vec::new();
+        for (l, sock, bound) in tcp {
+            runs.push(spawn_acceptor(l, sock, bound, &pollers).map_err(StartError::Poller)?);
         }
         let rdma_addrs = rdma
             .as_ref()
@@ -264,9 +406,13 @@ impl Daemon {
             target,
             stop,
             pollers,
-            acceptors,
+            tcp_addrs: runs.iter().map(|r| r.bound).collect(),
+            tcp: runs,
             rdma,
-            tcp_addrs,
+            rdma_listeners,
+            cfg: cfg.clone(),
+            devices,
+            ns_slots,
             rdma_addrs,
         })
     }
@@ -285,6 +431,220 @@ impl Daemon {
         self.rdma.as_ref().map(|r| r.stats()).unwrap_or_default()
     }
 
+    /// The number of running listeners (TCP and RDMA).
+    pub fn listener_count(&self) -> usize {
+        self.tcp.len() + self.rdma_listeners.len()
+    }
+
+    /// Apply a new (already validated) configuration: namespaces, subsystems, allowed hosts
+    /// and NVMe/TCP listeners. Everything that can fail (opening storage, binding ports,
+    /// registering devices with every poller's ring) happens before anything visible
+    /// changes, so an error leaves the running configuration as it was. Target settings,
+    /// the metrics endpoint and RDMA listeners are not changed (reported in
+    /// `not_applied`: they need a restart).
+    pub fn reload(&mut self, new: &Config) -> Result<ReloadReport, ReloadError> {
+        let mut report = ReloadReport::default();
+        let mut new = new.clone();
+        if new.target != self.cfg.target {
+            report
+                .not_applied
+                .push("`target` settings (they apply at the next start)".into());
+            new.target = self.cfg.target.clone();
+        }
+        if new.metrics != self.cfg.metrics {
+            report
+                .not_applied
+                .push("`metrics` (the endpoint changes at the next start)".into());
+            new.metrics = self.cfg.metrics.clone();
+        }
+        // RDMA listeners stay as started.
+        let rdma_new: Vec<&config::Listener> = new
+            .listeners
+            .iter()
+            .filter(|l| l.transport == Transport::Rdma)
+            .collect();
+        let rdma_old: Vec<&config::Listener> = self.rdma_listeners.iter().map(|(l, _)| l).collect();
+        if rdma_new != rdma_old {
+            report.not_applied.push(
+                "RDMA listener changes (NVMe/RDMA listeners change at the next start)".into(),
+            );
+        }
+        // TCP listeners.
+        let tcp_new: Vec<config::Listener> = new
+            .listeners
+            .iter()
+            .filter(|l| l.transport == Transport::Tcp)
+            .cloned()
+            .collect();
+        let mut to_bind: Vec<config::Listener> = tcp_new
+            .iter()
+            .filter(|l| !self.tcp.iter().any(|r| &r.listener == *l))
+            .cloned()
+            .collect();
+        if !to_bind.is_empty() && self.pollers.is_empty() {
+            report.not_applied.push(
+                "new NVMe/TCP listeners: this target started without one, so it has no TCP \
+                 pollers (restart to add the first)"
+                    .into(),
+            );
+            to_bind.clear();
+        }
+
+        // 1. Open storage for new and changed namespaces.
+        let plan = plan_namespaces(&self.ns_slots, &new, |slot| self.file_resized(slot));
+        let mut opened = Vec::new();
+        for (key, ns) in &plan.open {
+            let dev = Arc::new(Device::open(&device_spec(ns))?);
+            opened.push((key.clone(), ns.clone(), dev));
+        }
+        // 2. Bind new TCP listeners.
+        let mut bound = Vec::new();
+        for l in &to_bind {
+            let (sock, addr) = bind_tcp(l).map_err(|source| ReloadError::Listen {
+                addr: SocketAddr::new(l.address, l.port),
+                source,
+            })?;
+            bound.push((l.clone(), sock, addr));
+        }
+        // 3. Every poller's ring learns the new devices (slots are never reused).
+        let first = self.devices.len() as u32;
+        let added: Vec<(u32, Arc<Device>)> = opened
+            .iter()
+            .enumerate()
+            .map(|(i, (_, _, d))| (first + i as u32, d.clone()))
+            .collect();
+        for (i, (index, dev)) in added.iter().enumerate() {
+            if let Err(reason) = self.update_pollers(*index, Some(dev.clone())) {
+                // Undo what the pollers registered so far.
+                for (index, _) in &added[..=i] {
+                    let _ = self.update_pollers(*index, None);
+                }
+                return Err(ReloadError::Register {
+                    index: *index,
+                    reason,
+                });
+            }
+        }
+        // Nothing can fail from here on.
+        for ((key, ns, dev), (index, _)) in opened.into_iter().zip(&added) {
+            self.devices.push(Some(dev));
+            self.ns_slots.insert(key, (ns, *index));
+        }
+        report.devices_opened = added.len();
+        let mut slots = NsSlots::new();
+        for (key, slot) in &plan.keep {
+            if let Some(v) = self.ns_slots.get(key) {
+                slots.insert(key.clone(), (v.0.clone(), *slot));
+            }
+        }
+        for (key, _) in &plan.open {
+            if let Some(v) = self.ns_slots.get(key) {
+                slots.insert(key.clone(), v.clone());
+            }
+        }
+        self.ns_slots = slots;
+
+        // 4. Listeners: stop the removed TCP ones, start the new ones.
+        let mut i = 0;
+        while i < self.tcp.len() {
+            if tcp_new.contains(&self.tcp[i].listener) {
+                i += 1;
+            } else {
+                let mut r = self.tcp.remove(i);
+                r.stop();
+                info!(address = %r.bound, "NVMe/TCP listener closed (connected hosts stay)");
+                report.listeners_removed.push(r.bound);
+            }
+        }
+        for (l, sock, addr) in bound {
+            match spawn_acceptor(l, sock, addr, &self.pollers) {
+                Ok(r) => {
+                    report.listeners_added.push(addr);
+                    self.tcp.push(r);
+                }
+                Err(e) => warn!(address = %addr, error = %e, "cannot start the acceptor thread"),
+            }
+        }
+        self.tcp_addrs = self.tcp.iter().map(|r| r.bound).collect();
+        let tcp_bound: Vec<(config::Listener, SocketAddr)> = self
+            .tcp
+            .iter()
+            .map(|r| (r.listener.clone(), r.bound))
+            .collect();
+
+        // 5. The core: subsystems, hosts, namespaces (hosts get their AENs here).
+        let specs = subsystem_specs(&new, &self.ns_slots, &self.devices);
+        report.core = self
+            .target
+            .reconfigure(specs, listener_infos(&tcp_bound, &self.rdma_listeners));
+
+        // 6. Storage no namespace uses any more: the rings forget it, its file is closed.
+        for slot in plan.release {
+            if let Err(reason) = self.update_pollers(slot, None) {
+                warn!(index = slot, %reason, "could not unregister a released device");
+            }
+            if let Some(d) = self.devices.get_mut(slot as usize) {
+                *d = None;
+            }
+            report.devices_released += 1;
+        }
+        new.listeners = tcp_bound
+            .iter()
+            .chain(&self.rdma_listeners)
+            .map(|(l, _)| l.clone())
+            .collect();
+        self.cfg = new;
+        Ok(report)
+    }
+
+    /// Whether the regular file behind device slot `slot` is no longer the length it was
+    /// opened with (block devices and null devices: never).
+    fn file_resized(&self, slot: u32) -> bool {
+        let Some(Some(d)) = self.devices.get(slot as usize) else {
+            return false;
+        };
+        if d.kind() != crate::backend::DeviceKind::File {
+            return false;
+        }
+        d.path()
+            .and_then(|p| std::fs::metadata(p).ok())
+            .is_some_and(|m| m.len() != d.size_bytes())
+    }
+
+    /// Send a device slot change to every poller (TCP and RDMA) and wait for all of them.
+    fn update_pollers(&self, index: u32, device: Option<Arc<Device>>) -> Result<(), String> {
+        let (tx, rx) = mpsc::channel();
+        let u = DeviceUpdate {
+            index,
+            device,
+            done: tx,
+        };
+        let mut expected = 0;
+        for p in self.pollers.iter() {
+            if p.update_device(DeviceUpdate {
+                index: u.index,
+                device: u.device.clone(),
+                done: u.done.clone(),
+            }) {
+                expected += 1;
+            }
+        }
+        if let Some(r) = &self.rdma {
+            expected += r.update_device(&u);
+        }
+        drop(u);
+        let deadline = Instant::now() + REGISTER_LIMIT;
+        for _ in 0..expected {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match rx.recv_timeout(left) {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => return Err(e.to_string()),
+                Err(_) => return Err("a poller did not answer in time".into()),
+            }
+        }
+        Ok(())
+    }
+
     /// Stop accepting, close every connection (in-flight backend operations are waited for,
     /// bounded), join the threads.
     pub fn shutdown(mut self) {
@@ -292,8 +652,8 @@ impl Daemon {
         for p in self.pollers.iter() {
             p.wake();
         }
-        for a in self.acceptors.drain(..) {
-            let _ = a.join();
+        for r in self.tcp.iter_mut() {
+            r.stop();
         }
         if let Some(r) = self.rdma.take() {
             r.join();
@@ -302,5 +662,120 @@ impl Daemon {
             Ok(mut ps) => ps.iter_mut().for_each(|p| p.join()),
             Err(_) => tracing::warn!("poller handles still shared at shutdown"),
         }
+    }
+}
+
+/// The discovery log's listeners: TCP then RDMA, port ids in that order from 1.
+fn listener_infos(
+    tcp: &[(config::Listener, SocketAddr)],
+    rdma: &[(config::Listener, SocketAddr)],
+) -> Vec<ListenerInfo> {
+    tcp.iter()
+        .map(|(_, b)| (TrType::Tcp, b))
+        .chain(rdma.iter().map(|(_, b)| (TrType::Rdma, b)))
+        .enumerate()
+        .map(|(i, (trtype, b))| ListenerInfo {
+            trtype,
+            traddr: b.ip().to_string(),
+            trsvcid: b.port().to_string(),
+            port_id: i as u16 + 1,
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(yaml: &str) -> Config {
+        let d = std::env::temp_dir().join(format!("nvmf-plan-{}.yaml", std::process::id()));
+        let yaml = format!("listeners: [ {{ transport: tcp, address: 127.0.0.1 }} ]\n{yaml}");
+        std::fs::write(&d, yaml).unwrap();
+        let c = Config::load(&d).unwrap().config;
+        let _ = std::fs::remove_file(&d);
+        c
+    }
+
+    fn slots(c: &Config) -> NsSlots {
+        let mut m = NsSlots::new();
+        for s in &c.subsystems {
+            for ns in &s.namespaces {
+                let i = m.len() as u32;
+                m.insert((s.nqn.clone(), ns.nsid), (ns.clone(), i));
+            }
+        }
+        m
+    }
+
+    const A: &str = "nqn.2026-11.io.test:a";
+    const B: &str = "nqn.2026-11.io.test:b";
+
+    #[test]
+    fn namespace_plan_keeps_opens_and_releases() {
+        let old = cfg(&format!(
+            "subsystems:\n  - nqn: {A}\n    namespaces:\n      - {{ nsid: 1, null: 1MiB }}\n      \
+             - {{ nsid: 2, path: /tmp/x.img, size: 1MiB }}\n      - {{ nsid: 3, null: 1MiB }}\n  \
+             - nqn: {B}\n    namespaces:\n      - {{ nsid: 1, null: 1MiB }}\n"
+        ));
+        let running = slots(&old);
+        // Same configuration: everything kept.
+        let p = plan_namespaces(&running, &old, |_| false);
+        assert!(p.open.is_empty() && p.release.is_empty(), "{p:?}");
+        assert_eq!(p.keep.len(), 4);
+        // A: 1 unchanged, 2 resized (reopened), 3 removed, 4 added; B removed.
+        let new = cfg(&format!(
+            "subsystems:\n  - nqn: {A}\n    namespaces:\n      - {{ nsid: 1, null: 1MiB }}\n      \
+             - {{ nsid: 2, path: /tmp/x.img, size: 2MiB }}\n      - {{ nsid: 4, null: 1MiB }}\n"
+        ));
+        let p = plan_namespaces(&running, &new, |_| false);
+        assert_eq!(p.keep, vec![((A.to_string(), 1), 0)]);
+        let open: Vec<(String, u32)> = p.open.iter().map(|(k, _)| k.clone()).collect();
+        assert_eq!(open, vec![(A.to_string(), 2), (A.to_string(), 4)]);
+        let mut rel = p.release.clone();
+        rel.sort_unstable();
+        assert_eq!(rel, vec![1, 2, 3], "A/2 (changed), A/3 and B/1");
+        // A path change and a read-only flip are changes too.
+        let new = cfg(&format!(
+            "subsystems:\n  - nqn: {A}\n    namespaces:\n      - {{ nsid: 1, null: 1MiB, read_only: true }}\n      \
+             - {{ nsid: 2, path: /tmp/y.img, size: 1MiB }}\n      - {{ nsid: 3, null: 1MiB }}\n"
+        ));
+        let p = plan_namespaces(&running, &new, |_| false);
+        let open: Vec<u32> = p.open.iter().map(|(k, _)| k.1).collect();
+        assert_eq!(open, vec![1, 2]);
+        // Unchanged configuration, but the file behind slot 1 (A/2) was resized.
+        let p = plan_namespaces(&running, &old, |slot| slot == 1);
+        let open: Vec<(String, u32)> = p.open.iter().map(|(k, _)| k.clone()).collect();
+        assert_eq!(open, vec![(A.to_string(), 2)]);
+        assert_eq!(p.release, vec![1]);
+    }
+
+    #[test]
+    fn listener_ports_are_numbered_tcp_first() {
+        let l = |t, p| {
+            (
+                config::Listener {
+                    transport: t,
+                    address: [127, 0, 0, 1].into(),
+                    port: p,
+                },
+                SocketAddr::from(([127, 0, 0, 1], p)),
+            )
+        };
+        let infos = listener_infos(
+            &[l(Transport::Tcp, 4420), l(Transport::Tcp, 4421)],
+            &[l(Transport::Rdma, 4420)],
+        );
+        let got: Vec<(TrType, &str, u16)> = infos
+            .iter()
+            .map(|i| (i.trtype, i.trsvcid.as_str(), i.port_id))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                (TrType::Tcp, "4420", 1),
+                (TrType::Tcp, "4421", 2),
+                (TrType::Rdma, "4420", 3)
+            ]
+        );
     }
 }

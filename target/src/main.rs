@@ -151,7 +151,7 @@ fn main() -> ExitCode {
         },
         None => None,
     };
-    let daemon = match Daemon::start(&cfg) {
+    let mut daemon = match Daemon::start(&cfg) {
         Ok(d) => d,
         Err(e) => {
             error!("{e}");
@@ -165,6 +165,7 @@ fn main() -> ExitCode {
     info!(
         subsystems = cfg.subsystems.len(),
         threads = cfg.target.threads,
+        polling = %cfg.target.polling,
         "nvmf-target ready"
     );
     let stop_aux = Arc::new(AtomicBool::new(false));
@@ -209,7 +210,21 @@ fn main() -> ExitCode {
     loop {
         match sigs.wait() {
             Ok(Signal::SIGHUP) => {
-                warn!("SIGHUP: configuration reload is not supported yet; keeping the running configuration");
+                let Some(path) = &args.config else {
+                    warn!("SIGHUP: running the embedded default (no --config): nothing to reload");
+                    continue;
+                };
+                if let Some(n) = &notifier {
+                    n.notify(&format!("RELOADING=1\nMONOTONIC_USEC={}", monotonic_usec()));
+                }
+                reload(&mut daemon, path);
+                if let Some(n) = &notifier {
+                    n.notify(&format!(
+                        "READY=1\nSTATUS=serving {} subsystem(s) on {} listener(s)",
+                        daemon.target().subsystem_nqns().len(),
+                        daemon.listener_count()
+                    ));
+                }
             }
             Ok(sig) => {
                 info!(signal = %sig, "shutting down");
@@ -231,6 +246,66 @@ fn main() -> ExitCode {
     }
     info!("stopped");
     ExitCode::SUCCESS
+}
+
+/// SIGHUP: re-read `path` and apply it; on any error log it and keep running as before.
+fn reload(daemon: &mut Daemon, path: &std::path::Path) {
+    info!(config = %path.display(), "SIGHUP: reloading the configuration");
+    let loaded = match Config::load(path) {
+        Ok(l) => l,
+        Err(e) => {
+            // One line per diagnostic, each with file:line:col.
+            for line in e.to_string().lines() {
+                error!("reload rejected: {line}");
+            }
+            error!("reload rejected: the running configuration is unchanged");
+            return;
+        }
+    };
+    for w in &loaded.warnings {
+        warn!("{w}");
+    }
+    match daemon.reload(&loaded.config) {
+        Ok(r) => {
+            for what in &r.not_applied {
+                warn!("reload: not applied, needs a restart: {what}");
+            }
+            let c = &r.core;
+            for (nqn, nsids) in &c.namespaces_changed {
+                info!(subsystem = %nqn, ?nsids, "reload: namespaces added, removed or changed (hosts notified)");
+            }
+            if r.is_empty() {
+                info!("reload: no changes");
+            } else {
+                info!(
+                    subsystems_added = ?c.subsystems_added,
+                    subsystems_removed = ?c.subsystems_removed,
+                    subsystems_replaced = ?c.subsystems_replaced,
+                    hosts_changed = ?c.hosts_changed,
+                    controllers_disconnected = c.controllers_disconnected,
+                    listeners_added = ?r.listeners_added,
+                    listeners_removed = ?r.listeners_removed,
+                    devices_opened = r.devices_opened,
+                    devices_released = r.devices_released,
+                    "reload applied"
+                );
+            }
+        }
+        Err(e) => {
+            error!("reload rejected: {e}; the running configuration is unchanged");
+        }
+    }
+}
+
+/// CLOCK_MONOTONIC in µs (sd_notify MONOTONIC_USEC, sent with RELOADING=1).
+fn monotonic_usec() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec into a live local.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000 + ts.tv_nsec as u64 / 1000
 }
 
 fn init_logging() {

@@ -9,6 +9,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::core::stats::{
+    IoTotals, NsTotals, SubsystemMetrics, LAT_BUCKETS, LAT_FIRST_US, NSID_OTHER,
+};
 use crate::core::Target;
 use crate::transport::poller::PollerStats;
 use crate::transport::rdma::RdmaPollerStats;
@@ -190,6 +193,7 @@ impl Source {
                 ));
             }
         }
+        io_prometheus(&mut o, &self.target.io_metrics());
         o
     }
 
@@ -228,6 +232,7 @@ impl Source {
                 p.mrs_registered
             ));
         }
+        io_table(&mut o, &self.target.io_metrics());
         o
     }
 
@@ -246,11 +251,337 @@ impl Source {
             })
             .collect();
         format!(
-            "{{\"controllers\":{ctrls},\"cpu_ns\":{},\"pollers\":[{}]}}\n",
+            "{{\"controllers\":{ctrls},\"cpu_ns\":{},\"pollers\":[{}],\"subsystems\":[{}]}}\n",
             process_cpu_ns(),
-            items.join(",")
+            items.join(","),
+            self.target
+                .io_metrics()
+                .iter()
+                .map(subsystem_json)
+                .collect::<Vec<_>>()
+                .join(",")
         )
     }
+}
+
+/// A Prometheus label value or JSON string body: backslash, double quote and newline escaped.
+fn esc(s: &str) -> String {
+    let mut o = String::with_capacity(s.len());
+    for ch in s.chars() {
+        match ch {
+            '\\' => o.push_str("\\\\"),
+            '"' => o.push_str("\\\""),
+            '\n' => o.push_str("\\n"),
+            c if (c as u32) < 0x20 => o.push_str(&format!("\\u{:04x}", c as u32)),
+            c => o.push(c),
+        }
+    }
+    o
+}
+
+fn nsid_label(nsid: u32) -> String {
+    if nsid == NSID_OTHER {
+        "other".into()
+    } else {
+        nsid.to_string()
+    }
+}
+
+fn status_label(code: Option<u16>) -> &'static str {
+    match code {
+        Some(c) => nvme::status::name(c),
+        None => "OTHER",
+    }
+}
+
+/// Upper bound of histogram bucket `i`, in µs (`None`: +Inf).
+fn bucket_bound_us(i: usize) -> Option<u64> {
+    (i < LAT_BUCKETS).then(|| LAT_FIRST_US << i)
+}
+
+/// The `q` quantile (0..1) from a histogram, as the upper bound of the bucket it falls in
+/// (µs; `None` without samples; the last bound doubled for +Inf).
+pub fn quantile_us(n: &NsTotals, q: f64) -> Option<u64> {
+    let total: u64 = n.lat.iter().sum();
+    if total == 0 {
+        return None;
+    }
+    let want = ((total as f64) * q).ceil().max(1.0) as u64;
+    let mut seen = 0;
+    for (i, c) in n.lat.iter().enumerate() {
+        seen += c;
+        if seen >= want {
+            return Some(bucket_bound_us(i).unwrap_or(LAT_FIRST_US << LAT_BUCKETS));
+        }
+    }
+    None
+}
+
+type NsGet = fn(&NsTotals) -> u64;
+
+/// Per-subsystem, per-namespace and per-controller series.
+fn io_prometheus(o: &mut String, subs: &[SubsystemMetrics]) {
+    let head = |o: &mut String, name: &str, kind: &str, help: &str| {
+        o.push_str(&format!("# HELP {name} {help}\n# TYPE {name} {kind}\n"));
+    };
+    // Per subsystem and per controller: the same counters, different labels.
+    let groups: Vec<(String, &IoTotals)> = subs
+        .iter()
+        .map(|s| (format!("subsystem=\"{}\"", esc(&s.nqn)), &s.io))
+        .collect();
+    let ctrls: Vec<(String, &IoTotals)> = subs
+        .iter()
+        .flat_map(|s| {
+            s.controllers.iter().map(move |c| {
+                (
+                    format!(
+                        "subsystem=\"{}\",cntlid=\"{}\",host=\"{}\",transport=\"{}\",peer=\"{}\"",
+                        esc(&s.nqn),
+                        c.cntlid,
+                        esc(&c.hostnqn),
+                        c.transport,
+                        esc(&c.peer)
+                    ),
+                    &c.io,
+                )
+            })
+        })
+        .collect();
+    for (prefix, what, set) in [
+        (
+            "nvmf_subsystem",
+            "subsystem (every controller it has had)",
+            &groups,
+        ),
+        ("nvmf_controller", "live controller", &ctrls),
+    ] {
+        let sums: [(&str, &str, NsGet); 3] = [
+            ("io_commands_total", "I/O commands completed", |n| {
+                n.commands()
+            }),
+            ("read_bytes_total", "Bytes read by hosts", |n| n.bytes_read),
+            ("written_bytes_total", "Bytes written by hosts", |n| {
+                n.bytes_written
+            }),
+        ];
+        for (name, help, get) in sums {
+            head(
+                o,
+                &format!("{prefix}_{name}"),
+                "counter",
+                &format!("{help}, per {what}."),
+            );
+            for (l, io) in set.iter() {
+                o.push_str(&format!("{prefix}_{name}{{{l}}} {}\n", get(&io.io())));
+            }
+        }
+        head(
+            o,
+            &format!("{prefix}_errors_total"),
+            "counter",
+            &format!("Commands completed with an error, by status, per {what}."),
+        );
+        for (l, io) in set.iter() {
+            for (code, n) in &io.errors_by_status {
+                o.push_str(&format!(
+                    "{prefix}_errors_total{{{l},status=\"{}\"}} {n}\n",
+                    status_label(*code)
+                ));
+            }
+        }
+        head(
+            o,
+            &format!("{prefix}_outstanding_commands"),
+            "gauge",
+            &format!("I/O commands in flight (queue depth in use), per {what}."),
+        );
+        for (l, io) in set.iter() {
+            o.push_str(&format!(
+                "{prefix}_outstanding_commands{{{l}}} {}\n",
+                io.outstanding
+            ));
+        }
+    }
+    // Per namespace.
+    let ns: [(&str, &str, NsGet); 6] = [
+        ("reads_total", "Successful Read commands", |n| n.reads),
+        ("writes_total", "Successful Write commands", |n| n.writes),
+        (
+            "other_commands_total",
+            "Successful Flush, Write Zeroes and DSM commands",
+            |n| n.others,
+        ),
+        ("read_bytes_total", "Bytes read by hosts", |n| n.bytes_read),
+        ("written_bytes_total", "Bytes written by hosts", |n| {
+            n.bytes_written
+        }),
+        (
+            "errors_total",
+            "I/O commands completed with an error",
+            |n| n.errors,
+        ),
+    ];
+    for (name, help, get) in ns {
+        head(
+            o,
+            &format!("nvmf_namespace_{name}"),
+            "counter",
+            &format!("{help}, per namespace."),
+        );
+        for s in subs {
+            for (nsid, n) in &s.io.namespaces {
+                o.push_str(&format!(
+                    "nvmf_namespace_{name}{{subsystem=\"{}\",nsid=\"{}\"}} {}\n",
+                    esc(&s.nqn),
+                    nsid_label(*nsid),
+                    get(n)
+                ));
+            }
+        }
+    }
+    head(
+        o,
+        "nvmf_namespace_latency_seconds",
+        "histogram",
+        "I/O command latency from capsule parsed to completion built, per namespace.",
+    );
+    for s in subs {
+        for (nsid, n) in &s.io.namespaces {
+            let l = format!(
+                "subsystem=\"{}\",nsid=\"{}\"",
+                esc(&s.nqn),
+                nsid_label(*nsid)
+            );
+            let mut cum = 0;
+            for (i, c) in n.lat.iter().enumerate() {
+                cum += c;
+                let le = match bucket_bound_us(i) {
+                    Some(us) => format!("{}", us as f64 / 1e6),
+                    None => "+Inf".into(),
+                };
+                o.push_str(&format!(
+                    "nvmf_namespace_latency_seconds_bucket{{{l},le=\"{le}\"}} {cum}\n"
+                ));
+            }
+            o.push_str(&format!(
+                "nvmf_namespace_latency_seconds_sum{{{l}}} {:.9}\n",
+                n.lat_sum_ns as f64 / 1e9
+            ));
+            o.push_str(&format!(
+                "nvmf_namespace_latency_seconds_count{{{l}}} {cum}\n"
+            ));
+        }
+    }
+}
+
+fn io_table(o: &mut String, subs: &[SubsystemMetrics]) {
+    for s in subs {
+        let t = s.io.io();
+        o.push_str(&format!(
+            "\nsubsystem {}: {} I/O commands, {} bytes read, {} written, {} errors, {} outstanding\n",
+            s.nqn,
+            t.commands(),
+            t.bytes_read,
+            t.bytes_written,
+            s.io.errors(),
+            s.io.outstanding
+        ));
+        for (code, n) in &s.io.errors_by_status {
+            o.push_str(&format!("  errors {}: {n}\n", status_label(*code)));
+        }
+        o.push_str(&format!(
+            "  {:>6} {:>10} {:>10} {:>8} {:>14} {:>14} {:>7} {:>9} {:>9}\n",
+            "nsid",
+            "reads",
+            "writes",
+            "other",
+            "read bytes",
+            "written bytes",
+            "errors",
+            "p50 us",
+            "p99 us"
+        ));
+        for (nsid, n) in &s.io.namespaces {
+            let q = |p| quantile_us(n, p).map_or("-".to_string(), |v| format!("<={v}"));
+            o.push_str(&format!(
+                "  {:>6} {:>10} {:>10} {:>8} {:>14} {:>14} {:>7} {:>9} {:>9}\n",
+                nsid_label(*nsid),
+                n.reads,
+                n.writes,
+                n.others,
+                n.bytes_read,
+                n.bytes_written,
+                n.errors,
+                q(0.5),
+                q(0.99)
+            ));
+        }
+        for c in &s.controllers {
+            let t = c.io.io();
+            o.push_str(&format!(
+                "  controller {} {} {} {}: {} I/O commands, {} bytes read, {} written, {} errors, {} outstanding\n",
+                c.cntlid,
+                c.hostnqn,
+                c.transport,
+                c.peer,
+                t.commands(),
+                t.bytes_read,
+                t.bytes_written,
+                c.io.errors(),
+                c.io.outstanding
+            ));
+        }
+    }
+}
+
+fn errors_json(io: &IoTotals) -> String {
+    let items: Vec<String> = io
+        .errors_by_status
+        .iter()
+        .map(|(c, n)| format!("\"{}\":{n}", status_label(*c)))
+        .collect();
+    format!("{{{}}}", items.join(","))
+}
+
+fn subsystem_json(s: &SubsystemMetrics) -> String {
+    let t = s.io.io();
+    let ns: Vec<String> = s
+        .io
+        .namespaces
+        .iter()
+        .map(|(nsid, n)| {
+            let q = |p| quantile_us(n, p).map_or("null".to_string(), |v| v.to_string());
+            let buckets: Vec<String> = n.lat.iter().map(|c| c.to_string()).collect();
+            format!(
+                "{{\"nsid\":\"{}\",\"reads\":{},\"writes\":{},\"others\":{},\"bytes_read\":{},\"bytes_written\":{},\"errors\":{},\"latency\":{{\"first_bucket_us\":{LAT_FIRST_US},\"buckets\":[{}],\"sum_ns\":{},\"p50_us_at_most\":{},\"p99_us_at_most\":{}}}}}",
+                nsid_label(*nsid), n.reads, n.writes, n.others, n.bytes_read, n.bytes_written, n.errors,
+                buckets.join(","), n.lat_sum_ns, q(0.5), q(0.99)
+            )
+        })
+        .collect();
+    let ctrls: Vec<String> = s
+        .controllers
+        .iter()
+        .map(|c| {
+            let t = c.io.io();
+            format!(
+                "{{\"cntlid\":{},\"host\":\"{}\",\"transport\":\"{}\",\"peer\":\"{}\",\"commands\":{},\"bytes_read\":{},\"bytes_written\":{},\"errors\":{},\"outstanding\":{}}}",
+                c.cntlid, esc(&c.hostnqn), c.transport, esc(&c.peer), t.commands(), t.bytes_read,
+                t.bytes_written, errors_json(&c.io), c.io.outstanding
+            )
+        })
+        .collect();
+    format!(
+        "{{\"nqn\":\"{}\",\"commands\":{},\"bytes_read\":{},\"bytes_written\":{},\"errors\":{},\"outstanding\":{},\"namespaces\":[{}],\"controllers\":[{}]}}",
+        esc(&s.nqn),
+        t.commands(),
+        t.bytes_read,
+        t.bytes_written,
+        errors_json(&s.io),
+        s.io.outstanding,
+        ns.join(","),
+        ctrls.join(",")
+    )
 }
 
 /// Serve `GET /metrics` on `listener` until `stop`.

@@ -2,7 +2,7 @@
 
 use std::collections::VecDeque;
 
-use crate::backend::{BufId, Ring, SubmitError};
+use crate::backend::{BufId, Device, Ring, SubmitError};
 use crate::core::IoOp;
 use crate::transport::Store;
 
@@ -78,5 +78,9 @@ impl Store for RingStore {
     fn buffers_in_use(&self) -> usize {
         let p = self.ring.pool();
         p.count() as usize - p.free_count()
+    }
+
+    fn set_device(&mut self, index: u32, device: Option<&Device>) -> std::io::Result<()> {
+        self.ring.set_device(index, device)
     }
 }

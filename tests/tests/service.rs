@@ -77,6 +77,55 @@ fn metrics_endpoint_and_stats_command() {
         let during = get();
         assert!(commands(&during) >= commands(&before) + 200, "{during}");
         assert!(during.contains("nvmf_controllers 1"), "{during}");
+        // Per namespace, subsystem and controller (read at scrape time, not published).
+        let nsl = format!("subsystem=\"{}\",nsid=\"1\"", nvmf_tests::TEST_NQN);
+        assert!(
+            value(&during, &format!("nvmf_namespace_reads_total{{{nsl}}}")) >= 200.0,
+            "{during}"
+        );
+        assert_eq!(
+            value(
+                &during,
+                &format!("nvmf_namespace_read_bytes_total{{{nsl}}}")
+            ),
+            value(&during, &format!("nvmf_namespace_reads_total{{{nsl}}}")) * 4096.0
+        );
+        assert!(
+            value(
+                &during,
+                &format!("nvmf_namespace_latency_seconds_bucket{{{nsl},le=\"+Inf\"}}")
+            ) >= 200.0,
+            "{during}"
+        );
+        let ctrl = during
+            .lines()
+            .find(|l| l.starts_with("nvmf_controller_io_commands_total{"))
+            .unwrap_or_else(|| panic!("{during}"));
+        assert!(
+            ctrl.contains("host=\"nqn.2014-08.org.nvmexpress:uuid:")
+                && ctrl.contains("transport=\"tcp\""),
+            "{ctrl}"
+        );
+        // An I/O error shows up by status.
+        // (A Read far beyond the namespace end, sent raw: the library would refuse it.)
+        let q = ns.queue().as_tcp().expect("a TCP queue");
+        let mut sqe = nvme::Sqe::new(nvme::opcode::io::READ, 0);
+        sqe.nsid = 1.into();
+        sqe.cdw11 = 1.into(); // SLBA 2^32
+        q.submit(sqe, initiator::Data::FromController(vec![0; 4096]), 7)
+            .map_err(|e| e.error)
+            .unwrap();
+        let mut out = Vec::new();
+        q.reap(&mut out, 1, Some(Duration::from_secs(5))).unwrap();
+        assert!(out[0].result.is_err(), "LBA out of range");
+        let after_err = get();
+        assert!(
+            after_err.lines().any(|l| l.starts_with(&format!(
+                "nvmf_subsystem_errors_total{{subsystem=\"{}\",status=",
+                nvmf_tests::TEST_NQN
+            ))),
+            "{after_err}"
+        );
         c.shutdown().unwrap();
     }
     std::thread::sleep(Duration::from_millis(300));
@@ -113,5 +162,96 @@ fn metrics_endpoint_and_stats_command() {
     assert!(
         json.contains("\"pollers\":[{\"transport\":\"tcp\""),
         "{json}"
+    );
+    let v: serde_json::Value = serde_json::from_str(&json).expect("stats --json is JSON");
+    let s = &v["subsystems"][0];
+    assert_eq!(s["nqn"], nvmf_tests::TEST_NQN);
+    assert!(
+        s["namespaces"][0]["reads"].as_u64().unwrap() >= 200,
+        "{json}"
+    );
+    assert!(
+        table.contains("nsid") && table.contains("p99 us"),
+        "{table}"
+    );
+}
+
+/// The value of the series `key` (name and labels, exactly) in Prometheus text (0 if absent).
+fn value(text: &str, key: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(key).and_then(|r| r.strip_prefix(' ')))
+        .map(|v| v.parse().unwrap())
+        .unwrap_or(0.0)
+}
+
+/// During an nvmf-bench run, the per-namespace counters move between two scrapes.
+#[test]
+fn metrics_move_during_a_bench_run() {
+    use std::io::{Read, Write};
+    let mport = nvmf_tests::free_port();
+    let t = TargetProc::start_with(|port, dir| {
+        format!(
+            "{}metrics: {{ listen: \"127.0.0.1:{mport}\" }}\n",
+            default_yaml(port, dir)
+        )
+    });
+    let get = || {
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", mport)).expect("metrics port");
+        s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").unwrap();
+        let mut body = String::new();
+        s.read_to_string(&mut body).unwrap();
+        body
+    };
+    let mut bench = std::process::Command::new(nvmf_tests::bench_bin())
+        .args(["--transport", "tcp", "--traddr", "127.0.0.1", "--trsvcid"])
+        .arg(t.addr.port().to_string())
+        .args([
+            "--subnqn",
+            nvmf_tests::TEST_NQN,
+            "--nsid",
+            "1",
+            "--rw",
+            "randrw",
+            "--bs",
+            "4k",
+        ])
+        .args([
+            "--iodepth",
+            "4",
+            "--runtime",
+            "4",
+            "--output-format",
+            "json",
+        ])
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("nvmf-bench");
+    let ns = format!("subsystem=\"{}\",nsid=\"1\"", nvmf_tests::TEST_NQN);
+    let reads = |m: &str| value(m, &format!("nvmf_namespace_reads_total{{{ns}}}"));
+    let writes = |m: &str| value(m, &format!("nvmf_namespace_written_bytes_total{{{ns}}}"));
+    // Wait for I/O to start, then two scrapes a second apart.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let mut first = get();
+    while reads(&first) == 0.0 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+        first = get();
+    }
+    std::thread::sleep(Duration::from_secs(1));
+    let second = get();
+    assert!(bench.wait().unwrap().success(), "nvmf-bench failed");
+    assert!(
+        reads(&second) > reads(&first),
+        "reads moved:\n{first}\n---\n{second}"
+    );
+    assert!(writes(&second) > writes(&first), "written bytes moved");
+    let ctrl = |m: &str| -> f64 {
+        m.lines()
+            .filter(|l| l.starts_with("nvmf_controller_io_commands_total{"))
+            .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
+            .sum()
+    };
+    assert!(
+        ctrl(&second) > ctrl(&first),
+        "per-controller commands moved"
     );
 }

@@ -529,7 +529,7 @@ impl RdmaQueue {
             len,
             rkey,
             result: None,
-            deadline: Some(Instant::now() + self.timeout),
+            deadline: crate::any_queue::deadline_for(&sqe, self.qid, self.timeout),
         };
         self.inflight += 1;
         self.stats.commands += 1;

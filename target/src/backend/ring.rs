@@ -23,7 +23,7 @@ use std::time::Duration;
 
 use io_uring::{opcode, types, IoUring};
 
-use super::device::{DeviceKind, Devices};
+use super::device::{Device, DeviceKind, Devices};
 use super::pool::{BufId, BufPool};
 use super::sys::{self, MmapRegion};
 use crate::core::{IoKind, IoOp};
@@ -129,6 +129,45 @@ struct Dev {
     trim: bool,
 }
 
+fn dev_of(d: &Device) -> Dev {
+    Dev {
+        size: d.size_bytes(),
+        block_size: u64::from(d.block_size()),
+        read_only: d.is_read_only(),
+        null: d.kind() == DeviceKind::Null,
+        zero: ZeroMethod::ZeroRange,
+        trim: true,
+    }
+}
+
+/// An emptied device slot: every range check fails, nothing is written.
+const ABSENT_DEV: Dev = Dev {
+    size: 0,
+    block_size: 1,
+    read_only: true,
+    null: false,
+    zero: ZeroMethod::ZeroRange,
+    trim: false,
+};
+
+/// Device slots wanted in a ring's file table: room for devices a reload adds, within the
+/// kernel's limit (a file table may not exceed RLIMIT_NOFILE).
+const DEVICE_SLOTS: usize = 1024;
+
+fn file_slots(configured: usize) -> usize {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes one rlimit struct into a live local.
+    let cur = if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } == 0 {
+        usize::try_from(lim.rlim_cur).unwrap_or(usize::MAX)
+    } else {
+        configured
+    };
+    DEVICE_SLOTS.min(cur).max(configured)
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum ZeroMethod {
     /// fallocate(FALLOC_FL_ZERO_RANGE | FALLOC_FL_KEEP_SIZE)
@@ -205,6 +244,8 @@ pub struct Ring {
     zero_index: u16,
     devices: Arc<Devices>,
     dev: Vec<Dev>,
+    /// Size of the registered file table (device slots).
+    file_slots: usize,
     slots: Vec<Slot>,
     free_slots: Vec<u32>,
     ready: VecDeque<u32>,
@@ -278,7 +319,10 @@ impl Ring {
         }
         let sub = ring.submitter();
 
-        let fds: Vec<RawFd> = devices.iter().map(|d| d.raw_fd().unwrap_or(-1)).collect();
+        // The file table has room for devices added later ([`Ring::set_device`], on a
+        // configuration reload): empty slots are -1.
+        let mut fds: Vec<RawFd> = devices.iter().map(|d| d.raw_fd().unwrap_or(-1)).collect();
+        fds.resize(file_slots(fds.len()), -1);
         if !fds.is_empty() {
             sub.register_files(&fds).map_err(RingError::RegisterFiles)?;
         }
@@ -300,17 +344,8 @@ impl Ring {
             source,
         })?;
 
-        let dev = devices
-            .iter()
-            .map(|d| Dev {
-                size: d.size_bytes(),
-                block_size: u64::from(d.block_size()),
-                read_only: d.is_read_only(),
-                null: d.kind() == DeviceKind::Null,
-                zero: ZeroMethod::ZeroRange,
-                trim: true,
-            })
-            .collect();
+        let dev = devices.iter().map(dev_of).collect();
+        let file_slots = fds.len();
         let n = cfg.max_inflight as usize;
         Ok(Ring {
             ring,
@@ -320,6 +355,7 @@ impl Ring {
             zero_index,
             devices,
             dev,
+            file_slots,
             slots: vec![IDLE_SLOT; n],
             free_slots: (0..cfg.max_inflight).rev().collect(),
             ready: VecDeque::with_capacity(n),
@@ -328,6 +364,24 @@ impl Ring {
             enabled: false,
             stats: RingStats::default(),
         })
+    }
+
+    /// Put `device` in device slot `index` (registering its file in the ring's file table),
+    /// or with `None` empty the slot: operations on it then fail (ENODEV before an SQE is
+    /// built, EBADF for any already queued). Operations in flight keep the file they were
+    /// issued on. Must run on the ring's thread; fails with ENOSPC beyond the file table.
+    pub fn set_device(&mut self, index: u32, device: Option<&Device>) -> io::Result<()> {
+        let i = index as usize;
+        if i >= self.file_slots {
+            return Err(io::Error::from_raw_os_error(libc::ENOSPC));
+        }
+        let fd = device.and_then(|d| d.raw_fd()).unwrap_or(-1);
+        self.ring.submitter().register_files_update(index, &[fd])?;
+        if self.dev.len() <= i {
+            self.dev.resize(i + 1, ABSENT_DEV);
+        }
+        self.dev[i] = device.map(dev_of).unwrap_or(ABSENT_DEV);
+        Ok(())
     }
 
     /// The buffer pool (allocate, fill, read buffers here).

@@ -17,6 +17,7 @@ use nvme::Status;
 use zerocopy::FromZeros;
 
 use super::queue::{Counters, QueueStats};
+use super::stats::IoTotals;
 use super::subsystem::Subsystem;
 use super::{TransportCaps, Waker};
 
@@ -57,6 +58,8 @@ pub(crate) enum Gone {
     Reset = 3,
     Shutdown = 4,
     Fatal = 5,
+    /// The subsystem was removed (or replaced) by a configuration reload.
+    Removed = 6,
 }
 
 impl Gone {
@@ -67,6 +70,7 @@ impl Gone {
             3 => Gone::Reset,
             4 => Gone::Shutdown,
             5 => Gone::Fatal,
+            6 => Gone::Removed,
             _ => Gone::Alive,
         }
     }
@@ -78,6 +82,7 @@ impl Gone {
             Gone::Reset => "controller reset",
             Gone::Shutdown => "controller shutdown",
             Gone::Fatal => "controller fatal error",
+            Gone::Removed => "subsystem removed by a configuration reload",
         }
     }
 }
@@ -99,6 +104,8 @@ pub(crate) struct CtrlInner {
     io: BTreeMap<u16, IoQueueSlot>,
     /// Counters of I/O queues already detached (for the SMART log).
     retired: QueueStats,
+    /// Their I/O statistics (also added to the subsystem's when they detach).
+    retired_io: IoTotals,
     /// Asynchronous Event Configuration (Set Features 0Bh).
     pub aen_enabled: u32,
     /// Event classes reported and not yet cleared by reading their log page with RAE = 0.
@@ -126,6 +133,8 @@ pub(crate) struct Controller {
     pub subsys: Arc<Subsystem>,
     pub hostnqn: String,
     pub hostid: [u8; 16],
+    /// The admin queue's remote address (for logs).
+    pub peer: String,
     /// What the admin queue's transport offers (Identify reports from it).
     pub caps: TransportCaps,
     /// Creation time; keep-alive stamps are offsets from it.
@@ -155,6 +164,7 @@ impl Controller {
         caps: TransportCaps,
         kato_ms: u32,
         now: Instant,
+        peer: String,
     ) -> Controller {
         let aen_enabled = default_aen(subsys.discovery);
         Controller {
@@ -162,6 +172,7 @@ impl Controller {
             subsys,
             hostnqn,
             hostid,
+            peer,
             caps,
             base: now,
             cc: AtomicU32::new(0),
@@ -177,6 +188,7 @@ impl Controller {
                 io_queues_set: false,
                 io: BTreeMap::new(),
                 retired: QueueStats::default(),
+                retired_io: IoTotals::default(),
                 aen_enabled,
                 aen_masked: 0,
                 aer_cids: Vec::new(),
@@ -193,6 +205,14 @@ impl Controller {
 
     pub fn lock(&self) -> MutexGuard<'_, CtrlInner> {
         self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// "tcp" or "rdma" (for logs and metrics).
+    pub fn transport(&self) -> &'static str {
+        match self.caps.trtype {
+            super::TrType::Tcp => "tcp",
+            super::TrType::Rdma => "rdma",
+        }
     }
 
     pub fn is_discovery(&self) -> bool {
@@ -233,7 +253,7 @@ impl Controller {
         self.touch(now, true);
     }
 
-    fn since_base(&self, now: Instant) -> u64 {
+    pub(crate) fn since_base(&self, now: Instant) -> u64 {
         now.checked_duration_since(self.base)
             .unwrap_or_default()
             .as_nanos()
@@ -362,6 +382,7 @@ impl Controller {
         let detached = std::mem::take(&mut g.io);
         for slot in detached.values() {
             g.retired.add(&slot.counters.snapshot());
+            self.retire_io(g, &slot.counters);
             wake.extend(slot.waker.clone());
         }
         g.io_queues = MAX_IO_QUEUES;
@@ -403,6 +424,7 @@ impl Controller {
         if g.io.get(&qid).is_some_and(|s| s.token == token) {
             if let Some(slot) = g.io.remove(&qid) {
                 g.retired.add(&slot.counters.snapshot());
+                self.retire_io(&mut g, &slot.counters);
             }
         }
     }
@@ -412,6 +434,29 @@ impl Controller {
         if let Some(s) = g.io.get_mut(&qid).filter(|s| s.token == token) {
             s.waker = w;
         }
+    }
+
+    /// A detached queue's I/O statistics go to the controller's and the subsystem's totals.
+    fn retire_io(&self, g: &mut CtrlInner, c: &Counters) {
+        let mut t = IoTotals::default();
+        c.io.add_to(&mut t, false);
+        g.retired_io.add(&t);
+        self.subsys.retire_io(&t);
+    }
+
+    /// I/O statistics of this controller: its live queues, plus (`with_retired`) the queues
+    /// it had before.
+    pub fn io_metrics(&self, with_retired: bool) -> IoTotals {
+        let g = self.lock();
+        let mut t = if with_retired {
+            g.retired_io.clone()
+        } else {
+            IoTotals::default()
+        };
+        for s in g.io.values() {
+            s.counters.io.add_to(&mut t, true);
+        }
+        t
     }
 
     pub fn has_io_queues(&self) -> bool {
@@ -478,6 +523,18 @@ impl Controller {
                 }
             }
             self.queue_event(&mut g, idc::OAES_NS_ATTR, AsyncEvent::NS_CHANGED)
+        };
+        if let Some(w) = waker {
+            w();
+        }
+    }
+
+    /// The discovery log changed: queue a Discovery Log Page Change event if the host enabled
+    /// it and has not been told already.
+    pub fn discovery_changed(&self) {
+        let waker = {
+            let mut g = self.lock();
+            self.queue_event(&mut g, idc::OAES_DISC_CHANGE, AsyncEvent::DISCOVERY_CHANGED)
         };
         if let Some(w) = waker {
             w();

@@ -69,8 +69,9 @@ fn entry_for(l: &ListenerInfo, subnqn: &str, local: Option<&str>) -> DiscoveryLo
 /// target address of the asking connection, used for wildcard listeners.
 pub(crate) fn discovery_log(t: &TargetInner, hostnqn: &str, local: Option<&str>) -> Vec<u8> {
     let mut entries = Vec::new();
-    for l in &t.listeners {
-        for s in t.subsystems.values().filter(|s| s.host_allowed(hostnqn)) {
+    let subsystems = t.subsystem_list();
+    for l in t.listeners().iter() {
+        for s in subsystems.iter().filter(|s| s.host_allowed(hostnqn)) {
             entries.push(entry_for(l, &s.nqn, local));
         }
     }

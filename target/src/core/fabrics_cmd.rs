@@ -175,6 +175,7 @@ impl Queue {
         let caps = self.caps.clone();
         let host = hostnqn.to_string();
         let hostid = d.hostid;
+        let peer = self.peer.clone();
         let ctrl = inner
             .register(|id| {
                 Arc::new(Controller::new(
@@ -185,11 +186,13 @@ impl Queue {
                     caps,
                     kato_ms,
                     now,
+                    peer,
                 ))
             })
             .ok_or_else(|| Reject::dnr(Status::CONNECT_CTRL_BUSY, loc::NONE))?;
-        tracing::info!(cntlid = ctrl.cntlid, subsys = %subsys.nqn, host = hostnqn,
-            peer = %self.peer, kato_ms, "controller created");
+        // One line per controller connect and (in `TargetInner::unregister`) disconnect.
+        tracing::info!(cntlid = ctrl.cntlid, subsys = %subsys.nqn, host = %hostnqn,
+            transport = %ctrl.transport(), peer = %self.peer, kato_ms, "controller connected");
         if let Some(w) = &self.waker {
             ctrl.set_admin_waker(Some(w.clone()));
         }
@@ -255,6 +258,10 @@ impl Queue {
         }
         let depth = Self::check_sqsize(c, self.caps.max_queue_depth)?;
         let epoch = ctrl.io_epoch();
+        // Not shared yet: the controller gets its reference in `attach_io`.
+        if let Some(c) = Arc::get_mut(&mut self.counters) {
+            c.io = super::stats::IoCounters::sized(depth);
+        }
         if ctrl
             .attach_io(qid, self.token, self.counters.clone(), self.waker.clone())
             .is_err()

@@ -27,6 +27,7 @@ mod discovery;
 mod fabrics_cmd;
 mod io;
 mod queue;
+pub mod stats;
 mod subsystem;
 #[cfg(test)]
 mod tests;
@@ -138,6 +139,61 @@ impl Target {
     /// such subsystem.
     pub fn set_namespaces(&self, subnqn: &str, namespaces: Vec<NamespaceSpec>) -> bool {
         self.inner.set_namespaces(subnqn, namespaces)
+    }
+    /// Move to a new configuration (SIGHUP reload): subsystems, their hosts and namespaces,
+    /// and the listeners the discovery log reports. Connected hosts learn of namespace
+    /// changes through AENs and the Changed Namespace List; controllers of removed subsystems
+    /// are disconnected. See [`Reconfigured`] for what is reported back.
+    pub fn reconfigure(
+        &self,
+        subsystems: Vec<SubsystemSpec>,
+        listeners: Vec<ListenerInfo>,
+    ) -> Reconfigured {
+        self.inner.reconfigure(subsystems, listeners)
+    }
+    /// Per-subsystem, per-namespace and per-controller I/O statistics, summed now from the
+    /// queues' own counters (see [`stats`]).
+    pub fn io_metrics(&self) -> Vec<stats::SubsystemMetrics> {
+        self.inner.io_metrics()
+    }
+    /// NQNs of the configured subsystems.
+    pub fn subsystem_nqns(&self) -> Vec<String> {
+        self.inner
+            .subsystem_list()
+            .iter()
+            .map(|s| s.nqn.clone())
+            .collect()
+    }
+}
+
+/// What [`Target::reconfigure`] changed.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Reconfigured {
+    pub subsystems_added: Vec<String>,
+    pub subsystems_removed: Vec<String>,
+    /// Serial or model changed: replaced as a whole, its controllers disconnected.
+    pub subsystems_replaced: Vec<String>,
+    /// Subsystems whose allowed hosts changed (applies to new connections).
+    pub hosts_changed: Vec<String>,
+    /// Per subsystem, the NSIDs added, removed or changed (increasing).
+    pub namespaces_changed: Vec<(String, Vec<u32>)>,
+    pub listeners_changed: bool,
+    /// Controllers disconnected because their subsystem went away.
+    pub controllers_disconnected: usize,
+}
+
+impl Reconfigured {
+    /// Whether what the discovery log reports changed.
+    pub fn discovery_changed(&self) -> bool {
+        !self.subsystems_added.is_empty()
+            || !self.subsystems_removed.is_empty()
+            || !self.subsystems_replaced.is_empty()
+            || !self.hosts_changed.is_empty()
+            || self.listeners_changed
+    }
+    /// Nothing changed at all.
+    pub fn is_empty(&self) -> bool {
+        !self.discovery_changed() && self.namespaces_changed.is_empty()
     }
 }
 

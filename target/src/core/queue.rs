@@ -14,6 +14,7 @@ use nvme::sgl::Sgl;
 use nvme::{Cqe, Sqe, Status};
 
 use super::controller::{Controller, Gone};
+use super::stats::IoClass;
 use super::subsystem::NsTable;
 use super::{
     Cmd, Exec, IoKind, IoOp, NamespaceSpec, Queue, QueueEvent, Target, TrType, TransportCaps,
@@ -144,6 +145,8 @@ pub(crate) enum Link {
 /// admin queue can sum them for the SMART log).
 #[derive(Debug, Default)]
 pub(crate) struct Counters {
+    /// Per-namespace, per-status and latency statistics (sized at I/O queue Connect).
+    pub io: super::stats::IoCounters,
     commands: AtomicU64,
     errors: AtomicU64,
     bytes_read: AtomicU64,
@@ -304,7 +307,48 @@ impl Queue {
                 sgl,
             })
         });
-        parsed.map_err(|r| self.reject_cqe(sqe, r))
+        match parsed {
+            Ok(cmd) => {
+                if let Some(t) = self.io_clock(sqe) {
+                    self.counters.io.start(sqe.cid(), t);
+                }
+                Ok(cmd)
+            }
+            Err(r) => Err(self.reject_cqe(sqe, r)),
+        }
+    }
+
+    /// For an I/O command on an I/O queue (what the per-namespace statistics count), the
+    /// time now in ns on the controller's clock.
+    fn io_clock(&self, sqe: &Sqe) -> Option<u64> {
+        match &self.link {
+            Link::Io { ctrl, .. } if !sqe.is_fabrics() => Some(ctrl.since_base(Instant::now())),
+            _ => None,
+        }
+    }
+
+    /// A parsed I/O command completed with `status`: per-namespace statistics.
+    fn io_done(&self, cmd: &Cmd, status: Status) {
+        let Some(t) = self.io_clock(&cmd.sqe) else {
+            return;
+        };
+        let class = match cmd.sqe.opcode {
+            io::READ => IoClass::Read,
+            io::WRITE => IoClass::Write,
+            _ => IoClass::Other,
+        };
+        let bytes = match cmd.xfer {
+            Xfer::ToHost(n) | Xfer::FromHost(n) => n as u64,
+            Xfer::None => 0,
+        };
+        self.counters.io.finish(
+            cmd.sqe.cid(),
+            cmd.sqe.nsid.get(),
+            class,
+            status.code(),
+            bytes,
+            t,
+        );
     }
 
     fn parse_inner(&mut self, sqe: &Sqe) -> Result<Parsed, Reject> {
@@ -414,16 +458,22 @@ impl Queue {
             self.execute_inner(cmd, &mut buf[..need], now)
         };
         match out {
-            Ok(Outcome::Done { result, data_len }) => Exec::Done {
-                cqe: self.cqe(cmd.sqe.cid(), Status::SUCCESS, result),
-                data_len,
-            },
+            Ok(Outcome::Done { result, data_len }) => {
+                self.io_done(cmd, Status::SUCCESS);
+                Exec::Done {
+                    cqe: self.cqe(cmd.sqe.cid(), Status::SUCCESS, result),
+                    data_len,
+                }
+            }
             Ok(Outcome::Io(op)) => Exec::Io(op),
             Ok(Outcome::Deferred) => Exec::Deferred,
-            Err(r) => Exec::Done {
-                cqe: self.reject_cqe(&cmd.sqe, r),
-                data_len: 0,
-            },
+            Err(r) => {
+                self.io_done(cmd, r.status);
+                Exec::Done {
+                    cqe: self.reject_cqe(&cmd.sqe, r),
+                    data_len: 0,
+                }
+            }
         }
     }
 
@@ -496,6 +546,7 @@ impl Queue {
     /// A failed command's CQE: counted, and recorded in the controller's error log.
     pub(crate) fn reject_cqe(&mut self, sqe: &Sqe, r: Reject) -> Cqe {
         bump(&self.counters.errors, 1);
+        self.counters.io.error(r.status.code());
         if let Some(ctrl) = self.ctrl() {
             ctrl.record_error(
                 self.qid,
@@ -527,16 +578,19 @@ impl Queue {
                     }
                     _ => {}
                 }
+                self.io_done(cmd, Status::SUCCESS);
                 self.cqe(sqe.cid(), Status::SUCCESS, 0)
             }
             Err(errno) => {
                 let r = super::io::errno_to_status(sqe, errno);
+                self.io_done(cmd, r.status);
                 self.reject_cqe(sqe, r)
             }
         }
     }
 
     pub(super) fn complete_with_status(&mut self, cmd: &Cmd, status: Status) -> Cqe {
+        self.io_done(cmd, status);
         if status.is_success() {
             self.cqe(cmd.sqe.cid(), status, 0)
         } else {

@@ -9,7 +9,9 @@ use nvme::fabrics::{CNTLID_MAX, CNTLID_MIN};
 use nvme::DISCOVERY_NQN;
 
 use super::controller::Controller;
-use super::{ListenerInfo, NamespaceSpec, SubsystemSpec, Target, TargetParams};
+use super::controller::Gone;
+use super::stats::{ControllerMetrics, IoTotals, NsTotals, SubsystemMetrics};
+use super::{ListenerInfo, NamespaceSpec, Reconfigured, SubsystemSpec, Target, TargetParams};
 
 /// Namespaces of a subsystem at one point in time, by NSID.
 #[derive(Debug, Default)]
@@ -41,18 +43,28 @@ impl NsTable {
     }
 }
 
+/// Who may connect to a subsystem.
+#[derive(Debug)]
+struct Access {
+    allow_any_host: bool,
+    hosts: Vec<String>,
+}
+
 /// A configured subsystem (or the discovery subsystem).
 pub(crate) struct Subsystem {
     pub nqn: String,
     pub serial: String,
     pub model: String,
-    pub allow_any_host: bool,
-    pub hosts: Vec<String>,
+    /// Who may connect; replaced on reconfiguration (read at Connect and by the discovery
+    /// log only).
+    access: RwLock<Access>,
     pub discovery: bool,
     /// The namespace table; replaced as a whole on reconfiguration.
     ns: RwLock<Arc<NsTable>>,
     /// Bumped after every replacement of `ns` so queues can cache the table lock-free.
     ns_gen: AtomicU64,
+    /// I/O statistics of queues that are gone (scrapes add the live ones).
+    retired_io: Mutex<IoTotals>,
 }
 
 impl Subsystem {
@@ -62,11 +74,14 @@ impl Subsystem {
             nqn: spec.nqn,
             serial: spec.serial,
             model: spec.model,
-            allow_any_host: spec.allow_any_host,
-            hosts: spec.hosts,
+            access: RwLock::new(Access {
+                allow_any_host: spec.allow_any_host,
+                hosts: spec.hosts,
+            }),
             discovery: false,
             ns: RwLock::new(Arc::new(table)),
             ns_gen: AtomicU64::new(1),
+            retired_io: Mutex::new(IoTotals::default()),
         }
     }
 
@@ -75,17 +90,43 @@ impl Subsystem {
             nqn: DISCOVERY_NQN.to_string(),
             serial: String::new(),
             model: "nvmf-rs discovery".to_string(),
-            allow_any_host: true,
-            hosts: Vec::new(),
+            access: RwLock::new(Access {
+                allow_any_host: true,
+                hosts: Vec::new(),
+            }),
             discovery: true,
             ns: RwLock::new(Arc::new(NsTable::default())),
             ns_gen: AtomicU64::new(1),
+            retired_io: Mutex::new(IoTotals::default()),
         }
     }
 
     /// Whether `hostnqn` may connect (nvmet `nvmet_host_allowed`: everyone may use discovery).
     pub fn host_allowed(&self, hostnqn: &str) -> bool {
-        self.discovery || self.allow_any_host || self.hosts.iter().any(|h| h == hostnqn)
+        if self.discovery {
+            return true;
+        }
+        let a = self.access.read().unwrap_or_else(PoisonError::into_inner);
+        a.allow_any_host || a.hosts.iter().any(|h| h == hostnqn)
+    }
+
+    /// Replace who may connect; true if it changed. Controllers already connected stay (as
+    /// with nvmet, removing a host from a subsystem only affects new connections).
+    fn set_access(&self, allow_any_host: bool, hosts: &[String]) -> bool {
+        let mut a = self.access.write().unwrap_or_else(PoisonError::into_inner);
+        if a.allow_any_host == allow_any_host && a.hosts == hosts {
+            return false;
+        }
+        a.allow_any_host = allow_any_host;
+        a.hosts = hosts.to_vec();
+        true
+    }
+
+    pub fn retire_io(&self, t: &IoTotals) {
+        self.retired_io
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .add(t);
     }
 
     /// The current namespace table and its generation.
@@ -100,9 +141,7 @@ impl Subsystem {
 
     /// Replace the namespace table; returns the NSIDs that were added, removed or changed.
     fn replace_namespaces(&self, namespaces: Vec<NamespaceSpec>) -> Vec<u32> {
-        let new = NsTable {
-            by_nsid: namespaces.into_iter().map(|n| (n.nsid, n)).collect(),
-        };
+        let new = NsTable::from_specs(namespaces);
         let mut slot = self.ns.write().unwrap_or_else(PoisonError::into_inner);
         let old = slot.clone();
         let mut changed: Vec<u32> = Vec::new();
@@ -148,13 +187,14 @@ impl Registry {
 /// Target-wide state behind [`Target`].
 pub(crate) struct TargetInner {
     pub params: TargetParams,
-    pub listeners: Vec<ListenerInfo>,
-    pub subsystems: BTreeMap<String, Arc<Subsystem>>,
+    /// Replaced as a whole by [`TargetInner::reconfigure`]; read at Connect and by the
+    /// discovery log, never on the I/O path.
+    listeners: RwLock<Arc<Vec<ListenerInfo>>>,
+    subsystems: RwLock<BTreeMap<String, Arc<Subsystem>>>,
     pub discovery: Arc<Subsystem>,
     pub registry: Mutex<Registry>,
     /// Discovery log generation counter: changes only when what the discovery log reports
-    /// changes (subsystems, hosts, listeners). The configuration is fixed for a Target's life,
-    /// so it is constant today; reconfiguration must bump it.
+    /// changes (subsystems, hosts, listeners), i.e. on a reconfiguration that touches them.
     pub genctr: AtomicU64,
     /// Source of queue identities (to tell a queue from its successor on the same qid).
     pub next_queue_token: AtomicU64,
@@ -166,22 +206,10 @@ impl TargetInner {
         listeners: Vec<ListenerInfo>,
         params: TargetParams,
     ) -> TargetInner {
-        let mut map = BTreeMap::new();
-        for s in subsystems {
-            if s.nqn == DISCOVERY_NQN {
-                tracing::warn!("ignoring a subsystem named like the discovery subsystem");
-                continue;
-            }
-            if map.contains_key(&s.nqn) {
-                tracing::warn!(nqn = %s.nqn, "ignoring duplicate subsystem");
-                continue;
-            }
-            map.insert(s.nqn.clone(), Arc::new(Subsystem::from_spec(s)));
-        }
         TargetInner {
             params,
-            listeners,
-            subsystems: map,
+            listeners: RwLock::new(Arc::new(listeners)),
+            subsystems: RwLock::new(subsystem_map(subsystems)),
             discovery: Arc::new(Subsystem::discovery()),
             registry: Mutex::new(Registry::new()),
             genctr: AtomicU64::new(1),
@@ -194,7 +222,26 @@ impl TargetInner {
         if nqn == DISCOVERY_NQN {
             return Some(self.discovery.clone());
         }
-        self.subsystems.get(nqn).cloned()
+        self.subsystems().get(nqn).cloned()
+    }
+
+    fn subsystems(&self) -> std::sync::RwLockReadGuard<'_, BTreeMap<String, Arc<Subsystem>>> {
+        self.subsystems
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Every configured subsystem (not the discovery subsystem), by NQN.
+    pub fn subsystem_list(&self) -> Vec<Arc<Subsystem>> {
+        self.subsystems().values().cloned().collect()
+    }
+
+    /// The listeners the discovery log reports.
+    pub fn listeners(&self) -> Arc<Vec<ListenerInfo>> {
+        self.listeners
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
     }
 
     fn registry(&self) -> std::sync::MutexGuard<'_, Registry> {
@@ -231,6 +278,10 @@ impl TargetInner {
             .is_some_and(|c| Arc::ptr_eq(c, ctrl))
         {
             reg.ctrls.remove(&ctrl.cntlid);
+            drop(reg);
+            tracing::info!(cntlid = ctrl.cntlid, subsys = %ctrl.subsys.nqn, host = %ctrl.hostnqn,
+                transport = %ctrl.transport(), peer = %ctrl.peer, reason = %ctrl.gone().reason(),
+                "controller disconnected");
         }
     }
 
@@ -248,10 +299,46 @@ impl TargetInner {
             .collect()
     }
 
+    /// Statistics per subsystem (every configured one), its namespaces (every configured
+    /// one, with zeros if unused) and its live controllers.
+    pub fn io_metrics(&self) -> Vec<SubsystemMetrics> {
+        let ctrls: Vec<Arc<Controller>> = self.registry().ctrls.values().cloned().collect();
+        self.subsystem_list()
+            .into_iter()
+            .map(|s| {
+                let mut io = s
+                    .retired_io
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .clone();
+                let mut controllers = Vec::new();
+                for c in ctrls.iter().filter(|c| Arc::ptr_eq(&c.subsys, &s)) {
+                    io.add(&c.io_metrics(false));
+                    controllers.push(ControllerMetrics {
+                        cntlid: c.cntlid,
+                        hostnqn: c.hostnqn.clone(),
+                        transport: c.transport(),
+                        peer: c.peer.clone(),
+                        io: c.io_metrics(true),
+                    });
+                }
+                controllers.sort_by_key(|c| c.cntlid);
+                for nsid in s.namespaces().1.by_nsid.keys() {
+                    io.namespaces.entry(*nsid).or_insert_with(NsTotals::default);
+                }
+                SubsystemMetrics {
+                    nqn: s.nqn.clone(),
+                    io,
+                    controllers,
+                }
+            })
+            .collect()
+    }
+
     /// Replace a subsystem's namespaces and raise Namespace Attribute Changed events on its
     /// controllers for every NSID that changed. False if there is no such subsystem.
     pub fn set_namespaces(&self, nqn: &str, namespaces: Vec<NamespaceSpec>) -> bool {
-        let Some(subsys) = self.subsystems.get(nqn) else {
+        let Some(subsys) = self.subsystems().get(nqn).cloned() else {
             return false;
         };
         let changed = subsys.replace_namespaces(namespaces);
@@ -265,7 +352,7 @@ impl TargetInner {
 
     /// Raise a Namespace Attribute Changed event for `nsid` on every controller of `nqn`.
     pub fn notify_namespace_changed(&self, nqn: &str, nsid: u32) -> bool {
-        if !self.subsystems.contains_key(nqn) {
+        if !self.subsystems().contains_key(nqn) {
             return false;
         }
         for ctrl in self.controllers_of(nqn) {
@@ -273,6 +360,131 @@ impl TargetInner {
         }
         true
     }
+}
+
+impl TargetInner {
+    /// Move to a new configuration (a reload): subsystems that are new appear, those no
+    /// longer configured go away with their controllers, host lists and listeners are
+    /// replaced, and every namespace added, removed or changed (as `same_namespace` judges:
+    /// size, block size, backing device, identifiers) is reported to the connected
+    /// controllers of its subsystem as a Namespace Attribute Changed event plus a Changed
+    /// Namespace List entry. A subsystem whose serial or model changed is replaced as a whole:
+    /// Identify data must not change under a connected host.
+    pub fn reconfigure(
+        &self,
+        subsystems: Vec<SubsystemSpec>,
+        listeners: Vec<ListenerInfo>,
+    ) -> Reconfigured {
+        let mut out = Reconfigured::default();
+        let mut new_map = BTreeMap::new();
+        let mut ns_changes: Vec<(Arc<Subsystem>, Vec<u32>)> = Vec::new();
+        let mut removed: Vec<Arc<Subsystem>> = Vec::new();
+        {
+            let mut map = self
+                .subsystems
+                .write()
+                .unwrap_or_else(PoisonError::into_inner);
+            let mut wanted = subsystem_specs(subsystems);
+            for (nqn, old) in map.iter() {
+                match wanted.remove(nqn) {
+                    Some(spec) if spec.serial == old.serial && spec.model == old.model => {
+                        if old.set_access(spec.allow_any_host, &spec.hosts) {
+                            out.hosts_changed.push(nqn.clone());
+                        }
+                        let changed = old.replace_namespaces(spec.namespaces);
+                        if !changed.is_empty() {
+                            out.namespaces_changed.push((nqn.clone(), changed.clone()));
+                            ns_changes.push((old.clone(), changed));
+                        }
+                        new_map.insert(nqn.clone(), old.clone());
+                    }
+                    Some(spec) => {
+                        out.subsystems_replaced.push(nqn.clone());
+                        removed.push(old.clone());
+                        new_map.insert(nqn.clone(), Arc::new(Subsystem::from_spec(spec)));
+                    }
+                    None => {
+                        out.subsystems_removed.push(nqn.clone());
+                        removed.push(old.clone());
+                    }
+                }
+            }
+            for (nqn, spec) in wanted {
+                out.subsystems_added.push(nqn.clone());
+                new_map.insert(nqn, Arc::new(Subsystem::from_spec(spec)));
+            }
+            *map = new_map;
+        }
+        {
+            let mut l = self
+                .listeners
+                .write()
+                .unwrap_or_else(PoisonError::into_inner);
+            if !same_listeners(&l, &listeners) {
+                out.listeners_changed = true;
+                *l = Arc::new(listeners);
+            }
+        }
+        // Controllers of subsystems that are gone (or replaced) are failed: their queues see
+        // it through `poll_event` and the transports close the connections.
+        let ctrls: Vec<Arc<Controller>> = self.registry().ctrls.values().cloned().collect();
+        for c in &ctrls {
+            if removed.iter().any(|s| Arc::ptr_eq(s, &c.subsys)) && c.fail(Gone::Removed) {
+                out.controllers_disconnected += 1;
+            }
+        }
+        for (subsys, nsids) in &ns_changes {
+            for c in ctrls.iter().filter(|c| Arc::ptr_eq(&c.subsys, subsys)) {
+                for &nsid in nsids {
+                    c.namespace_changed(nsid);
+                }
+            }
+        }
+        // What the discovery log reports changed: a new generation, and a Discovery Log
+        // Page Change event for the discovery controllers that asked for it.
+        if out.discovery_changed() {
+            self.genctr.fetch_add(1, Ordering::AcqRel);
+            for c in ctrls.iter().filter(|c| c.is_discovery()) {
+                c.discovery_changed();
+            }
+        }
+        out
+    }
+}
+
+/// Subsystems by NQN, leaving out the discovery NQN and duplicates (the configuration layer
+/// rejects both first).
+fn subsystem_specs(subsystems: Vec<SubsystemSpec>) -> BTreeMap<String, SubsystemSpec> {
+    let mut map = BTreeMap::new();
+    for s in subsystems {
+        if s.nqn == DISCOVERY_NQN {
+            tracing::warn!("ignoring a subsystem named like the discovery subsystem");
+            continue;
+        }
+        if map.contains_key(&s.nqn) {
+            tracing::warn!(nqn = %s.nqn, "ignoring duplicate subsystem");
+            continue;
+        }
+        map.insert(s.nqn.clone(), s);
+    }
+    map
+}
+
+fn subsystem_map(subsystems: Vec<SubsystemSpec>) -> BTreeMap<String, Arc<Subsystem>> {
+    subsystem_specs(subsystems)
+        .into_iter()
+        .map(|(nqn, s)| (nqn, Arc::new(Subsystem::from_spec(s))))
+        .collect()
+}
+
+fn same_listeners(a: &[ListenerInfo], b: &[ListenerInfo]) -> bool {
+    a.len() == b.len()
+        && a.iter().zip(b).all(|(x, y)| {
+            x.trtype == y.trtype
+                && x.traddr == y.traddr
+                && x.trsvcid == y.trsvcid
+                && x.port_id == y.port_id
+        })
 }
 
 impl Target {

@@ -6,6 +6,9 @@ pub mod rdma;
 pub mod sendq;
 pub mod tcp;
 
+use std::sync::{mpsc, Arc};
+
+use crate::backend::Device;
 use crate::core::IoOp;
 
 /// What a poller's connections need from the storage side: the buffer pool and the backend
@@ -24,6 +27,29 @@ pub trait Store {
     fn inflight(&self) -> usize;
     /// Buffers currently allocated.
     fn buffers_in_use(&self) -> usize;
+    /// Put `device` in backend device slot `index` (`None`: empty it), on the poller's own
+    /// thread; see [`DeviceUpdate`].
+    fn set_device(&mut self, index: u32, device: Option<&Device>) -> std::io::Result<()>;
+}
+
+/// A configuration reload telling a poller that device slot `index` now holds `device` (or,
+/// with `None`, nothing). The poller applies it between two passes of its loop, so the I/O
+/// path takes no lock; it answers on `done` once its ring knows.
+pub struct DeviceUpdate {
+    pub index: u32,
+    pub device: Option<Arc<Device>>,
+    pub done: mpsc::Sender<std::io::Result<()>>,
+}
+
+impl DeviceUpdate {
+    /// Apply the update to `store` and report the result.
+    pub fn apply<S: Store>(self, store: &mut S) {
+        let r = store.set_device(self.index, self.device.as_deref());
+        if let Err(e) = &r {
+            tracing::error!(index = self.index, error = %e, "cannot register a device with the backend ring");
+        }
+        let _ = self.done.send(r);
+    }
 }
 
 /// Per-connection counters.

@@ -15,7 +15,7 @@ use nix::sys::eventfd::{EfdFlags, EventFd};
 use tracing::{debug, error, info, warn};
 
 use super::tcp::{Conn, Wants};
-use super::{ConnStats, Store};
+use super::{ConnStats, DeviceUpdate, Store};
 use crate::core::{Target, TransportCaps};
 
 const WAKE_KEY: u64 = u64::MAX;
@@ -40,6 +40,7 @@ pub struct PollerStats {
 /// The handle the acceptor uses to give a poller new connections.
 pub struct PollerHandle {
     tx: mpsc::Sender<TcpStream>,
+    devices: mpsc::Sender<DeviceUpdate>,
     wake: Arc<EventFd>,
     pub stats: Arc<PollerStats>,
     thread: Option<JoinHandle<()>>,
@@ -54,6 +55,13 @@ impl PollerHandle {
 
     pub fn wake(&self) {
         let _ = self.wake.write(1);
+    }
+
+    /// Hand the poller a device slot change (configuration reload); false if it is gone.
+    pub fn update_device(&self, u: DeviceUpdate) -> bool {
+        let ok = self.devices.send(u).is_ok();
+        let _ = self.wake.write(1);
+        ok
     }
 
     pub fn join(&mut self) {
@@ -83,6 +91,7 @@ where
     F: FnOnce() -> std::io::Result<S> + Send + 'static,
 {
     let (tx, rx) = mpsc::channel();
+    let (devices, devices_rx) = mpsc::channel();
     let wake = Arc::new(EventFd::from_flags(
         EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC,
     )?);
@@ -99,7 +108,7 @@ where
                     return;
                 }
             };
-            let mut p = match Poller::new(target, cfg, store, rx, w2, s2) {
+            let mut p = match Poller::new(target, cfg, store, (rx, devices_rx), w2, s2) {
                 Ok(p) => p,
                 Err(e) => {
                     let _ = ready_tx.send(Err(e));
@@ -114,6 +123,7 @@ where
         .map_err(|_| std::io::Error::other("poller thread died during start-up"))??;
     Ok(PollerHandle {
         tx,
+        devices,
         wake,
         stats,
         thread: Some(thread),
@@ -125,6 +135,8 @@ struct Poller<S: Store> {
     cfg: PollerConfig,
     store: S,
     rx: mpsc::Receiver<TcpStream>,
+    /// Device slot changes from a configuration reload.
+    devices: mpsc::Receiver<DeviceUpdate>,
     wake: Arc<EventFd>,
     stats: Arc<PollerStats>,
     epoll: Epoll,
@@ -142,7 +154,7 @@ impl<S: Store> Poller<S> {
         target: Arc<Target>,
         cfg: PollerConfig,
         store: S,
-        rx: mpsc::Receiver<TcpStream>,
+        (rx, devices): (mpsc::Receiver<TcpStream>, mpsc::Receiver<DeviceUpdate>),
         wake: Arc<EventFd>,
         stats: Arc<PollerStats>,
     ) -> std::io::Result<Self> {
@@ -153,6 +165,7 @@ impl<S: Store> Poller<S> {
             cfg,
             store,
             rx,
+            devices,
             wake,
             stats,
             epoll,
@@ -202,6 +215,9 @@ impl<S: Store> Poller<S> {
                 let key = ev.data();
                 if key == WAKE_KEY {
                     let _ = self.wake.read();
+                    while let Ok(u) = self.devices.try_recv() {
+                        u.apply(&mut self.store);
+                    }
                     self.accept_new();
                     // Core events (AER completions, controller resets, keep-alive expiry on
                     // another thread) wake us through the same eventfd.

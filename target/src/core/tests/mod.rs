@@ -5,6 +5,8 @@ mod bringup;
 mod discovery;
 mod fuzz;
 mod lifecycle;
+mod metrics;
+mod reload;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

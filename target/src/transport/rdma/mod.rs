@@ -302,6 +302,21 @@ impl RdmaTransport {
         &self.addrs
     }
 
+    /// Hand every RDMA poller a device slot change; the number of pollers reached (each
+    /// answers on the update's channel).
+    pub fn update_device(&self, u: &crate::transport::DeviceUpdate) -> usize {
+        self.pollers
+            .iter()
+            .filter(|p| {
+                p.send(poller::ToPoller::Device(crate::transport::DeviceUpdate {
+                    index: u.index,
+                    device: u.device.clone(),
+                    done: u.done.clone(),
+                }))
+            })
+            .count()
+    }
+
     /// Per-poller counters.
     pub fn stats(&self) -> Vec<Arc<RdmaPollerStats>> {
         self.pollers.iter().map(|p| p.stats.clone()).collect()

@@ -24,7 +24,7 @@ use super::request::{ReqState, STATE_COUNT};
 use super::{CmNote, RdmaOptions};
 use crate::core::{Target, TransportCaps};
 use crate::store::RingStore;
-use crate::transport::{ConnStats, Store};
+use crate::transport::{ConnStats, DeviceUpdate, Store};
 
 const WAKE_KEY: u64 = u64::MAX;
 /// Timer granularity for keep-alive checks, core events and the drain deadline.
@@ -87,6 +87,8 @@ pub(super) enum ToPoller {
     },
     /// The device reported a fatal QP event for one of this poller's connections.
     QpFatal { tag: u64, what: &'static str },
+    /// A backend device slot changed (configuration reload).
+    Device(DeviceUpdate),
 }
 
 /// The CM thread's handle on a poller.
@@ -371,6 +373,7 @@ impl Poller {
                         }
                     });
                 }
+                ToPoller::Device(u) => u.apply(&mut self.store),
                 ToPoller::QpFatal { tag, what } => {
                     if let Some(&k) = self.tags.get(&tag) {
                         self.with_conn(k as usize, now, |c, env| {
