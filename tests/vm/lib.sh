@@ -530,6 +530,71 @@ perf_vs_nvmet() {
   pass "$label"
 }
 
+# nvme_ns_dev NQN NSID: the host block device of namespace NSID of a connected NQN, if present.
+nvme_ns_dev() {
+  local d
+  d=$(nvme_dev_for "$1") || return 1
+  d=${d%n*}n$2
+  [ -b "$d" ] && echo "$d"
+}
+
+# reload_and_wait DESCRIPTION CHECK...: SIGHUP our target, then poll CHECK (a command) for 20 s.
+reload_and_wait() {
+  local desc=$1 end
+  shift
+  echo "+ [SIGHUP: $desc]" >>"$STEPS"
+  kill -HUP "$TARGET_PID" || { REASON="SIGHUP to the target failed"; return 1; }
+  end=$((SECONDS + 20))
+  until "$@" >/dev/null 2>&1; do
+    [ $SECONDS -ge $end ] && { REASON="SIGHUP ($desc): not seen by the host after 20 s: $(tail -n 2 "$OUT/target.log" | tr '\n' ' ' | cut -c1-240)"; return 1; }
+    sleep 0.5
+  done
+  log "ok: SIGHUP: $desc"
+}
+
+# kernel_host_reload LABEL TRTYPE ADDR: SIGHUP reload under the Linux host. Our target serves
+# namespace 1; with the host connected, the config gains namespace 2 (a file) and SIGHUP: the host
+# must get the Namespace Attribute Changed event and show the new block device, which passes a fio
+# verify; the namespace is removed again (the device goes away); a broken config is rejected
+# (error logged, namespace 1 still reads); disconnect, SIGTERM.
+kernel_host_reload() {
+  local label=$1 tr=$2 addr=$3 dev rc cfg=$OUT/target.yaml good n2
+  teardown
+  log "case $label: $tr $addr:$PORT"
+  dev=$(vm_ramdisk $RAMDISK_MB) || { fail "$label" "vm_ramdisk $RAMDISK_MB failed"; return; }
+  start_our_target "$tr" "$addr" "$dev"; rc=$?
+  [ $rc = 0 ] || { fail "$label" "$REASON"; return; }
+  host_connect "$tr" "$addr" "$PORT" "$OUR_NQN" || { fail "$label" "$REASON"; return; }
+  nvme_ns_dev "$OUR_NQN" 2 >/dev/null && { fail "$label" "namespace 2 exists before the reload"; return; }
+  good=$(cat "$cfg")
+  truncate -s 32M "$WORK/ns2.img"
+  printf '      - nsid: 2\n        path: %s\n' "$WORK/ns2.img" >>"$cfg"
+  reload_and_wait "namespace 2 added" nvme_ns_dev "$OUR_NQN" 2 || { fail "$label" "$REASON"; return; }
+  n2=$(nvme_ns_dev "$OUR_NQN" 2)
+  check_size "$n2" $((32 * 1048576)) || { fail "$label" "$REASON"; return; }
+  fio_verify "$n2" 4k 8M || { fail "$label" "$REASON"; return; }
+  echo "$good" >"$cfg"
+  reload_and_wait "namespace 2 removed" bash -c "! [ -b $n2 ]" || { fail "$label" "$REASON"; return; }
+  echo "subsystems: [ {nqn: broken" >"$cfg"
+  kill -HUP "$TARGET_PID"
+  local end=$((SECONDS + 20))
+  until grep -q "reload rejected" "$OUT/target.log"; do
+    [ $SECONDS -ge $end ] && { fail "$label" "a broken config was not reported as rejected"; return; }
+    sleep 0.5
+  done
+  grep -m1 "reload rejected: .*target.yaml:[0-9]" "$OUT/target.log" >/dev/null ||
+    { fail "$label" "the rejection does not name target.yaml:LINE: $(grep -m1 'reload rejected' "$OUT/target.log" | cut -c1-200)"; return; }
+  step "read namespace 1 after the rejected reload" dd if="$DEV" of=/dev/null bs=1M count=8 iflag=direct ||
+    { fail "$label" "$REASON"; return; }
+  echo "$good" >"$cfg"
+  host_disconnect "$OUR_NQN" || { fail "$label" "$REASON"; return; }
+  stop_our_target || { fail "$label" "$REASON"; return; }
+  # The rejected reload is logged at ERROR on purpose; nothing else may be.
+  sed -i '/reload rejected/d' "$OUT/target.log"
+  check_target_log || { fail "$label" "$REASON"; return; }
+  pass "$label"
+}
+
 # need_rdma NAME_OF_VAR: the suite requires RDMA in the VM; absent means the harness broke.
 need_rdma() {
   local v=$1

@@ -33,7 +33,8 @@ ORDER=(
   kernel-host-tcp kernel-host-rdma-rxe kernel-host-rdma-siw
   initiator-vs-kernel-target-tcp initiator-vs-kernel-target-rdma-rxe initiator-vs-kernel-target-rdma-siw
   initiator-vs-our-target-tcp initiator-vs-our-target-rdma-rxe initiator-vs-our-target-rdma-siw
-  bench-compare-tcp-rdma-rxe host-killed-mid-io-rdma-rxe host-killed-mid-io-rdma-siw perf-vs-nvmet
+  bench-compare-tcp-rdma-rxe host-killed-mid-io-rdma-rxe host-killed-mid-io-rdma-siw
+  kernel-host-reload-tcp kernel-host-reload-rdma-rxe perf-vs-nvmet
 )
 all_scenarios() {
   local s f
