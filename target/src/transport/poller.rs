@@ -170,13 +170,16 @@ impl<S: Store> Poller<S> {
         let mut last_work = Instant::now();
         let mut next_tick = Instant::now() + TICK;
         let mut wants = Wants::default();
+        // One clock read per pass (a busy-polling pass is little more than an epoll_wait and
+        // this read): deciding whether to block uses the previous pass's time, a few
+        // microseconds old, against a window of `idle_poll`.
+        let mut now = Instant::now();
         loop {
             if self.cfg.stop.load(Ordering::Relaxed) {
                 self.shutdown();
                 return;
             }
-            let now = Instant::now();
-            let busy = now.duration_since(last_work) < self.cfg.idle_poll
+            let busy = now.saturating_duration_since(last_work) < self.cfg.idle_poll
                 || self.store.inflight() > 0
                 || !self.need_buf.is_empty();
             let timeout = if busy {
@@ -196,7 +199,7 @@ impl<S: Store> Poller<S> {
                     return;
                 }
             };
-            let now = Instant::now();
+            now = Instant::now();
             let mut progress = n > 0;
             for ev in &events[..n] {
                 let key = ev.data();

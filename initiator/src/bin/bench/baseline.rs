@@ -115,8 +115,12 @@ fn stream(bs: usize, jobs: usize, dur: Duration) -> io::Result<Stream> {
             }));
             hs.push(s.spawn(move || -> io::Result<u64> {
                 let buf = vec![0x5au8; bs.max(STREAM_CHUNK)];
-                while Instant::now() < end {
+                // At least one write, however late this thread gets a core.
+                loop {
                     tx.write_all(&buf)?;
+                    if Instant::now() >= end {
+                        break;
+                    }
                 }
                 tx.shutdown(Shutdown::Write)?;
                 Ok(0)
@@ -199,7 +203,7 @@ fn pingpong(
     }
     let t0 = Instant::now();
     let end = t0 + dur;
-    let results: Vec<io::Result<DirStats>> = std::thread::scope(|s| {
+    let results: Vec<io::Result<(DirStats, Instant)>> = std::thread::scope(|s| {
         let mut clients = Vec::new();
         for (mut c, mut srv) in pairs {
             s.spawn(move || -> io::Result<()> {
@@ -217,7 +221,7 @@ fn pingpong(
                     write_n(&mut srv, &replies, resp_len, whole)?;
                 }
             });
-            clients.push(s.spawn(move || -> io::Result<DirStats> {
+            clients.push(s.spawn(move || -> io::Result<(DirStats, Instant)> {
                 let requests = vec![0x3cu8; BATCH * req_len];
                 let mut rx = vec![0u8; (BATCH * resp_len).max(64 << 10)];
                 // Send times of the requests in flight, oldest at `head` (replies come in
@@ -225,6 +229,7 @@ fn pingpong(
                 let mut sent = vec![t0; depth];
                 let mut stats = DirStats::new();
                 let (mut head, mut outstanding, mut partial) = (0usize, 0usize, 0usize);
+                let mut last = end;
                 let now = Instant::now();
                 sent.fill(now);
                 write_n(&mut c, &requests, req_len, depth)?;
@@ -241,7 +246,10 @@ fn pingpong(
                     let mut again = 0;
                     for _ in 0..whole {
                         outstanding -= 1;
-                        if now <= end {
+                        // The window is `dur`, stretched on a starved machine until
+                        // the first reply is in (the rate uses the real length).
+                        if now <= end || stats.ios == 0 {
+                            last = now;
                             stats.ios += 1;
                             stats.bytes += bs as u64;
                             let ns = now.duration_since(sent[head]).as_nanos() as u64;
@@ -263,7 +271,7 @@ fn pingpong(
                     }
                 }
                 c.shutdown(Shutdown::Write)?;
-                Ok(stats)
+                Ok((stats, last))
             }));
         }
         clients
@@ -272,8 +280,11 @@ fn pingpong(
             .collect()
     });
     let mut stats = DirStats::new();
+    let mut last = end;
     for r in results {
-        stats.add(&r?);
+        let (st, l) = r?;
+        stats.add(&st);
+        last = last.max(l);
     }
     Ok(PingPong {
         connections: jobs,
@@ -281,7 +292,7 @@ fn pingpong(
         request_bytes: req_len,
         reply_bytes: resp_len,
         stats,
-        elapsed: dur,
+        elapsed: last.duration_since(t0),
     })
 }
 

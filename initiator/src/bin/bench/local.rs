@@ -98,13 +98,14 @@ pub fn run(
     let cpu0 = CpuTime::now();
     let t0 = Instant::now();
     let end = t0 + dur;
-    let results: Vec<io::Result<DirStats>> = std::thread::scope(|s| {
+    let results: Vec<io::Result<(DirStats, Instant)>> = std::thread::scope(|s| {
         let hs: Vec<_> = files
             .iter()
             .enumerate()
             .map(|(j, f)| {
                 s.spawn(move || {
-                    job(
+                    let mut last = end;
+                    let r = job(
                         f,
                         bs,
                         depth,
@@ -113,7 +114,9 @@ pub fn run(
                         blocks,
                         j as u64 * blocks / jobs as u64,
                         end,
-                    )
+                        &mut last,
+                    );
+                    r.map(|st| (st, last))
                 })
             })
             .collect();
@@ -121,12 +124,15 @@ pub fn run(
             .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
             .collect()
     });
-    let elapsed = t0.elapsed();
     let cpu = CpuTime::now().since(&cpu0);
     let mut stats = DirStats::new();
+    let mut last = end;
     for r in results {
-        stats.add(&r?);
+        let (st, l) = r?;
+        stats.add(&st);
+        last = last.max(l);
     }
+    let elapsed = last.duration_since(t0);
     Ok(Local {
         stats,
         elapsed,
@@ -145,6 +151,7 @@ fn job(
     blocks: u64,
     first: u64,
     end: Instant,
+    last: &mut Instant,
 ) -> io::Result<DirStats> {
     let mut ring = IoUring::new(depth.next_power_of_two().max(2) as u32)?;
     let bufs: Vec<AlignedBuf> = (0..depth).map(|_| AlignedBuf::new(bs)).collect();
@@ -158,7 +165,8 @@ fn job(
     let mut done = false;
     loop {
         let now = Instant::now();
-        if now >= end {
+        // The window is `dur`, stretched on a starved machine until the first completion.
+        if now >= end && stats.ios > 0 {
             done = true;
         }
         if !done {
@@ -204,7 +212,8 @@ fn job(
                     if write { "write" } else { "read" },
                     cqe.result()
                 )));
-            } else if now <= end {
+            } else if now <= end || stats.ios == 0 {
+                *last = now;
                 stats.ios += 1;
                 stats.bytes += bs as u64;
                 let ns = now.duration_since(started[slot]).as_nanos() as u64;
