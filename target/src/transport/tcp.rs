@@ -745,7 +745,7 @@ impl Conn {
             let b = self.slots[s]
                 .buf
                 .expect("data to host comes from the slot buffer");
-            let data = &store.buf(b)[..data_len as usize];
+            let data = store.payload(b, data_len as usize);
             let success = cqe.status().is_success() && self.sqflow_disabled;
             let d = DataPdu {
                 cccid: cqe.cid(),
