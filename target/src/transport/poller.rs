@@ -298,6 +298,15 @@ impl<S: Store> Poller<S> {
             }
             if progress {
                 last_work = now;
+            } else if self.store.inflight() > 0 {
+                // Waiting on the backend only. io_uring runs what it cannot do without
+                // blocking (buffered reads of tmpfs on this machine's kernel: every one) on
+                // an io-wq worker thread of this process; spinning here keeps it off this
+                // core, and on a machine with fewer free cores than busy threads it then waits
+                // for a scheduler tick (4k QD1 tmpfs p50: 88-132 us against 9 us for the
+                // same read by a plain io_uring that blocks). Yielding lets it run at once
+                // and costs one system call per empty pass when nothing else is runnable.
+                std::thread::yield_now();
             }
         }
     }
