@@ -315,11 +315,20 @@ fn fabrics_connect(
     cntlid: u16,
 ) -> Result<u16, Error> {
     let data = ConnectData::new(opts.hostid, cntlid, &opts.subnqn, &opts.hostnqn).encode();
+    // NVMe/TCP I/O queues disable SQ flow control (CATTR bit 2, as Linux's `disable_sqflow`):
+    // this initiator never reads SQHD (a tag is free once its command completed), and it lets
+    // the controller complete a read with the last C2HData PDU's SUCCESS flag instead of a
+    // separate CapsuleResp (NVMe/TCP 1.0, 3.6.2.7): one PDU fewer per read on both sides.
+    let cattr = if qid > 0 && opts.transport == Transport::Tcp {
+        fabrics::CATTR_DISABLE_SQFLOW
+    } else {
+        0
+    };
     let sqe = fabrics::connect_sqe(
         0,
         qid,
         sqsize,
-        0,
+        cattr,
         kato_ms,
         Sgl::InCapsule {
             offset: 0,

@@ -52,6 +52,13 @@ impl Store for RingStore {
             .expect("buffer ids come from this pool")
     }
 
+    fn payload(&self, buf: u32, len: usize) -> &[u8] {
+        self.ring
+            .pool()
+            .payload(BufId(buf as u16), len)
+            .expect("buffer ids come from this pool")
+    }
+
     fn submit(&mut self, op: &IoOp, buf: Option<u32>, user_data: u64) {
         if !self.backlog.is_empty() || !self.push(op, buf, user_data) {
             self.backlog.push_back((op.clone(), buf, user_data));

@@ -83,3 +83,37 @@ fn random_writes_read_back_flush_and_trim() {
         t.log_text()
     );
 }
+
+/// A null namespace reads zeroes, also from pool buffers that writes of data just filled
+/// (the target sends null reads from a shared zero region and writes zeroes into a buffer
+/// only when something else looks at it): writes and reads of every size, interleaved, on
+/// one queue so that the same few buffers are reused.
+#[test]
+fn null_namespace_reads_zeroes_after_writes_dirtied_the_buffers() {
+    let t = TargetProc::start_with(|port, _| {
+        format!(
+            "listeners:\n  - {{ transport: tcp, address: 127.0.0.1, port: {port} }}\n\
+             subsystems:\n  - nqn: {TEST_NQN}\n    allow_any_host: true\n    namespaces:\n      \
+             - {{ nsid: 1, null: 64MiB }}\n\
+             target: {{ threads: 1 }}\n"
+        )
+    });
+    let o = ConnectOptions::tcp("127.0.0.1", t.addr.port(), TEST_NQN);
+    let mut ctrl = Controller::connect(o).unwrap_or_else(|e| panic!("{e}\n{}", t.log_text()));
+    let mut ns = ctrl.open_namespace(1).expect("namespace 1");
+    for (i, len) in [4096usize, 12288, 64 << 10, 128 << 10, 8192, 4096]
+        .into_iter()
+        .cycle()
+        .take(60)
+        .enumerate()
+    {
+        let off = (i as u64 % 16) << 20;
+        ns.write_at(&vec![0xa5u8; len], off).unwrap();
+        let mut back = vec![0x5au8; len];
+        ns.read_at(&mut back, off).unwrap();
+        assert!(
+            back.iter().all(|&b| b == 0),
+            "read {i} ({len} bytes) returned non-zero data"
+        );
+    }
+}

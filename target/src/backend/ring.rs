@@ -491,12 +491,10 @@ impl Ring {
                 if self.pool.is_in_flight(id) {
                     return Err(libc::EBUSY);
                 }
-                if self.pool.buf(id).is_err() {
+                if self.pool.payload(id, 0).is_err() {
                     // Not allocated, or not in this pool.
                     return Err(libc::EINVAL);
                 }
-                let base = self.pool.buf_ptr(id).map_err(|_| libc::EINVAL)?;
-                let addr = base.as_ptr() as usize + boff as usize;
                 if op.len == 0 {
                     self.finish(s, Ok(0));
                     return Ok(());
@@ -504,13 +502,17 @@ impl Ring {
                 let is_read = op.kind == IoKind::Read;
                 if dev.null {
                     if is_read {
-                        // Null reads return zeroes.
-                        let b = self.pool.buf_mut(id).map_err(|_| libc::EINVAL)?;
-                        b[boff as usize..end].fill(0);
+                        // Null reads return zeroes: lazily, the pool writes them only if the
+                        // buffer is looked at other than to send it.
+                        self.pool
+                            .set_zero(id, boff as usize, end)
+                            .map_err(|_| libc::EINVAL)?;
                     }
                     self.finish_rw(s, is_read);
                     return Ok(());
                 }
+                let base = self.pool.buf_ptr(id).map_err(|_| libc::EINVAL)?;
+                let addr = base.as_ptr() as usize + boff as usize;
                 self.pool.mark_in_flight(id).map_err(|_| libc::EINVAL)?;
                 let slot = &mut self.slots[si];
                 slot.buf = Some(id);

@@ -263,6 +263,22 @@ fn null_device() {
     assert!(v[..512].iter().all(|&x| x == 0xcc));
     assert!(v[512..1536].iter().all(|&x| x == 0));
     assert!(v[1536..].iter().all(|&x| x == 0xcc));
+    // From the buffer's start the zeroes are lazy: sent from the pool's zero region, written
+    // into the buffer when it is looked at.
+    ring.pool_mut().buf_mut(b).unwrap().fill(0xcc);
+    assert_eq!(
+        run(&mut ring, &op(0, IoKind::Read, 0, 2048), Some((b, 0))),
+        Ok(2048)
+    );
+    assert!(ring
+        .pool()
+        .payload(b, 2048)
+        .unwrap()
+        .iter()
+        .all(|&x| x == 0));
+    let v = ring.pool().buf(b).unwrap();
+    assert!(v[..2048].iter().all(|&x| x == 0));
+    assert!(v[2048..].iter().all(|&x| x == 0xcc));
     assert_eq!(run(&mut ring, &op(0, IoKind::Flush, 0, 0), None), Ok(0));
     assert_eq!(
         run(&mut ring, &op(0, IoKind::WriteZeroes, 0, 4096), None),

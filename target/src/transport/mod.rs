@@ -19,6 +19,9 @@ pub trait Store {
     fn free_buf(&mut self, buf: u32);
     /// The whole buffer.
     fn buf(&mut self, buf: u32) -> &mut [u8];
+    /// The first `len` bytes of the buffer, to send (read data): may be a shared region of
+    /// zeroes for a null device's read, which is never written into the buffer.
+    fn payload(&self, buf: u32, len: usize) -> &[u8];
     /// Queue a backend operation on `buf` (None for operations without data).
     fn submit(&mut self, op: &IoOp, buf: Option<u32>, user_data: u64);
     /// Submit what is queued, then collect finished operations: (user_data, bytes or -errno).

@@ -183,13 +183,16 @@ impl<S: Store> Poller<S> {
         let mut last_work = Instant::now();
         let mut next_tick = Instant::now() + TICK;
         let mut wants = Wants::default();
+        // One clock read per pass (a busy-polling pass is little more than an epoll_wait and
+        // this read): deciding whether to block uses the previous pass's time, a few
+        // microseconds old, against a window of `idle_poll`.
+        let mut now = Instant::now();
         loop {
             if self.cfg.stop.load(Ordering::Relaxed) {
                 self.shutdown();
                 return;
             }
-            let now = Instant::now();
-            let busy = now.duration_since(last_work) < self.cfg.idle_poll
+            let busy = now.saturating_duration_since(last_work) < self.cfg.idle_poll
                 || self.store.inflight() > 0
                 || !self.need_buf.is_empty();
             let timeout = if busy {
@@ -209,7 +212,7 @@ impl<S: Store> Poller<S> {
                     return;
                 }
             };
-            let now = Instant::now();
+            now = Instant::now();
             let mut progress = n > 0;
             for ev in &events[..n] {
                 let key = ev.data();
@@ -311,6 +314,15 @@ impl<S: Store> Poller<S> {
             }
             if progress {
                 last_work = now;
+            } else if self.store.inflight() > 0 {
+                // Waiting on the backend only. io_uring runs what it cannot do without
+                // blocking (buffered reads of tmpfs on this machine's kernel: every one) on
+                // an io-wq worker thread of this process; spinning here keeps it off this
+                // core, and on a machine with fewer free cores than busy threads it then waits
+                // for a scheduler tick (4k QD1 tmpfs p50: 88-132 us against 9 us for the
+                // same read by a plain io_uring that blocks). Yielding lets it run at once
+                // and costs one system call per empty pass when nothing else is runnable.
+                std::thread::yield_now();
             }
         }
     }

@@ -228,6 +228,7 @@ impl Conn {
     pub fn on_readable(&mut self, store: &mut dyn Store, now: Instant, w: &mut Wants) -> bool {
         let mut progress = false;
         let mut reads = 0;
+        let mut drained = false;
         while self.phase != Phase::Closing && self.stalled.is_none() {
             // 1. Bytes already staged.
             if self.st_start < self.st_end {
@@ -242,7 +243,7 @@ impl Conn {
             self.st_end = 0;
             // Fairness: after a few socket reads let the other connections of this poller run
             // (nothing is staged now; level-triggered epoll reports the socket again).
-            if reads == READ_BUDGET {
+            if reads == READ_BUDGET || drained {
                 break;
             }
             reads += 1;
@@ -250,11 +251,13 @@ impl Conn {
             if let (Need::Data(n), DataDst::Slot { slot, base }) = (self.rx.need(), self.dst) {
                 if n >= DIRECT_READ_MIN {
                     match self.read_direct(store, slot, base, n, now, w) {
-                        Ok(true) => {
+                        Ok(Some(got)) => {
                             progress = true;
+                            // Short: the socket is empty for now (as above).
+                            drained = got < n;
                             continue;
                         }
-                        Ok(false) => break,
+                        Ok(None) => break,
                         Err(e) => {
                             self.io_error(store, e);
                             break;
@@ -272,6 +275,13 @@ impl Conn {
                     self.st_end = n;
                     self.stats.rx_bytes += n as u64;
                     progress = true;
+                    if n < STAGE {
+                        // A short read emptied the socket: process what came and stop here
+                        // rather than pay for a read that returns EAGAIN (one system call per
+                        // command at QD1). Bytes arriving meanwhile keep the socket readable,
+                        // and the level-triggered epoll reports it on the next pass.
+                        drained = true;
+                    }
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
@@ -284,7 +294,8 @@ impl Conn {
         progress
     }
 
-    /// Read PDU data directly into the slot's buffer. Ok(false) when the socket has nothing.
+    /// Read PDU data directly into the slot's buffer: the bytes read, None when the socket has
+    /// nothing.
     fn read_direct(
         &mut self,
         store: &mut dyn Store,
@@ -293,7 +304,7 @@ impl Conn {
         n: usize,
         now: Instant,
         w: &mut Wants,
-    ) -> io::Result<bool> {
+    ) -> io::Result<Option<usize>> {
         let buf = self.slots[slot as usize]
             .buf
             .expect("receiving slot has a buffer");
@@ -308,7 +319,7 @@ impl Conn {
                     ))
                 }
                 Ok(r) => break r,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(None),
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => return Err(e),
             }
@@ -318,7 +329,7 @@ impl Conn {
         if let Some(Event::DataDone(res)) = self.rx.data_read(&dst[..r]) {
             self.data_done(store, res.is_ok(), now, w);
         }
-        Ok(true)
+        Ok(Some(r))
     }
 
     /// Hand staged bytes to the deframer and act on what completes.
@@ -734,7 +745,7 @@ impl Conn {
             let b = self.slots[s]
                 .buf
                 .expect("data to host comes from the slot buffer");
-            let data = &store.buf(b)[..data_len as usize];
+            let data = store.payload(b, data_len as usize);
             let success = cqe.status().is_success() && self.sqflow_disabled;
             let d = DataPdu {
                 cccid: cqe.cid(),

@@ -141,11 +141,28 @@ pub struct Args {
     #[arg(long = "raw-tcp-baseline", alias = "raw_tcp_baseline")]
     pub raw_tcp_baseline: bool,
 
+    /// nvmf-target's control socket (its --control-socket): read the target's CPU time and
+    /// command count before and after each run and report target CPU per I/O.
+    #[arg(long = "target-stats", alias = "target_stats", value_name = "SOCKET")]
+    pub target_stats: Option<PathBuf>,
+
     /// Start nvmf-target (next to this executable) on its embedded default, compare every
     /// transport on 4k randread QD1 and QD32 and 128k read QD8 (5 s each, or --runtime), print
     /// the table, stop the target.
     #[arg(long, conflicts_with_all = ["traddr", "trsvcid", "subnqn", "nsid", "size", "offset", "verify"])]
     pub demo: bool,
+
+    /// The performance matrix in one run and one table: nvmf-target (next to this
+    /// executable) with 1 and 2 threads; 4k randread/randwrite QD1 and QD32, 128k read/write
+    /// QD8 over NVMe/TCP loopback on a null namespace and a tmpfs file; the raw loopback TCP
+    /// stream and ping-pong and a local io_uring on the same file as baselines; ratios to the
+    /// goals. --runtime per run (default 2s; baselines half), --hipri applies.
+    #[arg(long, conflicts_with_all = ["demo", "traddr", "trsvcid", "subnqn", "nsid", "size", "offset", "verify", "target_stats"])]
+    pub suite: bool,
+
+    /// Directory (on tmpfs) for --suite's file namespace.
+    #[arg(long = "suite-dir", value_name = "DIR", default_value = "/dev/shm")]
+    pub suite_dir: PathBuf,
 }
 
 /// fio's `--rw`.

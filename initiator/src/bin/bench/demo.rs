@@ -17,6 +17,9 @@ use nix::unistd::Pid;
 
 use super::args::DEFAULT_SUBNQN;
 
+/// Makes the directories of targets started by one bench process distinct.
+static SEQ: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
 /// nvmf-target's embedded default port (NVMe/TCP's IANA port).
 const DEFAULT_PORT: u16 = 4420;
 /// How long the target may take to report READY=1.
@@ -32,6 +35,8 @@ pub struct TargetProcess {
     /// The NVMe/RDMA listener's address (same port), when the machine has an RDMA device.
     pub rdma_addr: Option<Ipv4Addr>,
     pub log: PathBuf,
+    /// Its control socket (`--control-socket`), for `stats json`.
+    pub control: PathBuf,
     /// How it was configured ("embedded default" or the generated file).
     pub how: String,
 }
@@ -123,12 +128,14 @@ impl TargetProcess {
         let mut t = TargetProcess {
             child: None,
             log: dir.join("nvmf-target.log"),
+            control: dir.join("control.sock"),
             dir,
             port: DEFAULT_PORT,
             rdma_addr: rdma,
             how: String::new(),
         };
         let mut cmd = Command::new(&bin);
+        cmd.arg("--control-socket").arg(&t.control);
         // Probing with a bind is racy but only decides which configuration to use: a target
         // that then fails to listen reports it and exits, and the error below says so.
         let port_free = TcpListener::bind(("127.0.0.1", DEFAULT_PORT)).is_ok();
@@ -150,14 +157,53 @@ impl TargetProcess {
             cmd.arg("--config").arg(&cfg);
             t.how = format!("embedded default + {}", why.join(", "));
         }
-        let notify_path = t.dir.join("notify.sock");
+        t.launch(cmd, &bin)
+    }
+
+    /// Start the target on a configuration of the caller's (`config(port)`, given a free
+    /// port), in its own temporary directory named after `what`.
+    pub fn start_with_config(
+        what: &str,
+        config: impl FnOnce(u16) -> String,
+    ) -> Result<TargetProcess, String> {
+        let bin = target_binary()?;
+        let dir = std::env::temp_dir().join(format!(
+            "nvmf-bench-{what}-{}-{}",
+            std::process::id(),
+            SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        ));
+        fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        let port = free_port().map_err(|e| format!("no free TCP port: {e}"))?;
+        let cfg = dir.join("nvmf-target.yaml");
+        let t = TargetProcess {
+            child: None,
+            log: dir.join("nvmf-target.log"),
+            control: dir.join("control.sock"),
+            dir,
+            port,
+            rdma_addr: None,
+            how: cfg.display().to_string(),
+        };
+        fs::write(&cfg, config(port)).map_err(|e| format!("{}: {e}", cfg.display()))?;
+        let mut cmd = Command::new(&bin);
+        cmd.arg("--control-socket")
+            .arg(&t.control)
+            .arg("--config")
+            .arg(&cfg);
+        t.launch(cmd, &bin)
+    }
+
+    /// Spawn `cmd` (the target with its arguments) and wait for READY=1.
+    fn launch(mut self, mut cmd: Command, bin: &Path) -> Result<TargetProcess, String> {
+        let notify_path = self.dir.join("notify.sock");
         let _ = fs::remove_file(&notify_path);
         let notify = UnixDatagram::bind(&notify_path)
             .map_err(|e| format!("{}: {e}", notify_path.display()))?;
         notify
             .set_read_timeout(Some(Duration::from_millis(100)))
             .map_err(|e| e.to_string())?;
-        let log = fs::File::create(&t.log).map_err(|e| format!("{}: {e}", t.log.display()))?;
+        let log =
+            fs::File::create(&self.log).map_err(|e| format!("{}: {e}", self.log.display()))?;
         cmd.env("NOTIFY_SOCKET", &notify_path)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -168,7 +214,7 @@ impl TargetProcess {
         let child = cmd
             .spawn()
             .map_err(|e| format!("cannot start {}: {e}", bin.display()))?;
-        t.child = Some(child);
+        self.child = Some(child);
 
         let deadline = Instant::now() + READY_TIMEOUT;
         let mut buf = [0u8; 4096];
@@ -179,7 +225,7 @@ impl TargetProcess {
                         .lines()
                         .any(|l| l == "READY=1")
                     {
-                        return Ok(t);
+                        return Ok(self);
                     }
                 }
                 Err(e)
@@ -189,19 +235,19 @@ impl TargetProcess {
                     ) => {}
                 Err(e) => return Err(format!("waiting for nvmf-target: {e}")),
             }
-            let child = t.child.as_mut().expect("spawned");
+            let child = self.child.as_mut().expect("spawned");
             if let Ok(Some(status)) = child.try_wait() {
                 return Err(format!(
                     "nvmf-target exited ({status}) before it was ready; its log ({}):\n{}",
-                    t.log.display(),
-                    log_tail(&t.log)
+                    self.log.display(),
+                    log_tail(&self.log)
                 ));
             }
             if Instant::now() >= deadline {
                 return Err(format!(
                     "nvmf-target did not report READY=1 within {READY_TIMEOUT:?}; its log ({}):\n{}",
-                    t.log.display(),
-                    log_tail(&t.log)
+                    self.log.display(),
+                    log_tail(&self.log)
                 ));
             }
         }

@@ -176,6 +176,8 @@ pub struct TargetSpec {
     pub data_digest: bool,
     pub busy_poll: bool,
     pub io_timeout: Duration,
+    /// The target's control socket, to read its CPU time and command count around each run.
+    pub stats_socket: Option<std::path::PathBuf>,
 }
 
 /// A connected controller and one engine per job.

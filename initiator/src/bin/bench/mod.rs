@@ -6,17 +6,21 @@
 //! - [`job`]: a workload and the per-thread I/O loop; [`run`]: one workload on one transport.
 //! - [`pattern`]: offsets, data and the `--verify` block format.
 //! - [`baseline`]: `--raw-tcp-baseline`; [`report`]: text and JSON; [`plot`]: the SVG CDF;
-//!   [`demo`](mod@demo): `--demo`'s target process.
+//!   [`demo`](mod@demo): `--demo`'s target process; [`target_stats`]: the target's CPU per I/O from
+//!   its control socket; [`suite`]: `--suite`, with [`local`] (io_uring on a local file).
 
 pub mod args;
 pub mod baseline;
 pub mod demo;
 pub mod engine;
 pub mod job;
+pub mod local;
 pub mod pattern;
 pub mod plot;
 pub mod report;
 pub mod run;
+pub mod suite;
+pub mod target_stats;
 
 use std::io::Write;
 use std::process::ExitCode;
@@ -60,6 +64,7 @@ fn target_spec(a: &Args) -> TargetSpec {
         data_digest: a.data_digest,
         busy_poll: a.hipri,
         io_timeout: a.io_timeout,
+        stats_socket: a.target_stats.clone(),
     }
 }
 
@@ -112,6 +117,7 @@ fn execute(plan: &Plan) -> Vec<WorkloadOutcome> {
                 w.iodepth as usize,
                 w.numjobs as usize,
                 reads,
+                plan.target.busy_poll,
                 each.max(Duration::from_millis(200)),
             )
             .map_err(|e| e.to_string());
@@ -271,6 +277,7 @@ fn demo(a: &Args) -> ExitCode {
             rdma_traddr: target.rdma_addr.map(|ip| ip.to_string()),
             subnqn: args::DEFAULT_SUBNQN.into(),
             nsid: 1,
+            stats_socket: Some(target.control.clone()),
             ..target_spec(a)
         },
         workloads: vec![
@@ -316,6 +323,29 @@ pub fn main() -> ExitCode {
         .init();
     if a.demo {
         return demo(&a);
+    }
+    if a.suite {
+        let o = suite::SuiteOpts {
+            runtime: a.runtime.unwrap_or(Duration::from_secs(2)),
+            ramp: a.ramp_time,
+            busy_poll: a.hipri,
+            io_timeout: a.io_timeout,
+            file_dir: a.suite_dir.clone(),
+        };
+        return match suite::run(&o) {
+            Ok((table, ok)) => {
+                emit(&table);
+                if ok {
+                    ExitCode::SUCCESS
+                } else {
+                    ExitCode::FAILURE
+                }
+            }
+            Err(e) => {
+                eprintln!("nvmf-bench --suite: {e}");
+                ExitCode::FAILURE
+            }
+        };
     }
     let w = match Workload::from_args(&a) {
         Ok(w) => w,

@@ -35,6 +35,8 @@
 //!       "copies": null | { "per_byte": float, "socket_per_byte": float,
 //!                          "memcpy_per_byte": float, "bytes_per_io": float },
 //!       "syscalls_per_io": float|null,       // the initiator queues' system calls
+//!       "target_cpu": null | { "cpu_s": float, "commands": int, "usec_per_io": float|null,
+//!                              "error": str|null },  // with --target-stats / --demo
 //!       "verify": null | { "blocks_checked": int, "mismatches": int,
 //!                          "first": [ { "job": int, "offset": int, "error": str } ] }
 //!     } ],
@@ -51,7 +53,9 @@
 //! `cpu` is getrusage(RUSAGE_SELF) user+system time of the whole bench process over the
 //! measured window, divided by the I/Os completed in it. `copies` comes from the initiator's
 //! queue counters: payload bytes the CPU copied (through the socket, and by memcpy in user
-//! space) per payload byte delivered, and per I/O.
+//! space) per payload byte delivered, and per I/O. `target_cpu` is the target daemon's CPU
+//! time (its control socket's `cpu_ns`) from before the bench connected to after it
+//! disconnected, divided by the commands the target received meanwhile.
 
 use std::fmt::Write as _;
 
@@ -122,7 +126,16 @@ struct TransportJson {
     cpu: Option<CpuJson>,
     copies: Option<CopiesJson>,
     syscalls_per_io: Option<f64>,
+    target_cpu: Option<TargetCpuJson>,
     verify: Option<VerifyJson>,
+}
+
+#[derive(Serialize)]
+struct TargetCpuJson {
+    cpu_s: f64,
+    commands: u64,
+    usec_per_io: Option<f64>,
+    error: Option<String>,
 }
 
 #[derive(Serialize, Clone, Copy)]
@@ -264,6 +277,7 @@ fn transport_json(kind: TransportKind, o: &Outcome, bs: u64) -> TransportJson {
         cpu: None,
         copies: None,
         syscalls_per_io: None,
+        target_cpu: None,
         verify: None,
     };
     match o {
@@ -294,6 +308,20 @@ fn transport_json(kind: TransportKind, o: &Outcome, bs: u64) -> TransportJson {
             t.copies = (m.counters.payload_bytes > 0).then(|| copies_json(&m.counters, bs));
             t.syscalls_per_io =
                 (total.ios > 0).then(|| m.counters.syscalls as f64 / total.ios as f64);
+            t.target_cpu = m.target_cpu.as_ref().map(|r| match r {
+                Ok(c) => TargetCpuJson {
+                    cpu_s: c.cpu.as_secs_f64(),
+                    commands: c.commands,
+                    usec_per_io: c.usec_per_io(),
+                    error: None,
+                },
+                Err(e) => TargetCpuJson {
+                    cpu_s: 0.0,
+                    commands: 0,
+                    usec_per_io: None,
+                    error: Some(e.clone()),
+                },
+            });
             t.verify = m.verify.as_ref().map(|v| VerifyJson {
                 blocks_checked: v.checked,
                 mismatches: v.mismatches,
@@ -512,6 +540,21 @@ pub fn transport_text(w: &Workload, kind: TransportKind, o: &Outcome) -> String 
                     m.counters.syscalls as f64 / total.ios as f64
                 );
             }
+            match &m.target_cpu {
+                Some(Ok(c)) => {
+                    let _ = writeln!(
+                        out,
+                        "  target cpu: {:.2}s for {} commands, {} per I/O",
+                        c.cpu.as_secs_f64(),
+                        c.commands,
+                        c.usec_per_io().map_or("-".into(), |u| format!("{u:.2}us"))
+                    );
+                }
+                Some(Err(e)) => {
+                    let _ = writeln!(out, "  target cpu: unknown ({e})");
+                }
+                None => {}
+            }
             if m.counters.payload_bytes > 0 {
                 let c = copies_json(&m.counters, w.bs);
                 let _ = writeln!(
@@ -582,7 +625,7 @@ fn cells<const N: usize>(v: Vec<String>) -> [String; N] {
 
 /// The side-by-side table of every workload, transport and baseline row.
 pub fn table(outcomes: &[WorkloadOutcome]) -> String {
-    let mut rows: Vec<[String; 12]> = vec![[
+    let mut rows: Vec<[String; 13]> = vec![[
         "workload",
         "transport",
         "IOPS",
@@ -595,6 +638,7 @@ pub fn table(outcomes: &[WorkloadOutcome]) -> String {
         "p99.9",
         "max",
         "CPU/IO",
+        "tgt CPU/IO",
     ]
     .map(String::from)];
     let mut notes: Vec<String> = Vec::new();
@@ -602,8 +646,8 @@ pub fn table(outcomes: &[WorkloadOutcome]) -> String {
     for o in outcomes {
         let wname = o.workload.name.clone();
         let mut first = true;
-        let mut push = |rows: &mut Vec<[String; 12]>, cells: [String; 11]| {
-            let mut r: [String; 12] = Default::default();
+        let mut push = |rows: &mut Vec<[String; 13]>, cells: [String; 12]| {
+            let mut r: [String; 13] = Default::default();
             r[0] = if first { wname.clone() } else { String::new() };
             first = false;
             for (i, c) in cells.into_iter().enumerate() {
@@ -639,6 +683,13 @@ pub fn table(outcomes: &[WorkloadOutcome]) -> String {
                     } else {
                         String::new()
                     };
+                    let tgt = match &m.target_cpu {
+                        Some(Ok(c)) => c
+                            .usec_per_io()
+                            .map_or(String::new(), |u| format!("{u:.2}us")),
+                        Some(Err(_)) => "?".into(),
+                        None => String::new(),
+                    };
                     let name = if m.ok() {
                         kind.name().to_string()
                     } else {
@@ -658,6 +709,7 @@ pub fn table(outcomes: &[WorkloadOutcome]) -> String {
                             f,
                             g,
                             cpu,
+                            tgt,
                         ],
                     );
                     copies_col.push(if m.counters.payload_bytes > 0 {
@@ -709,6 +761,7 @@ pub fn table(outcomes: &[WorkloadOutcome]) -> String {
                             f,
                             g,
                             String::new(),
+                            String::new(),
                         ],
                     );
                     copies_col.push(String::new());
@@ -721,7 +774,7 @@ pub fn table(outcomes: &[WorkloadOutcome]) -> String {
             }
         }
     }
-    let mut widths = [0usize; 13];
+    let mut widths = [0usize; 14];
     for (r, c) in rows.iter().zip(&copies_col) {
         for (i, cell) in r.iter().chain(std::iter::once(c)).enumerate() {
             widths[i] = widths[i].max(cell.chars().count());

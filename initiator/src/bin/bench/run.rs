@@ -11,6 +11,7 @@ use nix::sys::resource::{getrusage, UsageWho};
 use super::args::TransportKind;
 use super::engine::{self, Counters, Opened, TargetSpec};
 use super::job::{self, Clock, DirStats, JobPlan, Shared, VerifyStats, Workload};
+use super::target_stats::{self, TargetCpu};
 
 /// CPU time of this process (all threads), user and system.
 #[derive(Debug, Clone, Copy, Default)]
@@ -58,6 +59,9 @@ pub struct Measured {
     pub region_len: u64,
     /// Failures (empty when the run was clean).
     pub errors: Vec<String>,
+    /// The target's CPU time and commands over the run (from its control socket), or why
+    /// they could not be read; None without a control socket.
+    pub target_cpu: Option<Result<TargetCpu, String>>,
 }
 
 impl Measured {
@@ -131,6 +135,8 @@ impl ProgressLine {
 
 /// Run `w` over `kind` against `t`.
 pub fn run(kind: TransportKind, t: &TargetSpec, w: &Workload) -> Outcome {
+    // Before connecting and after disconnecting (see target_stats).
+    let target0 = t.stats_socket.as_deref().map(target_stats::sample);
     let session = match engine::open(kind, t, w.numjobs, w.iodepth, w.bs) {
         Ok(Opened::Ready(s)) => s,
         Ok(Opened::Unavailable(why)) => return Outcome::Skipped(why),
@@ -241,6 +247,12 @@ pub fn run(kind: TransportKind, t: &TargetSpec, w: &Workload) -> Outcome {
         }
     }
 
+    let target_cpu = target0.map(|s0| {
+        let s0 = s0?;
+        std::thread::sleep(target_stats::PUBLISH_WAIT);
+        let s1 = target_stats::sample(t.stats_socket.as_deref().expect("sampled before"))?;
+        Ok(TargetCpu::between(&s0, &s1))
+    });
     let mut m = Measured {
         read: DirStats::new(),
         write: DirStats::new(),
@@ -250,6 +262,7 @@ pub fn run(kind: TransportKind, t: &TargetSpec, w: &Workload) -> Outcome {
         verify: w.verify.then(VerifyStats::default),
         region_len,
         errors: Vec::new(),
+        target_cpu,
     };
     for (i, r) in results.iter().enumerate() {
         m.read.add(&r.read);
