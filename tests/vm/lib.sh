@@ -27,6 +27,7 @@ RAMDISK_MB=64
 FIO_SIZE_OUR=${NVMF_VM_FIO_SIZE:-64M}      # fio data against our target
 FIO_SIZE_SANITY=${NVMF_VM_SANITY_SIZE:-32M} # fio data for the kernel<->kernel sanity checks
 BENCH_SIZE=${NVMF_VM_BENCH_SIZE:-32M}
+IOCHECK_SIZE=${NVMF_VM_IOCHECK_SIZE:-64M} # io_check's write/read/verify (the whole RAM disk)
 # How our target says that it cannot serve an rdma listener (case-insensitive, on its log).
 NO_RDMA_PATTERN='rdma.*(not supported|unsupported|not (yet )?implemented|unknown variant|no rdma)|unknown variant .rdma'
 
@@ -313,14 +314,14 @@ run_bench() {
   return 1
 }
 
-# run_iocheck TRTYPE ADDR NQN: the initiator library's write/read/verify ($BENCH_SIZE, two queues),
+# run_iocheck TRTYPE ADDR NQN: the initiator library's write/read/verify ($IOCHECK_SIZE, two queues),
 # synchronous API, Flush, Write Zeroes, Trim and an out-of-range read (initiator/examples/io_check.rs).
 run_iocheck() {
   local tr=$1 addr=$2 nqn=$3 b=$NVMF_IOCHECK_BIN
   [ -n "$b" ] && [ -x "$b" ] || { REASON="io_check not available: ${NVMF_IOCHECK_NOTE:-NVMF_IOCHECK_BIN unset}"; return 1; }
-  if step "io_check $tr $addr:$PORT $BENCH_SIZE numjobs 2 (verify, flush, write zeroes, trim)" \
+  if step "io_check $tr $addr:$PORT $IOCHECK_SIZE numjobs 2 (verify, flush, write zeroes, trim)" \
       timeout "${NVMF_VM_BENCH_TIMEOUT:-480}" "$b" --transport "$tr" --traddr "$addr" \
-      --trsvcid "$PORT" --subnqn "$nqn" --size "$BENCH_SIZE" --numjobs 2; then
+      --trsvcid "$PORT" --subnqn "$nqn" --size "$IOCHECK_SIZE" --numjobs 2; then
     cp "$WORK/step.out" "$OUT/io_check-$tr.txt"
     grep -E 'OK|ok' "$WORK/step.out" | tail -n 12
     return 0
