@@ -65,3 +65,15 @@ pub struct ConnStats {
     /// Payload bytes the CPU copied in user space (in-capsule data from the staging buffer).
     pub copied_bytes: u64,
 }
+
+impl ConnStats {
+    /// Add `o`'s counts to these.
+    pub fn add(&mut self, o: &ConnStats) {
+        self.commands += o.commands;
+        self.errors += o.errors;
+        self.rx_bytes += o.rx_bytes;
+        self.tx_bytes += o.tx_bytes;
+        self.tx_payload += o.tx_payload;
+        self.copied_bytes += o.copied_bytes;
+    }
+}

@@ -354,7 +354,7 @@ impl<S: Store> Poller<S> {
     fn remove(&mut self, k: usize) {
         if let Some(c) = self.conns[k].take() {
             let _ = self.epoll.delete(c.fd());
-            add_stats(&mut self.closed_totals, &c.stats);
+            self.closed_totals.add(&c.stats);
             self.free_keys.push(k as u32);
             self.stats.connections.fetch_sub(1, Ordering::Relaxed);
             debug!(poller = self.cfg.id, peer = %c.peer, "connection released");
@@ -364,7 +364,7 @@ impl<S: Store> Poller<S> {
     fn publish(&self) {
         let mut t = self.closed_totals;
         for c in self.conns.iter().flatten() {
-            add_stats(&mut t, &c.stats);
+            t.add(&c.stats);
         }
         self.stats.commands.store(t.commands, Ordering::Relaxed);
         self.stats.errors.store(t.errors, Ordering::Relaxed);
@@ -402,15 +402,6 @@ impl<S: Store> Poller<S> {
         self.publish();
         info!(poller = self.cfg.id, "poller stopped");
     }
-}
-
-fn add_stats(t: &mut ConnStats, s: &ConnStats) {
-    t.commands += s.commands;
-    t.errors += s.errors;
-    t.rx_bytes += s.rx_bytes;
-    t.tx_bytes += s.tx_bytes;
-    t.tx_payload += s.tx_payload;
-    t.copied_bytes += s.copied_bytes;
 }
 
 /// Accept connections on `listener` and hand them to the pollers round robin, until `stop`.

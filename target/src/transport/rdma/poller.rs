@@ -617,7 +617,7 @@ impl Poller {
         let Some(c) = self.conns[k].take() else {
             return;
         };
-        add_stats(&mut self.closed_totals, &c.stats);
+        self.closed_totals.add(&c.stats);
         self.closed_io_mrs += c.io_mrs_total;
         self.tags.remove(&c.tag);
         self.free_keys.push(k as u32);
@@ -637,7 +637,7 @@ impl Poller {
         let mut mrs = self.devs.len();
         let mut states = [0u32; STATE_COUNT];
         for c in self.conns.iter().flatten() {
-            add_stats(&mut t, &c.stats);
+            t.add(&c.stats);
             io_mrs_total += c.io_mrs_total;
             mrs += 2 + c.io_mrs;
             for (s, n) in states.iter_mut().zip(c.counts().0) {
@@ -702,13 +702,4 @@ impl Poller {
         }
         info!(poller = self.cfg.id, "RDMA poller stopped");
     }
-}
-
-fn add_stats(t: &mut ConnStats, s: &ConnStats) {
-    t.commands += s.commands;
-    t.errors += s.errors;
-    t.rx_bytes += s.rx_bytes;
-    t.tx_bytes += s.tx_bytes;
-    t.tx_payload += s.tx_payload;
-    t.copied_bytes += s.copied_bytes;
 }
