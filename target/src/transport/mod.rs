@@ -5,6 +5,7 @@ pub mod poller;
 pub mod rdma;
 pub mod sendq;
 pub mod tcp;
+pub mod thread;
 
 use std::sync::{mpsc, Arc};
 
