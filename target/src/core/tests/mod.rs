@@ -180,6 +180,17 @@ impl Host {
         self.now += d;
     }
 
+    /// The queue's next event must be the completion of command `cid`: returns its CQE.
+    pub fn expect_completion(&mut self, cid: u16) -> Cqe {
+        match self.q.poll_event() {
+            Some(QueueEvent::Complete(c)) => {
+                assert_eq!(c.cid(), cid);
+                c
+            }
+            e => panic!("expected the completion of CID {cid}, got {e:?}"),
+        }
+    }
+
     /// The SGL a Linux host would use for `len` bytes in direction `to_ctrl`.
     pub fn sgl(&self, len: u32, to_ctrl: bool) -> Sgl {
         let icd = if self.q.qid().unwrap_or(0) == 0 {

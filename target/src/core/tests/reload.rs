@@ -66,16 +66,11 @@ fn added_changed_and_removed_namespaces_reach_the_host() {
         woken.load(Ordering::SeqCst) >= 1,
         "the admin queue is woken"
     );
-    match a.q.poll_event() {
-        Some(QueueEvent::Complete(c)) => {
-            assert_eq!(c.cid(), aer);
-            assert_eq!(
-                AsyncEvent::decode(c.result.get() as u32),
-                AsyncEvent::NS_CHANGED
-            );
-        }
-        e => panic!("{e:?}"),
-    }
+    let c = a.expect_completion(aer);
+    assert_eq!(
+        AsyncEvent::decode(c.result.get() as u32),
+        AsyncEvent::NS_CHANGED
+    );
     let r = a.get_log(lid::CHANGED_NS, 0xffff_ffff, 4096, 0, false);
     assert_eq!(decode_ns_list(r.ok_data()), vec![3, 4]);
     // Cleared on read (RAE = 0).
@@ -103,10 +98,7 @@ fn added_changed_and_removed_namespaces_reach_the_host() {
         q.rw(io::READ, 4, 0, 1, 12).status(),
         Status::INVALID_NS.dnr()
     );
-    match a.q.poll_event() {
-        Some(QueueEvent::Complete(c)) => assert_eq!(c.cid(), aer),
-        e => panic!("{e:?}"),
-    }
+    a.expect_completion(aer);
     let r = a.get_log(lid::CHANGED_NS, 0xffff_ffff, 4096, 0, false);
     assert_eq!(decode_ns_list(r.ok_data()), vec![4]);
 }
@@ -214,16 +206,11 @@ fn discovery_controllers_hear_of_discovery_log_changes() {
     s.remove(1);
     t.reconfigure(s, test_listeners());
     assert!(n.load(Ordering::SeqCst) >= 1);
-    match d.q.poll_event() {
-        Some(QueueEvent::Complete(c)) => {
-            assert_eq!(c.cid(), aer);
-            assert_eq!(
-                AsyncEvent::decode(c.result.get() as u32),
-                AsyncEvent::DISCOVERY_CHANGED
-            );
-        }
-        e => panic!("{e:?}"),
-    }
+    let c = d.expect_completion(aer);
+    assert_eq!(
+        AsyncEvent::decode(c.result.get() as u32),
+        AsyncEvent::DISCOVERY_CHANGED
+    );
 }
 
 fn counter() -> (Arc<AtomicUsize>, Waker) {
