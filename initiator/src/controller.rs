@@ -1130,32 +1130,11 @@ pub(crate) fn flush_sqe(nsid: u32) -> Sqe {
 /// trait's provided methods and the inherent ones of `IoQueue` and `ReconnectingQueue`.
 macro_rules! rw_submit_methods {
     ($vis:vis, $buf:ty, $id:ty) => {
-        /// Submit a Read of `buf.len()` bytes at block `slba` of `ns` (the length must be a
-        /// whole number of blocks, at most the controller's MDTS).
-        $vis fn submit_read(
-            &mut self,
-            ns: &$crate::controller::NsInfo,
-            slba: u64,
-            buf: $buf,
-            user_data: u64,
-        ) -> Result<$id, $crate::queue::SubmitError<$buf>> {
-            let (sqe, data) =
-                $crate::controller::rw_cmd(::nvme::opcode::io::READ, ns, slba, buf)?;
-            self.submit(sqe, data, user_data)
-        }
-
-        /// Submit a Write of `buf` at block `slba` of `ns`.
-        $vis fn submit_write(
-            &mut self,
-            ns: &$crate::controller::NsInfo,
-            slba: u64,
-            buf: $buf,
-            user_data: u64,
-        ) -> Result<$id, $crate::queue::SubmitError<$buf>> {
-            let (sqe, data) =
-                $crate::controller::rw_cmd(::nvme::opcode::io::WRITE, ns, slba, buf)?;
-            self.submit(sqe, data, user_data)
-        }
+        $crate::controller::rw_submit_methods!(@rw $vis, $buf, $id, submit_read, READ,
+            "Submit a Read of `buf.len()` bytes at block `slba` of `ns` (the length must be a \
+             whole number of blocks, at most the controller's MDTS).");
+        $crate::controller::rw_submit_methods!(@rw $vis, $buf, $id, submit_write, WRITE,
+            "Submit a Write of `buf` at block `slba` of `ns`.");
 
         /// Submit a Flush of `nsid`.
         $vis fn submit_flush(
@@ -1168,6 +1147,20 @@ macro_rules! rw_submit_methods {
                 $crate::queue::Data::None,
                 user_data,
             )
+        }
+    };
+    (@rw $vis:vis, $buf:ty, $id:ty, $name:ident, $opcode:ident, $doc:literal) => {
+        #[doc = $doc]
+        $vis fn $name(
+            &mut self,
+            ns: &$crate::controller::NsInfo,
+            slba: u64,
+            buf: $buf,
+            user_data: u64,
+        ) -> Result<$id, $crate::queue::SubmitError<$buf>> {
+            let (sqe, data) =
+                $crate::controller::rw_cmd(::nvme::opcode::io::$opcode, ns, slba, buf)?;
+            self.submit(sqe, data, user_data)
         }
     };
 }
