@@ -12,7 +12,7 @@ use std::time::Duration;
 use nvme::opcode::io;
 use nvme::Sqe;
 
-use crate::controller::{flush_sqe, rw_cmd, rw_sqe, NsInfo, Transport};
+use crate::controller::{rw_sqe, rw_submit_methods, NsInfo, Transport};
 use crate::error::Error;
 use crate::queue::{Completion, Data, DataRef, Dir, IoQueue, Stats, SubmitError};
 use crate::rdma::{RdmaBuf, RdmaQueue};
@@ -81,34 +81,7 @@ pub trait Queue: Send {
         self.error().is_some()
     }
 
-    /// Submit a Read of `buf.len()` bytes at block `slba` of `ns`.
-    fn submit_read(
-        &mut self,
-        ns: &NsInfo,
-        slba: u64,
-        buf: Self::Buf,
-        user_data: u64,
-    ) -> Result<u16, SubmitError<Self::Buf>> {
-        let (sqe, data) = rw_cmd(io::READ, ns, slba, buf)?;
-        self.submit(sqe, data, user_data)
-    }
-
-    /// Submit a Write of `buf` at block `slba` of `ns`.
-    fn submit_write(
-        &mut self,
-        ns: &NsInfo,
-        slba: u64,
-        buf: Self::Buf,
-        user_data: u64,
-    ) -> Result<u16, SubmitError<Self::Buf>> {
-        let (sqe, data) = rw_cmd(io::WRITE, ns, slba, buf)?;
-        self.submit(sqe, data, user_data)
-    }
-
-    /// Submit a Flush of `nsid`.
-    fn submit_flush(&mut self, nsid: u32, user_data: u64) -> Result<u16, SubmitError<Self::Buf>> {
-        self.submit(flush_sqe(nsid), Data::None, user_data)
-    }
+    rw_submit_methods!(, Self::Buf, u16);
 
     /// Submit a Write Zeroes of `nlb` blocks (1..=65536) at `slba`.
     fn submit_write_zeroes(

@@ -1134,6 +1134,47 @@ pub(crate) fn flush_sqe(nsid: u32) -> Sqe {
     sqe
 }
 
+/// `submit_read`, `submit_write` and `submit_flush` over a queue's `submit(sqe, data,
+/// user_data)`, which returns `Result<$id, SubmitError<$buf>>`: the `Queue`
+/// trait's provided methods and the inherent ones of `IoQueue` and `ReconnectingQueue`.
+macro_rules! rw_submit_methods {
+    ($vis:vis, $buf:ty, $id:ty) => {
+        $crate::controller::rw_submit_methods!(@rw $vis, $buf, $id, submit_read, READ,
+            "Submit a Read of `buf.len()` bytes at block `slba` of `ns` (the length must be a \
+             whole number of blocks, at most the controller's MDTS).");
+        $crate::controller::rw_submit_methods!(@rw $vis, $buf, $id, submit_write, WRITE,
+            "Submit a Write of `buf` at block `slba` of `ns`.");
+
+        /// Submit a Flush of `nsid`.
+        $vis fn submit_flush(
+            &mut self,
+            nsid: u32,
+            user_data: u64,
+        ) -> Result<$id, $crate::queue::SubmitError<$buf>> {
+            self.submit(
+                $crate::controller::flush_sqe(nsid),
+                $crate::queue::Data::None,
+                user_data,
+            )
+        }
+    };
+    (@rw $vis:vis, $buf:ty, $id:ty, $name:ident, $opcode:ident, $doc:literal) => {
+        #[doc = $doc]
+        $vis fn $name(
+            &mut self,
+            ns: &$crate::controller::NsInfo,
+            slba: u64,
+            buf: $buf,
+            user_data: u64,
+        ) -> Result<$id, $crate::queue::SubmitError<$buf>> {
+            let (sqe, data) =
+                $crate::controller::rw_cmd(::nvme::opcode::io::$opcode, ns, slba, buf)?;
+            self.submit(sqe, data, user_data)
+        }
+    };
+}
+pub(crate) use rw_submit_methods;
+
 /// A Read/Write/Write Zeroes SQE (CID and data pointer are the queue's business).
 pub(crate) fn rw_sqe(opcode: u8, nsid: u32, slba: u64, nlb: u32) -> Sqe {
     let mut sqe = Sqe::new(opcode, 0);
@@ -1145,35 +1186,7 @@ pub(crate) fn rw_sqe(opcode: u8, nsid: u32, slba: u64, nlb: u32) -> Sqe {
 }
 
 impl IoQueue {
-    /// Submit a Read of `buf.len()` bytes at block `slba` of `ns` (the length must be a whole
-    /// number of blocks, at most the controller's MDTS).
-    pub fn submit_read(
-        &mut self,
-        ns: &NsInfo,
-        slba: u64,
-        buf: Vec<u8>,
-        user_data: u64,
-    ) -> Result<u16, SubmitError> {
-        let (sqe, data) = rw_cmd(io::READ, ns, slba, buf)?;
-        self.submit(sqe, data, user_data)
-    }
-
-    /// Submit a Write of `buf` at block `slba` of `ns`.
-    pub fn submit_write(
-        &mut self,
-        ns: &NsInfo,
-        slba: u64,
-        buf: Vec<u8>,
-        user_data: u64,
-    ) -> Result<u16, SubmitError> {
-        let (sqe, data) = rw_cmd(io::WRITE, ns, slba, buf)?;
-        self.submit(sqe, data, user_data)
-    }
-
-    /// Submit a Flush of `nsid`.
-    pub fn submit_flush(&mut self, nsid: u32, user_data: u64) -> Result<u16, SubmitError> {
-        self.submit(flush_sqe(nsid), Data::None, user_data)
-    }
+    rw_submit_methods!(pub, Vec<u8>, u16);
 
     /// Submit a Write Zeroes of `nlb` blocks (1..=65536) at `slba`.
     pub fn submit_write_zeroes(

@@ -5,11 +5,10 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use nvme::opcode::io;
 use nvme::Sqe;
 
 use crate::controller::{
-    flush_sqe, rw_cmd, ConnectOptions, Controller, ControllerInfo, Namespace, NsInfo, Transport,
+    rw_submit_methods, ConnectOptions, Controller, ControllerInfo, Namespace, NsInfo, Transport,
 };
 use crate::error::{CmdError, Error};
 use crate::queue::{Completion, Data, Dir, IoQueue, SubmitError};
@@ -643,34 +642,7 @@ impl ReconnectingQueue {
         Ok(seq)
     }
 
-    /// Submit a Read of `buf.len()` bytes at block `slba` of `ns`.
-    pub fn submit_read(
-        &mut self,
-        ns: &NsInfo,
-        slba: u64,
-        buf: Vec<u8>,
-        user_data: u64,
-    ) -> Result<u64, SubmitError> {
-        let (sqe, data) = rw_cmd(io::READ, ns, slba, buf)?;
-        self.submit(sqe, data, user_data)
-    }
-
-    /// Submit a Write of `buf` at block `slba` of `ns`.
-    pub fn submit_write(
-        &mut self,
-        ns: &NsInfo,
-        slba: u64,
-        buf: Vec<u8>,
-        user_data: u64,
-    ) -> Result<u64, SubmitError> {
-        let (sqe, data) = rw_cmd(io::WRITE, ns, slba, buf)?;
-        self.submit(sqe, data, user_data)
-    }
-
-    /// Submit a Flush of `nsid`.
-    pub fn submit_flush(&mut self, nsid: u32, user_data: u64) -> Result<u64, SubmitError> {
-        self.submit(flush_sqe(nsid), Data::None, user_data)
-    }
+    rw_submit_methods!(pub, Vec<u8>, u64);
 
     /// Collect completions into `out` (appended), waiting until at least `min` are available
     /// (at most as many as are in flight) or `timeout` passes; reconnects (and submits the

@@ -423,7 +423,7 @@ impl Daemon {
 
     /// Per-poller counters.
     pub fn poller_stats(&self) -> Vec<Arc<PollerStats>> {
-        self.pollers.iter().map(|p| p.stats.clone()).collect()
+        self.pollers.iter().map(|p| p.stats().clone()).collect()
     }
 
     /// Per-RDMA-poller counters (empty without RDMA listeners).

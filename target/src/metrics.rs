@@ -47,32 +47,28 @@ pub enum PollerCounters {
 
 impl PollerCounters {
     fn sample(&self, poller: usize) -> PollerSample {
-        let l = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+        // The two stats types share these fields by name (not by type).
+        macro_rules! sample {
+            ($s:expr, $transport:literal, $mrs_registered:expr) => {
+                PollerSample {
+                    transport: $transport.into(),
+                    poller,
+                    connections: $s.connections.load(Ordering::Relaxed) as u64,
+                    commands: $s.commands.load(Ordering::Relaxed),
+                    errors: $s.errors.load(Ordering::Relaxed),
+                    rx_bytes: $s.rx_bytes.load(Ordering::Relaxed),
+                    tx_payload: $s.tx_payload.load(Ordering::Relaxed),
+                    copied_bytes: $s.copied_bytes.load(Ordering::Relaxed),
+                    buffers_in_use: $s.buffers_in_use.load(Ordering::Relaxed) as u64,
+                    mrs_registered: $mrs_registered,
+                }
+            };
+        }
         match self {
-            PollerCounters::Tcp(s) => PollerSample {
-                transport: "tcp".into(),
-                poller,
-                connections: s.connections.load(Ordering::Relaxed) as u64,
-                commands: l(&s.commands),
-                errors: l(&s.errors),
-                rx_bytes: l(&s.rx_bytes),
-                tx_payload: l(&s.tx_payload),
-                copied_bytes: l(&s.copied_bytes),
-                buffers_in_use: s.buffers_in_use.load(Ordering::Relaxed) as u64,
-                mrs_registered: 0,
-            },
-            PollerCounters::Rdma(s) => PollerSample {
-                transport: "rdma".into(),
-                poller,
-                connections: s.connections.load(Ordering::Relaxed) as u64,
-                commands: l(&s.commands),
-                errors: l(&s.errors),
-                rx_bytes: l(&s.rx_bytes),
-                tx_payload: l(&s.tx_payload),
-                copied_bytes: l(&s.copied_bytes),
-                buffers_in_use: s.buffers_in_use.load(Ordering::Relaxed) as u64,
-                mrs_registered: s.mrs_registered.load(Ordering::Relaxed) as u64,
-            },
+            PollerCounters::Tcp(s) => sample!(s, "tcp", 0),
+            PollerCounters::Rdma(s) => {
+                sample!(s, "rdma", s.mrs_registered.load(Ordering::Relaxed) as u64)
+            }
         }
     }
 }

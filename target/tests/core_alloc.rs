@@ -3,8 +3,6 @@
 //! warm-up, Read and Write commands through `parse` / `execute` / `complete_io` on a connected
 //! I/O queue allocate nothing on this thread.
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
 use std::time::Instant;
 
 use nvme::fabrics::{connect_sqe, property_set_sqe, reg, Cc, ConnectData, PropSize};
@@ -15,46 +13,8 @@ use nvmf_target::core::{
     Exec, NamespaceSpec, Queue, SubsystemSpec, Target, TargetParams, TrType, TransportCaps,
 };
 
-struct Counting;
-
-thread_local! {
-    static ALLOCS: Cell<u64> = const { Cell::new(0) };
-}
-
-fn bump() {
-    let _ = ALLOCS.try_with(|c| c.set(c.get() + 1));
-}
-
-// SAFETY: forwards every call unchanged to the system allocator; the counter is a
-// thread-local Cell that never allocates.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        bump();
-        // SAFETY: the caller upholds GlobalAlloc::alloc's contract, passed on unchanged.
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        bump();
-        // SAFETY: as above.
-        unsafe { System.alloc_zeroed(layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        bump();
-        // SAFETY: as above; `ptr` came from this allocator, i.e. from System.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: as above.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-}
-
-#[global_allocator]
-static GLOBAL: Counting = Counting;
-
-fn allocs() -> u64 {
-    ALLOCS.with(|c| c.get())
-}
+mod common;
+use common::allocs;
 
 const SUBNQN: &str = "nqn.2026-11.io.nvmf-rs:alloc";
 const HOSTNQN: &str = "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-000000000001";

@@ -200,6 +200,15 @@ impl TargetProc {
         );
     }
 
+    /// An `nvmf-bench` command aimed at `TEST_NQN` on this target (127.0.0.1); the caller adds
+    /// the job's arguments.
+    pub fn bench_command(&self) -> Command {
+        let mut c = Command::new(bench_bin());
+        c.args(["--traddr=127.0.0.1", "--subnqn", TEST_NQN, "--trsvcid"])
+            .arg(self.addr.port().to_string());
+        c
+    }
+
     pub fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }

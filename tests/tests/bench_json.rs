@@ -4,20 +4,12 @@
 //! Needs `nvmf-bench` and `nvmf-target` built in the same profile (`cargo build --workspace`).
 
 use serde_json::Value;
-use std::process::{Command, Output};
+use std::process::Output;
 
-use nvmf_tests::{bench_bin, TargetProc, TEST_NQN};
+use nvmf_tests::{TargetProc, TEST_NQN};
 
 fn bench(t: &TargetProc, args: &[&str]) -> Output {
-    let port = t.addr.port().to_string();
-    Command::new(bench_bin())
-        .args([
-            "--traddr=127.0.0.1",
-            "--subnqn",
-            TEST_NQN,
-            "--trsvcid",
-            &port,
-        ])
+    t.bench_command()
         .args(args)
         .output()
         .expect("run nvmf-bench")

@@ -5,20 +5,13 @@
 
 use std::fs::OpenOptions;
 use std::os::unix::fs::FileExt;
-use std::process::{Command, Output};
+use std::process::Output;
 
-use nvmf_tests::{bench_bin, TargetProc, TEST_NQN};
+use nvmf_tests::TargetProc;
 
 fn bench(t: &TargetProc, args: &[&str]) -> (Output, String) {
-    let port = t.addr.port().to_string();
-    let out = Command::new(bench_bin())
-        .args([
-            "--traddr=127.0.0.1",
-            "--subnqn",
-            TEST_NQN,
-            "--trsvcid",
-            &port,
-        ])
+    let out = t
+        .bench_command()
         .args(args)
         .output()
         .expect("run nvmf-bench");

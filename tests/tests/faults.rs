@@ -25,7 +25,7 @@ use nvme::fabrics::{self, reg, Cc, ConnectResult, PropSize};
 use nvme::opcode::admin;
 use nvme::{Sqe, Status};
 use nvmf_tests::raw::RawHost;
-use nvmf_tests::{bench_bin, default_yaml, target_bin, TargetProc, TempDir, TEST_NQN};
+use nvmf_tests::{default_yaml, target_bin, TargetProc, TempDir, TEST_NQN};
 
 // ---- helpers -----------------------------------------------------------------------------
 
@@ -137,8 +137,44 @@ impl Daemon {
         );
     }
 
+    /// Poll the counters until the daemon is idle ([`Counters::idle`]).
+    fn wait_idle(&self, limit: Duration, what: &str) -> (Counters, Duration) {
+        self.wait_counters(limit, what, Counters::idle)
+    }
+
+    /// The daemon holds exactly `controllers` controllers over `connections` connections.
+    fn assert_connected(&self, controllers: u64, connections: u64) {
+        let c = self.counters();
+        assert_eq!(
+            (c.controllers, c.connections),
+            (controllers, connections),
+            "{c:?}"
+        );
+    }
+
+    /// Options to connect to the daemon's subsystem at its listening address.
+    fn opts(&self) -> ConnectOptions {
+        ConnectOptions::tcp(&self.t.addr.ip().to_string(), self.t.addr.port(), TEST_NQN)
+    }
+
     fn log(&self) -> String {
         self.t.log_text()
+    }
+}
+
+/// A backoff policy doubling from `initial_ms` up to `max_ms` between attempts.
+fn policy(
+    max_attempts: u32,
+    max_total: Option<Duration>,
+    initial_ms: u64,
+    max_ms: u64,
+) -> ReconnectPolicy {
+    ReconnectPolicy {
+        max_attempts,
+        max_total,
+        initial_delay: Duration::from_millis(initial_ms),
+        max_delay: Duration::from_millis(max_ms),
+        multiplier: 2.0,
     }
 }
 
@@ -229,27 +265,16 @@ fn wait_until(limit: Duration, what: &str, mut cond: impl FnMut() -> bool) -> Du
 fn reconnects_across_target_sigkill_and_restart() {
     const DOWNTIME: Duration = Duration::from_secs(2);
     let mut d = Daemon::start(default_yaml);
-    let mut opts = ConnectOptions::tcp("127.0.0.1", d.t.addr.port(), TEST_NQN);
+    let mut opts = d.opts();
     opts.timeout = Duration::from_secs(10);
-    let policy = ReconnectPolicy {
-        max_attempts: 200,
-        max_total: Some(Duration::from_secs(30)),
-        initial_delay: Duration::from_millis(20),
-        max_delay: Duration::from_millis(500),
-        multiplier: 2.0,
-    };
+    let policy = policy(200, Some(Duration::from_secs(30)), 20, 500);
     let mut ns = ReconnectingNamespace::connect(opts, 1, policy)
         .unwrap_or_else(|e| panic!("{e}\n{}", d.log()));
     let first_cntlid = ns.controller_info().unwrap().cntlid;
 
     let progress = Arc::new(AtomicU64::new(0));
     let p = progress.clone();
-    let ctl_ok = d.counters();
-    assert_eq!(
-        (ctl_ok.controllers, ctl_ok.connections),
-        (1, 2),
-        "{ctl_ok:?}"
-    );
+    d.assert_connected(1, 2);
     let killer = thread::spawn(move || {
         wait_until(Duration::from_secs(60), "100 verified iterations", || {
             p.load(Ordering::Relaxed) >= 100
@@ -307,14 +332,9 @@ fn reconnects_across_target_sigkill_and_restart() {
     assert_eq!(s.gave_up, 0, "{s:?}");
 
     // The restarted daemon holds exactly our new controller, and frees it at shutdown.
-    let c = d.counters();
-    assert_eq!((c.controllers, c.connections), (1, 2), "{c:?}");
+    d.assert_connected(1, 2);
     ns.shutdown().unwrap();
-    let (c, _) = d.wait_counters(
-        Duration::from_secs(10),
-        "idle after shutdown",
-        Counters::idle,
-    );
+    let (c, _) = d.wait_idle(Duration::from_secs(10), "idle after shutdown");
     println!("after shutdown: {c:?}");
 }
 
@@ -327,16 +347,10 @@ fn async_queue_resubmits_in_flight_commands_across_restart() {
     const QD: usize = 32;
     const BLOCKS: u64 = 4096;
     let mut d = Daemon::start(default_yaml);
-    let mut opts = ConnectOptions::tcp("127.0.0.1", d.t.addr.port(), TEST_NQN);
+    let mut opts = d.opts();
     opts.timeout = Duration::from_secs(10);
     opts.queue_depth = QD as u16;
-    let policy = ReconnectPolicy {
-        max_attempts: 200,
-        max_total: Some(Duration::from_secs(30)),
-        initial_delay: Duration::from_millis(20),
-        max_delay: Duration::from_millis(500),
-        multiplier: 2.0,
-    };
+    let policy = policy(200, Some(Duration::from_secs(30)), 20, 500);
     let mut q =
         ReconnectingQueue::connect(opts, 1, policy).unwrap_or_else(|e| panic!("{e}\n{}", d.log()));
     assert_eq!(q.depth(), QD);
@@ -435,11 +449,7 @@ fn async_queue_resubmits_in_flight_commands_across_restart() {
         "no in-flight command was submitted again: {s:?}"
     );
     q.shutdown().unwrap();
-    d.wait_counters(
-        Duration::from_secs(10),
-        "idle after shutdown",
-        Counters::idle,
-    );
+    d.wait_idle(Duration::from_secs(10), "idle after shutdown");
 }
 
 // ---- (b) target stays dead -----------------------------------------------------------------
@@ -449,15 +459,9 @@ fn async_queue_resubmits_in_flight_commands_across_restart() {
 #[test]
 fn gives_up_when_the_target_stays_dead() {
     let mut d = Daemon::start(default_yaml);
-    let mut opts = ConnectOptions::tcp("127.0.0.1", d.t.addr.port(), TEST_NQN);
+    let mut opts = d.opts();
     opts.timeout = Duration::from_secs(5);
-    let by_count = ReconnectPolicy {
-        max_attempts: 5,
-        max_total: Some(Duration::from_secs(30)),
-        initial_delay: Duration::from_millis(50),
-        max_delay: Duration::from_millis(400),
-        multiplier: 2.0,
-    };
+    let by_count = policy(5, Some(Duration::from_secs(30)), 50, 400);
     // 50 + 100 + 200 + 400 + 400 ms of backoff.
     let backoff: Duration = (1..=5).map(|a| by_count.delay(a)).sum();
     assert_eq!(backoff, Duration::from_millis(1150));
@@ -489,13 +493,7 @@ fn gives_up_when_the_target_stays_dead() {
 
     // Bounded by time instead: as many attempts as fit in 1.5 s.
     let max_total = Duration::from_millis(1500);
-    ns.set_policy(ReconnectPolicy {
-        max_attempts: u32::MAX,
-        max_total: Some(max_total),
-        initial_delay: Duration::from_millis(50),
-        max_delay: Duration::from_millis(200),
-        multiplier: 2.0,
-    });
+    ns.set_policy(policy(u32::MAX, Some(max_total), 50, 200));
     let t0 = Instant::now();
     let mut back = vec![0u8; 4096];
     let err = ns.read_at(&mut back, 0).expect_err("still dead");
@@ -522,14 +520,8 @@ fn gives_up_when_the_target_stays_dead() {
 #[test]
 fn async_queue_gives_up_and_returns_every_command() {
     let mut d = Daemon::start(default_yaml);
-    let opts = ConnectOptions::tcp("127.0.0.1", d.t.addr.port(), TEST_NQN);
-    let policy = ReconnectPolicy {
-        max_attempts: 3,
-        max_total: None,
-        initial_delay: Duration::from_millis(50),
-        max_delay: Duration::from_millis(100),
-        multiplier: 2.0,
-    };
+    let opts = d.opts();
+    let policy = policy(3, None, 50, 100);
     let mut q = ReconnectingQueue::connect(opts, 1, policy).unwrap();
     let ns = *q.info();
     let bs = ns.block_size as usize;
@@ -568,14 +560,8 @@ fn async_queue_gives_up_and_returns_every_command() {
 #[test]
 fn reconnect_refuses_a_different_device() {
     let mut d = Daemon::start(default_yaml);
-    let opts = ConnectOptions::tcp("127.0.0.1", d.t.addr.port(), TEST_NQN);
-    let policy = ReconnectPolicy {
-        max_attempts: 50,
-        max_total: Some(Duration::from_secs(30)),
-        initial_delay: Duration::from_millis(20),
-        max_delay: Duration::from_millis(200),
-        multiplier: 2.0,
-    };
+    let opts = d.opts();
+    let policy = policy(50, Some(Duration::from_secs(30)), 20, 200);
     let mut ns = ReconnectingNamespace::connect(opts, 1, policy).unwrap();
     let data = pattern(3, 4096);
     ns.write_at(&data, 0).unwrap();
@@ -599,7 +585,7 @@ fn reconnect_refuses_a_different_device() {
     let s = ns.stats();
     assert_eq!((s.reconnects, s.gave_up), (0, 1), "{s:?}");
     // The stranger was shut down cleanly: nothing left on the target.
-    d.wait_counters(Duration::from_secs(10), "idle", Counters::idle);
+    d.wait_idle(Duration::from_secs(10), "idle");
 }
 
 /// An NVMe status (here: a write to a read-only namespace) is the controller's answer, not a
@@ -617,7 +603,7 @@ fn status_errors_are_not_retried() {
             dir.display()
         )
     });
-    let opts = ConnectOptions::tcp("127.0.0.1", d.t.addr.port(), TEST_NQN);
+    let opts = d.opts();
     let mut ns = ReconnectingNamespace::connect(opts, 1, ReconnectPolicy::default()).unwrap();
     let t0 = Instant::now();
     let err = ns.write_at(&pattern(2, 4096), 0).expect_err("read-only");
@@ -703,10 +689,9 @@ fn silent_host_is_torn_down_after_kato() {
         last_admin.elapsed() < Duration::from_millis(KATO_MS as u64),
         "too slow to see the controller alive: {c:?}"
     );
-    let (after, _) = d.wait_counters(
+    let (after, _) = d.wait_idle(
         Duration::from_millis(KATO_MS as u64 + 5000),
         "controller torn down after KATO",
-        Counters::idle,
     );
     let gone = last_admin.elapsed();
     println!(
@@ -731,29 +716,22 @@ fn silent_host_is_torn_down_after_kato() {
 fn host_killed_mid_io_frees_everything() {
     let d = Daemon::start(default_yaml);
     let log = d.t.dir.0.join("bench.log");
-    let port = d.t.addr.port().to_string();
-    let mut bench = Command::new(bench_bin())
-        .args([
-            "--traddr=127.0.0.1",
-            "--subnqn",
-            TEST_NQN,
-            "--trsvcid",
-            &port,
-        ])
-        .args([
-            "--rw=randwrite",
-            "--bs=4k",
-            "--iodepth=32",
-            "--numjobs=2",
-            "--size=16m",
-            "--time_based",
-            "--runtime=120",
-        ])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .expect("spawn nvmf-bench");
+    let mut bench =
+        d.t.bench_command()
+            .args([
+                "--rw=randwrite",
+                "--bs=4k",
+                "--iodepth=32",
+                "--numjobs=2",
+                "--size=16m",
+                "--time_based",
+                "--runtime=120",
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .expect("spawn nvmf-bench");
     // Commands moving: the host connected and the count going up between two samples.
     let mut prev: Option<u64> = None;
     let (busy, _) = d.wait_counters(Duration::from_secs(30), "bench I/O moving", |c| {
@@ -768,18 +746,14 @@ fn host_killed_mid_io_frees_everything() {
         !st.success(),
         "bench must have been killed, not finished: {st}"
     );
-    let (after, took) = d.wait_counters(
-        Duration::from_secs(10),
-        "idle after the host died",
-        Counters::idle,
-    );
+    let (after, took) = d.wait_idle(Duration::from_secs(10), "idle after the host died");
     println!(
         "host SIGKILLed with counters {busy:?}; idle {:?} later: {after:?}",
         t_kill.elapsed().min(took)
     );
 
     // A second host does verified I/O.
-    let o = ConnectOptions::tcp("127.0.0.1", d.t.addr.port(), TEST_NQN);
+    let o = d.opts();
     let mut ctrl = Controller::connect(o).unwrap_or_else(|e| panic!("{e}\n{}", d.log()));
     let mut ns = ctrl.open_namespace(1).unwrap();
     for k in 0..16u64 {
@@ -791,11 +765,7 @@ fn host_killed_mid_io_frees_everything() {
     }
     drop(ns);
     ctrl.shutdown().unwrap();
-    d.wait_counters(
-        Duration::from_secs(10),
-        "idle after the second host",
-        Counters::idle,
-    );
+    d.wait_idle(Duration::from_secs(10), "idle after the second host");
 }
 
 // ---- (e) network drop ------------------------------------------------------------------------
@@ -899,27 +869,20 @@ fn network_drop_between_namespaces() {
     });
     const KATO: Duration = Duration::from_secs(2);
     const OUTAGE: Duration = Duration::from_secs(5);
-    let mut opts = ConnectOptions::tcp(&ns_ip.to_string(), d.t.addr.port(), TEST_NQN);
+    let mut opts = d.opts();
     opts.kato = KATO;
     opts.timeout = Duration::from_secs(2);
-    let policy = ReconnectPolicy {
-        max_attempts: 1000,
-        max_total: Some(Duration::from_secs(60)),
-        initial_delay: Duration::from_millis(100),
-        max_delay: Duration::from_millis(500),
-        multiplier: 2.0,
-    };
+    let policy = policy(1000, Some(Duration::from_secs(60)), 100, 500);
     let mut ns = ReconnectingNamespace::connect(opts, 1, policy)
         .unwrap_or_else(|e| panic!("{e}\n{}", d.log()));
     // A plain (not reconnecting) host across the same link: its I/O must fail, not hang.
-    let mut plain_opts = ConnectOptions::tcp(&ns_ip.to_string(), d.t.addr.port(), TEST_NQN);
+    let mut plain_opts = d.opts();
     plain_opts.kato = KATO;
     plain_opts.timeout = Duration::from_secs(2);
     let io_timeout = plain_opts.timeout;
     let mut plain = Controller::connect(plain_opts).unwrap();
     let mut plain_ns = plain.open_namespace(1).unwrap();
-    let c = d.counters();
-    assert_eq!((c.controllers, c.connections), (2, 4), "{c:?}");
+    d.assert_connected(2, 4);
     println!("host {} -> target {ns_ip} in {}", net.host_ip, net.name);
 
     let progress = Arc::new(AtomicU64::new(0));
@@ -966,10 +929,9 @@ fn network_drop_between_namespaces() {
     drop(plain);
     println!("plain host: controller dropped in {:?}", t0.elapsed());
     // The target hears nothing: its keep-alive timer frees both controllers.
-    let (freed, _) = d.wait_counters(
+    let (freed, _) = d.wait_idle(
         KATO + Duration::from_secs(8),
         "controllers freed after KATO while the link is down",
-        Counters::idle,
     );
     let took = t_down.elapsed();
     let stalled = progress.load(Ordering::Relaxed);
@@ -1012,12 +974,7 @@ fn network_drop_between_namespaces() {
         s.failed_attempts >= 1,
         "no attempt failed on the down link: {s:?}"
     );
-    let c = d.counters();
-    assert_eq!((c.controllers, c.connections), (1, 2), "{c:?}");
+    d.assert_connected(1, 2);
     ns.shutdown().unwrap();
-    d.wait_counters(
-        Duration::from_secs(10),
-        "idle after shutdown",
-        Counters::idle,
-    );
+    d.wait_idle(Duration::from_secs(10), "idle after shutdown");
 }

@@ -54,6 +54,15 @@ fn connect(t: &TargetProc) -> Controller {
     Controller::connect(o).expect("connect")
 }
 
+/// Rescan the controller's namespaces; returns their NSIDs.
+fn rescan_nsids(c: &mut Controller) -> Vec<u32> {
+    c.rescan_namespaces()
+        .unwrap()
+        .iter()
+        .map(|n| n.nsid)
+        .collect()
+}
+
 fn pattern(seed: u8) -> Vec<u8> {
     (0..8192u32)
         .map(|i| (i as u8).wrapping_mul(31) ^ seed)
@@ -93,12 +102,7 @@ fn an_added_namespace_reaches_a_connected_host() {
         Vec::<u32>::new(),
         "cleared on read"
     );
-    let nsids: Vec<u32> = c
-        .rescan_namespaces()
-        .unwrap()
-        .iter()
-        .map(|n| n.nsid)
-        .collect();
+    let nsids = rescan_nsids(&mut c);
     assert_eq!(nsids, vec![1, 2]);
 
     // I/O to the new namespace, and to the old one, works.
@@ -163,12 +167,7 @@ fn a_broken_file_is_rejected_and_the_old_configuration_keeps_serving() {
     let mut back = vec![0u8; data.len()];
     ns.read_at(&mut back, 4096).unwrap();
     assert!(back == data);
-    let nsids: Vec<u32> = c
-        .rescan_namespaces()
-        .unwrap()
-        .iter()
-        .map(|n| n.nsid)
-        .collect();
+    let nsids = rescan_nsids(&mut c);
     assert_eq!(nsids, vec![1]);
     let mut tp = t;
     assert!(

@@ -34,29 +34,35 @@ fn ready_is_sent_after_the_listener_accepts_and_sigterm_exits_zero() {
 
 /// The metrics endpoint and `nvmf-target stats` show counters moving during I/O, and the
 /// buffers in use return to zero once the host is gone.
+/// The default configuration with the metrics endpoint on 127.0.0.1:`mport`.
+fn with_metrics(port: u16, dir: &std::path::Path, mport: u16) -> String {
+    format!(
+        "{}metrics: {{ listen: \"127.0.0.1:{mport}\" }}\n",
+        default_yaml(port, dir)
+    )
+}
+
+/// `GET /metrics` from 127.0.0.1:`mport`: the whole HTTP response.
+fn get_metrics(mport: u16) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", mport)).expect("metrics port");
+    s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").unwrap();
+    let mut body = String::new();
+    s.read_to_string(&mut body).unwrap();
+    body
+}
+
 #[test]
 fn metrics_endpoint_and_stats_command() {
-    use std::io::{Read, Write};
     let mport = nvmf_tests::free_port();
     let d = TempDir::new("stats");
     let ctl = d.0.join("control.sock");
     let t = TargetProc::start_with_env(
-        |port, dir| {
-            format!(
-                "{}metrics: {{ listen: \"127.0.0.1:{mport}\" }}\n",
-                default_yaml(port, dir)
-            )
-        },
+        |port, dir| with_metrics(port, dir, mport),
         &[],
         &["--control-socket".into(), ctl.clone().into()],
     );
-    let get = || {
-        let mut s = std::net::TcpStream::connect(("127.0.0.1", mport)).expect("metrics port");
-        s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").unwrap();
-        let mut body = String::new();
-        s.read_to_string(&mut body).unwrap();
-        body
-    };
+    let get = || get_metrics(mport);
     let commands = |text: &str| -> u64 {
         text.lines()
             .filter(|l| l.starts_with("nvmf_commands_total{"))
@@ -187,21 +193,9 @@ fn value(text: &str, key: &str) -> f64 {
 /// During an nvmf-bench run, the per-namespace counters move between two scrapes.
 #[test]
 fn metrics_move_during_a_bench_run() {
-    use std::io::{Read, Write};
     let mport = nvmf_tests::free_port();
-    let t = TargetProc::start_with(|port, dir| {
-        format!(
-            "{}metrics: {{ listen: \"127.0.0.1:{mport}\" }}\n",
-            default_yaml(port, dir)
-        )
-    });
-    let get = || {
-        let mut s = std::net::TcpStream::connect(("127.0.0.1", mport)).expect("metrics port");
-        s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").unwrap();
-        let mut body = String::new();
-        s.read_to_string(&mut body).unwrap();
-        body
-    };
+    let t = TargetProc::start_with(|port, dir| with_metrics(port, dir, mport));
+    let get = || get_metrics(mport);
     let mut bench = std::process::Command::new(nvmf_tests::bench_bin())
         .args(["--transport", "tcp", "--traddr", "127.0.0.1", "--trsvcid"])
         .arg(t.addr.port().to_string())

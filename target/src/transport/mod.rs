@@ -5,6 +5,7 @@ pub mod poller;
 pub mod rdma;
 pub mod sendq;
 pub mod tcp;
+pub mod thread;
 
 use std::sync::{mpsc, Arc};
 
@@ -67,4 +68,16 @@ pub struct ConnStats {
     pub tx_payload: u64,
     /// Payload bytes the CPU copied in user space (in-capsule data from the staging buffer).
     pub copied_bytes: u64,
+}
+
+impl ConnStats {
+    /// Add `o`'s counts to these.
+    pub fn add(&mut self, o: &ConnStats) {
+        self.commands += o.commands;
+        self.errors += o.errors;
+        self.rx_bytes += o.rx_bytes;
+        self.tx_bytes += o.tx_bytes;
+        self.tx_payload += o.tx_payload;
+        self.copied_bytes += o.copied_bytes;
+    }
 }

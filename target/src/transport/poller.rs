@@ -7,14 +7,14 @@ use std::net::{TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::sync::Arc;
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags, EpollTimeout};
-use nix::sys::eventfd::{EfdFlags, EventFd};
+use nix::sys::eventfd::EventFd;
 use tracing::{debug, error, info, warn};
 
 use super::tcp::{Conn, Wants};
+use super::thread::PollerThread;
 use super::{ConnStats, DeviceUpdate, Store};
 use crate::core::{Target, TransportCaps};
 
@@ -39,35 +39,32 @@ pub struct PollerStats {
 
 /// The handle the acceptor uses to give a poller new connections.
 pub struct PollerHandle {
-    tx: mpsc::Sender<TcpStream>,
+    thread: PollerThread<TcpStream, PollerStats>,
     devices: mpsc::Sender<DeviceUpdate>,
-    wake: Arc<EventFd>,
-    pub stats: Arc<PollerStats>,
-    thread: Option<JoinHandle<()>>,
 }
 
 impl PollerHandle {
     pub fn give(&self, s: TcpStream) {
-        if self.tx.send(s).is_ok() {
-            let _ = self.wake.write(1);
-        }
+        self.thread.send(s);
     }
 
     pub fn wake(&self) {
-        let _ = self.wake.write(1);
+        self.thread.wake();
     }
 
     /// Hand the poller a device slot change (configuration reload); false if it is gone.
     pub fn update_device(&self, u: DeviceUpdate) -> bool {
         let ok = self.devices.send(u).is_ok();
-        let _ = self.wake.write(1);
+        self.thread.wake();
         ok
     }
 
+    pub fn stats(&self) -> &Arc<PollerStats> {
+        &self.thread.stats
+    }
+
     pub fn join(&mut self) {
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
+        self.thread.join();
     }
 }
 
@@ -90,44 +87,17 @@ where
     S: Store + 'static,
     F: FnOnce() -> std::io::Result<S> + Send + 'static,
 {
-    let (tx, rx) = mpsc::channel();
     let (devices, devices_rx) = mpsc::channel();
-    let wake = Arc::new(EventFd::from_flags(
-        EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC,
-    )?);
-    let stats = Arc::new(PollerStats::default());
-    let (w2, s2) = (wake.clone(), stats.clone());
-    let (ready_tx, ready_rx) = mpsc::channel();
-    let thread = std::thread::Builder::new()
-        .name(format!("nvmf-poller-{}", cfg.id))
-        .spawn(move || {
-            let store = match make_store() {
-                Ok(s) => s,
-                Err(e) => {
-                    let _ = ready_tx.send(Err(e));
-                    return;
-                }
-            };
-            let mut p = match Poller::new(target, cfg, store, (rx, devices_rx), w2, s2) {
-                Ok(p) => p,
-                Err(e) => {
-                    let _ = ready_tx.send(Err(e));
-                    return;
-                }
-            };
-            let _ = ready_tx.send(Ok(()));
-            p.run();
-        })?;
-    ready_rx
-        .recv()
-        .map_err(|_| std::io::Error::other("poller thread died during start-up"))??;
-    Ok(PollerHandle {
-        tx,
-        devices,
-        wake,
-        stats,
-        thread: Some(thread),
-    })
+    let thread = PollerThread::spawn(
+        format!("nvmf-poller-{}", cfg.id),
+        "poller",
+        move |rx, wake, stats| {
+            let store = make_store()?;
+            let mut p = Poller::new(target, cfg, store, (rx, devices_rx), wake, stats)?;
+            Ok(move || p.run())
+        },
+    )?;
+    Ok(PollerHandle { thread, devices })
 }
 
 struct Poller<S: Store> {
@@ -366,7 +336,7 @@ impl<S: Store> Poller<S> {
     fn remove(&mut self, k: usize) {
         if let Some(c) = self.conns[k].take() {
             let _ = self.epoll.delete(c.fd());
-            add_stats(&mut self.closed_totals, &c.stats);
+            self.closed_totals.add(&c.stats);
             self.free_keys.push(k as u32);
             self.stats.connections.fetch_sub(1, Ordering::Relaxed);
             debug!(poller = self.cfg.id, peer = %c.peer, "connection released");
@@ -376,7 +346,7 @@ impl<S: Store> Poller<S> {
     fn publish(&self) {
         let mut t = self.closed_totals;
         for c in self.conns.iter().flatten() {
-            add_stats(&mut t, &c.stats);
+            t.add(&c.stats);
         }
         self.stats.commands.store(t.commands, Ordering::Relaxed);
         self.stats.errors.store(t.errors, Ordering::Relaxed);
@@ -414,15 +384,6 @@ impl<S: Store> Poller<S> {
         self.publish();
         info!(poller = self.cfg.id, "poller stopped");
     }
-}
-
-fn add_stats(t: &mut ConnStats, s: &ConnStats) {
-    t.commands += s.commands;
-    t.errors += s.errors;
-    t.rx_bytes += s.rx_bytes;
-    t.tx_bytes += s.tx_bytes;
-    t.tx_payload += s.tx_payload;
-    t.copied_bytes += s.copied_bytes;
 }
 
 /// Accept connections on `listener` and hand them to the pollers round robin, until `stop`.

@@ -46,8 +46,9 @@ pub(super) fn ns(nsid: u32, blocks: u64, lba_shift: u8, device: u32) -> Namespac
     }
 }
 
-pub(super) fn test_target() -> Arc<Target> {
-    let subsystems = vec![
+/// The subsystems `test_target` starts with.
+pub(super) fn test_subsystems() -> Vec<SubsystemSpec> {
+    vec![
         SubsystemSpec {
             nqn: SUBNQN.into(),
             serial: "NVMFRS0001".into(),
@@ -64,8 +65,12 @@ pub(super) fn test_target() -> Arc<Target> {
             hosts: vec![OTHER_HOST.into()],
             namespaces: vec![ns(1, 64, 12, 9)],
         },
-    ];
-    let listeners = vec![
+    ]
+}
+
+/// The listeners `test_target` starts with: TCP and RDMA on 192.0.2.1:4420.
+pub(super) fn test_listeners() -> Vec<ListenerInfo> {
+    vec![
         ListenerInfo {
             trtype: TrType::Tcp,
             traddr: "192.0.2.1".into(),
@@ -78,10 +83,13 @@ pub(super) fn test_target() -> Arc<Target> {
             trsvcid: "4420".into(),
             port_id: 2,
         },
-    ];
+    ]
+}
+
+pub(super) fn test_target() -> Arc<Target> {
     Target::new(
-        subsystems,
-        listeners,
+        test_subsystems(),
+        test_listeners(),
         TargetParams {
             keep_alive_ms_min: 1000,
         },
@@ -170,6 +178,17 @@ impl Host {
 
     pub fn advance(&mut self, d: Duration) {
         self.now += d;
+    }
+
+    /// The queue's next event must be the completion of command `cid`: returns its CQE.
+    pub fn expect_completion(&mut self, cid: u16) -> Cqe {
+        match self.q.poll_event() {
+            Some(QueueEvent::Complete(c)) => {
+                assert_eq!(c.cid(), cid);
+                c
+            }
+            e => panic!("expected the completion of CID {cid}, got {e:?}"),
+        }
     }
 
     /// The SGL a Linux host would use for `len` bytes in direction `to_ctrl`.

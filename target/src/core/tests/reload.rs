@@ -10,47 +10,9 @@ use nvme::log::{lid, AsyncEvent};
 
 const ADDED: &str = "nqn.2024-01.io.nvmf-rs:added";
 
-/// The subsystems `test_target` starts with, to edit.
-fn specs() -> Vec<SubsystemSpec> {
-    vec![
-        SubsystemSpec {
-            nqn: SUBNQN.into(),
-            serial: "NVMFRS0001".into(),
-            model: "nvmf-rs test".into(),
-            allow_any_host: false,
-            hosts: vec![HOSTNQN.into()],
-            namespaces: vec![ns(1, 2048, 12, 7), ns(3, 1 << 20, 9, 8)],
-        },
-        SubsystemSpec {
-            nqn: RESTRICTED.into(),
-            serial: "NVMFRS0002".into(),
-            model: "nvmf-rs restricted".into(),
-            allow_any_host: false,
-            hosts: vec![OTHER_HOST.into()],
-            namespaces: vec![ns(1, 64, 12, 9)],
-        },
-    ]
-}
-
-fn listeners() -> Vec<ListenerInfo> {
-    t_listeners(&["4420"])
-}
-
+/// `test_listeners` and a TCP listener on each port after the first.
 fn t_listeners(ports: &[&str]) -> Vec<ListenerInfo> {
-    let mut v = vec![
-        ListenerInfo {
-            trtype: TrType::Tcp,
-            traddr: "192.0.2.1".into(),
-            trsvcid: "4420".into(),
-            port_id: 1,
-        },
-        ListenerInfo {
-            trtype: TrType::Rdma,
-            traddr: "192.0.2.1".into(),
-            trsvcid: "4420".into(),
-            port_id: 2,
-        },
-    ];
+    let mut v = test_listeners();
     for (i, p) in ports.iter().enumerate().skip(1) {
         v.push(ListenerInfo {
             trtype: TrType::Tcp,
@@ -66,7 +28,7 @@ fn t_listeners(ports: &[&str]) -> Vec<ListenerInfo> {
 fn the_same_configuration_changes_nothing() {
     let (t, mut a, _q) = ready(tcp_caps());
     let gen = t.genctr();
-    let r = t.reconfigure(specs(), listeners());
+    let r = t.reconfigure(test_subsystems(), test_listeners());
     assert!(r.is_empty(), "{r:?}");
     assert_eq!(t.genctr(), gen);
     assert!(matches!(
@@ -89,14 +51,14 @@ fn added_changed_and_removed_namespaces_reach_the_host() {
         r => panic!("{r:?}"),
     };
     // NSID 1 unchanged, 3 resized (remove + add: a new device), 4 new.
-    let mut s = specs();
+    let mut s = test_subsystems();
     s[0].namespaces = vec![
         ns(1, 2048, 12, 7),
         ns(3, 1 << 21, 9, 20),
         ns(4, 4096, 12, 21),
     ];
     let gen = t.genctr();
-    let r = t.reconfigure(s.clone(), listeners());
+    let r = t.reconfigure(s.clone(), test_listeners());
     assert_eq!(r.namespaces_changed, vec![(SUBNQN.to_string(), vec![3, 4])]);
     assert!(!r.discovery_changed(), "{r:?}");
     assert_eq!(t.genctr(), gen, "namespaces are not in the discovery log");
@@ -104,16 +66,11 @@ fn added_changed_and_removed_namespaces_reach_the_host() {
         woken.load(Ordering::SeqCst) >= 1,
         "the admin queue is woken"
     );
-    match a.q.poll_event() {
-        Some(QueueEvent::Complete(c)) => {
-            assert_eq!(c.cid(), aer);
-            assert_eq!(
-                AsyncEvent::decode(c.result.get() as u32),
-                AsyncEvent::NS_CHANGED
-            );
-        }
-        e => panic!("{e:?}"),
-    }
+    let c = a.expect_completion(aer);
+    assert_eq!(
+        AsyncEvent::decode(c.result.get() as u32),
+        AsyncEvent::NS_CHANGED
+    );
     let r = a.get_log(lid::CHANGED_NS, 0xffff_ffff, 4096, 0, false);
     assert_eq!(decode_ns_list(r.ok_data()), vec![3, 4]);
     // Cleared on read (RAE = 0).
@@ -135,16 +92,13 @@ fn added_changed_and_removed_namespaces_reach_the_host() {
         r => panic!("{r:?}"),
     };
     s[0].namespaces.pop();
-    let r = t.reconfigure(s, listeners());
+    let r = t.reconfigure(s, test_listeners());
     assert_eq!(r.namespaces_changed, vec![(SUBNQN.to_string(), vec![4])]);
     assert_eq!(
         q.rw(io::READ, 4, 0, 1, 12).status(),
         Status::INVALID_NS.dnr()
     );
-    match a.q.poll_event() {
-        Some(QueueEvent::Complete(c)) => assert_eq!(c.cid(), aer),
-        e => panic!("{e:?}"),
-    }
+    a.expect_completion(aer);
     let r = a.get_log(lid::CHANGED_NS, 0xffff_ffff, 4096, 0, false);
     assert_eq!(decode_ns_list(r.ok_data()), vec![4]);
 }
@@ -157,9 +111,9 @@ fn a_host_that_disabled_the_notice_gets_no_event_but_the_list() {
         a.simple(admin::ASYNC_EVENT_REQUEST),
         Reply::Deferred(_)
     ));
-    let mut s = specs();
+    let mut s = test_subsystems();
     s[0].namespaces.push(ns(9, 64, 12, 30));
-    t.reconfigure(s, listeners());
+    t.reconfigure(s, test_listeners());
     assert!(a.q.poll_event().is_none());
     let r = a.get_log(lid::CHANGED_NS, 0xffff_ffff, 4096, 0, false);
     assert_eq!(decode_ns_list(r.ok_data()), vec![9]);
@@ -174,7 +128,7 @@ fn subsystems_come_and_go_and_host_lists_apply_to_new_connects() {
     let gen = t.genctr();
 
     // RESTRICTED removed, ADDED new (any host), SUBNQN now only allows OTHER_HOST.
-    let mut s = specs();
+    let mut s = test_subsystems();
     s.remove(1);
     s[0].hosts = vec![OTHER_HOST.into()];
     s.push(SubsystemSpec {
@@ -185,7 +139,7 @@ fn subsystems_come_and_go_and_host_lists_apply_to_new_connects() {
         hosts: vec![],
         namespaces: vec![ns(1, 128, 12, 40)],
     });
-    let r = t.reconfigure(s.clone(), listeners());
+    let r = t.reconfigure(s.clone(), test_listeners());
     assert_eq!(r.subsystems_added, vec![ADDED.to_string()]);
     assert_eq!(r.subsystems_removed, vec![RESTRICTED.to_string()]);
     assert_eq!(r.hosts_changed, vec![SUBNQN.to_string()]);
@@ -224,9 +178,9 @@ fn subsystems_come_and_go_and_host_lists_apply_to_new_connects() {
 #[test]
 fn a_new_serial_replaces_the_subsystem() {
     let (t, mut a, _q) = ready(tcp_caps());
-    let mut s = specs();
+    let mut s = test_subsystems();
     s[0].serial = "NVMFRS9999".into();
-    let r = t.reconfigure(s, listeners());
+    let r = t.reconfigure(s, test_listeners());
     assert_eq!(r.subsystems_replaced, vec![SUBNQN.to_string()]);
     assert_eq!(r.controllers_disconnected, 1);
     assert!(matches!(a.q.poll_event(), Some(QueueEvent::Disconnect(_))));
@@ -248,20 +202,15 @@ fn discovery_controllers_hear_of_discovery_log_changes() {
         Reply::Deferred(cmd) => cmd.sqe.cid(),
         r => panic!("{r:?}"),
     };
-    let mut s = specs();
+    let mut s = test_subsystems();
     s.remove(1);
-    t.reconfigure(s, listeners());
+    t.reconfigure(s, test_listeners());
     assert!(n.load(Ordering::SeqCst) >= 1);
-    match d.q.poll_event() {
-        Some(QueueEvent::Complete(c)) => {
-            assert_eq!(c.cid(), aer);
-            assert_eq!(
-                AsyncEvent::decode(c.result.get() as u32),
-                AsyncEvent::DISCOVERY_CHANGED
-            );
-        }
-        e => panic!("{e:?}"),
-    }
+    let c = d.expect_completion(aer);
+    assert_eq!(
+        AsyncEvent::decode(c.result.get() as u32),
+        AsyncEvent::DISCOVERY_CHANGED
+    );
 }
 
 fn counter() -> (Arc<AtomicUsize>, Waker) {

@@ -7,14 +7,13 @@ use std::collections::{HashMap, VecDeque};
 use std::os::fd::BorrowedFd;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use ::rdma::{
     AccessFlags, CmEventType, CmId, CompChannel, Context, Mr, Pd, Transport, WorkCompletion,
 };
 use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags, EpollTimeout};
-use nix::sys::eventfd::{EfdFlags, EventFd};
+use nix::sys::eventfd::EventFd;
 use nvme::rdma::CmReject;
 use tracing::{debug, error, info, warn};
 
@@ -24,6 +23,7 @@ use super::request::{ReqState, STATE_COUNT};
 use super::{CmNote, RdmaOptions};
 use crate::core::{Target, TransportCaps};
 use crate::store::RingStore;
+use crate::transport::thread::PollerThread;
 use crate::transport::{ConnStats, DeviceUpdate, Store};
 
 const WAKE_KEY: u64 = u64::MAX;
@@ -92,30 +92,7 @@ pub(super) enum ToPoller {
 }
 
 /// The CM thread's handle on a poller.
-pub(super) struct RdmaPollerHandle {
-    tx: mpsc::Sender<ToPoller>,
-    wake: Arc<EventFd>,
-    pub stats: Arc<RdmaPollerStats>,
-    thread: Option<JoinHandle<()>>,
-}
-
-impl RdmaPollerHandle {
-    pub fn send(&self, m: ToPoller) -> bool {
-        let ok = self.tx.send(m).is_ok();
-        let _ = self.wake.write(1);
-        ok
-    }
-
-    pub fn wake(&self) {
-        let _ = self.wake.write(1);
-    }
-
-    pub fn join(&mut self) {
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
+pub(super) type RdmaPollerHandle = PollerThread<ToPoller, RdmaPollerStats>;
 
 /// Settings of one RDMA poller.
 #[derive(Clone)]
@@ -137,42 +114,15 @@ pub(super) fn spawn<F>(
 where
     F: FnOnce() -> std::io::Result<RingStore> + Send + 'static,
 {
-    let (tx, rx) = mpsc::channel();
-    let wake = Arc::new(EventFd::from_flags(
-        EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC,
-    )?);
-    let stats = Arc::new(RdmaPollerStats::default());
-    let (w2, s2) = (wake.clone(), stats.clone());
-    let (ready_tx, ready_rx) = mpsc::channel();
-    let thread = std::thread::Builder::new()
-        .name(format!("nvmf-rdma-{}", cfg.id))
-        .spawn(move || {
-            let store = match make_store() {
-                Ok(s) => s,
-                Err(e) => {
-                    let _ = ready_tx.send(Err(e));
-                    return;
-                }
-            };
-            let mut p = match Poller::new(target, cfg, store, rx, w2, s2, notes) {
-                Ok(p) => p,
-                Err(e) => {
-                    let _ = ready_tx.send(Err(e));
-                    return;
-                }
-            };
-            let _ = ready_tx.send(Ok(()));
-            p.run();
-        })?;
-    ready_rx
-        .recv()
-        .map_err(|_| std::io::Error::other("RDMA poller thread died during start-up"))??;
-    Ok(RdmaPollerHandle {
-        tx,
-        wake,
-        stats,
-        thread: Some(thread),
-    })
+    PollerThread::spawn(
+        format!("nvmf-rdma-{}", cfg.id),
+        "RDMA poller",
+        move |rx, wake, stats| {
+            let store = make_store()?;
+            let mut p = Poller::new(target, cfg, store, rx, wake, stats, notes)?;
+            Ok(move || p.run())
+        },
+    )
 }
 
 /// A device this poller serves connections on.
@@ -617,7 +567,7 @@ impl Poller {
         let Some(c) = self.conns[k].take() else {
             return;
         };
-        add_stats(&mut self.closed_totals, &c.stats);
+        self.closed_totals.add(&c.stats);
         self.closed_io_mrs += c.io_mrs_total;
         self.tags.remove(&c.tag);
         self.free_keys.push(k as u32);
@@ -637,7 +587,7 @@ impl Poller {
         let mut mrs = self.devs.len();
         let mut states = [0u32; STATE_COUNT];
         for c in self.conns.iter().flatten() {
-            add_stats(&mut t, &c.stats);
+            t.add(&c.stats);
             io_mrs_total += c.io_mrs_total;
             mrs += 2 + c.io_mrs;
             for (s, n) in states.iter_mut().zip(c.counts().0) {
@@ -702,13 +652,4 @@ impl Poller {
         }
         info!(poller = self.cfg.id, "RDMA poller stopped");
     }
-}
-
-fn add_stats(t: &mut ConnStats, s: &ConnStats) {
-    t.commands += s.commands;
-    t.errors += s.errors;
-    t.rx_bytes += s.rx_bytes;
-    t.tx_bytes += s.tx_bytes;
-    t.tx_payload += s.tx_payload;
-    t.copied_bytes += s.copied_bytes;
 }
