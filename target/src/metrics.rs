@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::core::stats::{
-    IoTotals, NsTotals, SubsystemMetrics, LAT_BUCKETS, LAT_FIRST_US, NSID_OTHER,
+    ControllerMetrics, IoTotals, NsTotals, SubsystemMetrics, LAT_BUCKETS, LAT_FIRST_US, NSID_OTHER,
 };
 use crate::core::Target;
 use crate::transport::poller::PollerStats;
@@ -325,21 +325,27 @@ fn io_prometheus(o: &mut String, subs: &[SubsystemMetrics]) {
         .iter()
         .map(|s| (format!("subsystem=\"{}\"", esc(&s.nqn)), &s.io))
         .collect();
+    let ctrl_label = |s: &SubsystemMetrics, c: &ControllerMetrics| {
+        format!(
+            "subsystem=\"{}\",cntlid=\"{}\",host=\"{}\",transport=\"{}\",peer=\"{}\"",
+            esc(&s.nqn),
+            c.cntlid,
+            esc(&c.hostnqn),
+            c.transport,
+            esc(&c.peer)
+        )
+    };
     let ctrls: Vec<(String, &IoTotals)> = subs
         .iter()
+        .flat_map(|s| s.controllers.iter().map(move |c| (ctrl_label(s, c), &c.io)))
+        .collect();
+    let queues: Vec<(String, &IoTotals)> = subs
+        .iter()
         .flat_map(|s| {
-            s.controllers.iter().map(move |c| {
-                (
-                    format!(
-                        "subsystem=\"{}\",cntlid=\"{}\",host=\"{}\",transport=\"{}\",peer=\"{}\"",
-                        esc(&s.nqn),
-                        c.cntlid,
-                        esc(&c.hostnqn),
-                        c.transport,
-                        esc(&c.peer)
-                    ),
-                    &c.io,
-                )
+            s.controllers.iter().flat_map(move |c| {
+                c.queues
+                    .iter()
+                    .map(move |(qid, io)| (format!("{},qid=\"{qid}\"", ctrl_label(s, c)), io))
             })
         })
         .collect();
@@ -350,6 +356,7 @@ fn io_prometheus(o: &mut String, subs: &[SubsystemMetrics]) {
             &groups,
         ),
         ("nvmf_controller", "live controller", &ctrls),
+        ("nvmf_queue", "live I/O queue", &queues),
     ] {
         let sums: [(&str, &str, NsGet); 3] = [
             ("io_commands_total", "I/O commands completed", |n| {

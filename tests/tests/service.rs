@@ -112,6 +112,15 @@ fn metrics_endpoint_and_stats_command() {
                 && ctrl.contains("transport=\"tcp\""),
             "{ctrl}"
         );
+        // Per queue: the controller's I/O queues, each with its qid.
+        let per_queue: f64 = during
+            .lines()
+            .filter(|l| l.starts_with("nvmf_queue_io_commands_total{") && l.contains(",qid=\""))
+            .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
+            .sum();
+        let per_ctrl: f64 = ctrl.rsplit(' ').next().unwrap().parse().unwrap();
+        assert!(per_queue >= 200.0, "{during}");
+        assert!(per_queue <= per_ctrl, "{during}");
         // An I/O error shows up by status.
         // (A Read far beyond the namespace end, sent raw: the library would refuse it.)
         let q = ns.queue().as_tcp().expect("a TCP queue");

@@ -459,6 +459,18 @@ impl Controller {
         t
     }
 
+    /// Each live I/O queue's counters, by qid.
+    pub fn queue_metrics(&self) -> Vec<(u16, IoTotals)> {
+        let g = self.lock();
+        g.io.iter()
+            .map(|(qid, s)| {
+                let mut t = IoTotals::default();
+                s.counters.io.add_to(&mut t, true);
+                (*qid, t)
+            })
+            .collect()
+    }
+
     pub fn has_io_queues(&self) -> bool {
         !self.lock().io.is_empty()
     }

@@ -294,6 +294,8 @@ pub struct ControllerMetrics {
     pub transport: &'static str,
     pub peer: String,
     pub io: IoTotals,
+    /// Live I/O queues: (qid, counters).
+    pub queues: Vec<(u16, IoTotals)>,
 }
 
 /// One subsystem at scrape time: totals over every controller it has had, and the live ones.

@@ -320,6 +320,7 @@ impl TargetInner {
                         transport: c.transport(),
                         peer: c.peer.clone(),
                         io: c.io_metrics(true),
+                        queues: c.queue_metrics(),
                     });
                 }
                 controllers.sort_by_key(|c| c.cntlid);
