@@ -96,11 +96,15 @@ pub(crate) fn parse(text: &str) -> Result<Node, SyntaxError> {
             Some(Ok(ev)) => ev,
             Some(Err(e)) => {
                 let m = e.marker();
+                // At the end of a text without a final newline the scanner reports the line
+                // after the last one; point at the end of the text instead.
+                let end = end_of(text);
+                let at = Location {
+                    line: m.line(),
+                    column: m.col() + 1,
+                };
                 return Err(SyntaxError {
-                    at: Location {
-                        line: m.line(),
-                        column: m.col() + 1,
-                    },
+                    at: if at.line > end.line { end } else { at },
                     message: format!("YAML syntax error: {}", e.info()),
                 });
             }
@@ -242,6 +246,15 @@ impl Builder {
     }
 }
 
+/// The position just after the last character of `text`.
+fn end_of(text: &str) -> Location {
+    let last = text.rsplit('\n').next().unwrap_or("");
+    Location {
+        line: text.matches('\n').count() + 1,
+        column: last.chars().count() + 1,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -304,6 +317,9 @@ mod tests {
                 "mapping keys must be plain names",
             ),
             ("a: [1, 2\n", loc(2, 1), "YAML syntax error"),
+            // Found by fuzz/config_yaml: no final newline, the error is at the end of line 3
+            // (the scanner said line 4 of a 3-line text).
+            ("lstdners:\n{ transpor:\n  -c nq", loc(3, 8), "YAML syntax error"),
             ("a:\n\tb: 1\n", loc(2, 2), "tabs disallowed"),
             ("[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]\n", loc(1, 33), "nest deeper than 32"),
         ];
