@@ -651,6 +651,11 @@ fn rows(addr: SocketAddr, bs: u32, blocks: u64, mdts_bytes: u32) -> Vec<Row> {
 fn bad_input_table_with_a_good_host_running() {
     let mut t = TargetProc::start_default();
     let port = t.addr.port();
+    // What a Linux host checks of the ICResp (linux-host-interop.md).
+    let (_h, icresp) = RawHost::connect(t.addr);
+    assert_eq!((icresp.pfv, icresp.cpda), (0, 0));
+    assert!(icresp.maxh2cdata >= 4096 && icresp.maxh2cdata % 4 == 0);
+    assert!(!icresp.hdgst && !icresp.ddgst, "no digests unless asked");
 
     // The well-behaved host: write a pattern, read it back, in a loop, in the second half of
     // the namespace (no row writes there).
