@@ -8,6 +8,13 @@
 use config::{Config, ConfigError};
 use libfuzzer_sys::fuzz_target;
 
+/// (line, column) just after the last character; YAML line breaks are LF, CRLF and CR.
+fn end_of(text: &str) -> (usize, usize) {
+    let t = text.replace("\r\n", "\n").replace('\r', "\n");
+    let last = t.rsplit('\n').next().unwrap_or("");
+    (t.matches('\n').count() + 1, last.chars().count() + 1)
+}
+
 fuzz_target!(|data: &[u8]| {
     let Ok(text) = std::str::from_utf8(data) else {
         return;
@@ -22,19 +29,16 @@ fuzz_target!(|data: &[u8]| {
         }
         Err(ConfigError::Invalid { errors, warnings }) => {
             assert!(!errors.is_empty());
-            let lines = text
-                .matches(['\n', '\r', '\u{85}', '\u{2028}', '\u{2029}'])
-                .count()
-                + 1;
+            let end = end_of(text);
             for d in errors.iter().chain(&warnings) {
                 let shown = d.to_string();
                 assert!(shown.starts_with("fuzz.yaml"), "{shown}");
                 if let Some(at) = d.location {
+                    assert!(at.line >= 1 && at.column >= 1, "{shown}");
                     assert!(
-                        at.line >= 1 && at.line <= lines,
-                        "{shown} (text has {lines} lines)"
+                        (at.line, at.column) <= end,
+                        "{shown} (text ends at {end:?})"
                     );
-                    assert!(at.column >= 1, "{shown}");
                 }
             }
         }
