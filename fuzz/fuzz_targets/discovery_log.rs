@@ -102,7 +102,7 @@ fuzz_target!(|data: &[u8]| {
     assert_eq!(c.cid(), 4);
     let ok_req = g.lid == lid::DISCOVERY
         && !g.ot
-        && g.lpo % 4 == 0
+        && g.lpo.is_multiple_of(4)
         && g.lpo <= full.len() as u64
         && len <= q.max_transfer();
     if c.status().is_success() {
