@@ -24,6 +24,12 @@ if ! command -v cargo >/dev/null; then
   echo "setup: cargo not found: install a Rust toolchain >= 1.85 (rustup) first" >&2
   exit 1
 fi
+# cargo-fuzz for scripts/fuzz.sh (the fuzz targets build with the nightly toolchain that comes
+# with the machine image; cargo-fuzz itself builds with stable).
+if ! cargo fuzz --version >/dev/null 2>&1; then
+  echo "setup: installing cargo-fuzz" >&2
+  cargo install cargo-fuzz --version 0.13.2 --locked --quiet
+fi
 if [ "${1:-}" = --vm ]; then
   bash scripts/vm-setup.sh
 fi

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The project's test command (README): host tests, then the VM suite (real soft-RDMA and the
-# Linux NVMe-oF host/target inside a qemu VM).
+# The project's test command (README): host tests and a short fuzz run, then the VM suite (real
+# soft-RDMA and the Linux NVMe-oF host/target inside a qemu VM).
 #   scripts/test.sh            everything
 #   scripts/test.sh --host     host tests only (no VM)
 set -euo pipefail
@@ -15,6 +15,9 @@ cargo build --release -p nvmf-target -p nvmf-initiator
 
 echo "== host tests (cargo test --workspace)" >&2
 cargo test --workspace
+
+echo "== fuzz (30 s per target)" >&2
+bash scripts/fuzz.sh --ci
 
 [ "$mode" = --host ] && exit 0
 

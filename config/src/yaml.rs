@@ -85,10 +85,14 @@ impl Node {
 /// Parses one YAML document. An empty document is an empty mapping.
 pub(crate) fn parse(text: &str) -> Result<Node, SyntaxError> {
     let mut parser = Parser::new_from_str(text);
+    // At the end of a text without a final line break the parser reports positions on the
+    // line after the last one; those point at the end of the text instead.
+    let end = end_of(text);
     let mut builder = Builder {
         stack: Vec::new(),
         root: None,
         documents: 0,
+        end,
     };
     loop {
         let (event, span) = match parser.next_event() {
@@ -96,11 +100,12 @@ pub(crate) fn parse(text: &str) -> Result<Node, SyntaxError> {
             Some(Ok(ev)) => ev,
             Some(Err(e)) => {
                 let m = e.marker();
+                let at = Location {
+                    line: m.line(),
+                    column: m.col() + 1,
+                };
                 return Err(SyntaxError {
-                    at: Location {
-                        line: m.line(),
-                        column: m.col() + 1,
-                    },
+                    at: at.min(end),
                     message: format!("YAML syntax error: {}", e.info()),
                 });
             }
@@ -137,12 +142,14 @@ struct Builder {
     stack: Vec<Open>,
     root: Option<Node>,
     documents: usize,
+    /// The end of the text: no location points past it.
+    end: Location,
 }
 
 impl Builder {
     /// Handles one event; `Ok(true)` at the end of the stream.
     fn event(&mut self, event: Event<'_>, span: &Span) -> Result<bool, SyntaxError> {
-        let at = Location::of(span);
+        let at = Location::of(span).min(self.end);
         let unsupported = |what: &str| {
             Err(SyntaxError {
                 at,
@@ -242,6 +249,27 @@ impl Builder {
     }
 }
 
+/// The position just after the last character of `text`; line breaks are YAML's (LF, CRLF,
+/// CR).
+fn end_of(text: &str) -> Location {
+    let mut at = Location { line: 1, column: 1 };
+    let mut chars = text.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c == '\n' || c == '\r' {
+            if c == '\r' && chars.peek() == Some(&'\n') {
+                chars.next();
+            }
+            at = Location {
+                line: at.line + 1,
+                column: 1,
+            };
+        } else {
+            at.column += 1;
+        }
+    }
+    at
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -281,6 +309,19 @@ mod tests {
     }
 
     #[test]
+    fn locations_stay_inside_the_text() {
+        // Found by fuzz/config_yaml: an empty explicit key at the end of a text that ends
+        // without a line break was placed on line 5 of a 4-line text (CR breaks lines).
+        let root = parse("?\r\r\r#\x02").unwrap();
+        let Kind::Map(entries) = &root.kind else {
+            panic!("not a map")
+        };
+        assert_eq!(entries[0].0.at, loc(4, 3));
+        assert_eq!(end_of("a\r\nb\rc\n"), loc(4, 1));
+        assert_eq!(end_of(""), loc(1, 1));
+    }
+
+    #[test]
     fn empty_document_is_empty_map() {
         for doc in ["", "# only a comment\n", "---\n", "~\n"] {
             assert_eq!(parse(doc).unwrap().kind, Kind::Map(Vec::new()), "{doc:?}");
@@ -304,6 +345,9 @@ mod tests {
                 "mapping keys must be plain names",
             ),
             ("a: [1, 2\n", loc(2, 1), "YAML syntax error"),
+            // Found by fuzz/config_yaml: no final newline, the error is at the end of line 3
+            // (the scanner said line 4 of a 3-line text).
+            ("lstdners:\n{ transpor:\n  -c nq", loc(3, 8), "YAML syntax error"),
             ("a:\n\tb: 1\n", loc(2, 2), "tabs disallowed"),
             ("[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]\n", loc(1, 33), "nest deeper than 32"),
         ];

@@ -6,11 +6,24 @@ use std::time::Duration;
 
 use nvme::fabrics::{ConnectCmd, ConnectData, CNTLID_DYNAMIC};
 use nvme::sgl::Sgl;
-use nvme::tcp::{IcReq, IcResp, OwnedPdu, Pdu, PduCollector, RxConfig, TxConfig};
+use nvme::tcp::{IcReq, IcResp, OwnedPdu, Pdu, PduCollector, R2t, RxConfig, TxConfig};
 use nvme::{Cqe, Sqe};
 use std::io::{Read, Write};
 
 pub const HOSTNQN: &str = "nqn.2014-08.org.nvmexpress:uuid:6c0a1f3e-4b8d-4c52-9a2e-1f0c3d5e7a90";
+
+/// How the target answered a request.
+#[derive(Debug, Clone)]
+pub enum Answer {
+    /// A completion (and the data that came before it).
+    Cqe(Cqe, Vec<u8>),
+    /// An R2T: the target wants the command's data.
+    R2t(R2t),
+    /// A C2HTermReq; `closed`: the connection was closed after it.
+    Term { fes: u16, fei: u32, closed: bool },
+    /// The connection closed without a TermReq.
+    Closed,
+}
 
 /// A raw connection: bytes out, PDUs in.
 pub struct RawHost {
@@ -37,12 +50,18 @@ impl RawHost {
 
     /// TCP connect + ICReq/ICResp.
     pub fn connect(addr: SocketAddr) -> (RawHost, IcResp) {
+        RawHost::connect_digests(addr, false, false)
+    }
+
+    /// TCP connect + ICReq/ICResp asking for header and/or data digests; later PDUs in both
+    /// directions carry what the ICResp granted.
+    pub fn connect_digests(addr: SocketAddr, hdgst: bool, ddgst: bool) -> (RawHost, IcResp) {
         let mut h = RawHost::connect_tcp(addr);
         let req = IcReq {
             pfv: 0,
             hpda: 0,
-            hdgst: false,
-            ddgst: false,
+            hdgst,
+            ddgst,
             maxr2t: 0,
         };
         h.send(&req.encode());
@@ -50,7 +69,53 @@ impl RawHost {
             Pdu::IcResp(r) => r,
             other => panic!("expected ICResp, got {other:?}"),
         };
+        h.rx.deframer.set_digests(resp.hdgst, resp.ddgst);
+        h.tx.hdgst = resp.hdgst;
+        h.tx.ddgst = resp.ddgst;
         (h, resp)
+    }
+
+    /// Read until the target answers: a CapsuleResp (with any C2HData before it), a
+    /// C2HTermReq (then whether the connection closed after it), or a closed connection.
+    pub fn answer(&mut self) -> Answer {
+        let mut data = Vec::new();
+        loop {
+            let Some(p) = self.recv() else {
+                return Answer::Closed;
+            };
+            match p.pdu {
+                Pdu::C2HData(d) => {
+                    data.extend_from_slice(&p.data);
+                    if d.success {
+                        return Answer::Cqe(Cqe::new(d.cccid, nvme::Status::SUCCESS, 0), data);
+                    }
+                }
+                Pdu::CapsuleResp(cqe) => return Answer::Cqe(cqe, data),
+                Pdu::C2HTermReq(t) => {
+                    let closed = self.recv().is_none();
+                    return Answer::Term {
+                        fes: t.fes,
+                        fei: t.fei,
+                        closed,
+                    };
+                }
+                Pdu::R2T(r) => return Answer::R2t(r),
+                other => panic!("unexpected PDU {other:?}"),
+            }
+        }
+    }
+
+    /// Send a capsule with `data` in-capsule and wait for the [`Answer`].
+    pub fn try_command(&mut self, sqe: &Sqe, data: &[u8]) -> Answer {
+        let pdu = Pdu::CapsuleCmd {
+            sqe: *sqe,
+            data_len: data.len() as u32,
+        };
+        let bytes = pdu.encode(&self.tx, data);
+        if self.sock.write_all(&bytes).is_err() {
+            return Answer::Closed;
+        }
+        self.answer()
     }
 
     pub fn send(&mut self, bytes: &[u8]) {

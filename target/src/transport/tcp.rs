@@ -449,6 +449,18 @@ impl Conn {
         w: &mut Wants,
     ) -> Result<(), TcpError> {
         self.stats.commands += 1;
+        // A queue's commands in flight are bounded by its size (SQSIZE + 1), not by the slots
+        // the largest queue would need. SQ entries free up when consumed, so a host that
+        // follows SQHD may briefly exceed the size; like nvmet (which allocates twice the
+        // queue size and fails the connection when they run out) allow twice as many.
+        let depth = self.queue.depth() as usize;
+        if depth > 0 && self.slots.len() - self.free_slots.len() >= 2 * depth {
+            return Err(TcpError::new(
+                Fes::PduSequenceError,
+                0,
+                "more outstanding commands than twice the queue size",
+            ));
+        }
         let Some(slot) = self.free_slots.pop() else {
             // More commands outstanding than the queue holds: the host broke flow control.
             return Err(TcpError::new(
