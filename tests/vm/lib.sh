@@ -485,7 +485,7 @@ fio_iops() {
   step "fio randread 4k qd32 ${NVMF_VM_PERF_RUNTIME:-15}s on $dev ($tag)" \
     fio --name="perf-$tag" --filename="$dev" --ioengine=$engine --direct=1 --rw=randread --bs=4k \
       --iodepth=32 --numjobs=1 --time_based --runtime="${NVMF_VM_PERF_RUNTIME:-15}" --ramp_time=2 \
-      --output-format=json --output="$OUT/fio-$tag.json" || return 1
+      --output-format=json --output="$OUT/fio-$tag.json" >&2 || return 1
   # The first "iops" of fio's JSON is jobs[0].read.iops.
   sed -n 's/^[[:space:]]*"iops" : \([0-9]*\).*/\1/p' "$OUT/fio-$tag.json" | head -n 1
 }
