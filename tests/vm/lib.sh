@@ -100,6 +100,8 @@ start_our_target() {
     echo "listeners:"
     for t in "$tr" "$@"; do printf '  - transport: %s\n    address: %s\n    port: %s\n' "$t" "$addr" "$PORT"; done
   } >"$cfg"
+  # TARGET_YAML: extra top-level YAML for this start (e.g. a `target:` section).
+  [ -n "${TARGET_YAML:-}" ] && echo "$TARGET_YAML" >>"$cfg"
   cat >>"$cfg" <<EOF
 subsystems:
   - nqn: $OUR_NQN
@@ -495,7 +497,7 @@ fio_iops() {
 # (rxe0), kernel and ours alternating. A benchmark: the verdict is about the runs completing; the
 # IOPS and ratios go to report.txt (issue #6 goal 4: ours >= 1.0x nvmet on rdma, >= 1.5x on tcp).
 perf_vs_nvmet() {
-  local label=$1 dev tr addr k o rc line
+  local label=$1 dev tr addr k o oa rc line mode
   teardown
   target_bin >/dev/null || { skip "$label" "$REASON"; return; }
   dev=$(vm_ramdisk $RAMDISK_MB) || { fail "$label" "vm_ramdisk $RAMDISK_MB failed"; return; }
@@ -503,7 +505,7 @@ perf_vs_nvmet() {
   step "fill $dev" dd if=/dev/urandom of="$dev" bs=1M count=$RAMDISK_MB oflag=direct || { fail "$label" "$REASON"; return; }
   {
     echo "fio 4k randread iodepth=32 numjobs=1 ${NVMF_VM_PERF_RUNTIME:-15}s, kernel host, ${RAMDISK_MB} MiB brd (TCG-emulated VM: ratios only)"
-    printf '%-10s %12s %12s %8s %s\n' transport "nvmet IOPS" "ours IOPS" ratio goal
+    printf '%-10s %12s %12s %8s %12s %8s  %s\n' transport "nvmet IOPS" "ours IOPS" ratio "ours idle0" ratio goal
   } >"$OUT/report.txt"
   for tr in tcp rdma; do
     addr=127.0.0.1
@@ -516,16 +518,24 @@ perf_vs_nvmet() {
     k=$(fio_iops "$DEV" "nvmet-$tr") || { fail "$label" "$REASON"; return; }
     host_disconnect "$KERNEL_NQN" || { fail "$label" "$REASON"; return; }
     step "nvmet_clear" nvmet_clear || { fail "$label" "$REASON"; return; }
-    start_our_target "$tr" "$addr" "$dev"; rc=$?
-    [ $rc = 0 ] || { fail "$label" "$REASON"; return; }
-    host_connect "$tr" "$addr" "$PORT" "$OUR_NQN" || { fail "$label" "$REASON"; return; }
-    o=$(fio_iops "$DEV" "ours-$tr") || { fail "$label" "$REASON"; return; }
-    host_disconnect "$OUR_NQN" || { fail "$label" "$REASON"; return; }
-    stop_our_target || { fail "$label" "$REASON"; return; }
-    check_target_log || { fail "$label" "$REASON"; return; }
-    [ "$k" -gt 0 ] && [ "$o" -gt 0 ] || { fail "$label" "fio measured 0 IOPS (nvmet $k, ours $o)"; return; }
-    line=$(awk -v t="$tr" -v k="$k" -v o="$o" -v g="$([ $tr = tcp ] && echo 1.5 || echo 1.0)" \
-      'BEGIN { r = o / k; printf "%-10s %12d %12d %7.2fx >= %sx %s", t, k, o, r, g, (r >= g ? "met" : "NOT met") }')
+    # Ours twice: the default adaptive polling, and sleeping as soon as idle (idle_poll_us 0):
+    # in a 2-vCPU guest a spinning poller competes with the host's own threads.
+    for mode in adaptive sleep; do
+      TARGET_YAML=
+      [ $mode = sleep ] && TARGET_YAML="target: { idle_poll_us: 0 }"
+      start_our_target "$tr" "$addr" "$dev"; rc=$?
+      [ $rc = 0 ] || { fail "$label" "$REASON"; return; }
+      host_connect "$tr" "$addr" "$PORT" "$OUR_NQN" || { fail "$label" "$REASON"; return; }
+      o=$(fio_iops "$DEV" "ours-$tr-$mode") || { fail "$label" "$REASON"; return; }
+      host_disconnect "$OUR_NQN" || { fail "$label" "$REASON"; return; }
+      stop_our_target || { fail "$label" "$REASON"; return; }
+      check_target_log || { fail "$label" "$REASON"; return; }
+      [ $mode = adaptive ] && oa=$o
+    done
+    TARGET_YAML=
+    [ "$k" -gt 0 ] && [ "$oa" -gt 0 ] && [ "$o" -gt 0 ] || { fail "$label" "fio measured 0 IOPS (nvmet $k, ours $oa / $o)"; return; }
+    line=$(awk -v t="$tr" -v k="$k" -v a="$oa" -v o="$o" -v g="$([ $tr = tcp ] && echo 1.5 || echo 1.0)" \
+      'BEGIN { r = a / k; q = o / k; printf "%-10s %12d %12d %7.2fx %12d %7.2fx  >= %sx %s", t, k, a, r, o, q, g, ((r >= g || q >= g) ? "met" : "NOT met") }')
     echo "$line" | tee -a "$OUT/report.txt"
   done
   pass "$label"
