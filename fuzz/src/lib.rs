@@ -176,6 +176,11 @@ impl Store for MemStore {
         &mut self.bufs[buf as usize]
     }
 
+    fn payload(&self, buf: u32, len: usize) -> &[u8] {
+        assert!(self.in_use[buf as usize], "buffer {buf} sent while free");
+        &self.bufs[buf as usize][..len]
+    }
+
     fn submit(&mut self, op: &IoOp, buf: Option<u32>, user_data: u64) {
         self.submitted += 1;
         match op.kind {
@@ -208,6 +213,15 @@ impl Store for MemStore {
 
     fn buffers_in_use(&self) -> usize {
         self.in_use.iter().filter(|&&u| u).count()
+    }
+
+    fn set_device(
+        &mut self,
+        _index: u32,
+        _device: Option<&nvmf_target::backend::Device>,
+    ) -> std::io::Result<()> {
+        // Memory only: there are no devices to register.
+        Ok(())
     }
 }
 
