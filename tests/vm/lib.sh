@@ -541,6 +541,25 @@ perf_vs_nvmet() {
   pass "$label"
 }
 
+# soak_randrw LABEL ADDR: our target over NVMe/RDMA; nvmf-bench randrw 4k QD16 on two queues
+# with --verify=crc32c, time-based for $NVMF_VM_SOAK_SECS (60); 0 mismatches, clean target log.
+soak_randrw() {
+  local label=$1 addr=$2 b secs=${NVMF_VM_SOAK_SECS:-60}
+  bench_case_start "$label" "$addr" rdma || return
+  b=$(bench_bin)
+  step "nvmf-bench rdma randrw 4k qd16 x2 ${secs}s verify" timeout $((secs + 240)) "$b" \
+    --transport rdma --traddr "$addr" --trsvcid "$PORT" --subnqn "$OUR_NQN" --rw=randrw \
+    --bs=4k --iodepth=16 --numjobs=2 --size=16M --offset_increment=16M --time_based \
+    --runtime="$secs" --verify=crc32c || { fail "$label" "$REASON"; return; }
+  cp "$WORK/step.out" "$OUT/soak.txt"
+  grep -E '^[[:space:]]+(read|write|verify):' "$WORK/step.out" | tee "$OUT/report.txt"
+  grep -qE 'verify: [1-9][0-9]* blocks checked, 0 mismatches' "$WORK/step.out" ||
+    { fail "$label" "no clean verify line: $(grep -m1 'verify' "$WORK/step.out")"; return; }
+  stop_our_target || { fail "$label" "$REASON"; return; }
+  check_target_log || { fail "$label" "$REASON"; return; }
+  pass "$label"
+}
+
 # nvme_ns_dev NQN NSID: the host block device of namespace NSID of a connected NQN, if present.
 nvme_ns_dev() {
   local d
