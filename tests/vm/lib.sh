@@ -560,6 +560,29 @@ soak_randrw() {
   pass "$label"
 }
 
+# rdma_wire LABEL ADDR [TEST...]: the in-process NVMe/RDMA wire tests (target/tests/rdma_raw.rs:
+# CM rejects and their private data, keyed SGLs both ways, in-capsule data, bad capsules, every
+# buffer and MR back after the connections end; rdma_host.rs: listener errors) against ADDR's
+# device, RDMA required (NVMF_REQUIRE_RDMA=1: a missing device fails instead of skipping).
+rdma_wire() {
+  local label=$1 addr=$2 t exe
+  shift 2
+  teardown
+  log "case $label: $* on $addr"
+  for t in "$@"; do
+    exe=
+    for kv in ${NVMF_RDMA_TESTS:-}; do [ "${kv%%=*}" = "$t" ] && exe=${kv#*=}; done
+    [ -n "$exe" ] && [ -x "$exe" ] || { fail "$label" "test binary $t not built (NVMF_RDMA_TESTS='${NVMF_RDMA_TESTS:-}')"; return; }
+    step "$t on $addr" env NVMF_REQUIRE_RDMA=1 NVMF_TEST_RDMA_IP="$addr" RUST_LOG=warn \
+      timeout 300 "$exe" --test-threads=1 --nocapture || { fail "$label" "$REASON"; return; }
+    cp "$WORK/step.out" "$OUT/$t.txt"
+    grep -qE '^test result: ok\. [1-9]' "$WORK/step.out" || { fail "$label" "$t ran no test"; return; }
+    grep -iq 'skipped' "$WORK/step.out" && { fail "$label" "$t skipped inside the VM: $(grep -im1 skipped "$WORK/step.out")"; return; }
+    grep -E '^test result' "$WORK/step.out"
+  done
+  pass "$label"
+}
+
 # nvme_ns_dev NQN NSID: the host block device of namespace NSID of a connected NQN, if present.
 nvme_ns_dev() {
   local d

@@ -30,6 +30,7 @@ bad_usage() { echo "run.sh: $*" >&2; exit 2; }
 # under the kernel host, then our initiator. Scenario files not listed here run last.
 ORDER=(
   kernel-target-tcp-sanity kernel-target-rdma-sanity
+  rdma-wire-rxe rdma-wire-siw
   kernel-host-tcp kernel-host-rdma-rxe kernel-host-rdma-siw
   initiator-vs-kernel-target-tcp initiator-vs-kernel-target-rdma-rxe initiator-vs-kernel-target-rdma-siw
   initiator-vs-our-target-tcp initiator-vs-our-target-rdma-rxe initiator-vs-our-target-rdma-siw
@@ -149,6 +150,24 @@ if [ $need_build = 1 ]; then
   done
 fi
 
+# The in-process RDMA wire tests (target/tests/rdma_raw.rs, rdma_host.rs): built here, run in the
+# guest by the rdma-wire-* scenarios.
+RDMA_TESTS=
+if [ $need_build = 1 ]; then
+  echo "run.sh: cargo test --release -p nvmf-target --test rdma_raw --test rdma_host --no-run" >&2
+  if (cd "$ROOT" && cargo test --release -p nvmf-target --test rdma_raw --test rdma_host --no-run \
+      --message-format=json) >"$RESULTS/build-rdma-tests.json" 2>"$RESULTS/build-rdma-tests.log"; then
+    RDMA_TESTS=$(python3 -c '
+import json, sys
+for line in open(sys.argv[1]):
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] in ("rdma_raw", "rdma_host"):
+        print(m["target"]["name"] + "=" + m["executable"])' "$RESULTS/build-rdma-tests.json" | tr '\n' ' ')
+  else
+    host_fail "build-rdma-tests" "cargo test --no-run of the RDMA wire tests failed: $(grep -m1 -E '^error' "$RESULTS/build-rdma-tests.log" | cut -c1-160)"
+  fi
+fi
+
 # ---------------- 3. one VM for every scenario ----------------
 # The per-scenario limits guard against hangs; their sum can exceed what CI allows (90 min for
 # build and all), so the whole VM is capped as well.
@@ -160,6 +179,7 @@ envs=(
   NVMF_TARGET_BIN="${BIN[nvmf-target]:-}" NVMF_TARGET_NOTE="${NOTE[nvmf-target]:-}"
   NVMF_BENCH_BIN="${BIN[nvmf-bench]:-}" NVMF_BENCH_NOTE="${NOTE[nvmf-bench]:-}"
   NVMF_IOCHECK_BIN="${BIN[io_check]:-}" NVMF_IOCHECK_NOTE="${NOTE[io_check]:-}"
+  NVMF_RDMA_TESTS="$RDMA_TESTS"
   NVMF_TEST_BREAK="${NVMF_TEST_BREAK:-}" RUST_LOG="${RUST_LOG:-info}" RUST_BACKTRACE=1
 )
 for v in $(compgen -e | grep '^NVMF_VM_' || true); do envs+=("$v=${!v}"); done
