@@ -424,7 +424,7 @@ bench_compare_our_target() {
     step "nvmf-bench --compare tcp,rdma $rw $bs qd$qd" timeout 300 "$b" --compare tcp,rdma \
       --traddr "$addr" --trsvcid "$PORT" --subnqn "$OUR_NQN" --rw="$rw" --bs="$bs" \
       --iodepth="$qd" --size=32M --runtime="${NVMF_VM_COMPARE_RUNTIME:-8}" \
-      --latency-plot="$OUT/cdf-$rw-$bs.svg" || { fail "$label" "$REASON"; return; }
+      --latency-plot="$OUT/cdf-$rw-$bs.svg" --target-stats "$CTL" || { fail "$label" "$REASON"; return; }
     { echo "\$ nvmf-bench --compare tcp,rdma --rw=$rw --bs=$bs --iodepth=$qd (rxe, TCG-emulated VM)"; cat "$WORK/step.out"; echo; } >>"$OUT/report.txt"
     cat "$WORK/step.out"
     copies=$(awk '/\[rdma\]:/ {r=1} r && /copies:/ {print $2; exit}' "$WORK/step.out")
