@@ -385,6 +385,30 @@ impl Bench {
         }
     }
 
+    /// A Fabrics Connect for another queue than the one the CM request set up (its RECVs were
+    /// sized for that queue): the target closes the connection.
+    fn qid_mismatch_row(&mut self, cntlid: u16) {
+        let got = (|| -> R<(String, bool)> {
+            let pd = cm_req(3, IO_DEPTH, IO_DEPTH - 1, cntlid);
+            let mut q = self.established(&pd, IO_DEPTH as u32)?;
+            let first = self.fabrics_connect(&mut q, 4, IO_DEPTH - 1, cntlid)?;
+            Ok(match first {
+                Event::Cqe(c) if c.status().is_success() => {
+                    let e = q.next(self.t).map_err(|e| e.to_string())?;
+                    let closed = matches!(e, Event::Cm(_) | Event::WcError(..));
+                    (format!("Connect succeeded, then {}", ev_str(&e)), closed)
+                }
+                e @ (Event::Cqe(_) | Event::Cm(_) | Event::WcError(..)) => (ev_str(&e), true),
+                e @ Event::Timeout => (ev_str(&e), false),
+            })
+        })();
+        self.row(
+            "Fabrics Connect for qid 4 on the CM connection of qid 3",
+            "the connection closes (or a Connect error status)",
+            got,
+        );
+    }
+
     fn admin_rows(&mut self, a: &mut RawConn) {
         for (input, op) in [
             ("admin opcode 0xc1 (reserved)", 0xc1u8),
@@ -698,6 +722,7 @@ fn main() -> ExitCode {
                 g.cntlid, b.nsid, g.nsze, g.bs, g.max_xfer, g.icd
             );
             b.connect_rows(g.cntlid);
+            b.qid_mismatch_row(g.cntlid);
             b.admin_rows(&mut a);
             b.io_rows(&mut q, g);
             b.overflow_row(g.cntlid);

@@ -492,7 +492,7 @@ bad_input_rdma() {
   bench=$(bench_bin)
   log "starting the good host (nvmf-bench randrw verify)"
   timeout 600 "$bench" --transport rdma --traddr "$addr" --trsvcid "$PORT" --subnqn "$OUR_NQN" \
-    --rw=randrw --bs=4k --iodepth=8 --size=16M --runtime="${NVMF_VM_BADINPUT_RUNTIME:-150}" \
+    --rw=randrw --bs=4k --iodepth=8 --size=16M --runtime="${NVMF_VM_BADINPUT_RUNTIME:-45}" \
     --verify=crc32c >"$OUT/good-host.txt" 2>&1 &
   pid=$!
   sleep 2
