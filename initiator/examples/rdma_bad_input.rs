@@ -376,6 +376,12 @@ impl Bench {
                 IO_DEPTH - 1,
             ),
             ("I/O Connect with sqsize 0", 3, cntlid, 0),
+            (
+                "I/O Connect sqsize 31 on a CM queue of hsqsize 7 (8 RECVs)",
+                3,
+                cntlid,
+                31,
+            ),
         ];
         for (input, qid, c, sqsize) in cases {
             let got = self
