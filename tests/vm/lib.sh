@@ -2,8 +2,9 @@
 # lib.sh - shared steps for the VM scenarios (tests/vm/scenarios/*.sh). Sourced inside the guest.
 #
 # Set by tests/vm/guest-run.sh: SCENARIO (name), VM_RESULTS (this run's results dir, writable),
-# NVMF_TARGET_BIN / NVMF_BENCH_BIN / NVMF_IOCHECK_BIN (host-built binaries; empty when their build
-# failed, with the reason in NVMF_TARGET_NOTE / NVMF_BENCH_NOTE / NVMF_IOCHECK_NOTE), NVMF_TEST_BREAK (deliberate breakage, see README).
+# NVMF_TARGET_BIN / NVMF_BENCH_BIN / NVMF_IOCHECK_BIN / NVMF_BADINPUT_BIN (host-built binaries; empty
+# when their build failed, with the reason in NVMF_TARGET_NOTE / NVMF_BENCH_NOTE / NVMF_IOCHECK_NOTE /
+# NVMF_BADINPUT_NOTE), NVMF_TEST_BREAK (deliberate breakage, see README).
 # Set by tests/vm/vm.sh: RXE_IP, SIW_IP, the guest helpers (vm_ramdisk, nvmet_export, ...).
 #
 # Verdicts: every case ends in exactly one of pass/fail/skip, which prints
@@ -17,6 +18,7 @@ set -o pipefail
 NVMF_TARGET_BIN=${NVMF_TARGET_BIN:-}
 NVMF_BENCH_BIN=${NVMF_BENCH_BIN:-}
 NVMF_IOCHECK_BIN=${NVMF_IOCHECK_BIN:-}
+NVMF_BADINPUT_BIN=${NVMF_BADINPUT_BIN:-}
 NVMF_TEST_BREAK=${NVMF_TEST_BREAK:-}
 
 # Knobs (environment, passed through by run.sh).
@@ -477,6 +479,44 @@ host_killed_mid_io() {
   kill -0 "$TARGET_PID" 2>/dev/null || { fail "$label" "target died"; return; }
   stop_our_target || { fail "$label" "$REASON"; return; }
   check_target_log || { fail "$label" "$REASON"; return; }
+  pass "$label"
+}
+
+# bad_input_rdma LABEL ADDR: our target on NVMe/RDMA at ADDR; a good host (nvmf-bench randrw 4k
+# QD8 with --verify=crc32c, time based) runs while rdma_bad_input (initiator/examples/
+# rdma_bad_input.rs) sends its bad-input rows; the table goes to report.txt. Every row must pass,
+# the good host must still be running when the table is done and then exit 0 (no I/O error, no
+# verify mismatch), the target must be alive, exit on SIGTERM and log no panic.
+bad_input_rdma() {
+  local label=$1 addr=$2 b=$NVMF_BADINPUT_BIN bench pid rc=0 grc
+  bench_case_start "$label" "$addr" rdma || return
+  [ -n "$b" ] && [ -x "$b" ] ||
+    { fail "$label" "rdma_bad_input not available: ${NVMF_BADINPUT_NOTE:-NVMF_BADINPUT_BIN unset}"; return; }
+  bench=$(bench_bin)
+  log "starting the good host (nvmf-bench randrw verify)"
+  timeout 600 "$bench" --transport rdma --traddr "$addr" --trsvcid "$PORT" --subnqn "$OUR_NQN" \
+    --rw=randrw --bs=4k --iodepth=8 --size=16M --runtime="${NVMF_VM_BADINPUT_RUNTIME:-45}" \
+    --verify=crc32c >"$OUT/good-host.txt" 2>&1 &
+  pid=$!
+  sleep 2
+  kill -0 $pid 2>/dev/null || { fail "$label" "the good host ended at once: $(tail -n 1 "$OUT/good-host.txt")"; return; }
+  step "rdma_bad_input $addr:$PORT" timeout 300 "$b" --traddr "$addr" --trsvcid "$PORT" \
+    --subnqn "$OUR_NQN" --timeout 10 || rc=1
+  { echo "\$ rdma_bad_input --traddr $addr (our target; $label)"; cat "$WORK/step.out"; } >"$OUT/report.txt"
+  grep -E '^(PASS|FAIL) ' "$WORK/step.out"
+  tail -n 1 "$WORK/step.out"
+  if ! kill -0 $pid 2>/dev/null; then
+    wait $pid; grc=$?
+    fail "$label" "the good host ended (status $grc) before the bad-input rows did: $(tail -n 1 "$OUT/good-host.txt")"; return
+  fi
+  wait $pid; grc=$?
+  tail -n 4 "$OUT/good-host.txt"
+  { echo; echo "good host during the table (nvmf-bench randrw 4k QD8 --verify=crc32c): exit $grc"; grep -iE 'iops|verify|error' "$OUT/good-host.txt" | head -n 6; } >>"$OUT/report.txt"
+  [ $grc = 0 ] || { fail "$label" "the good host failed (exit $grc): $(tail -n 1 "$OUT/good-host.txt")"; return; }
+  [ $rc = 0 ] || { fail "$label" "$REASON"; return; }
+  kill -0 "$TARGET_PID" 2>/dev/null || { fail "$label" "target died"; return; }
+  stop_our_target || { fail "$label" "$REASON"; return; }
+  if grep -q panicked "$OUT/target.log"; then fail "$label" "target log: $(grep -m1 panicked "$OUT/target.log" | cut -c1-200)"; return; fi
   pass "$label"
 }
 

@@ -35,6 +35,7 @@ ORDER=(
   initiator-vs-kernel-target-tcp initiator-vs-kernel-target-rdma-rxe initiator-vs-kernel-target-rdma-siw
   initiator-vs-our-target-tcp initiator-vs-our-target-rdma-rxe initiator-vs-our-target-rdma-siw
   bench-compare-tcp-rdma-rxe host-killed-mid-io-rdma-rxe host-killed-mid-io-rdma-siw
+  bad-input-rdma-rxe bad-input-rdma-siw
   kernel-host-reload-tcp kernel-host-reload-rdma-rxe soak-randrw-rdma-rxe soak-randrw-rdma-siw
   perf-vs-nvmet
 )
@@ -126,11 +127,13 @@ if [ $need_build = 1 ]; then
   TDIR=$(cd "$ROOT" && cargo metadata --format-version 1 --no-deps 2>/dev/null |
     python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])') ||
     TDIR=${CARGO_TARGET_DIR:-$ROOT/build}
-  # package:binary[:example]
-  for pkg_bin in nvmf-target:nvmf-target nvmf-initiator:nvmf-bench nvmf-initiator:io_check:example; do
-    IFS=: read -r pkg bin kind <<<"$pkg_bin"
+  # package:binary[:example[:features]]
+  for pkg_bin in nvmf-target:nvmf-target nvmf-initiator:nvmf-bench nvmf-initiator:io_check:example \
+      nvmf-initiator:rdma_bad_input:example:raw; do
+    IFS=: read -r pkg bin kind feat <<<"$pkg_bin"
     sel=() path=$TDIR/release/$bin
     [ "$kind" = example ] && sel=(--example "$bin") path=$TDIR/release/examples/$bin
+    [ -n "$feat" ] && sel+=(--features "$feat")
     if [ $BUILD = 1 ]; then
       echo "run.sh: cargo build --release -p $pkg ${sel[*]}" >&2
       t0=$SECONDS
@@ -180,6 +183,7 @@ envs=(
   NVMF_BENCH_BIN="${BIN[nvmf-bench]:-}" NVMF_BENCH_NOTE="${NOTE[nvmf-bench]:-}"
   NVMF_IOCHECK_BIN="${BIN[io_check]:-}" NVMF_IOCHECK_NOTE="${NOTE[io_check]:-}"
   NVMF_RDMA_TESTS="$RDMA_TESTS"
+  NVMF_BADINPUT_BIN="${BIN[rdma_bad_input]:-}" NVMF_BADINPUT_NOTE="${NOTE[rdma_bad_input]:-}"
   NVMF_TEST_BREAK="${NVMF_TEST_BREAK:-}" RUST_LOG="${RUST_LOG:-info}" RUST_BACKTRACE=1
 )
 for v in $(compgen -e | grep '^NVMF_VM_' || true); do envs+=("$v=${!v}"); done

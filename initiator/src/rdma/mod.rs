@@ -62,6 +62,8 @@
 mod error;
 mod pool;
 mod queue;
+#[cfg(feature = "raw")]
+pub mod raw;
 mod state;
 
 pub use error::RdmaError;

@@ -122,7 +122,7 @@ impl fmt::Debug for RdmaQueue {
 }
 
 /// Waits for the next CM event of the connection being set up, within `deadline`.
-fn next_event(
+pub(super) fn next_event(
     ch: &EventChannel,
     deadline: Instant,
     timeout: Duration,
@@ -134,7 +134,7 @@ fn next_event(
 }
 
 /// Waits for `want`; any other event is the failure of `during`.
-fn expect_event(
+pub(super) fn expect_event(
     ch: &EventChannel,
     qid: u16,
     deadline: Instant,

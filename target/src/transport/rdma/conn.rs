@@ -35,12 +35,15 @@ use ::rdma::{
     AccessFlags, CmId, ConnParam, Cq, Mr, Qp, QpInitAttr, RecvWr, RemoteBuf, SendWr, Sge, WcStatus,
     WorkCompletion,
 };
+use nvme::fabrics::{connect_sqe_off, ConnectCmd, ConnectResult, InvalidAttr};
 use nvme::rdma::CmReply;
 use nvme::sgl::Sgl;
 use nvme::{Sqe, Status};
 use tracing::{debug, info, warn};
 
-use super::params::{split_wr_id, wr_id, QueueSizing, WrKind, CQE_BYTES, SQE_BYTES};
+use super::params::{
+    connect_sqsize_fits, split_wr_id, wr_id, QueueSizing, WrKind, CQE_BYTES, SQE_BYTES,
+};
 use super::poller::DevRes;
 use super::request::{Req, ReqState, StateCounts};
 use crate::backend::BufId;
@@ -742,11 +745,35 @@ impl Conn {
     fn execute(&mut self, slot: u32, env: &mut Env<'_>) {
         let s = slot as usize;
         let cmd = self.slots[s].cmd.take().expect("request has its command");
+        let connect = cmd.sqe.is_fabrics() && cmd.sqe.fctype() == nvme::opcode::fctype::CONNECT;
+        if connect
+            && !connect_sqsize_fits(
+                ConnectCmd::from_sqe(&cmd.sqe).sqsize.get(),
+                self.sizing.recvs,
+            )
+        {
+            let mut cqe = self
+                .queue
+                .complete_status(&cmd, Status::CONNECT_INVALID_PARAM.dnr());
+            cqe.result = ConnectResult::InvalidParam {
+                attr: InvalidAttr::Sqe,
+                offset: connect_sqe_off::SQSIZE,
+            }
+            .encode()
+            .into();
+            debug!(peer = %self.peer, recvs = self.sizing.recvs,
+                "Connect SQSIZE exceeds the RDMA CM request's queue: Invalid Parameters");
+            let r = &mut self.slots[s];
+            r.cmd = Some(cmd);
+            r.cqe = Some(cqe);
+            r.data_len = 0;
+            self.set(slot, ReqState::ReadyToComplete);
+            return;
+        }
         let ex = match self.slots[s].buf {
             Some(b) => self.queue.execute(&cmd, env.store.buf(b), env.now),
             None => self.queue.execute(&cmd, &mut [], env.now),
         };
-        let connect = cmd.sqe.is_fabrics() && cmd.sqe.fctype() == nvme::opcode::fctype::CONNECT;
         self.slots[s].cmd = Some(cmd);
         match ex {
             Exec::Done { cqe, data_len } => {
