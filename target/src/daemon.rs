@@ -59,6 +59,8 @@ pub enum ReloadError {
     },
     #[error("registering device {index} with the pollers' rings: {reason}")]
     Register { index: u32, reason: String },
+    #[error(transparent)]
+    RdmaListen(#[from] crate::transport::rdma::ListenError),
 }
 
 /// What a reload did, for the log.
@@ -440,8 +442,8 @@ impl Daemon {
     /// and NVMe/TCP listeners. Everything that can fail (opening storage, binding ports,
     /// registering devices with every poller's ring) happens before anything visible
     /// changes, so an error leaves the running configuration as it was. Target settings,
-    /// the metrics endpoint and RDMA listeners are not changed (reported in
-    /// `not_applied`: they need a restart).
+    /// the metrics endpoint and the first NVMe/RDMA listener of a target started without one
+    /// are not changed (reported in `not_applied`: they need a restart).
     pub fn reload(&mut self, new: &Config) -> Result<ReloadReport, ReloadError> {
         let mut report = ReloadReport::default();
         let mut new = new.clone();
@@ -457,17 +459,22 @@ impl Daemon {
                 .push("`metrics` (the endpoint changes at the next start)".into());
             new.metrics = self.cfg.metrics.clone();
         }
-        // RDMA listeners stay as started.
-        let rdma_new: Vec<&config::Listener> = new
+        // RDMA listeners: new ones join the running RDMA transport's CM thread; without one
+        // (the target started with no NVMe/RDMA listener) they wait for a restart.
+        let mut rdma_add: Vec<config::Listener> = new
             .listeners
             .iter()
             .filter(|l| l.transport == Transport::Rdma)
+            .filter(|l| !self.rdma_listeners.iter().any(|(o, _)| o == *l))
+            .cloned()
             .collect();
-        let rdma_old: Vec<&config::Listener> = self.rdma_listeners.iter().map(|(l, _)| l).collect();
-        if rdma_new != rdma_old {
+        if !rdma_add.is_empty() && self.rdma.is_none() {
             report.not_applied.push(
-                "RDMA listener changes (NVMe/RDMA listeners change at the next start)".into(),
+                "new NVMe/RDMA listeners: this target started without one, so it has no RDMA \
+                 transport (restart to add the first)"
+                    .into(),
             );
+            rdma_add.clear();
         }
         // TCP listeners.
         let tcp_new: Vec<config::Listener> = new
@@ -506,6 +513,21 @@ impl Daemon {
             })?;
             bound.push((l.clone(), sock, addr));
         }
+        // 2b. New RDMA listeners (undone below if a later step fails).
+        let mut rdma_bound: Vec<(config::Listener, SocketAddr)> = Vec::new();
+        if let Some(r) = self.rdma.as_mut() {
+            for l in &rdma_add {
+                match r.listen(SocketAddr::new(l.address, l.port)) {
+                    Ok(addr) => rdma_bound.push((l.clone(), addr)),
+                    Err(e) => {
+                        for (_, a) in &rdma_bound {
+                            r.unlisten(*a);
+                        }
+                        return Err(e.into());
+                    }
+                }
+            }
+        }
         // 3. Every poller's ring learns the new devices (slots are never reused).
         let first = self.devices.len() as u32;
         let added: Vec<(u32, Arc<Device>)> = opened
@@ -518,6 +540,11 @@ impl Daemon {
                 // Undo what the pollers registered so far.
                 for (index, _) in &added[..=i] {
                     let _ = self.update_pollers(*index, None);
+                }
+                if let Some(r) = self.rdma.as_mut() {
+                    for (_, a) in &rdma_bound {
+                        r.unlisten(*a);
+                    }
                 }
                 return Err(ReloadError::Register {
                     index: *index,
@@ -566,6 +593,26 @@ impl Daemon {
             }
         }
         self.tcp_addrs = self.tcp.iter().map(|r| r.bound).collect();
+        let rdma_keep: Vec<config::Listener> = new
+            .listeners
+            .iter()
+            .filter(|l| l.transport == Transport::Rdma)
+            .cloned()
+            .collect();
+        if let Some(r) = self.rdma.as_mut() {
+            self.rdma_listeners.retain(|(l, a)| {
+                let keep = rdma_keep.contains(l);
+                if !keep {
+                    r.unlisten(*a);
+                    report.listeners_removed.push(*a);
+                }
+                keep
+            });
+        }
+        for (l, a) in rdma_bound {
+            report.listeners_added.push(a);
+            self.rdma_listeners.push((l, a));
+        }
         let tcp_bound: Vec<(config::Listener, SocketAddr)> = self
             .tcp
             .iter()

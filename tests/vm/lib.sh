@@ -648,7 +648,8 @@ reload_and_wait() {
 # kernel_host_reload LABEL TRTYPE ADDR: SIGHUP reload under the Linux host. Our target serves
 # namespace 1; with the host connected, the config gains namespace 2 (a file) and SIGHUP: the host
 # must get the Namespace Attribute Changed event and show the new block device, which passes a fio
-# verify; the namespace is removed again (the device goes away); a broken config is rejected
+# verify; the namespace is removed again (the device goes away); a listener on PORT+1 is added
+# (nvme discover works there) and removed (nothing listens); a broken config is rejected
 # (error logged, namespace 1 still reads); disconnect, SIGTERM.
 kernel_host_reload() {
   local label=$1 tr=$2 addr=$3 dev rc cfg=$OUT/target.yaml good n2
@@ -668,6 +669,20 @@ kernel_host_reload() {
   fio_verify "$n2" 4k 8M || { fail "$label" "$REASON"; return; }
   echo "$good" >"$cfg"
   reload_and_wait "namespace 2 removed" bash -c "! [ -b $n2 ]" || { fail "$label" "$REASON"; return; }
+  # A listener added by SIGHUP serves discovery; removed by SIGHUP, it stops listening.
+  local p2=$((PORT + 1))
+  awk -v tr="$tr" -v a="$addr" -v p="$p2" '{ print }
+    /^listeners:/ { printf "  - transport: %s\n    address: %s\n    port: %s\n", tr, a, p }' \
+    <<<"$good" >"$cfg"
+  reload_and_wait "listener $tr $addr:$p2 added" vm_wait_listen "$tr" "$addr" "$p2" 1 ||
+    { fail "$label" "$REASON"; return; }
+  step "nvme discover -t $tr -a $addr -s $p2 (added by SIGHUP)" nvme discover -t "$tr" -a "$addr" -s "$p2" ||
+    { fail "$label" "$REASON"; return; }
+  grep -qE "^subnqn:[[:space:]]+$OUR_NQN\$" "$WORK/step.out" ||
+    { fail "$label" "the discovery log of the added listener does not list $OUR_NQN"; return; }
+  echo "$good" >"$cfg"
+  reload_and_wait "listener $tr $addr:$p2 removed" bash -c "! vm_wait_listen $tr $addr $p2 1" ||
+    { fail "$label" "$REASON"; return; }
   echo "subsystems: [ {nqn: broken" >"$cfg"
   kill -HUP "$TARGET_PID"
   local end=$((SECONDS + 20))

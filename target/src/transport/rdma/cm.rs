@@ -47,6 +47,8 @@ pub(super) struct CmThread {
     conns: HashMap<u64, Entry>,
     devices: Vec<Arc<Context>>,
     next_tag: u64,
+    /// Listener tags continue after the ones bound at start.
+    next_listener: u64,
     rr: usize,
 }
 
@@ -59,6 +61,7 @@ impl CmThread {
         stop: Arc<AtomicBool>,
     ) -> CmThread {
         CmThread {
+            next_listener: listeners.len() as u64,
             ch,
             listeners,
             pollers,
@@ -96,12 +99,36 @@ impl CmThread {
                     CmNote::Released { tag } => {
                         self.conns.remove(&tag);
                     }
+                    CmNote::Listen { addr, reply } => {
+                        let _ = reply.send(self.listen(addr));
+                    }
+                    CmNote::Unlisten { addr } => {
+                        let before = self.listeners.len();
+                        // Dropping the id destroys it: no new connections there.
+                        self.listeners.retain(|l| l.addr != addr);
+                        if self.listeners.len() < before {
+                            info!(address = %addr, "NVMe/RDMA listener closed (connected hosts stay)");
+                        }
+                    }
                 }
             }
         }
         for l in &self.listeners {
             info!(address = %l.addr, "NVMe/RDMA listener closed");
         }
+    }
+
+    /// A new listening id on the thread's event channel (configuration reload).
+    fn listen(&mut self, addr: SocketAddr) -> Result<SocketAddr, ::rdma::Error> {
+        let tag = LISTENER_TAG | self.next_listener;
+        self.next_listener += 1;
+        let id = self.ch.create_id(tag)?;
+        id.bind_addr(addr)?;
+        id.listen(super::BACKLOG)?;
+        let bound = id.local_addr().unwrap_or(addr);
+        info!(address = %bound, "NVMe/RDMA listener up");
+        self.listeners.push(Listener { id, addr: bound });
+        Ok(bound)
     }
 
     /// Sleeps until the event channel or a device's async descriptor is readable, or `WAIT`.

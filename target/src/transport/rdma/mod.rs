@@ -127,6 +127,13 @@ pub(crate) enum CmNote {
     Accepted { tag: u64, qp_num: u32 },
     /// The connection is gone (or was rejected): forget its id.
     Released { tag: u64 },
+    /// (Configuration reload) listen on `addr` too; the bound address or the error on `reply`.
+    Listen {
+        addr: SocketAddr,
+        reply: mpsc::Sender<Result<SocketAddr, ::rdma::Error>>,
+    },
+    /// (Configuration reload) stop listening on the bound address `addr`; connected hosts stay.
+    Unlisten { addr: SocketAddr },
 }
 
 /// A listener that could not be set up.
@@ -248,6 +255,8 @@ pub struct RdmaTransport {
     pollers: Arc<Vec<RdmaPollerHandle>>,
     cm: Option<JoinHandle<()>>,
     addrs: Vec<SocketAddr>,
+    /// To the CM thread (listeners added and removed by a reload).
+    notes: mpsc::Sender<CmNote>,
 }
 
 impl RdmaTransport {
@@ -294,12 +303,40 @@ impl RdmaTransport {
             pollers,
             cm: Some(cm),
             addrs,
+            notes: notes_tx,
         })
     }
 
     /// The listeners' bound addresses.
     pub fn local_addrs(&self) -> &[SocketAddr] {
         &self.addrs
+    }
+
+    /// Listen on `addr` too (on the CM thread's event channel); the bound address.
+    pub fn listen(&mut self, addr: SocketAddr) -> Result<SocketAddr, ListenError> {
+        let (reply, rx) = mpsc::channel();
+        let gone = || ListenError {
+            addr,
+            source: ::rdma::Error::Verbs {
+                call: "rdma_listen (the rdma_cm thread is gone)",
+                errno: libc::ESHUTDOWN,
+            },
+        };
+        self.notes
+            .send(CmNote::Listen { addr, reply })
+            .map_err(|_| gone())?;
+        let bound = rx
+            .recv_timeout(std::time::Duration::from_secs(10))
+            .map_err(|_| gone())?
+            .map_err(|source| ListenError { addr, source })?;
+        self.addrs.push(bound);
+        Ok(bound)
+    }
+
+    /// Stop listening on the bound address `bound`; connected hosts stay.
+    pub fn unlisten(&mut self, bound: SocketAddr) {
+        let _ = self.notes.send(CmNote::Unlisten { addr: bound });
+        self.addrs.retain(|a| *a != bound);
     }
 
     /// Hand every RDMA poller a device slot change; the number of pollers reached (each
