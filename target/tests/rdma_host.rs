@@ -1,7 +1,8 @@
 //! The daemon with an RDMA listener on this machine (the build host): without kernel RDMA it
 //! must exit with a clear error naming the listener and the missing RDMA, never panic. With
-//! RDMA present (e.g. inside the test VM) binding 127.0.0.1 fails instead (no RDMA device owns
-//! the loopback address), which must be just as clear.
+//! RDMA present (e.g. inside the test VM) binding fails instead: the listener's address,
+//! 192.0.2.1 (TEST-NET-1), is on no interface of this machine. (127.0.0.1 would not do: with
+//! an rxe device present, rdma_cm binds the loopback address.)
 
 use std::io::Write;
 use std::process::{Command, Stdio};
@@ -62,7 +63,7 @@ fn run_target(config: &str, env: &[(&str, &str)]) -> (Option<i32>, String) {
 #[test]
 fn rdma_listener_without_rdma_fails_cleanly() {
     let (code, text) = run_target(
-        "listeners:\n  - { transport: rdma, address: 127.0.0.1, port: 4420 }\n\
+        "listeners:\n  - { transport: rdma, address: 192.0.2.1, port: 4420 }\n\
          subsystems:\n  - nqn: nqn.2026-11.io.nvmf-rs:rdma-host-test\n    allow_any_host: true\n\
          \x20   namespaces:\n      - { nsid: 1, null: 64MiB }\n",
         &[],
@@ -74,13 +75,13 @@ fn rdma_listener_without_rdma_fails_cleanly() {
     );
     assert!(!text.contains("panicked"), "panic:\n{text}");
     assert!(
-        text.contains("nvmf-target: rdma listener 127.0.0.1:4420: "),
+        text.contains("nvmf-target: rdma listener 192.0.2.1:4420: "),
         "the error must name the listener:\n{text}"
     );
     if machine_has_rdma() {
         assert!(
             text.contains("rdma_bind_addr failed"),
-            "RDMA is present: binding 127.0.0.1 must be what fails:\n{text}"
+            "RDMA is present: binding 192.0.2.1 must be what fails:\n{text}"
         );
     } else {
         // librdmacm reports ENODEV from rdma_create_event_channel on a kernel without RDMA.
@@ -103,7 +104,7 @@ fn rdma_listener_failure_does_not_leave_tcp_running() {
     let (code, text) = run_target(
         &format!(
             "listeners:\n  - {{ transport: tcp, address: 127.0.0.1, port: {port} }}\n  \
-             - {{ transport: rdma, address: 127.0.0.1, port: 4420 }}\n\
+             - {{ transport: rdma, address: 192.0.2.1, port: 4420 }}\n\
              subsystems:\n  - nqn: nqn.2026-11.io.nvmf-rs:rdma-host-test\n    \
              allow_any_host: true\n    namespaces:\n      - {{ nsid: 1, null: 64MiB }}\n"
         ),
@@ -111,7 +112,7 @@ fn rdma_listener_failure_does_not_leave_tcp_running() {
     );
     assert_eq!(code, Some(1), "output:\n{text}");
     assert!(!text.contains("panicked"), "panic:\n{text}");
-    assert!(text.contains("rdma listener 127.0.0.1:4420"), "{text}");
+    assert!(text.contains("rdma listener 192.0.2.1:4420"), "{text}");
     assert!(
         !text.contains("nvmf-target ready"),
         "the target must not report ready:\n{text}"
@@ -123,7 +124,7 @@ fn bad_send_with_invalidate_setting_is_refused() {
     // The option is checked before any RDMA call, so the answer is the same with or without
     // RDMA on the machine.
     let (code, text) = run_target(
-        "listeners:\n  - { transport: rdma, address: 127.0.0.1, port: 4420 }\n\
+        "listeners:\n  - { transport: rdma, address: 192.0.2.1, port: 4420 }\n\
          subsystems:\n  - nqn: nqn.2026-11.io.nvmf-rs:rdma-host-test\n    allow_any_host: true\n\
          \x20   namespaces:\n      - { nsid: 1, null: 64MiB }\n",
         &[("NVMF_RDMA_SEND_WITH_INV", "maybe")],
