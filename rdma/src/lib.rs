@@ -24,6 +24,7 @@
 //! need `LOCAL_WRITE | REMOTE_WRITE` and one SGE per READ; siw enforces `RLIMIT_MEMLOCK` on
 //! every registration, even for root.
 
+mod addr;
 pub mod cm;
 mod cq;
 mod device;
@@ -33,6 +34,7 @@ mod qp;
 mod srq;
 mod sys;
 
+pub use addr::{local_rdma_ipv4, RdmaAddress};
 pub use cm::{CmEvent, CmEventType, CmId, ConnParam, EventChannel};
 pub use cq::{CompChannel, Cq, WcFlags, WcOpcode, WcStatus, WorkCompletion};
 pub use device::{

@@ -6,7 +6,7 @@
 
 use std::fs;
 use std::io::{self, Read, Seek, SeekFrom};
-use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener};
+use std::net::{Ipv4Addr, TcpListener};
 use std::os::unix::net::UnixDatagram;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -63,33 +63,9 @@ fn free_port() -> io::Result<u16> {
 }
 
 /// An IPv4 address of this machine that rdma_cm binds to an RDMA device (RoCE, iWARP or
-/// InfiniBand), for the demo's NVMe/RDMA listener. None without RDMA.
+/// InfiniBand), for the demo's NVMe/RDMA listener: the first one. None without RDMA.
 pub fn rdma_local_addr() -> Option<Ipv4Addr> {
-    if rdma::devices().ok()?.is_empty() {
-        return None;
-    }
-    let channel = rdma::EventChannel::new().ok()?;
-    let addrs = nix::ifaddrs::getifaddrs().ok()?;
-    for ifa in addrs {
-        let Some(ip) = ifa
-            .address
-            .as_ref()
-            .and_then(|a| a.as_sockaddr_in())
-            .map(|s| s.ip())
-        else {
-            continue;
-        };
-        let Ok(id) = channel.create_id(0) else {
-            continue;
-        };
-        // Binding to a specific address binds the id to that address's device, if any.
-        if id.bind_addr(SocketAddr::new(IpAddr::V4(ip), 0)).is_ok()
-            && matches!(id.context(), Ok(Some(_)))
-        {
-            return Some(ip);
-        }
-    }
-    None
+    rdma::local_rdma_ipv4().first().map(|a| a.addr)
 }
 
 /// The demo's configuration file: the embedded default on `port`, plus an NVMe/RDMA listener
