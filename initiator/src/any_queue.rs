@@ -9,10 +9,9 @@ use std::fmt::Debug;
 use std::ops::{Deref, DerefMut};
 use std::time::Duration;
 
-use nvme::opcode::io;
 use nvme::Sqe;
 
-use crate::controller::{rw_sqe, rw_submit_methods, NsInfo, Transport};
+use crate::controller::{rw_submit_methods, write_zeroes_sqe, NsInfo, Transport};
 use crate::error::Error;
 use crate::queue::{Completion, Data, DataRef, Dir, IoQueue, Stats, SubmitError};
 use crate::rdma::{RdmaBuf, RdmaQueue};
@@ -91,15 +90,10 @@ pub trait Queue: Send {
         nlb: u32,
         user_data: u64,
     ) -> Result<u16, SubmitError<Self::Buf>> {
-        if nlb == 0 || nlb > 1 << 16 || slba.checked_add(nlb as u64).is_none_or(|e| e > ns.blocks) {
-            let error = Error::InvalidArgument(format!("Write Zeroes of {nlb} blocks at {slba}"));
-            return Err(SubmitError { error, buf: None });
+        match write_zeroes_sqe(ns, slba, nlb) {
+            Ok(sqe) => self.submit(sqe, Data::None, user_data),
+            Err(error) => Err(SubmitError { error, buf: None }),
         }
-        self.submit(
-            rw_sqe(io::WRITE_ZEROES, ns.nsid, slba, nlb),
-            Data::None,
-            user_data,
-        )
     }
 }
 

@@ -1127,6 +1127,16 @@ pub(crate) fn rw_cmd<B: std::ops::Deref<Target = [u8]> + std::fmt::Debug>(
     }
 }
 
+/// A Write Zeroes SQE for `nlb` blocks (1..=65536) at `slba` of `ns`.
+pub(crate) fn write_zeroes_sqe(ns: &NsInfo, slba: u64, nlb: u32) -> Result<Sqe, Error> {
+    if nlb == 0 || nlb > 1 << 16 || slba.checked_add(nlb as u64).is_none_or(|e| e > ns.blocks) {
+        return Err(Error::InvalidArgument(format!(
+            "Write Zeroes of {nlb} blocks at {slba}"
+        )));
+    }
+    Ok(rw_sqe(io::WRITE_ZEROES, ns.nsid, slba, nlb))
+}
+
 /// A Flush SQE for `nsid`.
 pub(crate) fn flush_sqe(nsid: u32) -> Sqe {
     let mut sqe = Sqe::new(io::FLUSH, 0);
@@ -1196,15 +1206,10 @@ impl IoQueue {
         nlb: u32,
         user_data: u64,
     ) -> Result<u16, SubmitError> {
-        if nlb == 0 || nlb > 1 << 16 || slba.checked_add(nlb as u64).is_none_or(|e| e > ns.blocks) {
-            let error = Error::InvalidArgument(format!("Write Zeroes of {nlb} blocks at {slba}"));
-            return Err(SubmitError { error, buf: None });
+        match write_zeroes_sqe(ns, slba, nlb) {
+            Ok(sqe) => self.submit(sqe, Data::None, user_data),
+            Err(error) => Err(SubmitError { error, buf: None }),
         }
-        self.submit(
-            rw_sqe(io::WRITE_ZEROES, ns.nsid, slba, nlb),
-            Data::None,
-            user_data,
-        )
     }
 }
 
