@@ -459,43 +459,24 @@ impl Daemon {
                 .push("`metrics` (the endpoint changes at the next start)".into());
             new.metrics = self.cfg.metrics.clone();
         }
-        // RDMA listeners: new ones join the running RDMA transport's CM thread; without one
-        // (the target started with no NVMe/RDMA listener) they wait for a restart.
-        let mut rdma_add: Vec<config::Listener> = new
-            .listeners
-            .iter()
-            .filter(|l| l.transport == Transport::Rdma)
-            .filter(|l| !self.rdma_listeners.iter().any(|(o, _)| o == *l))
-            .cloned()
-            .collect();
-        if !rdma_add.is_empty() && self.rdma.is_none() {
-            report.not_applied.push(
-                "new NVMe/RDMA listeners: this target started without one, so it has no RDMA \
-                 transport (restart to add the first)"
-                    .into(),
-            );
-            rdma_add.clear();
-        }
-        // TCP listeners.
-        let tcp_new: Vec<config::Listener> = new
-            .listeners
-            .iter()
-            .filter(|l| l.transport == Transport::Tcp)
-            .cloned()
-            .collect();
-        let mut to_bind: Vec<config::Listener> = tcp_new
-            .iter()
-            .filter(|l| !self.tcp.iter().any(|r| &r.listener == *l))
-            .cloned()
-            .collect();
-        if !to_bind.is_empty() && self.pollers.is_empty() {
-            report.not_applied.push(
-                "new NVMe/TCP listeners: this target started without one, so it has no TCP \
-                 pollers (restart to add the first)"
-                    .into(),
-            );
-            to_bind.clear();
-        }
+        // New listeners join the running transport; a transport the target started without
+        // has no threads to serve them, so they wait for a restart.
+        let rdma_new = listeners_of(&new, Transport::Rdma);
+        let rdma_add = listeners_to_add(
+            &rdma_new,
+            |l| self.rdma_listeners.iter().any(|(o, _)| o == l),
+            self.rdma.is_some(),
+            "NVMe/RDMA listeners: this target started without one, so it has no RDMA transport",
+            &mut report,
+        );
+        let tcp_new = listeners_of(&new, Transport::Tcp);
+        let to_bind = listeners_to_add(
+            &tcp_new,
+            |l| self.tcp.iter().any(|r| &r.listener == l),
+            !self.pollers.is_empty(),
+            "NVMe/TCP listeners: this target started without one, so it has no TCP pollers",
+            &mut report,
+        );
 
         // 1. Open storage for new and changed namespaces.
         let plan = plan_namespaces(&self.ns_slots, &new, |slot| self.file_resized(slot));
@@ -593,15 +574,9 @@ impl Daemon {
             }
         }
         self.tcp_addrs = self.tcp.iter().map(|r| r.bound).collect();
-        let rdma_keep: Vec<config::Listener> = new
-            .listeners
-            .iter()
-            .filter(|l| l.transport == Transport::Rdma)
-            .cloned()
-            .collect();
         if let Some(r) = self.rdma.as_mut() {
             self.rdma_listeners.retain(|(l, a)| {
-                let keep = rdma_keep.contains(l);
+                let keep = rdma_new.contains(l);
                 if !keep {
                     r.unlisten(*a);
                     report.listeners_removed.push(*a);
@@ -713,6 +688,34 @@ impl Daemon {
 }
 
 /// The discovery log's listeners: TCP then RDMA, port ids in that order from 1.
+/// The listeners of `transport` in `cfg`.
+fn listeners_of(cfg: &Config, transport: Transport) -> Vec<config::Listener> {
+    cfg.listeners
+        .iter()
+        .filter(|l| l.transport == transport)
+        .cloned()
+        .collect()
+}
+
+/// Those of `wanted` that are not `running` yet; none (reported in `not_applied` as `why`)
+/// when their transport is not up.
+fn listeners_to_add(
+    wanted: &[config::Listener],
+    running: impl Fn(&config::Listener) -> bool,
+    transport_up: bool,
+    why: &str,
+    report: &mut ReloadReport,
+) -> Vec<config::Listener> {
+    let add: Vec<config::Listener> = wanted.iter().filter(|l| !running(l)).cloned().collect();
+    if !add.is_empty() && !transport_up {
+        report
+            .not_applied
+            .push(format!("new {why} (restart to add the first)"));
+        return Vec::new();
+    }
+    add
+}
+
 fn listener_infos(
     tcp: &[(config::Listener, SocketAddr)],
     rdma: &[(config::Listener, SocketAddr)],
