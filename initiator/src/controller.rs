@@ -205,9 +205,19 @@ impl NsInfo {
     }
 }
 
+/// The keep-alive thread; dropping this stops it (and waits for a command it has in flight).
 struct KeepAlive {
-    stop: mpsc::Sender<()>,
-    thread: JoinHandle<()>,
+    stop: Option<mpsc::Sender<()>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Drop for KeepAlive {
+    fn drop(&mut self) {
+        drop(self.stop.take());
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
 }
 
 /// A connected NVMe-oF controller: the admin queue (shared with the keep-alive thread), the
@@ -520,6 +530,16 @@ impl Controller {
             in_capsule = 0;
         }
 
+        // Keep-alive runs from here on: connecting many I/O queues (or a slow fabric) can take
+        // longer than KATO, and the target would tear the controller down meanwhile.
+        let admin = Arc::new(Mutex::new(admin));
+        let keep_alive = if opts.kato.is_zero() {
+            None
+        } else {
+            Some(start_keep_alive(&admin, opts.kato / 2)?)
+        };
+        let lock = || admin.lock().unwrap_or_else(|p| p.into_inner());
+
         // Number of Queues (Set Features 07h), then one Connect per I/O queue.
         let mut io = Vec::new();
         let mut depth = 0u16;
@@ -528,7 +548,7 @@ impl Controller {
             let mut sqe = Sqe::new(admin::SET_FEATURES, 0);
             sqe.cdw10 = (identify::feat::NUM_QUEUES as u32).into();
             sqe.cdw11 = (want | want << 16).into();
-            let r = admin.execute("Set Features (Number of Queues)", sqe, DataRef::None)?;
+            let r = lock().execute("Set Features (Number of Queues)", sqe, DataRef::None)?;
             let granted = ((r & 0xffff) as u16)
                 .min((r >> 16) as u16)
                 .saturating_add(1);
@@ -569,7 +589,7 @@ impl Controller {
             }
         }
 
-        let namespaces = scan_namespaces(&mut admin, vs, id.nn.get())?;
+        let namespaces = scan_namespaces(&mut lock(), vs, id.nn.get())?;
         let info = ControllerInfo {
             cntlid,
             cap: cap.0,
@@ -585,15 +605,9 @@ impl Controller {
             vwc: id.vwc,
             nn: id.nn.get(),
             cntrltype: id.cntrltype,
-            maxh2cdata: admin.maxh2cdata(),
+            maxh2cdata: lock().maxh2cdata(),
             io_queues: io.len() as u16,
             io_queue_depth: depth,
-        };
-        let admin = Arc::new(Mutex::new(admin));
-        let keep_alive = if opts.kato.is_zero() {
-            None
-        } else {
-            Some(start_keep_alive(&admin, opts.kato / 2)?)
         };
         Ok(Controller {
             admin,
@@ -778,10 +792,7 @@ impl Controller {
     }
 
     fn stop_keep_alive(&mut self) {
-        if let Some(ka) = self.keep_alive.take() {
-            drop(ka.stop);
-            let _ = ka.thread.join();
-        }
+        drop(self.keep_alive.take());
     }
 
     /// Stop keep-alive and drop the controller without the shutdown handshake (its connection
@@ -831,7 +842,10 @@ fn start_keep_alive(admin: &Arc<Mutex<AnyQueue>>, period: Duration) -> Result<Ke
                 }
             }
         })?;
-    Ok(KeepAlive { stop, thread })
+    Ok(KeepAlive {
+        stop: Some(stop),
+        thread: Some(thread),
+    })
 }
 
 /// Get Log Page into `buf`, in pieces of at most `max_xfer` bytes.

@@ -978,3 +978,73 @@ fn network_drop_between_namespaces() {
     ns.shutdown().unwrap();
     d.wait_idle(Duration::from_secs(10), "idle after shutdown");
 }
+
+// ---- (g) keep-alive while the I/O queues connect -----------------------------------------------
+
+/// A TCP relay to `to`: the first connection (the admin queue) is relayed at once, every later
+/// one (an I/O queue) only after `delay`, as a slow fabric would.
+fn slow_relay(to: std::net::SocketAddr, delay: Duration) -> std::net::SocketAddr {
+    use std::net::{Shutdown, TcpListener, TcpStream};
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    thread::spawn(move || {
+        for (n, c) in l.incoming().enumerate() {
+            let Ok(c) = c else { return };
+            thread::spawn(move || {
+                if n > 0 {
+                    thread::sleep(delay);
+                }
+                let Ok(up) = TcpStream::connect(to) else {
+                    return;
+                };
+                let pipe = |mut a: TcpStream, mut b: TcpStream| {
+                    thread::spawn(move || {
+                        let _ = std::io::copy(&mut a, &mut b);
+                        let _ = b.shutdown(Shutdown::Write);
+                    })
+                };
+                let t1 = pipe(c.try_clone().unwrap(), up.try_clone().unwrap());
+                let t2 = pipe(up, c);
+                let _ = (t1.join(), t2.join());
+            });
+        }
+    });
+    addr
+}
+
+/// Connecting the I/O queues takes longer than KATO (each waits 2.5 x KATO in a relay): the
+/// host must already be sending Keep Alive on the admin queue, or the target tears the
+/// controller down before the I/O queues' Connect (which then names a dead controller).
+#[test]
+fn keep_alive_runs_while_io_queues_connect() {
+    const KATO: Duration = Duration::from_secs(2);
+    let d = Daemon::start(default_yaml);
+    let relay = slow_relay(d.t.addr, KATO * 5 / 2);
+    let mut opts = ConnectOptions::tcp(&relay.ip().to_string(), relay.port(), TEST_NQN);
+    opts.kato = KATO;
+    opts.queues = 2;
+    opts.timeout = Duration::from_secs(20);
+    let t0 = Instant::now();
+    let mut ctrl = Controller::connect(opts).unwrap_or_else(|e| {
+        panic!(
+            "connect through the slow relay failed after {:?}: {e}\n{}",
+            t0.elapsed(),
+            d.log()
+        )
+    });
+    let took = t0.elapsed();
+    println!("2 I/O queues connected in {took:?} with KATO {KATO:?}");
+    assert!(
+        took > KATO * 2,
+        "the relay did not delay the I/O queues: {took:?}"
+    );
+    let mut ns = ctrl.open_namespace(1).unwrap();
+    let data = pattern(7, 64 << 10);
+    ns.write_at(&data, 0).unwrap();
+    let mut back = vec![0u8; data.len()];
+    ns.read_at(&mut back, 0).unwrap();
+    assert!(back == data, "read back differs");
+    drop(ns);
+    ctrl.shutdown().unwrap();
+    d.wait_idle(Duration::from_secs(10), "controller gone after shutdown");
+}
