@@ -44,6 +44,8 @@ const TARGET_KEYS: &[&str] = &[
     "keep_alive_ms_min",
     "idle_poll_us",
     "polling",
+    "sqpoll",
+    "sqpoll_idle_ms",
 ];
 const METRICS_KEYS: &[&str] = &["listen"];
 
@@ -342,6 +344,8 @@ impl Decoder<'_> {
             max_queue_depth: u32_key("max_queue_depth", d.max_queue_depth),
             keep_alive_ms_min: u32_key("keep_alive_ms_min", d.keep_alive_ms_min),
             idle_poll_us: u32_key("idle_poll_us", d.idle_poll_us),
+            sqpoll_idle_ms: u32_key("sqpoll_idle_ms", d.sqpoll_idle_ms),
+            sqpoll: optional(r, &m, "sqpoll", d.sqpoll, boolean),
             in_capsule_data: optional(r, &m, "in_capsule_data", d.in_capsule_data, size),
             max_io_size: optional(r, &m, "max_io_size", d.max_io_size, size),
             polling: optional(r, &m, "polling", d.polling, |r, n, p| {

@@ -168,6 +168,13 @@ pub struct TargetSettings {
     /// without any) or `busy` (never sleep: one core per poller thread at 100%, for the
     /// lowest latency and for comparing against adaptive polling).
     pub polling: Polling,
+    /// `sqpoll`: give each poller's io_uring a kernel submission-polling thread
+    /// (IORING_SETUP_SQPOLL): block I/O is submitted without a system call, at the cost of
+    /// that kernel thread's CPU while I/O flows. Default false.
+    pub sqpoll: bool,
+    /// `sqpoll_idle_ms`: how long an SQPOLL thread spins without work before it sleeps,
+    /// ms, 1–60000. Default 10. Only with `sqpoll: true`.
+    pub sqpoll_idle_ms: u32,
 }
 
 /// How poller threads wait for work (`target.polling`).
@@ -200,6 +207,8 @@ impl Default for TargetSettings {
             keep_alive_ms_min: 1000,
             idle_poll_us: 1000,
             polling: Polling::Adaptive,
+            sqpoll: false,
+            sqpoll_idle_ms: 10,
         }
     }
 }

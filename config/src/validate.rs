@@ -411,6 +411,7 @@ fn target(t: &TargetSettings, r: &mut Report) {
     range(t.max_queue_depth, 2, 1024, "max_queue_depth", r);
     range(t.keep_alive_ms_min, 100, 3_600_000, "keep_alive_ms_min", r);
     range(t.idle_poll_us, 0, 1_000_000, "idle_poll_us", r);
+    range(t.sqpoll_idle_ms, 1, 60_000, "sqpoll_idle_ms", r);
 
     let icd = t.in_capsule_data;
     let mut icd_ok = false;

@@ -110,9 +110,19 @@ fn target() -> impl Strategy<Value = TargetSettings> {
         100u32..=3_600_000,
         0u32..=1_000_000,
         any::<bool>(),
+        (any::<bool>(), 1u32..=60_000),
     )
         .prop_map(
-            |(threads, icd16, max_queue_depth, shift, keep_alive_ms_min, idle_poll_us, busy)| {
+            |(
+                threads,
+                icd16,
+                max_queue_depth,
+                shift,
+                keep_alive_ms_min,
+                idle_poll_us,
+                busy,
+                (sqpoll, sqpoll_idle_ms),
+            )| {
                 let max_io_size = Size(4096 << shift);
                 TargetSettings {
                     threads,
@@ -126,6 +136,8 @@ fn target() -> impl Strategy<Value = TargetSettings> {
                     } else {
                         config::Polling::Adaptive
                     },
+                    sqpoll,
+                    sqpoll_idle_ms,
                 }
             },
         )

@@ -36,8 +36,18 @@ fn round(ring: &mut Ring, ops: &[IoOp], bufs: &[nvmf_target::backend::BufId], ba
 
 #[test]
 fn no_heap_allocation_per_op_in_steady_state() {
+    alloc_check(None, "plain");
+}
+
+/// The same with an SQPOLL ring (`target.sqpoll: true`).
+#[test]
+fn no_heap_allocation_per_op_with_sqpoll() {
+    alloc_check(Some(Duration::from_millis(50)), "sqpoll");
+}
+
+fn alloc_check(sqpoll: Option<Duration>, tag: &str) {
     let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("backend-alloc-{}", std::process::id()));
+        .join(format!("backend-alloc-{tag}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("disk.img");
@@ -52,6 +62,7 @@ fn no_heap_allocation_per_op_in_steady_state() {
         RingConfig {
             sq_entries: 8, // smaller than a batch: the SQ-full path runs too
             max_inflight: 64,
+            sqpoll,
         },
         Arc::new(devices),
         pool,

@@ -2,7 +2,7 @@
 //! `nvmf-target` binary (file namespace, O_DIRECT, io_uring).
 
 use initiator::{ConnectOptions, Controller};
-use nvmf_tests::{TargetProc, TEST_NQN};
+use nvmf_tests::{default_yaml, TargetProc, TEST_NQN};
 use rand::{Rng, SeedableRng};
 
 /// 1,000 writes of 4 KiB, 64 KiB and 128 KiB at random block-aligned offsets (later writes
@@ -10,7 +10,29 @@ use rand::{Rng, SeedableRng};
 /// with a model; then Flush; then Deallocate, after which the range reads zeroes.
 #[test]
 fn random_writes_read_back_flush_and_trim() {
-    let mut t = TargetProc::start_default();
+    random_io_check(TargetProc::start_default());
+}
+
+/// The same with the backend's rings in SQPOLL mode (`target.sqpoll: true`).
+#[test]
+fn random_writes_read_back_flush_and_trim_sqpoll() {
+    let t = TargetProc::start_with(|port, dir| {
+        default_yaml(port, dir).replace("target: {", "target: { sqpoll: true, sqpoll_idle_ms: 5,")
+    });
+    // The pollers build their rings as they start: wait for both lines.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while t.log_text().matches("mode=SqPoll").count() < 2 {
+        let log = t.log_text();
+        assert!(
+            std::time::Instant::now() < deadline,
+            "rings not in SQPOLL mode:\n{log}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    random_io_check(t);
+}
+
+fn random_io_check(mut t: TargetProc) {
     let mut o = ConnectOptions::tcp("127.0.0.1", t.addr.port(), TEST_NQN);
     o.queues = 2;
     let mut ctrl = Controller::connect(o).unwrap_or_else(|e| panic!("{e}\n{}", t.log_text()));

@@ -43,6 +43,10 @@ pub struct RingConfig {
     /// Operations that may be in flight at once (slots). [`Ring::submit_op`] returns
     /// [`SubmitError::Busy`] beyond this.
     pub max_inflight: u32,
+    /// `Some(idle)`: IORING_SETUP_SQPOLL, a kernel thread polls the submission queue (and
+    /// sleeps after `idle` without work), so submitting needs no system call while it is
+    /// awake. Costs that thread's CPU; `None` (the default) submits with io_uring_enter.
+    pub sqpoll: Option<Duration>,
 }
 
 impl Default for RingConfig {
@@ -50,6 +54,7 @@ impl Default for RingConfig {
         RingConfig {
             sq_entries: 256,
             max_inflight: 256,
+            sqpoll: None,
         }
     }
 }
@@ -63,6 +68,8 @@ pub enum RingMode {
     CoopTaskrun,
     /// No task-run flags.
     Plain,
+    /// SQPOLL: a kernel thread submits (see [`RingConfig::sqpoll`]).
+    SqPoll,
 }
 
 /// Ring set-up failure.
@@ -274,15 +281,26 @@ fn build_ring(cfg: &RingConfig) -> Result<(IoUring, RingMode, bool), RingError> 
         .next_power_of_two();
     let mut last = None;
     // (mode, taskrun flag) in order of preference; EINVAL means "this kernel does not know a flag".
-    for (mode, flag) in [
-        (RingMode::DeferTaskrun, true),
-        (RingMode::DeferTaskrun, false),
-        (RingMode::CoopTaskrun, true),
-        (RingMode::Plain, false),
-    ] {
+    // SQPOLL excludes DEFER_TASKRUN (completion work runs on the SQ thread): asked for, it is
+    // the only mode tried, so a kernel that refuses it is an error, not a silent fallback.
+    let modes: &[(RingMode, bool)] = if cfg.sqpoll.is_some() {
+        &[(RingMode::SqPoll, false)]
+    } else {
+        &[
+            (RingMode::DeferTaskrun, true),
+            (RingMode::DeferTaskrun, false),
+            (RingMode::CoopTaskrun, true),
+            (RingMode::Plain, false),
+        ]
+    };
+    for &(mode, flag) in modes {
         let mut b = IoUring::builder();
         b.setup_cqsize(cq).setup_clamp().setup_r_disabled();
         match mode {
+            RingMode::SqPoll => {
+                let idle = cfg.sqpoll.unwrap_or_default().as_millis();
+                b.setup_sqpoll(u32::try_from(idle).unwrap_or(u32::MAX).max(1));
+            }
             RingMode::DeferTaskrun => {
                 b.setup_single_issuer().setup_defer_taskrun();
             }
@@ -636,8 +654,17 @@ impl Ring {
             if unsafe { self.ring.submission().push(&e) }.is_ok() {
                 break;
             }
-            self.enter(0, None, false)
-                .map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))?;
+            let r = if self.mode == RingMode::SqPoll {
+                // The SQ thread empties the queue on its own: wake it if it sleeps, then
+                // wait until it has consumed an entry.
+                self.enter(0, None, false).and_then(|_| {
+                    self.stats.enters += 1;
+                    self.ring.submitter().squeue_wait().map(drop)
+                })
+            } else {
+                self.enter(0, None, false).map(drop)
+            };
+            r.map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))?;
         }
         self.slots[s as usize].pending += 1;
         self.stats.sqes += 1;
@@ -818,7 +845,16 @@ impl Ring {
     ) -> io::Result<bool> {
         self.enable()?;
         loop {
-            self.stats.enters += 1;
+            // With SQPOLL a plain submit enters the kernel only to wake a sleeping SQ thread
+            // (or to flush overflowed completions).
+            let syscall = self.mode != RingMode::SqPoll
+                || want > 0
+                || getevents
+                || self.ring.submission().need_wakeup()
+                || self.ring.submission().cq_overflow();
+            if syscall {
+                self.stats.enters += 1;
+            }
             let sub = self.ring.submitter();
             let r = if want > 0 {
                 match timeout {
