@@ -21,7 +21,7 @@ NQN=nqn.2026-11.io.nvmf-rs:bench-sqpoll
 command -v jq >/dev/null || { echo "bench-sqpoll: needs jq" >&2; exit 2; }
 
 dir=$(mktemp -d)
-img=$(mktemp -p "$DIR" bench-sqpoll.XXXXXX.img)
+img=$(realpath "$(mktemp -p "$DIR" bench-sqpoll.XXXXXX.img)")
 pid=
 cleanup() {
     [ -z "$pid" ] || kill "$pid" 2>/dev/null || true
@@ -59,6 +59,7 @@ YAML
             sleep 0.1
         done
         want=$([ "$sq" = true ] && echo SqPoll || echo DeferTaskrun)
+        for _ in $(seq 50); do grep -q "mode=$want" "$dir/t.log" && break; sleep 0.1; done
         grep -q "mode=$want" "$dir/t.log" || { echo "bench-sqpoll: ring not in $want mode:" >&2; cat "$dir/t.log" >&2; exit 1; }
         for qd in 1 32; do
             t0=$(ticks "$pid")
