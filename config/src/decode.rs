@@ -46,6 +46,7 @@ const TARGET_KEYS: &[&str] = &[
     "polling",
     "sqpoll",
     "sqpoll_idle_ms",
+    "iopoll",
 ];
 const METRICS_KEYS: &[&str] = &["listen"];
 
@@ -346,6 +347,7 @@ impl Decoder<'_> {
             idle_poll_us: u32_key("idle_poll_us", d.idle_poll_us),
             sqpoll_idle_ms: u32_key("sqpoll_idle_ms", d.sqpoll_idle_ms),
             sqpoll: optional(r, &m, "sqpoll", d.sqpoll, boolean),
+            iopoll: optional(r, &m, "iopoll", d.iopoll, boolean),
             in_capsule_data: optional(r, &m, "in_capsule_data", d.in_capsule_data, size),
             max_io_size: optional(r, &m, "max_io_size", d.max_io_size, size),
             polling: optional(r, &m, "polling", d.polling, |r, n, p| {

@@ -175,6 +175,10 @@ pub struct TargetSettings {
     /// `sqpoll_idle_ms`: how long an SQPOLL thread spins without work before it sleeps,
     /// ms, 1–60000. Default 10. Only with `sqpoll: true`.
     pub sqpoll_idle_ms: u32,
+    /// `iopoll`: poll block devices that have poll queues for completions (a second
+    /// io_uring with IORING_SETUP_IOPOLL for their reads and writes) instead of taking an
+    /// interrupt. Devices without poll queues, and files, are served as before. Default false.
+    pub iopoll: bool,
 }
 
 /// How poller threads wait for work (`target.polling`).
@@ -209,6 +213,7 @@ impl Default for TargetSettings {
             polling: Polling::Adaptive,
             sqpoll: false,
             sqpoll_idle_ms: 10,
+            iopoll: false,
         }
     }
 }

@@ -110,7 +110,7 @@ fn target() -> impl Strategy<Value = TargetSettings> {
         100u32..=3_600_000,
         0u32..=1_000_000,
         any::<bool>(),
-        (any::<bool>(), 1u32..=60_000),
+        (any::<bool>(), 1u32..=60_000, any::<bool>()),
     )
         .prop_map(
             |(
@@ -121,7 +121,7 @@ fn target() -> impl Strategy<Value = TargetSettings> {
                 keep_alive_ms_min,
                 idle_poll_us,
                 busy,
-                (sqpoll, sqpoll_idle_ms),
+                (sqpoll, sqpoll_idle_ms, iopoll),
             )| {
                 let max_io_size = Size(4096 << shift);
                 TargetSettings {
@@ -138,6 +138,7 @@ fn target() -> impl Strategy<Value = TargetSettings> {
                     },
                     sqpoll,
                     sqpoll_idle_ms,
+                    iopoll,
                 }
             },
         )

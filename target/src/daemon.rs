@@ -337,7 +337,7 @@ impl Daemon {
         };
         let stop = Arc::new(AtomicBool::new(false));
         let buffers = (2 * t.max_queue_depth).clamp(64, 1024);
-        let (sqpoll, sqpoll_idle_ms) = (t.sqpoll, t.sqpoll_idle_ms);
+        let (sqpoll, sqpoll_idle_ms, iopoll) = (t.sqpoll, t.sqpoll_idle_ms, t.iopoll);
         // Each poller's ring learns the devices of the start-up configuration here, and those
         // a reload adds through `DeviceUpdate` messages.
         let initial: Vec<(u32, Arc<Device>)> = devices
@@ -352,13 +352,20 @@ impl Daemon {
                 sq_entries: 256,
                 max_inflight: 2 * buffers,
                 sqpoll: sqpoll.then(|| Duration::from_millis(sqpoll_idle_ms.into())),
+                iopoll,
             };
             let mut ring = Ring::new(cfg, Arc::new(Devices::default()), pool)
                 .map_err(std::io::Error::other)?;
             for (i, d) in &initial {
                 ring.set_device(*i, Some(d))?;
             }
-            info!(mode = ?ring.mode(), buffers, "io_uring backend ring ready");
+            info!(
+                mode = ?ring.mode(),
+                buffers,
+                iopoll,
+                polled_devices = ring.polled_devices(),
+                "io_uring backend ring ready"
+            );
             Ok(RingStore::new(ring))
         };
         let rdma = match rdma_bind {

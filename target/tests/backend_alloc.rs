@@ -63,6 +63,7 @@ fn alloc_check(sqpoll: Option<Duration>, tag: &str) {
             sq_entries: 8, // smaller than a batch: the SQ-full path runs too
             max_inflight: 64,
             sqpoll,
+            iopoll: false,
         },
         Arc::new(devices),
         pool,

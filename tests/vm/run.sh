@@ -37,7 +37,7 @@ ORDER=(
   bench-compare-tcp-rdma-rxe host-killed-mid-io-rdma-rxe host-killed-mid-io-rdma-siw
   bad-input-rdma-rxe bad-input-rdma-siw
   kernel-host-reload-tcp kernel-host-reload-rdma-rxe soak-randrw-rdma-rxe soak-randrw-rdma-siw
-  perf-vs-nvmet
+  iopoll-null-blk perf-vs-nvmet
 )
 all_scenarios() {
   local s f

@@ -106,6 +106,9 @@ pub struct Device {
     block_size: u32,
     read_only: bool,
     direct: bool,
+    /// An O_DIRECT block device whose queue polls for completions (sysfs `queue/io_poll` is 1:
+    /// it has poll queues), so an IORING_SETUP_IOPOLL ring can drive it.
+    pollable: bool,
 }
 
 impl Device {
@@ -124,6 +127,7 @@ impl Device {
                     block_size: *block_size,
                     read_only: false,
                     direct: false,
+                    pollable: false,
                 })
             }
             DeviceSpec::File(f) => open_file(f),
@@ -143,6 +147,11 @@ impl Device {
     /// True if I/O bypasses the page cache (O_DIRECT).
     pub fn is_direct(&self) -> bool {
         self.direct
+    }
+
+    /// True for an O_DIRECT block device with poll queues (completions can be polled).
+    pub fn is_pollable(&self) -> bool {
+        self.pollable
     }
 
     pub fn is_read_only(&self) -> bool {
@@ -299,6 +308,7 @@ fn open_file(spec: &FileSpec) -> Result<Device, DeviceError> {
             None => dev_size - dev_size % u64::from(block_size),
         };
         check_size(path, size, block_size)?;
+        let pollable = direct && block_queue_polls(&meta);
         return Ok(Device {
             file: Some(file),
             path: Some(path.to_owned()),
@@ -307,6 +317,7 @@ fn open_file(spec: &FileSpec) -> Result<Device, DeviceError> {
             block_size,
             read_only: spec.read_only,
             direct,
+            pollable,
         });
     }
     if !ft.is_file() {
@@ -367,5 +378,22 @@ fn open_file(spec: &FileSpec) -> Result<Device, DeviceError> {
         block_size,
         read_only: spec.read_only,
         direct,
+        // Files are not polled: whether their file system's direct I/O path polls depends on
+        // the file system and the disk under it.
+        pollable: false,
     })
+}
+
+/// Whether the block device of `meta` polls for completions: sysfs
+/// `/sys/dev/block/MAJ:MIN/queue/io_poll` reads 1 (it has poll queues, e.g. nvme with
+/// `poll_queues`, null_blk with `poll_queues`). Partitions look at their disk's queue.
+fn block_queue_polls(meta: &std::fs::Metadata) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let rdev = meta.rdev();
+    let (major, minor) = (libc::major(rdev), libc::minor(rdev));
+    let base = format!("/sys/dev/block/{major}:{minor}");
+    let read = |p: String| std::fs::read_to_string(p).ok();
+    read(format!("{base}/queue/io_poll"))
+        .or_else(|| read(format!("{base}/../queue/io_poll")))
+        .is_some_and(|v| v.trim() == "1")
 }

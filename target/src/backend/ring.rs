@@ -47,6 +47,11 @@ pub struct RingConfig {
     /// sleeps after `idle` without work), so submitting needs no system call while it is
     /// awake. Costs that thread's CPU; `None` (the default) submits with io_uring_enter.
     pub sqpoll: Option<Duration>,
+    /// IORING_SETUP_IOPOLL for devices that can be polled ([`Device::is_pollable`]: O_DIRECT
+    /// block devices with poll queues): their reads and writes go to a second, polled ring
+    /// whose completions the caller's reaping collects by polling the device (no interrupt).
+    /// Other devices and other operations (flush, zeroes, trim) keep the interrupt ring.
+    pub iopoll: bool,
 }
 
 impl Default for RingConfig {
@@ -55,6 +60,7 @@ impl Default for RingConfig {
             sq_entries: 256,
             max_inflight: 256,
             sqpoll: None,
+            iopoll: false,
         }
     }
 }
@@ -121,6 +127,8 @@ pub struct RingStats {
     pub sqes: u64,
     /// io_uring_enter system calls made.
     pub enters: u64,
+    /// SQEs issued to the polled (IOPOLL) ring.
+    pub polled_sqes: u64,
 }
 
 /// Per-device state the ring keeps (copied from [`Devices`] plus what it learned).
@@ -134,9 +142,12 @@ struct Dev {
     zero: ZeroMethod,
     /// False once PUNCH_HOLE answered EOPNOTSUPP: Trim then completes without action.
     trim: bool,
+    /// Reads and writes go to the polled ring.
+    polled: bool,
 }
 
-fn dev_of(d: &Device) -> Dev {
+/// The ring's view of `d`; `iopoll`: the ring has a polled ring.
+fn dev_of(d: &Device, iopoll: bool) -> Dev {
     Dev {
         size: d.size_bytes(),
         block_size: u64::from(d.block_size()),
@@ -144,6 +155,7 @@ fn dev_of(d: &Device) -> Dev {
         null: d.kind() == DeviceKind::Null,
         zero: ZeroMethod::ZeroRange,
         trim: true,
+        polled: iopoll && d.is_pollable(),
     }
 }
 
@@ -155,6 +167,7 @@ const ABSENT_DEV: Dev = Dev {
     null: false,
     zero: ZeroMethod::ZeroRange,
     trim: false,
+    polled: false,
 };
 
 /// Device slots wanted in a ring's file table: room for devices a reload adds, within the
@@ -243,8 +256,12 @@ const IDLE_SLOT: Slot = Slot {
 /// thread its single issuer. From then on it must be used from that thread only (the kernel
 /// answers EEXIST otherwise).
 pub struct Ring {
-    // Field order is drop order: the ring goes first, then the memory it has registered.
+    // Field order is drop order: the rings go first, then the memory they have registered.
     ring: IoUring,
+    /// The IOPOLL ring ([`RingConfig::iopoll`]), with the same files and buffers registered.
+    poll: Option<IoUring>,
+    /// SQEs in the polled ring whose CQE has not been seen.
+    poll_pending: u32,
     eventfd: Option<OwnedFd>,
     pool: BufPool,
     zero: MmapRegion,
@@ -362,11 +379,41 @@ impl Ring {
             source,
         })?;
 
-        let dev = devices.iter().map(dev_of).collect();
+        let poll = if cfg.iopoll {
+            let cq = cfg
+                .max_inflight
+                .max(cfg.sq_entries.saturating_mul(2))
+                .next_power_of_two();
+            let p = IoUring::builder()
+                .setup_iopoll()
+                .setup_cqsize(cq)
+                .setup_clamp()
+                .build(cfg.sq_entries)
+                .map_err(RingError::Setup)?;
+            if !fds.is_empty() {
+                p.submitter()
+                    .register_files(&fds)
+                    .map_err(RingError::RegisterFiles)?;
+            }
+            // SAFETY: as for the main ring: `pool` and `zero` outlive both rings (field order).
+            unsafe { p.submitter().register_buffers(&iov) }.map_err(|source| {
+                RingError::RegisterBuffers {
+                    count: iov.len(),
+                    bytes: pool.len() + ZERO_BUF_LEN,
+                    source,
+                }
+            })?;
+            Some(p)
+        } else {
+            None
+        };
+        let dev = devices.iter().map(|d| dev_of(d, cfg.iopoll)).collect();
         let file_slots = fds.len();
         let n = cfg.max_inflight as usize;
         Ok(Ring {
             ring,
+            poll,
+            poll_pending: 0,
             eventfd: None,
             pool,
             zero,
@@ -395,10 +442,14 @@ impl Ring {
         }
         let fd = device.and_then(|d| d.raw_fd()).unwrap_or(-1);
         self.ring.submitter().register_files_update(index, &[fd])?;
+        if let Some(p) = &self.poll {
+            p.submitter().register_files_update(index, &[fd])?;
+        }
         if self.dev.len() <= i {
             self.dev.resize(i + 1, ABSENT_DEV);
         }
-        self.dev[i] = device.map(dev_of).unwrap_or(ABSENT_DEV);
+        let iopoll = self.poll.is_some();
+        self.dev[i] = device.map(|d| dev_of(d, iopoll)).unwrap_or(ABSENT_DEV);
         Ok(())
     }
 
@@ -417,6 +468,11 @@ impl Ring {
 
     pub fn mode(&self) -> RingMode {
         self.mode
+    }
+
+    /// Device slots whose reads and writes go to the polled (IOPOLL) ring.
+    pub fn polled_devices(&self) -> usize {
+        self.dev.iter().filter(|d| d.polled).count()
     }
 
     pub fn stats(&self) -> &RingStats {
@@ -612,7 +668,64 @@ impl Ring {
                 .rw_flags(flags)
                 .build()
         };
+        if self.dev[slot.dev as usize].polled {
+            return self.push_polled(s, e);
+        }
         self.push_one(s, e)
+    }
+
+    /// Pushes one read/write SQE for slot `s` to the polled ring (submitting first if its SQ
+    /// is full).
+    fn push_polled(&mut self, s: u32, e: io_uring::squeue::Entry) -> Result<(), i32> {
+        let e = e.user_data(u64::from(s));
+        let Some(p) = self.poll.as_mut() else {
+            return Err(libc::EINVAL);
+        };
+        loop {
+            // SAFETY: as in `push_one`: registered buffers and files of this ring only, and the
+            // slot stays allocated until the CQE is processed.
+            if unsafe { p.submission().push(&e) }.is_ok() {
+                break;
+            }
+            self.stats.enters += 1;
+            p.submit()
+                .map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))?;
+        }
+        self.poll_pending += 1;
+        self.slots[s as usize].pending += 1;
+        self.stats.sqes += 1;
+        self.stats.polled_sqes += 1;
+        Ok(())
+    }
+
+    /// Submits the polled ring's queued SQEs and polls the devices once for completions
+    /// (io_uring_enter with GETEVENTS and no minimum: one pass, no waiting).
+    fn poll_once(&mut self) -> io::Result<()> {
+        let Some(p) = self.poll.as_mut() else {
+            return Ok(());
+        };
+        let queued = p.submission().len() as u32;
+        if queued == 0 && self.poll_pending == 0 {
+            return Ok(());
+        }
+        self.stats.enters += 1;
+        // SAFETY: no argument pointer (null with a sigset's size, as io-uring's wrappers do).
+        let r = unsafe {
+            p.submitter()
+                .enter::<libc::sigset_t>(queued, 0, ENTER_GETEVENTS, None)
+        };
+        match r {
+            Ok(_) => Ok(()),
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::EINTR | libc::EAGAIN | libc::EBUSY)
+                ) =>
+            {
+                Ok(())
+            }
+            Err(e) => Err(e),
+        }
     }
 
     /// Issues (or continues) a Write Zeroes with the slot's current method.
@@ -820,7 +933,11 @@ impl Ring {
     fn drain_cq(&mut self) {
         loop {
             let next = self.ring.completion().next();
-            let Some(cqe) = next else { return };
+            let Some(cqe) = next else { break };
+            self.on_cqe(cqe.user_data(), cqe.result());
+        }
+        while let Some(cqe) = self.poll.as_mut().and_then(|p| p.completion().next()) {
+            self.poll_pending = self.poll_pending.saturating_sub(1);
             self.on_cqe(cqe.user_data(), cqe.result());
         }
     }
@@ -908,12 +1025,19 @@ impl Ring {
     /// Submits every queued SQE with one io_uring_enter (none if nothing is queued and the
     /// kernel has no deferred completion work). Returns the number of SQEs submitted.
     pub fn submit(&mut self) -> io::Result<usize> {
+        let polled = match self.poll.as_mut() {
+            Some(p) => p.submission().len(),
+            None => 0,
+        };
+        if polled > 0 {
+            self.poll_once()?;
+        }
         let queued = self.ring.submission().len();
         if queued == 0 && !self.kernel_has_work() {
-            return Ok(0);
+            return Ok(polled);
         }
         self.enter(0, None, false)?;
-        Ok(queued)
+        Ok(queued + polled)
     }
 
     /// Hands every finished operation to `f(user_data, result)` without blocking; `result` is
@@ -939,6 +1063,10 @@ impl Ring {
             // An error here (e.g. called from the wrong thread) leaves the ops in flight;
             // the next submit/wait reports it.
             let _ = self.enter(0, None, true);
+        }
+        if self.poll_pending > 0 {
+            // Polled completions appear only when someone polls: this is that poll.
+            let _ = self.poll_once();
         }
         self.drain_cq();
         let mut n = 0;
@@ -966,6 +1094,28 @@ impl Ring {
         if in_kernel == 0 {
             self.submit()?;
             return Ok(false);
+        }
+        if self.poll_pending > 0 {
+            // Polled operations complete only when polled: spin (the interrupt ring's
+            // completions are drained on the way) until one finishes or the time is up.
+            self.submit()?;
+            let end = timeout.map(|t| std::time::Instant::now() + t);
+            loop {
+                self.poll_once()?;
+                self.drain_cq();
+                if !self.ready.is_empty() {
+                    return Ok(true);
+                }
+                if self.poll_pending == 0 {
+                    break;
+                }
+                if end.is_some_and(|e| std::time::Instant::now() >= e) {
+                    return Ok(false);
+                }
+            }
+            if self.in_flight() == self.ready.len() {
+                return Ok(!self.ready.is_empty());
+            }
         }
         self.enter(1, timeout, true)
     }

@@ -83,6 +83,7 @@ fn ring_for(specs: &[DeviceSpec], bufs: u32, buf_size: usize, inflight: u32) -> 
             sq_entries: 32,
             max_inflight: inflight,
             sqpoll: None,
+            iopoll: false,
         },
         devices,
         pool,
@@ -822,6 +823,7 @@ fn sqpoll_submits_without_system_calls() {
         sq_entries: 32,
         max_inflight: 64,
         sqpoll: Some(Duration::from_secs(2)),
+        iopoll: false,
     };
     let mut ring = match Ring::new(cfg, devices, pool) {
         Ok(r) => r,
@@ -884,4 +886,35 @@ fn sqpoll_submits_without_system_calls() {
     );
     let st = ring.stats();
     assert_eq!((st.submitted, st.completed, st.errors), (128, 128, 0));
+}
+
+/// `iopoll: true` with a device that cannot be polled (a file): the polled ring exists, the
+/// device is not routed to it, and I/O completes through the interrupt ring. (The polled path
+/// itself needs a block device with poll queues: the VM scenario `iopoll-null-blk`.)
+#[test]
+fn iopoll_ring_leaves_unpollable_devices_on_the_interrupt_ring() {
+    let dir = Scratch::new("iopoll-file");
+    let path = dir.path("disk.img");
+    let devices = Arc::new(Devices::open(&[file_spec(&path, 8 * MIB, false)]).unwrap());
+    assert!(!devices.get(0).unwrap().is_pollable());
+    let cfg = RingConfig {
+        sq_entries: 32,
+        max_inflight: 64,
+        sqpoll: None,
+        iopoll: true,
+    };
+    let mut ring = Ring::new(cfg, devices, BufPool::new(8, 8192).unwrap()).unwrap();
+    assert_eq!(ring.polled_devices(), 0);
+    let b = ring.pool_mut().alloc().unwrap();
+    ring.pool_mut().buf_mut(b).unwrap().fill(0x3c);
+    assert_eq!(
+        run(&mut ring, &op(0, IoKind::Write, 8192, 8192), Some((b, 0))),
+        Ok(8192)
+    );
+    ring.pool_mut().free(b).unwrap();
+    assert!(read_back(&mut ring, 0, 8192, 8192)
+        .iter()
+        .all(|&x| x == 0x3c));
+    assert_eq!(run(&mut ring, &op(0, IoKind::Flush, 0, 0), None), Ok(0));
+    assert_eq!(ring.stats().polled_sqes, 0);
 }
