@@ -171,6 +171,23 @@ for line in open(sys.argv[1]):
   fi
 fi
 
+# The backend's polled-ring test (target/tests/iopoll.rs): built here, run by iopoll-null-blk.
+IOPOLL_TEST=
+if [ $need_build = 1 ]; then
+  echo "run.sh: cargo test --release -p nvmf-target --test iopoll --no-run" >&2
+  if (cd "$ROOT" && cargo test --release -p nvmf-target --test iopoll --no-run \
+      --message-format=json) >"$RESULTS/build-iopoll-test.json" 2>"$RESULTS/build-iopoll-test.log"; then
+    IOPOLL_TEST=$(python3 -c '
+import json, sys
+for line in open(sys.argv[1]):
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "iopoll":
+        print(m["executable"])' "$RESULTS/build-iopoll-test.json")
+  else
+    host_fail "build-iopoll-test" "cargo test --no-run of target/tests/iopoll.rs failed: $(grep -m1 -E '^error' "$RESULTS/build-iopoll-test.log" | cut -c1-160)"
+  fi
+fi
+
 # ---------------- 3. one VM for every scenario ----------------
 # The per-scenario limits guard against hangs; their sum can exceed what CI allows (90 min for
 # build and all), so the whole VM is capped as well.
@@ -183,6 +200,7 @@ envs=(
   NVMF_BENCH_BIN="${BIN[nvmf-bench]:-}" NVMF_BENCH_NOTE="${NOTE[nvmf-bench]:-}"
   NVMF_IOCHECK_BIN="${BIN[io_check]:-}" NVMF_IOCHECK_NOTE="${NOTE[io_check]:-}"
   NVMF_RDMA_TESTS="$RDMA_TESTS"
+  NVMF_IOPOLL_TEST="$IOPOLL_TEST"
   NVMF_BADINPUT_BIN="${BIN[rdma_bad_input]:-}" NVMF_BADINPUT_NOTE="${NOTE[rdma_bad_input]:-}"
   NVMF_TEST_BREAK="${NVMF_TEST_BREAK:-}" RUST_LOG="${RUST_LOG:-info}" RUST_BACKTRACE=1
 )

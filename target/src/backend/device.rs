@@ -106,9 +106,10 @@ pub struct Device {
     block_size: u32,
     read_only: bool,
     direct: bool,
-    /// An O_DIRECT block device whose queue polls for completions (sysfs `queue/io_poll` is 1:
-    /// it has poll queues), so an IORING_SETUP_IOPOLL ring can drive it.
-    pollable: bool,
+    /// For an O_DIRECT block device whose queue polls for completions (sysfs `queue/io_poll`
+    /// is 1: it has poll queues): the largest transfer the device takes as one request
+    /// (see [`Device::poll_max_bytes`]). 0: cannot be polled.
+    poll_max: u32,
 }
 
 impl Device {
@@ -127,7 +128,7 @@ impl Device {
                     block_size: *block_size,
                     read_only: false,
                     direct: false,
-                    pollable: false,
+                    poll_max: 0,
                 })
             }
             DeviceSpec::File(f) => open_file(f),
@@ -151,7 +152,16 @@ impl Device {
 
     /// True for an O_DIRECT block device with poll queues (completions can be polled).
     pub fn is_pollable(&self) -> bool {
-        self.pollable
+        self.poll_max > 0
+    }
+
+    /// Bytes of the largest read or write that may be polled: what the device takes as one
+    /// request without splitting (`queue/max_sectors_kb`, `max_segment_size`, `max_segments`
+    /// x 4 KiB). A polled bio may not be split (the block layer fails a split
+    /// REQ_NOWAIT bio with EAGAIN: 128 KiB writes to a null_blk of 127 KiB requests never
+    /// completed on Linux 6.1), so larger transfers take the interrupt ring. 0 if not pollable.
+    pub fn poll_max_bytes(&self) -> u32 {
+        self.poll_max
     }
 
     pub fn is_read_only(&self) -> bool {
@@ -308,7 +318,7 @@ fn open_file(spec: &FileSpec) -> Result<Device, DeviceError> {
             None => dev_size - dev_size % u64::from(block_size),
         };
         check_size(path, size, block_size)?;
-        let pollable = direct && block_queue_polls(&meta);
+        let poll_max = if direct { block_queue_poll_max(&meta) } else { 0 };
         return Ok(Device {
             file: Some(file),
             path: Some(path.to_owned()),
@@ -317,7 +327,7 @@ fn open_file(spec: &FileSpec) -> Result<Device, DeviceError> {
             block_size,
             read_only: spec.read_only,
             direct,
-            pollable,
+            poll_max,
         });
     }
     if !ft.is_file() {
@@ -380,20 +390,33 @@ fn open_file(spec: &FileSpec) -> Result<Device, DeviceError> {
         direct,
         // Files are not polled: whether their file system's direct I/O path polls depends on
         // the file system and the disk under it.
-        pollable: false,
+        poll_max: 0,
     })
 }
 
-/// Whether the block device of `meta` polls for completions: sysfs
-/// `/sys/dev/block/MAJ:MIN/queue/io_poll` reads 1 (it has poll queues, e.g. nvme with
-/// `poll_queues`, null_blk with `poll_queues`). Partitions look at their disk's queue.
-fn block_queue_polls(meta: &std::fs::Metadata) -> bool {
+/// For a block device that polls for completions (sysfs `/sys/dev/block/MAJ:MIN/queue/io_poll`
+/// reads 1: it has poll queues, e.g. nvme with `poll_queues`, null_blk with `poll_queues`), the
+/// largest transfer it takes without splitting, in bytes; 0 otherwise. Partitions look at
+/// their disk's queue.
+fn block_queue_poll_max(meta: &std::fs::Metadata) -> u32 {
     use std::os::unix::fs::MetadataExt;
     let rdev = meta.rdev();
     let (major, minor) = (libc::major(rdev), libc::minor(rdev));
     let base = format!("/sys/dev/block/{major}:{minor}");
-    let read = |p: String| std::fs::read_to_string(p).ok();
-    read(format!("{base}/queue/io_poll"))
-        .or_else(|| read(format!("{base}/../queue/io_poll")))
-        .is_some_and(|v| v.trim() == "1")
+    let queue = |attr: &str| {
+        std::fs::read_to_string(format!("{base}/queue/{attr}"))
+            .or_else(|_| std::fs::read_to_string(format!("{base}/../queue/{attr}")))
+            .ok()
+            .map(|v| v.trim().to_owned())
+    };
+    if queue("io_poll").as_deref() != Some("1") {
+        return 0;
+    }
+    let num = |attr: &str| queue(attr).and_then(|v| v.parse::<u32>().ok()).unwrap_or(0);
+    // A transfer that fits all three limits is never split, however its buffer's pages fall
+    // into segments (one per 4 KiB page, or one for a contiguous huge page).
+    num("max_sectors_kb")
+        .saturating_mul(1024)
+        .min(num("max_segment_size"))
+        .min(num("max_segments").saturating_mul(4096))
 }

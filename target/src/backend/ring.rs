@@ -142,8 +142,8 @@ struct Dev {
     zero: ZeroMethod,
     /// False once PUNCH_HOLE answered EOPNOTSUPP: Trim then completes without action.
     trim: bool,
-    /// Reads and writes go to the polled ring.
-    polled: bool,
+    /// Reads and writes of at most this many bytes go to the polled ring (0: none).
+    poll_max: u64,
 }
 
 /// The ring's view of `d`; `iopoll`: the ring has a polled ring.
@@ -155,7 +155,11 @@ fn dev_of(d: &Device, iopoll: bool) -> Dev {
         null: d.kind() == DeviceKind::Null,
         zero: ZeroMethod::ZeroRange,
         trim: true,
-        polled: iopoll && d.is_pollable(),
+        poll_max: if iopoll {
+            u64::from(d.poll_max_bytes())
+        } else {
+            0
+        },
     }
 }
 
@@ -167,7 +171,7 @@ const ABSENT_DEV: Dev = Dev {
     null: false,
     zero: ZeroMethod::ZeroRange,
     trim: false,
-    polled: false,
+    poll_max: 0,
 };
 
 /// Device slots wanted in a ring's file table: room for devices a reload adds, within the
@@ -472,7 +476,7 @@ impl Ring {
 
     /// Device slots whose reads and writes go to the polled (IOPOLL) ring.
     pub fn polled_devices(&self) -> usize {
-        self.dev.iter().filter(|d| d.polled).count()
+        self.dev.iter().filter(|d| d.poll_max > 0).count()
     }
 
     pub fn stats(&self) -> &RingStats {
@@ -668,7 +672,7 @@ impl Ring {
                 .rw_flags(flags)
                 .build()
         };
-        if self.dev[slot.dev as usize].polled {
+        if u64::from(len) <= self.dev[slot.dev as usize].poll_max {
             return self.push_polled(s, e);
         }
         self.push_one(s, e)

@@ -32,7 +32,7 @@ nullb_up() {
   [ -b /dev/nullb7 ] || { REASON="/dev/nullb7 did not appear"; return 1; }
   local p
   p=$(cat /sys/block/nullb7/queue/io_poll 2>/dev/null)
-  echo "nullb7: $(cat "$NB/size") MiB, poll_queues $(cat "$NB/poll_queues" 2>/dev/null || echo '?'), queue/io_poll $p" >>"$STEPS"
+  echo "nullb7: $(cat "$NB/size") MiB, poll_queues $(cat "$NB/poll_queues" 2>/dev/null || echo '?'), queue/io_poll $p, max_sectors_kb $(cat /sys/block/nullb7/queue/max_sectors_kb), max_segment_size $(cat /sys/block/nullb7/queue/max_segment_size), max_segments $(cat /sys/block/nullb7/queue/max_segments)" >>"$STEPS"
   [ "$p" = 1 ] || { REASON="/sys/block/nullb7/queue/io_poll is '$p', not 1: the device cannot be polled"; return 1; }
 }
 
@@ -52,6 +52,19 @@ bench_qd() { # QD -> "IOPS p50_us" of a 4k randread run
 label=$SCENARIO
 teardown
 nullb_up || { fail "$label" "$REASON"; exit 0; }
+# The kernel side alone: fio's io_uring engine with hipri (IOPOLL) verifies on the device.
+if command -v fio >/dev/null; then
+  step "fio io_uring hipri verify on /dev/nullb7" timeout 120 fio --name=hipri --filename=/dev/nullb7 \
+    --ioengine=io_uring --hipri=1 --direct=1 --rw=randwrite --bs=16k --iodepth=8 --size=8M \
+    --verify=crc32c --do_verify=1 || { fail "$label" "IOPOLL does not work on this device even for fio: $REASON"; exit 0; }
+fi
+# The backend's polled ring alone (target/tests/iopoll.rs).
+t=${NVMF_IOPOLL_TEST:-}
+[ -n "$t" ] && [ -x "$t" ] || { fail "$label" "target/tests/iopoll.rs not built (NVMF_IOPOLL_TEST='$t')"; exit 0; }
+step "backend polled ring on /dev/nullb7 (target/tests/iopoll.rs)" env NVMF_IOPOLL_DEV=/dev/nullb7 \
+  timeout 120 "$t" --nocapture || { fail "$label" "$REASON"; exit 0; }
+cp "$WORK/step.out" "$OUT/iopoll-test.txt"
+grep -q SKIP "$WORK/step.out" && { fail "$label" "iopoll test skipped in the VM"; exit 0; }
 rows=()
 for IOPOLL in true false; do
   TARGET_YAML="target: { iopoll: $IOPOLL }"
