@@ -17,7 +17,8 @@ const DEPTH: u64 = 8;
 /// Submits `ops` (one buffer each) and reaps them all, polling, within 10 s.
 fn batch(ring: &mut Ring, ops: &[IoOp], bufs: &[nvmf_target::backend::BufId]) {
     for (i, o) in ops.iter().enumerate() {
-        ring.submit_op(o, Some((bufs[i], 0)), i as u64).expect("slot");
+        ring.submit_op(o, Some((bufs[i], 0)), i as u64)
+            .expect("slot");
     }
     ring.submit().expect("submit");
     let start = Instant::now();
@@ -74,7 +75,10 @@ fn polled_ring_writes_and_reads_a_block_device_with_poll_queues() {
     assert!(d.is_pollable(), "{path}: queue/io_poll is not 1");
     let poll_max = d.poll_max_bytes();
     println!("{path}: reads and writes up to {poll_max} bytes are polled");
-    assert!(poll_max >= IO, "poll limit {poll_max} below the test's {IO}-byte I/O");
+    assert!(
+        poll_max >= IO,
+        "poll limit {poll_max} below the test's {IO}-byte I/O"
+    );
     let pool = BufPool::new(DEPTH as u32 * 2, BUF).unwrap();
     let cfg = RingConfig {
         sq_entries: 4, // smaller than a batch: the polled SQ-full path runs too
@@ -114,7 +118,9 @@ fn polled_ring_writes_and_reads_a_block_device_with_poll_queues() {
     for (i, &b) in rbufs.iter().enumerate() {
         let want = 0x40 + i as u8;
         assert!(
-            ring.pool().buf(b).unwrap().iter().all(|&x| x == want),
+            ring.pool().buf(b).unwrap()[..IO as usize]
+                .iter()
+                .all(|&x| x == want),
             "block {i} read back wrong"
         );
     }
@@ -138,7 +144,10 @@ fn polled_ring_writes_and_reads_a_block_device_with_poll_queues() {
             assert_eq!((ud, r), (99, Ok(0)));
             flushed = true;
         });
-        assert!(start.elapsed() < Duration::from_secs(10), "flush never completed");
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "flush never completed"
+        );
         if !flushed {
             ring.wait(Some(Duration::from_millis(100))).unwrap();
         }
@@ -152,12 +161,18 @@ fn polled_ring_writes_and_reads_a_block_device_with_poll_queues() {
         batch_len(&mut ring, IoKind::Write, big as u32, b);
         ring.pool_mut().buf_mut(b).unwrap()[..big].fill(0);
         batch_len(&mut ring, IoKind::Read, big as u32, b);
-        assert!(ring.pool().buf(b).unwrap()[..big].iter().all(|&x| x == 0x77));
+        assert!(ring.pool().buf(b).unwrap()[..big]
+            .iter()
+            .all(|&x| x == 0x77));
     } else {
         println!("(no {big}-byte buffer: the above-the-limit case is not run)");
     }
     let st = ring.stats();
     println!("iopoll: {st:?}");
-    assert_eq!(st.polled_sqes, 2 * DEPTH, "reads and writes not on the polled ring");
+    assert_eq!(
+        st.polled_sqes,
+        2 * DEPTH,
+        "reads and writes not on the polled ring"
+    );
     assert_eq!(st.errors, 0);
 }

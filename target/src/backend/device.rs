@@ -318,7 +318,11 @@ fn open_file(spec: &FileSpec) -> Result<Device, DeviceError> {
             None => dev_size - dev_size % u64::from(block_size),
         };
         check_size(path, size, block_size)?;
-        let poll_max = if direct { block_queue_poll_max(&meta) } else { 0 };
+        let poll_max = if direct {
+            block_queue_poll_max(&meta)
+        } else {
+            0
+        };
         return Ok(Device {
             file: Some(file),
             path: Some(path.to_owned()),
