@@ -205,6 +205,9 @@ impl<S: Store> Poller<S> {
             let skip =
                 busy && spin == Spin::Quiet && self.watch.as_mut().is_some_and(|w| !w.fired());
             let n = if skip {
+                // A spin-wait hint between checks (frees the core's pipeline for an SMT
+                // sibling; the check itself is a load).
+                std::hint::spin_loop();
                 0
             } else {
                 match self.epoll.wait(&mut events, timeout) {
