@@ -9,17 +9,21 @@
 //! - [`Ring`]: one io_uring per poller thread (SINGLE_ISSUER | DEFER_TASKRUN where the kernel
 //!   has it) with the devices as fixed files and the pool as fixed buffers. No locks and no
 //!   heap allocation per operation.
+//! - [`ReadyWatch`]: a multishot poll on a poller's epoll descriptor in a small private ring, so
+//!   a busy-polling poller checks for socket activity with a memory load, not `epoll_wait`.
 
 mod device;
 mod pool;
 mod ring;
 mod sys;
+mod watch;
 
 pub use device::{
     Device, DeviceError, DeviceKind, DeviceSpec, Devices, FileSpec, MAX_BLOCK_SIZE, MIN_BLOCK_SIZE,
 };
 pub use pool::{BufId, BufPool, PoolError, BUF_ALIGN, MAX_BUFFERS, MAX_BUFFER_SIZE};
 pub use ring::{Ring, RingConfig, RingError, RingMode, RingStats, SubmitError};
+pub use watch::ReadyWatch;
 
 #[cfg(test)]
 mod tests;

@@ -4,6 +4,7 @@
 
 use std::collections::VecDeque;
 use std::net::{TcpListener, TcpStream};
+use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::sync::Arc;
@@ -16,6 +17,7 @@ use tracing::{debug, error, info, warn};
 use super::tcp::{Conn, Wants};
 use super::thread::PollerThread;
 use super::{ConnStats, DeviceUpdate, Store};
+use crate::backend::ReadyWatch;
 use crate::core::{Target, TransportCaps};
 
 const WAKE_KEY: u64 = u64::MAX;
@@ -100,6 +102,20 @@ where
     Ok(PollerHandle { thread, devices })
 }
 
+/// Where a busy-polling poller stands with its [`ReadyWatch`] (a pass without progress moves it
+/// one step down, any progress back to `Polling`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Spin {
+    /// Every pass calls `epoll_wait` (level-triggered: a socket not drained is reported again).
+    Polling,
+    /// A pass found nothing and the watch was re-armed; one more `epoll_wait` catches what
+    /// became ready before the re-arm.
+    Confirm,
+    /// That `epoll_wait` found nothing either: passes call `epoll_wait` only when the watch
+    /// fired, so an idle spin makes no system call.
+    Quiet,
+}
+
 struct Poller<S: Store> {
     target: Arc<Target>,
     cfg: PollerConfig,
@@ -110,6 +126,8 @@ struct Poller<S: Store> {
     wake: Arc<EventFd>,
     stats: Arc<PollerStats>,
     epoll: Epoll,
+    /// Readiness of `epoll` without a system call (None: the kernel lacks it, or it failed).
+    watch: Option<ReadyWatch>,
     conns: Vec<Option<Conn>>,
     /// Whether EPOLLOUT is armed, per connection.
     out_armed: Vec<bool>,
@@ -130,6 +148,13 @@ impl<S: Store> Poller<S> {
     ) -> std::io::Result<Self> {
         let epoll = Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC)?;
         epoll.add(&*wake, EpollEvent::new(EpollFlags::EPOLLIN, WAKE_KEY))?;
+        let watch = match ReadyWatch::new(epoll.0.as_fd()) {
+            Ok(w) => Some(w),
+            Err(e) => {
+                debug!(error = %e, "no io_uring readiness watch; busy polls call epoll_wait");
+                None
+            }
+        };
         Ok(Poller {
             target,
             cfg,
@@ -139,6 +164,7 @@ impl<S: Store> Poller<S> {
             wake,
             stats,
             epoll,
+            watch,
             conns: Vec::new(),
             out_armed: Vec::new(),
             free_keys: Vec::new(),
@@ -157,6 +183,7 @@ impl<S: Store> Poller<S> {
         // this read): deciding whether to block uses the previous pass's time, a few
         // microseconds old, against a window of `idle_poll`.
         let mut now = Instant::now();
+        let mut spin = Spin::Polling;
         loop {
             if self.cfg.stop.load(Ordering::Relaxed) {
                 self.shutdown();
@@ -174,12 +201,22 @@ impl<S: Store> Poller<S> {
                     .clamp(1, 1000) as u16;
                 EpollTimeout::from(ms)
             };
-            let n = match self.epoll.wait(&mut events, timeout) {
-                Ok(n) => n,
-                Err(nix::errno::Errno::EINTR) => 0,
-                Err(e) => {
-                    error!(error = %e, "epoll_wait failed; poller exits");
-                    return;
+            // Busy and quiet: skip the epoll_wait unless the watch saw a socket signalled.
+            let skip =
+                busy && spin == Spin::Quiet && self.watch.as_mut().is_some_and(|w| !w.fired());
+            let n = if skip {
+                // A spin-wait hint between checks (frees the core's pipeline for an SMT
+                // sibling; the check itself is a load).
+                std::hint::spin_loop();
+                0
+            } else {
+                match self.epoll.wait(&mut events, timeout) {
+                    Ok(n) => n,
+                    Err(nix::errno::Errno::EINTR) => 0,
+                    Err(e) => {
+                        error!(error = %e, "epoll_wait failed; poller exits");
+                        return;
+                    }
                 }
             };
             now = Instant::now();
@@ -282,6 +319,22 @@ impl<S: Store> Poller<S> {
                     self.remove(k);
                 }
             }
+            // The watch's state for the next pass (see `Spin`).
+            spin = match spin {
+                _ if progress || !busy || self.watch.is_none() => Spin::Polling,
+                Spin::Polling => match self.watch.as_mut().map(|w| w.rearm()) {
+                    Some(Err(e)) => {
+                        warn!(error = %e, "readiness watch failed; polling with epoll_wait");
+                        self.watch = None;
+                        Spin::Polling
+                    }
+                    _ => Spin::Confirm,
+                },
+                Spin::Confirm if n == 0 => Spin::Quiet,
+                Spin::Confirm => Spin::Polling,
+                Spin::Quiet if skip => Spin::Quiet,
+                Spin::Quiet => Spin::Polling,
+            };
             if progress {
                 last_work = now;
             } else if self.store.inflight() > 0 {
