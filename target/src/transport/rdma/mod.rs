@@ -50,7 +50,7 @@ use std::time::Duration;
 use ::rdma::EventChannel;
 use tracing::info;
 
-pub use poller::RdmaPollerStats;
+pub use poller::{RdmaPollerStats, RegionInfo, RegionKind};
 pub use request::ReqState;
 
 use crate::core::{Target, TransportCaps};
