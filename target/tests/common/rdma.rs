@@ -58,7 +58,7 @@ pub struct Host {
     /// Host memory the target reads from and writes to (the keyed SGL buffers).
     pub data_mr: Mr,
     _pd: Arc<Pd>,
-    ch: EventChannel,
+    pub ch: EventChannel,
     pub reply: Vec<u8>,
     /// The responder resources (RDMA READ credits) the target granted in its accept.
     pub granted_reads: u8,
@@ -83,6 +83,16 @@ pub fn expect_event(ch: &EventChannel, want: CmEventType) -> rdma::CmEvent {
 }
 
 pub fn open(addr: SocketAddr, pdata: &[u8], responder_resources: u8) -> Outcome {
+    open_with(addr, pdata, responder_resources, 0)
+}
+
+/// Like [`open`], also asking for `initiator_depth` RDMA READs towards the target.
+pub fn open_with(
+    addr: SocketAddr,
+    pdata: &[u8],
+    responder_resources: u8,
+    initiator_depth: u8,
+) -> Outcome {
     let ch = EventChannel::new().unwrap();
     let id = ch.create_id(7).unwrap();
     id.resolve_addr(None, addr, TIMEOUT).unwrap();
@@ -123,7 +133,7 @@ pub fn open(addr: SocketAddr, pdata: &[u8], responder_resources: u8) -> Outcome 
     id.connect(&ConnParam {
         private_data: pdata,
         responder_resources,
-        initiator_depth: 0,
+        initiator_depth,
         flow_control: true,
         retry_count: 7,
         rnr_retry_count: 7,
