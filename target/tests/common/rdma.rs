@@ -60,7 +60,9 @@ pub struct Host {
     _pd: Arc<Pd>,
     pub ch: EventChannel,
     pub reply: Vec<u8>,
-    /// The responder resources (RDMA READ credits) the target granted in its accept.
+    /// The RDMA READs the target lets this host have outstanding towards it: the accept's
+    /// responder resources, which the CM reports as the event's `initiator_depth` (turned to
+    /// this side's point of view).
     pub granted_reads: u8,
     /// The NQNs `nvme_connect` sends.
     pub subnqn: String,
@@ -153,7 +155,7 @@ pub fn open_with(
             data_mr,
             _pd: pd,
             reply: ev.private_data().to_vec(),
-            granted_reads: ev.responder_resources(),
+            granted_reads: ev.initiator_depth(),
             subnqn: NQN.into(),
             hostnqn: HOSTNQN.into(),
             ch,
@@ -344,4 +346,3 @@ pub fn wait_released(d: &Daemon) {
         std::thread::sleep(Duration::from_millis(50));
     }
 }
-

@@ -116,7 +116,10 @@ impl RdmaPollerStats {
     /// (every 50 ms and whenever a connection goes away): the pool region per device, each
     /// connection's RECV and response regions, and the iWARP READ sinks in flight then.
     pub fn regions(&self) -> Vec<RegionInfo> {
-        self.regions.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        self.regions
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     /// For tests: takes the record of the last iWARP RDMA READ sink registered since the last
