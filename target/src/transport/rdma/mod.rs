@@ -31,10 +31,10 @@
 //! Known device defect (tests/rdma_access.rs, test VM, Linux 6.1): siw answers a peer's RDMA
 //! READ from any region of the connection's protection domain without checking `REMOTE_READ`
 //! (its READ-response path checks the source with no access rights) and although the accept
-//! granted no READs (IRD 0; newer kernels refuse that case). So over siw a connected peer that
-//! knows or guesses an STag can read the pool; RoCE (rxe) refuses it. Closing that gap on our
-//! side would need a protection domain per connection with per-I/O registration of every
-//! data buffer on iWARP.
+//! granted no READs (IRD 0; other siw versions carry a check that refuses that case). So over
+//! siw a connected peer that knows or guesses an STag can read the pool; RoCE (rxe) refuses
+//! it. Closing that gap on our side would need a protection domain per connection with per-I/O
+//! registration of every data buffer on iWARP.
 //!
 //! # Teardown
 //! On DISCONNECTED, a failed (non-flush) completion, keep-alive expiry or a controller reset the
