@@ -44,7 +44,7 @@ use tracing::{debug, info, warn};
 use super::params::{
     connect_sqsize_fits, split_wr_id, wr_id, QueueSizing, WrKind, CQE_BYTES, SQE_BYTES,
 };
-use super::poller::DevRes;
+use super::poller::{DevRes, RegionInfo, RegionKind};
 use super::request::{Req, ReqState, StateCounts};
 use crate::backend::BufId;
 use crate::core::{Cmd, Exec, Queue, QueueEvent, Target, TransportCaps, Xfer};
@@ -133,6 +133,8 @@ pub(super) struct Conn {
     pub io_mrs: usize,
     /// Per-I/O memory regions registered over the connection's life.
     pub io_mrs_total: u64,
+    /// The last iWARP READ sink registered, until the poller publishes it (for tests).
+    pub last_read_sink: Option<RegionInfo>,
     pub stats: ConnStats,
 }
 
@@ -206,6 +208,7 @@ impl Conn {
             io_inflight: 0,
             io_mrs: 0,
             io_mrs_total: 0,
+            last_read_sink: None,
             stats: ConnStats::default(),
         };
         c.post_all_recvs()?;
@@ -400,6 +403,14 @@ impl Conn {
                 }
             }
         }
+    }
+
+    /// Appends the memory regions this connection holds (for diagnostics and tests).
+    pub fn regions(&self, out: &mut Vec<RegionInfo>) {
+        out.push(RegionInfo::of(RegionKind::Recv, &self.recv_mr));
+        out.push(RegionInfo::of(RegionKind::Response, &self.rsp_mr));
+        let sinks = self.slots.iter().filter_map(|r| r.read_mr.as_ref());
+        out.extend(sinks.map(|mr| RegionInfo::of(RegionKind::ReadSink, mr)));
     }
 
     fn slot_state(&self, slot: u32) -> Option<ReqState> {
@@ -729,6 +740,7 @@ impl Conn {
                 let r = &mut self.slots[s];
                 r.wrs = 1;
                 if let Some(mr) = mr {
+                    self.last_read_sink = Some(RegionInfo::of(RegionKind::ReadSink, &mr));
                     r.read_mr = Some(mr);
                     self.io_mrs += 1;
                     self.io_mrs_total += 1;

@@ -28,6 +28,14 @@
 //! host-writable memory to the I/O in flight. SEND_WITH_INVALIDATE is off by default on iWARP
 //! (see [`SendWithInvalidate`]).
 //!
+//! Known device defect (tests/rdma_access.rs, test VM, Linux 6.1): siw answers a peer's RDMA
+//! READ from any region of the connection's protection domain without checking `REMOTE_READ`
+//! (its READ-response path checks the source with no access rights) and although the accept
+//! granted no READs (IRD 0; other siw versions carry a check that refuses that case). So over
+//! siw a connected peer that knows or guesses an STag can read the pool; RoCE (rxe) refuses
+//! it. Closing that gap on our side would need a protection domain per connection with per-I/O
+//! registration of every data buffer on iWARP.
+//!
 //! # Teardown
 //! On DISCONNECTED, a failed (non-flush) completion, keep-alive expiry or a controller reset the
 //! connection tells the core (`Queue::disconnected`), calls `rdma_disconnect`, moves the QP to
@@ -50,7 +58,7 @@ use std::time::Duration;
 use ::rdma::EventChannel;
 use tracing::info;
 
-pub use poller::RdmaPollerStats;
+pub use poller::{RdmaPollerStats, RegionInfo, RegionKind};
 pub use request::ReqState;
 
 use crate::core::{Target, TransportCaps};

@@ -6,7 +6,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::os::fd::BorrowedFd;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{mpsc, Arc};
+use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use ::rdma::{
@@ -60,12 +60,76 @@ pub struct RdmaPollerStats {
     pub io_mrs_total: AtomicU64,
     /// Requests in each [`ReqState`] over all connections (index = state).
     pub requests: [AtomicU32; STATE_COUNT],
+    /// For diagnostics and tests: every memory region the poller holds, as of the last publish
+    /// (read with [`RdmaPollerStats::regions`]).
+    regions: Mutex<Vec<RegionInfo>>,
+    /// For tests: the last iWARP RDMA READ sink registered (its key and rights), kept after the
+    /// sink is deregistered so a test can check that the key no longer works.
+    last_read_sink: Mutex<Option<RegionInfo>>,
+}
+
+/// What a memory region the RDMA poller holds is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RegionKind {
+    /// The poller's buffer pool, once per device.
+    Pool,
+    /// A connection's RECV buffers.
+    Recv,
+    /// A connection's response (SEND) buffers.
+    Response,
+    /// iWARP: one request's RDMA READ sink, registered while its READ is in flight.
+    ReadSink,
+}
+
+/// A memory region the RDMA poller holds: where it is, its keys and its access rights (the
+/// rights it was registered with, [`Mr::access`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RegionInfo {
+    pub kind: RegionKind,
+    pub addr: u64,
+    pub len: usize,
+    pub lkey: u32,
+    pub rkey: u32,
+    pub access: AccessFlags,
+}
+
+impl RegionInfo {
+    pub(super) fn of(kind: RegionKind, mr: &Mr) -> RegionInfo {
+        RegionInfo {
+            kind,
+            addr: mr.addr(),
+            len: mr.len(),
+            lkey: mr.lkey(),
+            rkey: mr.rkey(),
+            access: mr.access(),
+        }
+    }
 }
 
 impl RdmaPollerStats {
     /// Requests currently in `state`.
     pub fn requests_in(&self, state: ReqState) -> u32 {
         self.requests[state as usize].load(Ordering::Relaxed)
+    }
+
+    /// For diagnostics and tests: the memory regions the poller held at its last publish
+    /// (every 50 ms and whenever a connection goes away): the pool region per device, each
+    /// connection's RECV and response regions, and the iWARP READ sinks in flight then.
+    pub fn regions(&self) -> Vec<RegionInfo> {
+        self.regions
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// For tests: takes the record of the last iWARP RDMA READ sink registered since the last
+    /// call (published with the other counters). The region itself is deregistered when its
+    /// READ completes; the record stays so a test can try the stale key.
+    pub fn take_last_read_sink(&self) -> Option<RegionInfo> {
+        self.last_read_sink
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
     }
 }
 
@@ -573,6 +637,13 @@ impl Poller {
         self.free_keys.push(k as u32);
         self.stats.connections.fetch_sub(1, Ordering::Relaxed);
         debug!(poller = self.cfg.id, peer = %c.peer, qid = ?c.qid(), "NVMe/RDMA connection released");
+        if let Some(r) = c.last_read_sink {
+            *self
+                .stats
+                .last_read_sink
+                .lock()
+                .unwrap_or_else(|e| e.into_inner()) = Some(r);
+        }
         let tag = c.tag;
         // Destroys the QP, then (unless the CM thread still holds it) the CM id, the CQ and
         // the connection's memory regions.
@@ -581,7 +652,8 @@ impl Poller {
         self.publish();
     }
 
-    fn publish(&self) {
+    fn publish(&mut self) {
+        self.publish_regions();
         let mut t = self.closed_totals;
         let mut io_mrs_total = self.closed_io_mrs;
         let mut mrs = self.devs.len();
@@ -607,6 +679,29 @@ impl Poller {
         s.io_mrs_total.store(io_mrs_total, Ordering::Relaxed);
         for (a, n) in s.requests.iter().zip(states) {
             a.store(n, Ordering::Relaxed);
+        }
+    }
+
+    /// Publishes the regions held now and the last READ sink registered (for diagnostics and
+    /// tests; the list keeps its capacity, so this allocates only when it grows).
+    fn publish_regions(&mut self) {
+        let mut regions = self.stats.regions.lock().unwrap_or_else(|e| e.into_inner());
+        regions.clear();
+        for d in &self.devs {
+            regions.push(RegionInfo::of(RegionKind::Pool, &d.pool_mr));
+        }
+        let mut last = None;
+        for c in self.conns.iter_mut().flatten() {
+            c.regions(&mut regions);
+            last = c.last_read_sink.take().or(last);
+        }
+        drop(regions);
+        if last.is_some() {
+            *self
+                .stats
+                .last_read_sink
+                .lock()
+                .unwrap_or_else(|e| e.into_inner()) = last;
         }
     }
 

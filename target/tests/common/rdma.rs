@@ -1,0 +1,348 @@
+//! A raw rdma_cm/verbs NVMe/RDMA host for the in-process RDMA tests (rdma_raw.rs,
+//! rdma_access.rs): CM connect with NVMe/RDMA private data, capsules over SEND/RECV, keyed SGL
+//! buffers the target reads and writes, and the daemon's RDMA counters.
+//!
+//! Included with `#[path = "common/rdma.rs"] mod rdma_common;` (not through `common/mod.rs`,
+//! which installs the allocation-counting allocator).
+#![allow(dead_code)]
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use nvme::fabrics::{self, ConnectData, PropSize};
+use nvme::rdma::CmRequest;
+use nvme::sgl::Sgl;
+use nvme::{Cqe, Sqe};
+use nvmf_target::daemon::Daemon;
+use nvmf_target::transport::rdma::RdmaPollerStats;
+use rdma::{
+    AccessFlags, CmEventType, CmId, ConnParam, Cq, EventChannel, Mr, Pd, Qp, QpInitAttr, RecvWr,
+    SendWr, WcOpcode, WorkCompletion,
+};
+
+pub const TIMEOUT: Duration = Duration::from_secs(20);
+pub const NQN: &str = "nqn.2026-11.io.nvmf-rs:rdma-raw";
+pub const HOSTNQN: &str = "nqn.2014-08.org.nvmexpress:uuid:5a0c3f52-6d2b-4c1e-9b7a-1d2e3f405162";
+pub const NRECV: usize = 32;
+pub const DATA: usize = 64 * 1024;
+/// `target.in_capsule_data` in the test configuration.
+pub const IN_CAPSULE: usize = 8192;
+
+pub fn rdma_ip() -> Option<IpAddr> {
+    ["NVMF_TEST_RDMA_IP", "RXE_IP", "SIW_IP"]
+        .iter()
+        .find_map(|v| std::env::var(v).ok().filter(|s| !s.is_empty()))
+        .map(|s| s.parse().expect("an IP address"))
+}
+
+/// Whether the device that routes to `addr` is iWARP.
+pub fn device_is_iwarp(addr: SocketAddr) -> bool {
+    let ch = EventChannel::new().unwrap();
+    let id = ch.create_id(8).unwrap();
+    id.resolve_addr(None, addr, TIMEOUT).unwrap();
+    expect_event(&ch, CmEventType::AddrResolved);
+    let ctx = id.context().unwrap().expect("bound to a device");
+    ctx.transport() == rdma::Transport::Iwarp
+}
+
+/// A host-side connection: QP, CQ, registered buffers, CM id.
+pub struct Host {
+    // Field order is drop order: the QP before the buffers its work requests name.
+    pub qp: Qp,
+    pub id: CmId,
+    pub cq: Arc<Cq>,
+    pub recv_mr: Mr,
+    pub send_mr: Mr,
+    /// Host memory the target reads from and writes to (the keyed SGL buffers).
+    pub data_mr: Mr,
+    _pd: Arc<Pd>,
+    pub ch: EventChannel,
+    pub reply: Vec<u8>,
+    /// The RDMA READs the target lets this host have outstanding towards it: the accept's
+    /// responder resources, which the CM reports as the event's `initiator_depth` (turned to
+    /// this side's point of view).
+    pub granted_reads: u8,
+    /// The NQNs `nvme_connect` sends.
+    pub subnqn: String,
+    pub hostnqn: String,
+    pub next_cid: u16,
+}
+
+pub enum Outcome {
+    Connected(Box<Host>),
+    Rejected { status: i32, data: Vec<u8> },
+}
+
+pub fn expect_event(ch: &EventChannel, want: CmEventType) -> rdma::CmEvent {
+    let ev = ch
+        .get_event(Some(TIMEOUT))
+        .unwrap()
+        .unwrap_or_else(|| panic!("timed out waiting for {want}"));
+    assert_eq!(ev.event_type(), want, "status {}", ev.status());
+    ev
+}
+
+pub fn open(addr: SocketAddr, pdata: &[u8], responder_resources: u8) -> Outcome {
+    open_with(addr, pdata, responder_resources, 0)
+}
+
+/// Like [`open`], also asking for `initiator_depth` RDMA READs towards the target.
+pub fn open_with(
+    addr: SocketAddr,
+    pdata: &[u8],
+    responder_resources: u8,
+    initiator_depth: u8,
+) -> Outcome {
+    let ch = EventChannel::new().unwrap();
+    let id = ch.create_id(7).unwrap();
+    id.resolve_addr(None, addr, TIMEOUT).unwrap();
+    expect_event(&ch, CmEventType::AddrResolved);
+    id.resolve_route(TIMEOUT).unwrap();
+    expect_event(&ch, CmEventType::RouteResolved);
+    let ctx = id.context().unwrap().expect("bound to a device");
+    let pd = Arc::new(Pd::new(&ctx).unwrap());
+    let cq = Arc::new(Cq::new(&ctx, 256).unwrap());
+    let qp = Qp::create(
+        &id,
+        &pd,
+        &QpInitAttr {
+            send_cq: &cq,
+            recv_cq: &cq,
+            srq: None,
+            max_send_wr: 64,
+            max_recv_wr: NRECV as u32,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: 0,
+            sq_sig_all: false,
+        },
+    )
+    .unwrap();
+    let recv_mr = Mr::alloc(&pd, NRECV * 16, AccessFlags::LOCAL_WRITE).unwrap();
+    for i in 0..NRECV {
+        qp.post_recv(i as u64, &[recv_mr.sge(i * 16, 16).unwrap()])
+            .unwrap();
+    }
+    let send_mr = Mr::alloc(&pd, 64 + IN_CAPSULE, AccessFlags::empty()).unwrap();
+    let data_mr = Mr::alloc(
+        &pd,
+        DATA,
+        AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ,
+    )
+    .unwrap();
+    id.connect(&ConnParam {
+        private_data: pdata,
+        responder_resources,
+        initiator_depth,
+        flow_control: true,
+        retry_count: 7,
+        rnr_retry_count: 7,
+    })
+    .unwrap();
+    let ev = ch
+        .get_event(Some(TIMEOUT))
+        .unwrap()
+        .expect("an answer to the connect");
+    match ev.event_type() {
+        CmEventType::Established => Outcome::Connected(Box::new(Host {
+            qp,
+            id,
+            cq,
+            recv_mr,
+            send_mr,
+            data_mr,
+            _pd: pd,
+            reply: ev.private_data().to_vec(),
+            granted_reads: ev.initiator_depth(),
+            subnqn: NQN.into(),
+            hostnqn: HOSTNQN.into(),
+            ch,
+            next_cid: 1,
+        })),
+        CmEventType::Rejected => Outcome::Rejected {
+            status: ev.status(),
+            data: ev.private_data().to_vec(),
+        },
+        other => panic!("connect ended with {other} (status {})", ev.status()),
+    }
+}
+
+pub fn connect(addr: SocketAddr, req: CmRequest) -> Box<Host> {
+    match open(addr, &req.encode(), 16) {
+        Outcome::Connected(h) => h,
+        Outcome::Rejected { status, data } => {
+            panic!("{req:?} rejected: status {status}, data {data:?}")
+        }
+    }
+}
+
+/// The NVMe/RDMA reject status carried by a REJECTED event.
+pub fn reject_status(o: Outcome) -> u16 {
+    match o {
+        Outcome::Connected(_) => panic!("connect accepted, expected a reject"),
+        Outcome::Rejected { status, data } => {
+            assert!(
+                data.len() >= 4,
+                "reject without NVMe/RDMA private data (status {status})"
+            );
+            assert_eq!(&data[..2], &[0, 0], "recfmt");
+            u16::from_le_bytes([data[2], data[3]])
+        }
+    }
+}
+
+impl Host {
+    pub fn keyed(&self, off: usize, len: usize) -> Sgl {
+        Sgl::Keyed {
+            addr: self.data_mr.addr() + off as u64,
+            len: len as u32,
+            key: self.data_mr.rkey(),
+            invalidate: false,
+        }
+    }
+
+    pub fn cid(&mut self) -> u16 {
+        self.next_cid = self.next_cid.wrapping_add(1).max(1);
+        self.next_cid
+    }
+
+    /// SENDs `bytes` as a capsule.
+    pub fn send_raw(&self, bytes: &[u8]) {
+        self.send_mr.write_at(0, bytes).unwrap();
+        let sge = self.send_mr.sge(0, bytes.len()).unwrap();
+        self.qp
+            .post_send(&[SendWr::send(1_000_000, &[sge]).signaled()])
+            .unwrap();
+    }
+
+    /// Sends a capsule (SQE plus in-capsule data) and returns the response.
+    pub fn exec(&mut self, sqe: &Sqe, inline: &[u8]) -> Cqe {
+        let mut capsule = sqe.encode().to_vec();
+        capsule.extend_from_slice(inline);
+        self.send_raw(&capsule);
+        let deadline = Instant::now() + TIMEOUT;
+        let (mut sent, mut cqe) = (false, None);
+        let mut wc = [WorkCompletion::default()];
+        while !sent || cqe.is_none() {
+            assert!(
+                Instant::now() < deadline,
+                "no response to {sqe:?} (sent: {sent})"
+            );
+            if self.cq.poll(&mut wc).unwrap() == 0 {
+                std::thread::sleep(Duration::from_micros(100));
+                continue;
+            }
+            let [w] = &wc;
+            assert!(w.is_ok(), "host work request failed: {w:?}");
+            match w.opcode() {
+                WcOpcode::Send => sent = true,
+                WcOpcode::Recv => {
+                    assert_eq!(w.byte_len(), 16, "response length");
+                    let slot = w.wr_id() as usize;
+                    let mut b = [0u8; 16];
+                    self.recv_mr.read_at(slot * 16, &mut b).unwrap();
+                    self.qp
+                        .post_recv_list(&[RecvWr {
+                            wr_id: slot as u64,
+                            sges: &[self.recv_mr.sge(slot * 16, 16).unwrap()],
+                        }])
+                        .unwrap();
+                    cqe = Some(Cqe::decode(&b).unwrap());
+                }
+                other => panic!("unexpected host completion {other:?}"),
+            }
+        }
+        let cqe = cqe.unwrap();
+        assert_eq!(cqe.cid(), sqe.cid(), "response to another command");
+        cqe
+    }
+
+    pub fn ok(&mut self, sqe: &Sqe, inline: &[u8]) -> Cqe {
+        let c = self.exec(sqe, inline);
+        assert!(c.status().is_success(), "{sqe:?} failed: {:?}", c.status());
+        c
+    }
+
+    /// Fabrics Connect with the data in host memory (keyed SGL: the target RDMA READs it).
+    pub fn nvme_connect(&mut self, qid: u16, sqsize: u16, cntlid: u16) -> u16 {
+        let c = self.try_nvme_connect(qid, sqsize, cntlid);
+        assert!(c.status().is_success(), "Connect failed: {:?}", c.status());
+        c.result.get() as u16
+    }
+
+    /// Fabrics Connect to `self.subnqn` as `self.hostnqn` (keyed SGL data); the response.
+    pub fn try_nvme_connect(&mut self, qid: u16, sqsize: u16, cntlid: u16) -> Cqe {
+        let data = ConnectData::new([7; 16], cntlid, &self.subnqn, &self.hostnqn).encode();
+        self.data_mr.write_at(0, &data).unwrap();
+        let cid = self.cid();
+        let sqe = fabrics::connect_sqe(cid, qid, sqsize, 0, 30_000, self.keyed(0, 1024));
+        self.exec(&sqe, &[])
+    }
+
+    /// Sets CC.EN and waits for CSTS.RDY (admin queue after Connect).
+    pub fn enable(&mut self) {
+        let cid = self.cid();
+        let cc = fabrics::Cc::new(true, 0, 0, 0, 0, 6, 4).0 as u64;
+        self.ok(
+            &fabrics::property_set_sqe(cid, 0x14, cc, PropSize::Four),
+            &[],
+        );
+        let deadline = Instant::now() + TIMEOUT;
+        loop {
+            let cid = self.cid();
+            let csts = self.ok(&fabrics::property_get_sqe(cid, 0x1c, PropSize::Four), &[]);
+            if csts.result.get() & 1 == 1 {
+                return;
+            }
+            assert!(Instant::now() < deadline, "CSTS.RDY never set");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Waits for a CM event (e.g. DISCONNECTED after the target closed the queue).
+    pub fn wait_event(&self, want: CmEventType) {
+        expect_event(&self.ch, want);
+    }
+}
+
+pub fn io_sqe(op: u8, cid: u16, lba: u64, blocks: u32, sgl: Sgl) -> Sqe {
+    let mut s = Sqe::new(op, cid);
+    s.nsid = 1.into();
+    s.dptr = sgl.encode();
+    s.cdw10 = (lba as u32).into();
+    s.cdw11 = ((lba >> 32) as u32).into();
+    s.cdw12 = (blocks - 1).into();
+    s
+}
+
+pub fn pattern(seed: u8, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(29).wrapping_add(seed) ^ (i >> 9) as u8)
+        .collect()
+}
+
+pub fn sum<F: Fn(&RdmaPollerStats) -> u64>(stats: &[Arc<RdmaPollerStats>], f: F) -> u64 {
+    stats.iter().map(|s| f(s)).sum()
+}
+
+/// Waits until the pollers report no connection, no buffer in use and only the pool regions.
+pub fn wait_released(d: &Daemon) {
+    let deadline = Instant::now() + TIMEOUT;
+    loop {
+        let st = d.rdma_stats();
+        let conns = sum(&st, |s| s.connections.load(Ordering::Relaxed) as u64);
+        let bufs = sum(&st, |s| s.buffers_in_use.load(Ordering::Relaxed) as u64);
+        // One pool region per poller that has served a connection on the device.
+        let mrs = sum(&st, |s| s.mrs_registered.load(Ordering::Relaxed) as u64);
+        if conns == 0 && bufs == 0 && mrs <= st.len() as u64 {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not released: {conns} connections, {bufs} buffers, {mrs} memory regions"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
