@@ -4,17 +4,22 @@
 # interleaved trials (nvmet, ours, nvmet, ours, ...); the median of the per-trial ratios is the
 # figure. Passes when every run completes; the trials and medians go to the run's summary.
 # vm-needs: build rdma
-# vm-timeout: 900
+# vm-timeout: 1200
 source "$(dirname "$0")/../lib.sh"
 
 # Knobs: NVMF_VM_PERF_TRIALS (3 alternations), NVMF_VM_PERF_RUNTIME (fio seconds, 10),
 # NVMF_VM_PERF_MODES (our target's configurations, each a name=YAML pair separated by ';';
 # default: "default=" (the embedded defaults) and "idle0=target: { idle_poll_us: 0 }" (the poller
 # sleeps as soon as it is idle: in a 2-vCPU guest a spinning poller competes with the kernel host
-# and rxe for the CPUs)).
+# and rxe for the CPUs)), NVMF_VM_PERF_TRANSPORTS ("tcp rdma"), NVMF_VM_PERF_BASE_BIN (another
+# nvmf-target build, e.g. of the commit before a change: adds mode "base", that binary on its
+# defaults, to every trial, so before and after are measured side by side in one run).
 TRIALS=${NVMF_VM_PERF_TRIALS:-3}
+TRANSPORTS=${NVMF_VM_PERF_TRANSPORTS:-tcp rdma}
+BASE_BIN=${NVMF_VM_PERF_BASE_BIN:-}
 export NVMF_VM_PERF_RUNTIME=${NVMF_VM_PERF_RUNTIME:-10}
 MODES=${NVMF_VM_PERF_MODES:-"default=;idle0=target: { idle_poll_us: 0 }"}
+[ -n "$BASE_BIN" ] && MODES="base=;$MODES"
 
 # median: of the numbers on stdin, one a line.
 median() { sort -g | awk '{ v[NR] = $1 } END { if (NR == 0) exit 1; if (NR % 2) print v[(NR + 1) / 2]; else printf "%.3f\n", (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
@@ -39,13 +44,16 @@ nvmet_trial() {
   step "nvmet_clear" nvmet_clear
 }
 
-# ours_trial TR ADDR DEV TAG YAML: our target (with the extra YAML), the same host and fio; sets
-# IOPS.
+# ours_trial TR ADDR DEV TAG YAML [BIN]: our target (BIN, default the build under test, with
+# the extra YAML), the same host and fio; sets IOPS.
 ours_trial() {
-  local tr=$1 addr=$2 dev=$3 tag=$4
+  local tr=$1 addr=$2 dev=$3 tag=$4 bin=$NVMF_TARGET_BIN rc
   TARGET_YAML=$5
-  start_our_target "$tr" "$addr" "$dev" || { TARGET_YAML=; return 1; }
+  [ -n "${6:-}" ] && NVMF_TARGET_BIN=$6
+  start_our_target "$tr" "$addr" "$dev"; rc=$?
+  NVMF_TARGET_BIN=$bin
   TARGET_YAML=
+  [ $rc = 0 ] || return 1
   host_connect "$tr" "$addr" "$PORT" "$OUR_NQN" || return 1
   iops_of "$DEV" "$tag" || return 1
   host_disconnect "$OUR_NQN" || return 1
@@ -59,6 +67,7 @@ perf_vs_nvmet_trials() {
   local -a names=() yamls=() pairs=()
   teardown
   target_bin >/dev/null || { skip "$label" "$REASON"; return; }
+  if [ -n "$BASE_BIN" ] && [ ! -x "$BASE_BIN" ]; then fail "$label" "NVMF_VM_PERF_BASE_BIN=$BASE_BIN is not executable"; return; fi
   IFS=';' read -r -a pairs <<<"$MODES"
   for m in "${pairs[@]}"; do names+=("${m%%=*}"); yamls+=("${m#*=}"); done
   dev=$(vm_ramdisk $RAMDISK_MB) || { fail "$label" "vm_ramdisk $RAMDISK_MB failed"; return; }
@@ -67,11 +76,13 @@ perf_vs_nvmet_trials() {
   {
     echo "fio 4k randread iodepth=32 numjobs=1 ${NVMF_VM_PERF_RUNTIME}s (+2s ramp), kernel host, ${RAMDISK_MB} MiB brd,"
     echo "$TRIALS interleaved trials per transport (nvmet, then ours in each mode); TCG-emulated VM with $(nproc) vCPUs: ratios only"
-    for i in "${!names[@]}"; do echo "  ours[${names[$i]}]: ${yamls[$i]:-(defaults)}"; done
+    for i in "${!names[@]}"; do
+      if [ "${names[$i]}" = base ]; then echo "  ours[base]: $BASE_BIN, defaults"; else echo "  ours[${names[$i]}]: ${yamls[$i]:-(defaults)}"; fi
+    done
     echo
     printf '%-6s %-6s %-10s %10s %10s %8s\n' tr trial who IOPS nvmet ratio
   } >"$OUT/report.txt"
-  for tr in tcp rdma; do
+  for tr in $TRANSPORTS; do
     addr=127.0.0.1
     [ $tr = rdma ] && addr=$RXE_IP
     : >"$WORK/ratios"
@@ -83,7 +94,9 @@ perf_vs_nvmet_trials() {
       printf '%-6s %-6s %-10s %10d\n' "$tr" "$t" nvmet "$k" | tee -a "$OUT/report.txt"
       for i in "${!names[@]}"; do
         name=${names[$i]}
-        ours_trial "$tr" "$addr" "$dev" "ours-$tr-$name-$t" "${yamls[$i]}" || { fail "$label" "$REASON"; return; }
+        local bin=
+        [ "$name" = base ] && bin=$BASE_BIN
+        ours_trial "$tr" "$addr" "$dev" "ours-$tr-$name-$t" "${yamls[$i]}" ${bin:+"$bin"} || { fail "$label" "$REASON"; return; }
         o=$IOPS
         [ "${o:-0}" -gt 0 ] || { fail "$label" "fio measured 0 IOPS against ours[$name] ($tr, trial $t)"; return; }
         line=$(awk -v o="$o" -v k="$k" 'BEGIN { printf "%.3f", o / k }')
