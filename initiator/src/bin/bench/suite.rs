@@ -619,9 +619,9 @@ fn goal_lines(
             _ => "?".into(),
         };
         g.push(format!(
-            "3. {} {} {backend}, 1 target thread: {} IOPS, target CPU {tgt} per I/O, bench CPU {:.2}us per I/O",
+            "3. {} {backend}{}, 1 target thread: {} IOPS, target CPU {tgt} per I/O, bench CPU {:.2}us per I/O",
             w.name,
-            kind.name(),
+            if tcp { "" } else { " over rdma" },
             si(iops),
             if t.ios > 0 {
                 (m.cpu.user + m.cpu.sys).as_secs_f64() * 1e6 / t.ios as f64
