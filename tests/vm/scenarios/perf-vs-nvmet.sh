@@ -80,7 +80,7 @@ perf_vs_nvmet_trials() {
       if [ "${names[$i]}" = base ]; then echo "  ours[base]: $BASE_BIN, defaults"; else echo "  ours[${names[$i]}]: ${yamls[$i]:-(defaults)}"; fi
     done
     echo
-    printf '%-6s %-6s %-10s %10s %10s %8s\n' tr trial who IOPS nvmet ratio
+    printf '%-6s %-6s %-14s %10s %10s %8s\n' tr trial who IOPS nvmet ratio
   } >"$OUT/report.txt"
   for tr in $TRANSPORTS; do
     addr=127.0.0.1
@@ -91,7 +91,7 @@ perf_vs_nvmet_trials() {
       nvmet_trial "$tr" "$addr" "$dev" "nvmet-$tr-$t" || { fail "$label" "$REASON"; return; }
       k=$IOPS
       [ "${k:-0}" -gt 0 ] || { fail "$label" "fio measured 0 IOPS against nvmet ($tr, trial $t)"; return; }
-      printf '%-6s %-6s %-10s %10d\n' "$tr" "$t" nvmet "$k" | tee -a "$OUT/report.txt"
+      printf '%-6s %-6s %-14s %10d\n' "$tr" "$t" nvmet "$k" | tee -a "$OUT/report.txt"
       for i in "${!names[@]}"; do
         name=${names[$i]}
         local bin=
@@ -101,7 +101,7 @@ perf_vs_nvmet_trials() {
         [ "${o:-0}" -gt 0 ] || { fail "$label" "fio measured 0 IOPS against ours[$name] ($tr, trial $t)"; return; }
         line=$(awk -v o="$o" -v k="$k" 'BEGIN { printf "%.3f", o / k }')
         echo "$name $line" >>"$WORK/ratios"
-        printf '%-6s %-6s %-10s %10d %10d %7.2fx\n' "$tr" "$t" "ours[$name]" "$o" "$k" "$line" | tee -a "$OUT/report.txt"
+        printf '%-6s %-6s %-14s %10d %10d %7.2fx\n' "$tr" "$t" "ours[$name]" "$o" "$k" "$line" | tee -a "$OUT/report.txt"
       done
     done
     goal=1.0
