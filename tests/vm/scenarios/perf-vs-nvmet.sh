@@ -4,21 +4,21 @@
 # interleaved trials (nvmet, ours, nvmet, ours, ...); the median of the per-trial ratios is the
 # figure. Passes when every run completes; the trials and medians go to the run's summary.
 # vm-needs: build rdma
-# vm-timeout: 1200
+# vm-timeout: 1500
 source "$(dirname "$0")/../lib.sh"
 
 # Knobs: NVMF_VM_PERF_TRIALS (3 alternations), NVMF_VM_PERF_RUNTIME (fio seconds, 10),
 # NVMF_VM_PERF_MODES (our target's configurations, each a name=YAML pair separated by ';';
-# default: "default=" (the embedded defaults) and "idle0=target: { idle_poll_us: 0 }" (the poller
-# sleeps as soon as it is idle: in a 2-vCPU guest a spinning poller competes with the kernel host
-# and rxe for the CPUs)), NVMF_VM_PERF_TRANSPORTS ("tcp rdma"), NVMF_VM_PERF_BASE_BIN (another
+# default: "default=", the embedded defaults; e.g. add ";idle0=target: { idle_poll_us: 0 }" (the
+# poller sleeps as soon as it is idle: in a 2-vCPU guest a spinning poller competes with the
+# kernel host and rxe for the CPUs); each mode adds a fio run per trial, ~30-90 s under TCG), NVMF_VM_PERF_TRANSPORTS ("tcp rdma"), NVMF_VM_PERF_BASE_BIN (another
 # nvmf-target build, e.g. of the commit before a change: adds mode "base", that binary on its
 # defaults, to every trial, so before and after are measured side by side in one run).
 TRIALS=${NVMF_VM_PERF_TRIALS:-3}
 TRANSPORTS=${NVMF_VM_PERF_TRANSPORTS:-tcp rdma}
 BASE_BIN=${NVMF_VM_PERF_BASE_BIN:-}
 export NVMF_VM_PERF_RUNTIME=${NVMF_VM_PERF_RUNTIME:-10}
-MODES=${NVMF_VM_PERF_MODES:-"default=;idle0=target: { idle_poll_us: 0 }"}
+MODES=${NVMF_VM_PERF_MODES:-"default="}
 [ -n "$BASE_BIN" ] && MODES="base=;$MODES"
 
 # median: of the numbers on stdin, one a line.
