@@ -34,7 +34,7 @@ ORDER=(
   kernel-host-tcp kernel-host-rdma-rxe kernel-host-rdma-siw
   initiator-vs-kernel-target-tcp initiator-vs-kernel-target-rdma-rxe initiator-vs-kernel-target-rdma-siw
   initiator-vs-our-target-tcp initiator-vs-our-target-rdma-rxe initiator-vs-our-target-rdma-siw
-  bench-compare-tcp-rdma-rxe host-killed-mid-io-rdma-rxe host-killed-mid-io-rdma-siw
+  bench-compare-tcp-rdma-rxe bench-suite-rdma-rxe host-killed-mid-io-rdma-rxe host-killed-mid-io-rdma-siw
   bad-input-rdma-rxe bad-input-rdma-siw
   kernel-host-reload-tcp kernel-host-reload-rdma-rxe soak-randrw-rdma-rxe soak-randrw-rdma-siw
   iopoll-null-blk perf-vs-nvmet

@@ -1,8 +1,120 @@
 #!/usr/bin/env bash
 # perf-vs-nvmet: benchmark (issue #6 goal 4): the kernel host's fio 4k randread QD32 against the
-# Linux kernel target and against ours, over tcp and rdma/rxe, same RAM disk, same run. Passes when
-# every run completes; the IOPS table and ratios go to the run's summary.
+# Linux kernel target and against ours, over tcp and rdma/rxe, same RAM disk, same run, in
+# interleaved trials (nvmet, ours, nvmet, ours, ...); the median of the per-trial ratios is the
+# figure. Passes when every run completes; the trials and medians go to the run's summary.
 # vm-needs: build rdma
-# vm-timeout: 600
+# vm-timeout: 1500
 source "$(dirname "$0")/../lib.sh"
-need_rdma RXE_IP && perf_vs_nvmet "$SCENARIO"
+
+# Knobs: NVMF_VM_PERF_TRIALS (3 alternations), NVMF_VM_PERF_RUNTIME (fio seconds, 10),
+# NVMF_VM_PERF_MODES (our target's configurations, each a name=YAML pair separated by ';';
+# default: "default=", the embedded defaults; e.g. add ";idle0=target: { idle_poll_us: 0 }" (the
+# poller sleeps as soon as it is idle: in a 2-vCPU guest a spinning poller competes with the
+# kernel host and rxe for the CPUs); each mode adds a fio run per trial, ~30-90 s under TCG),
+# NVMF_VM_PERF_TRANSPORTS ("tcp rdma"), NVMF_VM_PERF_BASE_BIN (another nvmf-target build, e.g. of the commit before a change: adds mode "base", that binary on its
+# defaults, to every trial, so before and after are measured side by side in one run).
+TRIALS=${NVMF_VM_PERF_TRIALS:-3}
+TRANSPORTS=${NVMF_VM_PERF_TRANSPORTS:-tcp rdma}
+BASE_BIN=${NVMF_VM_PERF_BASE_BIN:-}
+export NVMF_VM_PERF_RUNTIME=${NVMF_VM_PERF_RUNTIME:-10}
+MODES=${NVMF_VM_PERF_MODES:-"default="}
+[ -n "$BASE_BIN" ] && MODES="base=;$MODES"
+
+# median: of the numbers on stdin, one a line.
+median() { sort -g | awk '{ v[NR] = $1 } END { if (NR == 0) exit 1; if (NR % 2) print v[(NR + 1) / 2]; else printf "%.3f\n", (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+
+# iops_of DEV TAG: fio_iops in this shell (not a command substitution, so REASON survives); sets IOPS.
+iops_of() {
+  IOPS=
+  fio_iops "$1" "$2" >"$WORK/iops" || return 1
+  IOPS=$(cat "$WORK/iops")
+  [ -n "$IOPS" ] || { REASON="no IOPS in $OUT/fio-$2.json"; return 1; }
+}
+
+# nvmet_trial TR ADDR DEV TAG: export DEV on nvmet, connect the kernel host, fio, disconnect,
+# tear down; sets IOPS.
+nvmet_trial() {
+  local tr=$1 addr=$2 dev=$3 tag=$4
+  step "nvmet_export $KERNEL_NQN $dev $tr $addr $PORT" nvmet_export "$KERNEL_NQN" "$dev" "$tr" "$addr" "$PORT" || return 1
+  vm_wait_listen "$tr" "$addr" "$PORT" 10 || { REASON="kernel target is not listening on $tr $addr:$PORT"; return 1; }
+  host_connect "$tr" "$addr" "$PORT" "$KERNEL_NQN" || return 1
+  iops_of "$DEV" "$tag" || return 1
+  host_disconnect "$KERNEL_NQN" || return 1
+  step "nvmet_clear" nvmet_clear
+}
+
+# ours_trial TR ADDR DEV TAG YAML [BIN]: our target (BIN, default the build under test, with
+# the extra YAML), the same host and fio; sets IOPS.
+ours_trial() {
+  local tr=$1 addr=$2 dev=$3 tag=$4 bin=$NVMF_TARGET_BIN rc
+  TARGET_YAML=$5
+  [ -n "${6:-}" ] && NVMF_TARGET_BIN=$6
+  start_our_target "$tr" "$addr" "$dev"; rc=$?
+  NVMF_TARGET_BIN=$bin
+  TARGET_YAML=
+  [ $rc = 0 ] || return 1
+  host_connect "$tr" "$addr" "$PORT" "$OUR_NQN" || return 1
+  iops_of "$DEV" "$tag" || return 1
+  host_disconnect "$OUR_NQN" || return 1
+  stop_our_target || return 1
+  cp "$OUT/target.log" "$OUT/target-$tag.log"
+  check_target_log
+}
+
+perf_vs_nvmet_trials() {
+  local label=$1 dev tr addr i t k o m name goal line
+  local -a names=() yamls=() pairs=()
+  teardown
+  target_bin >/dev/null || { skip "$label" "$REASON"; return; }
+  if [ -n "$BASE_BIN" ] && [ ! -x "$BASE_BIN" ]; then fail "$label" "NVMF_VM_PERF_BASE_BIN=$BASE_BIN is not executable"; return; fi
+  IFS=';' read -r -a pairs <<<"$MODES"
+  for m in "${pairs[@]}"; do names+=("${m%%=*}"); yamls+=("${m#*=}"); done
+  dev=$(vm_ramdisk $RAMDISK_MB) || { fail "$label" "vm_ramdisk $RAMDISK_MB failed"; return; }
+  # Fill the disk, so reads hit real pages on both targets.
+  step "fill $dev" dd if=/dev/urandom of="$dev" bs=1M count=$RAMDISK_MB oflag=direct || { fail "$label" "$REASON"; return; }
+  {
+    echo "fio 4k randread iodepth=32 numjobs=1 ${NVMF_VM_PERF_RUNTIME}s (+2s ramp), kernel host, ${RAMDISK_MB} MiB brd,"
+    echo "$TRIALS interleaved trials per transport (nvmet, then ours in each mode); TCG-emulated VM with $(nproc) vCPUs: ratios only"
+    for i in "${!names[@]}"; do
+      if [ "${names[$i]}" = base ]; then echo "  ours[base]: $BASE_BIN, defaults"; else echo "  ours[${names[$i]}]: ${yamls[$i]:-(defaults)}"; fi
+    done
+    echo
+    printf '%-6s %-6s %-14s %10s %10s %8s\n' tr trial who IOPS nvmet ratio
+  } >"$OUT/report.txt"
+  for tr in $TRANSPORTS; do
+    addr=127.0.0.1
+    [ $tr = rdma ] && addr=$RXE_IP
+    : >"$WORK/ratios"
+    for ((t = 1; t <= TRIALS; t++)); do
+      teardown
+      nvmet_trial "$tr" "$addr" "$dev" "nvmet-$tr-$t" || { fail "$label" "$REASON"; return; }
+      k=$IOPS
+      [ "${k:-0}" -gt 0 ] || { fail "$label" "fio measured 0 IOPS against nvmet ($tr, trial $t)"; return; }
+      printf '%-6s %-6s %-14s %10d\n' "$tr" "$t" nvmet "$k" | tee -a "$OUT/report.txt"
+      for i in "${!names[@]}"; do
+        name=${names[$i]}
+        local bin=
+        [ "$name" = base ] && bin=$BASE_BIN
+        ours_trial "$tr" "$addr" "$dev" "ours-$tr-$name-$t" "${yamls[$i]}" ${bin:+"$bin"} || { fail "$label" "$REASON"; return; }
+        o=$IOPS
+        [ "${o:-0}" -gt 0 ] || { fail "$label" "fio measured 0 IOPS against ours[$name] ($tr, trial $t)"; return; }
+        line=$(awk -v o="$o" -v k="$k" 'BEGIN { printf "%.3f", o / k }')
+        echo "$name $line" >>"$WORK/ratios"
+        printf '%-6s %-6s %-14s %10d %10d %7.2fx\n' "$tr" "$t" "ours[$name]" "$o" "$k" "$line" | tee -a "$OUT/report.txt"
+      done
+    done
+    goal=1.0
+    [ $tr = tcp ] && goal=1.5
+    for name in "${names[@]}"; do
+      m=$(awk -v n="$name" '$1 == n { print $2 }' "$WORK/ratios" | median)
+      line=$(awk -v t="$tr" -v n="$name" -v m="$m" -v g="$goal" -v all="$(awk -v n="$name" '$1 == n { printf "%s%.2f", s, $2; s = " " }' "$WORK/ratios")" \
+        'BEGIN { printf "median %-4s ours[%s] / nvmet = %.2fx (trials: %s); goal >= %sx: %s", t, n, m, all, g, (m >= g ? "met" : "NOT met") }')
+      echo "$line" | tee -a "$WORK/medians"
+    done
+  done
+  { echo; cat "$WORK/medians"; } >>"$OUT/report.txt"
+  pass "$label"
+}
+
+need_rdma RXE_IP && perf_vs_nvmet_trials "$SCENARIO"

@@ -156,13 +156,20 @@ pub struct Args {
     /// executable) with 1 and 2 threads; 4k randread/randwrite QD1 and QD32, 128k read/write
     /// QD8 over NVMe/TCP loopback on a null namespace and a tmpfs file; the raw loopback TCP
     /// stream and ping-pong and a local io_uring on the same file as baselines; ratios to the
-    /// goals. --runtime per run (default 2s; baselines half), --hipri applies.
-    #[arg(long, conflicts_with_all = ["demo", "traddr", "trsvcid", "subnqn", "nsid", "size", "offset", "verify", "target_stats"])]
+    /// goals. --runtime per run (default 2s; baselines half), --hipri applies. With
+    /// `--transport rdma` over NVMe/RDMA instead, the target listening on --traddr (default:
+    /// the first local address of an RDMA device), with raw-verbs baselines (an RDMA WRITE/READ
+    /// stream and a SEND/RECV ping-pong).
+    #[arg(long, conflicts_with_all = ["demo", "compare", "trsvcid", "subnqn", "nsid", "size", "offset", "verify", "target_stats"])]
     pub suite: bool,
 
     /// Directory (on tmpfs) for --suite's file namespace.
     #[arg(long = "suite-dir", value_name = "DIR", default_value = "/dev/shm")]
     pub suite_dir: PathBuf,
+
+    /// Bytes of --suite's file namespace (written in full first).
+    #[arg(long = "suite-file-size", value_name = "BYTES", value_parser = parse_size, default_value = "256M")]
+    pub suite_file_size: u64,
 }
 
 /// fio's `--rw`.

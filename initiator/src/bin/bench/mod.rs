@@ -17,6 +17,7 @@ pub mod job;
 pub mod local;
 pub mod pattern;
 pub mod plot;
+pub mod rdma_baseline;
 pub mod report;
 pub mod run;
 pub mod suite;
@@ -325,12 +326,32 @@ pub fn main() -> ExitCode {
         return demo(&a);
     }
     if a.suite {
+        let rdma = match a.transports().as_slice() {
+            [TransportKind::Tcp] => None,
+            [TransportKind::Rdma] => match suite_rdma_addr(&a.traddr) {
+                Ok(ip) => Some(ip),
+                Err(e) => {
+                    eprintln!("nvmf-bench --suite: {e}");
+                    return ExitCode::FAILURE;
+                }
+            },
+            _ => {
+                eprintln!("nvmf-bench --suite: one --transport at a time (tcp or rdma)");
+                return ExitCode::from(EXIT_USAGE);
+            }
+        };
+        if rdma.is_none() && a.traddr != "127.0.0.1" {
+            eprintln!("nvmf-bench --suite: over tcp the suite runs on 127.0.0.1 (--traddr is for --transport rdma)");
+            return ExitCode::from(EXIT_USAGE);
+        }
         let o = suite::SuiteOpts {
             runtime: a.runtime.unwrap_or(Duration::from_secs(2)),
             ramp: a.ramp_time,
             busy_poll: a.hipri,
             io_timeout: a.io_timeout,
             file_dir: a.suite_dir.clone(),
+            file_size: a.suite_file_size,
+            rdma,
         };
         return match suite::run(&o) {
             Ok((table, ok)) => {
@@ -363,4 +384,17 @@ pub fn main() -> ExitCode {
     };
     let outcomes = execute(&plan);
     finish(&plan, &outcomes, a.latency_plot.as_deref())
+}
+
+/// `--suite --transport rdma`'s address: --traddr when given (anything but the default
+/// 127.0.0.1), else the first local address of an RDMA device.
+fn suite_rdma_addr(traddr: &str) -> Result<std::net::IpAddr, String> {
+    if traddr != "127.0.0.1" {
+        return traddr
+            .parse()
+            .map_err(|e| format!("--traddr {traddr}: {e} (an IP address of an RDMA device)"));
+    }
+    demo::rdma_local_addr()
+        .map(std::net::IpAddr::V4)
+        .ok_or_else(|| "no RDMA device with an IPv4 address here (give --traddr)".to_string())
 }

@@ -1,21 +1,26 @@
 //! `nvmf-bench --suite`: the performance matrix of issue #6 in one run and one table.
 //!
 //! For 1 and 2 target threads (one nvmf-target each, started next to this binary with a
-//! generated configuration and its own control socket), over NVMe/TCP on loopback:
+//! generated configuration and its own control socket), over NVMe/TCP on loopback (or, with
+//! `--transport rdma`, over NVMe/RDMA on an address of an RDMA device):
 //! 4k randread and randwrite at QD1 and QD32, 128k read and write at QD8, on a null namespace
 //! and on a file on tmpfs (/dev/shm). With N target threads the bench runs N jobs (one I/O
 //! queue each; the target hands connections to its pollers round robin). In the same run, for
 //! each workload and job count, the limits of the path: a raw loopback TCP stream and
 //! ping-pong of the same sizes ([`super::baseline`]) and the same I/O issued to the same file
-//! by a local io_uring ([`super::local`]).
+//! by a local io_uring ([`super::local`]). Over RDMA the path's limits are raw verbs on the
+//! same device ([`super::rdma_baseline`]): an RDMA WRITE (READ for writes) stream and a
+//! SEND/RECV ping-pong of the same sizes.
 //!
 //! Ratio columns: `%stream` is the row's bandwidth over the raw stream's (goal 1: 128k read
 //! at least 80%), `p50/pp` its median latency over the ping-pong's (goal 2: 4k QD1 read at
-//! most 1.5x), `%uring` its IOPS over the local io_uring's (file rows).
+//! most 1.5x), `%uring` its IOPS over the local io_uring's (file rows). Goals 1 and 2 are
+//! stated for TCP; over RDMA the same ratios are printed without a verdict.
 
 use std::fmt::Write as _;
 use std::fs;
 use std::io::{self, Write};
+use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -25,11 +30,10 @@ use super::demo::TargetProcess;
 use super::engine::TargetSpec;
 use super::job::{DirStats, Workload};
 use super::local::{self, Local};
+use super::rdma_baseline::{self, RdmaBaseline};
 use super::report::{fmt_ns, latency, si};
 use super::run::{self, Measured, Outcome};
 
-/// Bytes of the tmpfs file (written in full first so reads hit real pages).
-const FILE_SIZE: u64 = 256 << 20;
 /// The null namespace.
 const NULL_SIZE: &str = "1GiB";
 const NULL_NSID: u32 = 1;
@@ -47,6 +51,25 @@ pub struct SuiteOpts {
     pub io_timeout: Duration,
     /// Where the file goes (a tmpfs).
     pub file_dir: PathBuf,
+    /// Bytes of the file namespace (written in full first so reads hit real pages).
+    pub file_size: u64,
+    /// NVMe/TCP on 127.0.0.1, or NVMe/RDMA on this address of an RDMA device.
+    pub rdma: Option<IpAddr>,
+}
+
+impl SuiteOpts {
+    fn transport(&self) -> TransportKind {
+        if self.rdma.is_some() {
+            TransportKind::Rdma
+        } else {
+            TransportKind::Tcp
+        }
+    }
+
+    fn addr(&self) -> String {
+        self.rdma
+            .map_or_else(|| "127.0.0.1".into(), |ip| ip.to_string())
+    }
 }
 
 /// The workloads (name, rw, bs, qd).
@@ -88,29 +111,98 @@ fn workloads(o: &SuiteOpts, jobs: u16) -> Vec<Workload> {
     .collect()
 }
 
-fn config_yaml(port: u16, threads: u16, file: &Path) -> String {
+fn config_yaml(o: &SuiteOpts, port: u16, threads: u16, file: &Path) -> String {
     let path = serde_json::to_string(&file.to_string_lossy()).expect("a string serializes");
+    let (tr, addr, size) = (o.transport().name(), o.addr(), o.file_size);
     format!(
         "# Written by nvmf-bench --suite.\n\
-         listeners:\n  - {{ transport: tcp, address: 127.0.0.1, port: {port} }}\n\
+         listeners:\n  - {{ transport: {tr}, address: {addr}, port: {port} }}\n\
          subsystems:\n  - nqn: {DEFAULT_SUBNQN}\n    allow_any_host: true\n    namespaces:\n      \
          - {{ nsid: {NULL_NSID}, null: {NULL_SIZE} }}\n      \
-         - {{ nsid: {FILE_NSID}, path: {path}, size: {FILE_SIZE} }}\n\
+         - {{ nsid: {FILE_NSID}, path: {path}, size: {size} }}\n\
          target: {{ threads: {threads} }}\n"
     )
 }
 
 /// Write the whole file (so that it is made of real tmpfs pages, not holes).
-fn fill_file(path: &Path) -> io::Result<()> {
+fn fill_file(path: &Path, size: u64) -> io::Result<()> {
     let mut f = fs::File::create(path)?;
     let chunk = vec![0x5au8; 1 << 20];
-    for _ in 0..FILE_SIZE / chunk.len() as u64 {
+    for _ in 0..size.div_ceil(chunk.len() as u64) {
         f.write_all(&chunk)?;
     }
     f.sync_all()
 }
 
-/// One NVMe/TCP run of the matrix.
+/// The raw limits of the path, measured next to a cell.
+enum Limits {
+    Tcp(Baseline),
+    Rdma(RdmaBaseline),
+}
+
+impl Limits {
+    /// Bytes per second of the stream.
+    fn stream_bw(&self) -> f64 {
+        let (bytes, t) = match self {
+            Limits::Tcp(b) => (b.stream.bytes, b.stream.elapsed),
+            Limits::Rdma(b) => (b.stream.bytes, b.stream.elapsed),
+        };
+        bytes as f64 / t.as_secs_f64()
+    }
+
+    /// The ping-pong's replies and how long it ran.
+    fn pingpong(&self) -> (&DirStats, Duration) {
+        match self {
+            Limits::Tcp(b) => (&b.pingpong.stats, b.pingpong.elapsed),
+            Limits::Rdma(b) => (&b.pingpong.stats, b.pingpong.elapsed),
+        }
+    }
+
+    fn stream_label(&self) -> String {
+        match self {
+            Limits::Tcp(_) => "raw-tcp stream".into(),
+            Limits::Rdma(b) => format!("raw-rdma {} stream", b.stream.op),
+        }
+    }
+
+    /// What the raw runs were, for the notes column.
+    fn notes(&self) -> (String, String) {
+        let pp = |c: usize, d: usize, rq: usize, rp: usize| {
+            format!("{c} conn x {d} deep, {rq} B request / {rp} B reply")
+        };
+        match self {
+            Limits::Tcp(b) => {
+                let p = &b.pingpong;
+                (
+                    format!("{} conn", b.stream.connections),
+                    pp(p.connections, p.depth, p.request_bytes, p.reply_bytes),
+                )
+            }
+            Limits::Rdma(b) => {
+                let (s, p) = (&b.stream, &b.pingpong);
+                (
+                    format!(
+                        "{} conn x {} {} B RDMA {}s in flight",
+                        s.connections,
+                        rdma_baseline::STREAM_DEPTH,
+                        s.chunk,
+                        s.op.to_uppercase()
+                    ),
+                    pp(p.connections, p.depth, p.request_bytes, p.reply_bytes),
+                )
+            }
+        }
+    }
+
+    fn pingpong_label(&self) -> &'static str {
+        match self {
+            Limits::Tcp(_) => "raw-tcp ping-pong",
+            Limits::Rdma(_) => "raw-rdma send ping-pong",
+        }
+    }
+}
+
+/// One NVMe run of the matrix.
 struct NvmeRow {
     backend: &'static str,
     outcome: Outcome,
@@ -121,7 +213,7 @@ struct Cell {
     threads: u16,
     workload: Workload,
     rows: Vec<NvmeRow>,
-    baseline: Result<Baseline, String>,
+    baseline: Result<Limits, String>,
     local: Result<Local, String>,
 }
 
@@ -143,20 +235,23 @@ pub fn run(o: &SuiteOpts) -> Result<(String, bool), String> {
 }
 
 fn run_in(o: &SuiteOpts, file: &Path) -> Result<(String, bool), String> {
-    fill_file(file).map_err(|e| format!("{}: {e}", file.display()))?;
+    fill_file(file, o.file_size).map_err(|e| format!("{}: {e}", file.display()))?;
+    let (kind, addr) = (o.transport(), o.addr());
     let each = (o.runtime / 2).max(Duration::from_millis(20));
     let mut cells = Vec::new();
     let mut ok = true;
     for threads in THREADS {
-        let t = TargetProcess::start_with_config("suite", |port| config_yaml(port, threads, file))?;
+        let t =
+            TargetProcess::start_with_config("suite", |port| config_yaml(o, port, threads, file))?;
         say(&format!(
-            "nvmf-bench --suite: nvmf-target (pid {}) with {threads} thread(s) on 127.0.0.1:{}\n",
+            "nvmf-bench --suite: nvmf-target (pid {}) with {threads} thread(s) on {} {addr}:{}\n",
             t.pid(),
+            kind.name(),
             t.port
         ));
         let spec = |nsid| TargetSpec {
-            traddr: "127.0.0.1".into(),
-            rdma_traddr: None,
+            traddr: addr.clone(),
+            rdma_traddr: o.rdma.map(|ip| ip.to_string()),
             trsvcid: t.port,
             subnqn: DEFAULT_SUBNQN.into(),
             hostnqn: None,
@@ -171,8 +266,16 @@ fn run_in(o: &SuiteOpts, file: &Path) -> Result<(String, bool), String> {
             let mut rows = Vec::new();
             for (backend, nsid) in [("null", NULL_NSID), ("tmpfs file", FILE_NSID)] {
                 say(&format!("  {} x{threads} {backend}\n", w.name));
-                let outcome = run::run(TransportKind::Tcp, &spec(nsid), &w);
+                let outcome = run::run(kind, &spec(nsid), &w);
                 match &outcome {
+                    // A run that moved nothing is broken, however clean it looks.
+                    Outcome::Ran(m) if m.ok() && m.total().ios == 0 => {
+                        ok = false;
+                        say(&format!(
+                            "nvmf-bench --suite: {} {backend}: no I/O completed\n",
+                            w.name
+                        ));
+                    }
                     Outcome::Ran(m) if m.ok() => {}
                     Outcome::Ran(m) => {
                         ok = false;
@@ -189,10 +292,23 @@ fn run_in(o: &SuiteOpts, file: &Path) -> Result<(String, bool), String> {
             }
             let reads = w.rw.read_percent(w.rwmixread) >= 50;
             let (bs, qd, jobs) = (w.bs as usize, w.iodepth as usize, threads as usize);
-            let baseline = baseline::run(bs, qd, jobs, reads, o.busy_poll, each)
-                .map_err(|e| format!("raw TCP baseline: {e}"));
+            let baseline = match o.rdma {
+                None => baseline::run(bs, qd, jobs, reads, o.busy_poll, each)
+                    .map(Limits::Tcp)
+                    .map_err(|e| format!("raw TCP baseline: {e}")),
+                Some(ip) => rdma_baseline::run(ip, bs, qd, jobs, reads, o.busy_poll, each)
+                    .map(Limits::Rdma)
+                    .map_err(|e| format!("raw RDMA baseline: {e}")),
+            };
             let local = local::run(file, bs, qd, jobs, !reads, w.rw.is_random(), each)
                 .map_err(|e| format!("local io_uring: {e}"));
+            let baseline = baseline.and_then(|b| {
+                if b.stream_bw() > 0.0 && b.pingpong().0.ios > 0 {
+                    Ok(b)
+                } else {
+                    Err(format!("{} moved nothing", b.pingpong_label()))
+                }
+            });
             for e in [baseline.as_ref().err(), local.as_ref().err()]
                 .into_iter()
                 .flatten()
@@ -266,10 +382,7 @@ fn table(cells: &[Cell], o: &SuiteOpts) -> String {
     for c in cells {
         let w = &c.workload;
         let (stream_bw, pp_p50) = match &c.baseline {
-            Ok(b) => (
-                b.stream.bytes as f64 / b.stream.elapsed.as_secs_f64(),
-                p50(&b.pingpong.stats),
-            ),
+            Ok(b) => (b.stream_bw(), p50(b.pingpong().0)),
             Err(_) => (0.0, 0.0),
         };
         let uring_iops = match &c.local {
@@ -285,7 +398,7 @@ fn table(cells: &[Cell], o: &SuiteOpts) -> String {
         };
         for nr in &c.rows {
             let mut r: [String; 14] = Default::default();
-            r[2] = format!("tcp {}", nr.backend);
+            r[2] = format!("{} {}", o.transport().name(), nr.backend);
             match &nr.outcome {
                 Outcome::Ran(m) => {
                     let (iops, bw, lat) = nvme_cells(m, &mut r);
@@ -297,7 +410,14 @@ fn table(cells: &[Cell], o: &SuiteOpts) -> String {
                     if !m.ok() {
                         r[13] = "ERRORS".into();
                     }
-                    goals.extend(goal_lines(c, nr.backend, m, bw, stream_bw, lat, pp_p50));
+                    goals.extend(goal_lines(
+                        c,
+                        o.transport(),
+                        nr.backend,
+                        m,
+                        (bw, stream_bw),
+                        (lat, pp_p50),
+                    ));
                 }
                 Outcome::Failed(e) | Outcome::Skipped(e) => {
                     r[3] = "FAILED".into();
@@ -309,19 +429,27 @@ fn table(cells: &[Cell], o: &SuiteOpts) -> String {
         match &c.baseline {
             Ok(b) => {
                 let mut r: [String; 14] = Default::default();
-                r[2] = "raw-tcp stream".into();
+                r[2] = b.stream_label();
                 r[3] = si(stream_bw / w.bs as f64);
                 r[4] = format!("{:.1}", stream_bw / MIB);
+                let (stream_note, pp_note) = b.notes();
+                r[13] = stream_note;
                 push(&mut rows, r);
                 let mut r: [String; 14] = Default::default();
-                r[2] = "raw-tcp ping-pong".into();
-                let p = &b.pingpong;
-                fill_dir(&p.stats, p.elapsed.as_secs_f64(), &mut r);
+                r[2] = b.pingpong_label().into();
+                let (stats, elapsed) = b.pingpong();
+                fill_dir(stats, elapsed.as_secs_f64(), &mut r);
+                r[13] = pp_note;
                 push(&mut rows, r);
             }
             Err(e) => {
                 let mut r: [String; 14] = Default::default();
-                r[2] = "raw-tcp".into();
+                r[2] = if o.rdma.is_some() {
+                    "raw-rdma"
+                } else {
+                    "raw-tcp"
+                }
+                .into();
                 r[3] = "FAILED".into();
                 r[13] = e.clone();
                 push(&mut rows, r);
@@ -356,8 +484,22 @@ fn table(cells: &[Cell], o: &SuiteOpts) -> String {
         }
         push(&mut rows, r);
     }
+    let path = match (o.rdma, cells.iter().find_map(|c| c.baseline.as_ref().ok())) {
+        (None, _) => "NVMe/TCP over loopback".to_string(),
+        (Some(ip), Some(Limits::Rdma(b))) => format!("NVMe/RDMA on {ip} ({})", b.device),
+        (Some(ip), _) => format!("NVMe/RDMA on {ip}"),
+    };
+    let (raw, stream, pp) = if o.rdma.is_some() {
+        (
+            "raw-rdma",
+            "RDMA WRITE (READ for writes)",
+            "SEND/RECV ping-pong",
+        )
+    } else {
+        ("raw-tcp", "stream", "ping-pong")
+    };
     let mut out = format!(
-        "nvmf-bench --suite: NVMe/TCP over loopback, {:.1?} per run ({:.1?} per baseline), \
+        "nvmf-bench --suite: {path}, {:.1?} per run ({:.1?} per baseline), \
          bench {}\n\n",
         o.runtime,
         (o.runtime / 2).max(Duration::from_millis(20)),
@@ -368,10 +510,13 @@ fn table(cells: &[Cell], o: &SuiteOpts) -> String {
         }
     );
     out += &render(&rows);
-    out += "\n  thr: target threads (= bench jobs, one I/O queue each); CPU/IO: the bench \
-            process; tgt CPU/IO: the target process per command received (tgt cmds)\n  \
-            %stream: bandwidth / raw-tcp stream; p50/pp: p50 / raw-tcp ping-pong p50; \
-            %uring: IOPS / local io_uring on the same file\n";
+    let _ = writeln!(
+        out,
+        "\n  thr: target threads (= bench jobs, one I/O queue each); CPU/IO: the bench \
+         process; tgt CPU/IO: the target process per command received (tgt cmds)\n  \
+         %stream: bandwidth / {raw} {stream}; p50/pp: p50 / {raw} {pp} p50; \
+         %uring: IOPS / local io_uring on the same file"
+    );
     if !goals.is_empty() {
         out += "\ngoals (issue #6):\n";
         for g in goals {
@@ -426,23 +571,25 @@ fn nvme_cells(m: &Measured, r: &mut [String; 14]) -> (f64, f64, f64) {
     v
 }
 
-/// The goal lines a run contributes (1 thread only: the goals are stated for one).
+/// The goal lines a run contributes (1 thread only: the goals are stated for one; goals 1
+/// and 2 for TCP only). `bw`: (the row's, the stream's) bytes/s; `lat`: (the row's, the
+/// ping-pong's) p50.
 fn goal_lines(
     c: &Cell,
+    kind: TransportKind,
     backend: &str,
     m: &Measured,
-    bw: f64,
-    stream_bw: f64,
-    lat: f64,
-    pp_p50: f64,
+    (bw, stream_bw): (f64, f64),
+    (lat, pp_p50): (f64, f64),
 ) -> Vec<String> {
     let w = &c.workload;
     let mut g = Vec::new();
     if c.threads != 1 {
         return g;
     }
+    let tcp = kind == TransportKind::Tcp;
     let met = |b: bool| if b { "met" } else { "NOT met" };
-    if w.rw == Rw::Read && w.bs == 128 << 10 && stream_bw > 0.0 {
+    if tcp && w.rw == Rw::Read && w.bs == 128 << 10 && stream_bw > 0.0 {
         let r = bw / stream_bw;
         g.push(format!(
             "1. {} {backend}: {:.0} MiB/s = {:.0}% of the raw-tcp stream ({:.0} MiB/s); goal >= 80%: {}",
@@ -453,7 +600,7 @@ fn goal_lines(
             met(r >= 0.8)
         ));
     }
-    if w.rw == Rw::Randread && w.bs == 4096 && w.iodepth == 1 && pp_p50 > 0.0 {
+    if tcp && w.rw == Rw::Randread && w.bs == 4096 && w.iodepth == 1 && pp_p50 > 0.0 {
         let r = lat / pp_p50;
         g.push(format!(
             "2. {} {backend}: p50 {} = {:.2}x the raw-tcp ping-pong p50 ({}); goal <= 1.5x: {}",
@@ -472,8 +619,9 @@ fn goal_lines(
             _ => "?".into(),
         };
         g.push(format!(
-            "3. {} {backend}, 1 target thread: {} IOPS, target CPU {tgt} per I/O, bench CPU {:.2}us per I/O",
+            "3. {} {backend}{}, 1 target thread: {} IOPS, target CPU {tgt} per I/O, bench CPU {:.2}us per I/O",
             w.name,
+            if tcp { "" } else { " over rdma" },
             si(iops),
             if t.ios > 0 {
                 (m.cpu.user + m.cpu.sys).as_secs_f64() * 1e6 / t.ios as f64
@@ -521,22 +669,35 @@ mod tests {
 
     #[test]
     fn config_has_both_namespaces_and_the_thread_count() {
-        let y = config_yaml(5000, 2, Path::new("/dev/shm/x/ns.img"));
-        assert!(y.contains("port: 5000"));
+        let mut o = opts();
+        let y = config_yaml(&o, 5000, 2, Path::new("/dev/shm/x/ns.img"));
+        assert!(y.contains("{ transport: tcp, address: 127.0.0.1, port: 5000 }"));
         assert!(y.contains("{ nsid: 1, null: 1GiB }"));
         assert!(y.contains(r#"{ nsid: 2, path: "/dev/shm/x/ns.img", size: 268435456 }"#));
         assert!(y.contains("target: { threads: 2 }"));
+        o.rdma = Some("192.168.78.1".parse().unwrap());
+        o.file_size = 64 << 20;
+        let y = config_yaml(&o, 5000, 1, Path::new("/dev/shm/x/ns.img"));
+        assert!(y.contains("{ transport: rdma, address: 192.168.78.1, port: 5000 }"));
+        assert!(y.contains("size: 67108864 }"));
+        assert!(!y.contains("transport: tcp"));
     }
 
-    #[test]
-    fn the_matrix() {
-        let o = SuiteOpts {
+    fn opts() -> SuiteOpts {
+        SuiteOpts {
             runtime: Duration::from_secs(1),
             ramp: Duration::ZERO,
             busy_poll: false,
             io_timeout: Duration::from_secs(30),
             file_dir: PathBuf::from("/dev/shm"),
-        };
+            file_size: 256 << 20,
+            rdma: None,
+        }
+    }
+
+    #[test]
+    fn the_matrix() {
+        let o = opts();
         let names: Vec<String> = workloads(&o, 2).into_iter().map(|w| w.name).collect();
         assert_eq!(
             names,
