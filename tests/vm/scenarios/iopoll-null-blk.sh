@@ -40,7 +40,7 @@ bench_qd() { # QD -> "IOPS p50_us" of a 4k randread run
   local qd=$1 b=$NVMF_BENCH_BIN
   step "nvmf-bench 4k randread QD$qd (iopoll $IOPOLL)" timeout 120 "$b" --transport tcp \
     --traddr 127.0.0.1 --trsvcid "$PORT" --subnqn "$OUR_NQN" --rw randread --bs 4k \
-    --iodepth "$qd" --runtime 8 --output-format json || return 1
+    --iodepth "$qd" --runtime 8 --output-format json >/dev/null || return 1
   sed -n '/^{/,$p' "$WORK/step.out" >"$WORK/r.json"
   awk '
     /"transport": "tcp"/ { t = 1 }
