@@ -710,3 +710,133 @@ need_rdma() {
   fail "$SCENARIO" "$v is not set: the VM was booted without RDMA (harness error)"
   return 1
 }
+
+# ---------------- faults: target restart, link drop (initiator/examples/reconnect_check.rs) ----------------
+NVMF_RECONNECT_BIN=${NVMF_RECONNECT_BIN:-}
+FAULT_NS_MB=${NVMF_VM_FAULT_NS_MB:-64} # the file namespace of the fault scenarios
+
+reconnect_bin() { # -> path of reconnect_check, or REASON and 1
+  local b=$NVMF_RECONNECT_BIN
+  [ -n "$b" ] && [ -x "$b" ] || { REASON="reconnect_check not available: ${NVMF_RECONNECT_NOTE:-NVMF_RECONNECT_BIN unset}"; return 1; }
+  echo "$b"
+}
+
+# wait_for_line FILE REGEX SECONDS PID: until FILE has a line matching REGEX; REASON when PID
+# ends first or time runs out.
+wait_for_line() {
+  local f=$1 re=$2 end=$((SECONDS + $3)) pid=$4
+  until grep -qE "$re" "$f" 2>/dev/null; do
+    kill -0 "$pid" 2>/dev/null || { REASON="ended before '$re': $(tail -n 1 "$f" | cut -c1-200)"; return 1; }
+    [ $SECONDS -ge $end ] && { REASON="no '$re' after $3 s: $(tail -n 1 "$f" | cut -c1-200)"; return 1; }
+    sleep 0.2
+  done
+}
+
+# kill_target: SIGKILL our target (no shutdown of anything) and keep its log as target-N.log.
+TARGET_GEN=0
+kill_target() {
+  [ -n "$TARGET_PID" ] || return 0
+  kill -KILL "$TARGET_PID"; wait "$TARGET_PID" 2>/dev/null; TARGET_PID=
+  TARGET_GEN=$((TARGET_GEN + 1))
+  cp "$OUT/target.log" "$OUT/target-$TARGET_GEN-killed.log"
+  log "target SIGKILLed (its log: target-$TARGET_GEN-killed.log)"
+}
+
+# reconnect_run MODE OUTFILE ARGS...: reconnect_check in the background against our target at
+# $FAULT_ADDR (sets RC_PID); waits until both of its hosts have verified I/O behind them.
+reconnect_run() {
+  local mode=$1 f=$2 b
+  shift 2
+  b=$(reconnect_bin) || return 1
+  echo "+ [reconnect_check --mode $mode] $b --traddr $FAULT_ADDR $*" >>"$STEPS"
+  RUST_LOG=${NVMF_VM_RC_LOG:-warn} NO_COLOR=1 ${FAULT_HOST_PREFIX:-} "$b" --transport rdma \
+    --traddr "$FAULT_ADDR" --trsvcid "$PORT" --subnqn "$OUR_NQN" --mode "$mode" "$@" \
+    >"$f" 2>"${f%.txt}.err" &
+  RC_PID=$!
+  wait_for_line "$f" 'I/O running' 180 "$RC_PID" || { REASON="reconnect_check $mode: $REASON"; return 1; }
+  log "reconnect_check ($mode) has I/O running"
+}
+
+# rc_field FILE HOST KEY: a key=value of reconnect_check's summary line for HOST (sync|async).
+rc_field() { grep -m1 "^reconnect_check: $2:" "$1" | tr ' ' '\n' | sed -n "s/^$3=//p" | head -n 1; }
+
+# target_restart_rdma LABEL ADDR: our target serves a file namespace over NVMe/RDMA at ADDR;
+# reconnect_check runs a ReconnectingNamespace (sync write + read-back verify) and a
+# ReconnectingQueue (QD32 writes) at once; the target is SIGKILLed with both mid-I/O and started
+# again ($NVMF_VM_RESTART_DOWNTIME s later, same config, same file). Both hosts must reconnect
+# (>= 1), the async one resubmit its in-flight writes, and end with every acknowledged write
+# read back (0 mismatches); the restarted target's RDMA gauges go back to idle once they
+# disconnect, and a fresh host (io_check) passes. Then the give-up bound: the target is killed
+# for good under both hosts, whose calls must fail with ReconnectGaveUp within the policy's
+# bound (never hang).
+# NVMF_TEST_BREAK=restart-other-file (the target comes back on a different, empty file of the
+# same size: stale data must be found) or no-restart (nothing comes back: the restart case must
+# fail) show the checks can fail.
+target_restart_rdma() {
+  local label=$1 addr=$2 img idle during after rc down=${NVMF_VM_RESTART_DOWNTIME:-3} t0 t_back s
+  local maxtotal=${NVMF_VM_GIVEUP_TOTAL:-10} rep=$OUT/report.txt
+  teardown
+  log "case $label: rdma $addr:$PORT"
+  FAULT_ADDR=$addr FAULT_HOST_PREFIX=
+  reconnect_bin >/dev/null || { fail "$label" "$REASON"; return; }
+  img=$WORK/ns.img
+  truncate -s "${FAULT_NS_MB}M" "$img" || { fail "$label" "truncate $img failed"; return; }
+  start_our_target rdma "$addr" "$img" || { fail "$label" "$REASON"; return; }
+  idle=$(rdma_gauges) || { fail "$label" "nvmf-target stats failed"; return; }
+  {
+    echo "target: our nvmf-target, file namespace ${FAULT_NS_MB} MiB, NVMe/RDMA on $addr ($label)"
+    echo "RDMA gauges (connections buffers_in_use mrs_registered) idle before any host: $idle"
+  } >"$rep"
+  # 1. SIGKILL + restart under both reconnecting hosts.
+  reconnect_run restart "$OUT/restart.txt" --timeout 5 --kato 5 --max-total 60 --max-ms 1000 \
+    --after 50 --deadline 400 || { fail "$label" "$REASON"; return; }
+  during=$(rdma_gauges)
+  echo "RDMA gauges with both hosts mid-I/O: $during" >>"$rep"
+  kill_target
+  t0=$SECONDS
+  sleep "$down"
+  if [ "$NVMF_TEST_BREAK" = no-restart ]; then
+    log "NVMF_TEST_BREAK=no-restart: the target stays dead"
+  else
+    [ "$NVMF_TEST_BREAK" = restart-other-file ] && { img=$WORK/other.img; truncate -s "${FAULT_NS_MB}M" "$img"; log "NVMF_TEST_BREAK=restart-other-file: restarting on $img"; }
+    start_our_target rdma "$addr" "$img" || { fail "$label" "restart: $REASON"; return; }
+    t_back=$((SECONDS - t0))
+    echo "target SIGKILLed mid-I/O, listening again ${t_back} s later (same config, same file)" >>"$rep"
+  fi
+  wait "$RC_PID"; rc=$?
+  cat "$OUT/restart.txt" >>"$STEPS"
+  grep -E '^reconnect_check: (sync|async|total)' "$OUT/restart.txt" | sed 's/^/restart: /' | tee -a "$rep"
+  [ $rc = 0 ] || { fail "$label" "reconnect_check across the restart failed (exit $rc): $(grep -m1 'FAILED' "$OUT/restart.txt" | cut -c1-220)"; return; }
+  for s in sync async; do
+    [ "$(rc_field "$OUT/restart.txt" $s reconnects)" -ge 1 ] 2>/dev/null ||
+      { fail "$label" "$s host: no reconnect counted"; return; }
+  done
+  [ "$(rc_field "$OUT/restart.txt" async resubmits)" -ge 1 ] 2>/dev/null ||
+    { fail "$label" "async host: no in-flight command was resubmitted"; return; }
+  wait_rdma_idle "$idle" 30 || { fail "$label" "restarted target after both hosts disconnected: $REASON"; return; }
+  after=$(rdma_gauges)
+  echo "RDMA gauges of the restarted target after both hosts disconnected: $after" >>"$rep"
+  IOCHECK_SIZE=16M run_iocheck rdma "$addr" "$OUR_NQN" || { fail "$label" "fresh host on the restarted target: $REASON"; return; }
+  wait_rdma_idle "$idle" 30 || { fail "$label" "after the fresh host: $REASON"; return; }
+  echo "fresh host (io_check 16M) on the restarted target: OK; gauges after: $(rdma_gauges)" >>"$rep"
+  stop_our_target || { fail "$label" "$REASON"; return; }
+  check_target_log || { fail "$label" "restarted target: $REASON"; return; }
+  # 2. Killed for good: both hosts give up within the bound.
+  start_our_target rdma "$addr" "$img" || { fail "$label" "$REASON"; return; }
+  reconnect_run giveup "$OUT/giveup.txt" --timeout 5 --kato 5 --max-total "$maxtotal" --max-ms 1000 \
+    --deadline 300 || { fail "$label" "$REASON"; return; }
+  kill_target
+  t0=$SECONDS
+  wait "$RC_PID"; rc=$?
+  cat "$OUT/giveup.txt" >>"$STEPS"
+  grep -E '^reconnect_check: (sync|async)' "$OUT/giveup.txt" | sed 's/^/give-up: /' | tee -a "$rep"
+  echo "give-up: target killed for good; reconnect_check ended $((SECONDS - t0)) s later (policy max_total ${maxtotal} s, io timeout 5 s)" | tee -a "$rep"
+  [ $rc = 0 ] || { fail "$label" "give-up check failed (exit $rc): $(grep -m1 'FAILED' "$OUT/giveup.txt" | cut -c1-220)"; return; }
+  pass "$label"
+}
+
+# rc_stop: end a reconnect_check a failed case left running.
+rc_stop() {
+  [ -n "${RC_PID:-}" ] || return 0
+  kill -KILL "$RC_PID" 2>/dev/null; wait "$RC_PID" 2>/dev/null; RC_PID=
+}
