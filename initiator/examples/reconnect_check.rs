@@ -432,7 +432,7 @@ fn run(a: &Args) -> Res<()> {
         let ts = s.spawn(|| guard(sync_host(a, opts.clone(), policy.clone(), &sh)));
         let ta = s.spawn(|| guard(async_host(a, opts.clone(), policy.clone(), &sh)));
         // Tell the harness once both hosts have verified I/O behind them.
-        while !sh.stop.load(Ordering::Relaxed) && !(ts.is_finished() || ta.is_finished()) {
+        while !(sh.stop.load(Ordering::Relaxed) || ts.is_finished() || ta.is_finished()) {
             if sh.sync_ops.load(Ordering::Relaxed) >= 20
                 && sh.async_ops.load(Ordering::Relaxed) >= 500
             {

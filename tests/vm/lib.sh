@@ -715,6 +715,9 @@ need_rdma() {
 NVMF_RECONNECT_BIN=${NVMF_RECONNECT_BIN:-}
 FAULT_NS_MB=${NVMF_VM_FAULT_NS_MB:-64} # the file namespace of the fault scenarios
 
+# fault_break NAME: NVMF_TEST_BREAK (a comma-separated list here) names NAME.
+fault_break() { [[ ",$NVMF_TEST_BREAK," == *",$1,"* ]]; }
+
 reconnect_bin() { # -> path of reconnect_check, or REASON and 1
   local b=$NVMF_RECONNECT_BIN
   [ -n "$b" ] && [ -x "$b" ] || { REASON="reconnect_check not available: ${NVMF_RECONNECT_NOTE:-NVMF_RECONNECT_BIN unset}"; return 1; }
@@ -802,10 +805,10 @@ target_restart_rdma() {
   kill_target
   t0=$SECONDS
   sleep "$down"
-  if [ "$NVMF_TEST_BREAK" = no-restart ]; then
+  if fault_break no-restart; then
     log "NVMF_TEST_BREAK=no-restart: the target stays dead"
   else
-    [ "$NVMF_TEST_BREAK" = restart-other-file ] && { img=$WORK/other.img; truncate -s "${FAULT_NS_MB}M" "$img"; log "NVMF_TEST_BREAK=restart-other-file: restarting on $img"; }
+    fault_break restart-other-file && { img=$WORK/other.img; truncate -s "${FAULT_NS_MB}M" "$img"; log "NVMF_TEST_BREAK=restart-other-file: restarting on $img"; }
     start_our_target rdma "$addr" "$img" || { fail "$label" "restart: $REASON"; return; }
     t_back=$((SECONDS - t0))
     echo "target SIGKILLed mid-I/O, listening again ${t_back} s later (same config, same file)" >>"$rep"
@@ -960,7 +963,7 @@ link_drop_rdma() {
   sleep 3
   during=$(rdma_gauges)
   echo "gauges with 3 hosts mid-I/O (reconnect_check sync + async, nvmf-bench --io_timeout $iot): $during" >>"$rep"
-  if [ "$NVMF_TEST_BREAK" = no-link-drop ]; then
+  if fault_break no-link-drop; then
     log "NVMF_TEST_BREAK=no-link-drop: the link stays up"
   else
     ip link set $LD_HOST_IF down || { NVMF_TARGET_BIN=$saved_bin; ld_cleanup "$kind"; fail "$label" "ip link set $LD_HOST_IF down failed"; return; }
