@@ -881,7 +881,7 @@ link_probe_dummy() {
   {
     echo "probe on the suite's ${kind}0 (dummy netdev $nd, host and target both on $addr):"
     echo "  $nd down for 8 s: the target served $((c1 - c0)) commands meanwhile ($c0 -> $c1); rdma link while down: $st"
-    echo "  plain host (nvmf-bench --io_timeout 5) still running at link up: $alive ($(grep -m1 -iE 'error|fail' "$OUT/probe-bench.txt" | cut -c1-160))"
+    echo "  plain host (nvmf-bench --io_timeout 5) still running at link up: $alive ($(sed 's/\x1b\[[0-9;]*m//g' "$OUT/probe-bench.txt" | grep -m1 -E 'queue failed' | sed 's/.*error=//' | cut -c1-160))"
   } >>"$rep"
   stop_our_target >/dev/null 2>&1 || true
   cp "$OUT/target.log" "$OUT/target-probe.log"
@@ -961,7 +961,17 @@ link_drop_rdma() {
     --rw=randwrite --bs=4k --iodepth=8 --size=8M --offset=48M --runtime=300 --io_timeout $iot \
     >"$OUT/plain-host.txt" 2>&1 &
   bp=$!
-  sleep 3
+  # Drop the link only once the plain host has its two queues up and I/O in flight.
+  local n=0
+  until read -r c bu _ <<<"$(rdma_gauges)" && [ "$c" -ge 6 ] && [ "$bu" -gt 0 ]; do
+    n=$((n + 1))
+    if [ $n -gt 120 ] || ! kill -0 $bp 2>/dev/null; then
+      kill -KILL $bp 2>/dev/null; NVMF_TARGET_BIN=$saved_bin; ld_cleanup "$kind"
+      fail "$label" "the plain host never had I/O in flight (gauges: $(rdma_gauges)): $(tail -n 1 "$OUT/plain-host.txt")"; return
+    fi
+    sleep 0.5
+  done
+  sleep 1
   during=$(rdma_gauges)
   echo "gauges with 3 hosts mid-I/O (reconnect_check sync + async, nvmf-bench --io_timeout $iot): $during" >>"$rep"
   if fault_break no-link-drop; then
@@ -994,7 +1004,7 @@ link_drop_rdma() {
   fi
   brc=0; kill -0 $bp 2>/dev/null && { kill -KILL $bp; brc=alive; }
   [ "$brc" = alive ] || { wait $bp; brc=$?; }
-  echo "plain host (nvmf-bench --io_timeout ${iot}): ended ${t_bfail:-never} s after link down, exit $brc: $(grep -m1 -iE 'error|timed out|fail' "$OUT/plain-host.txt" | cut -c1-200)" >>"$rep"
+  echo "plain host (nvmf-bench --io_timeout ${iot}): ended ${t_bfail:-never} s after link down, exit $brc: $(sed 's/\x1b\[[0-9;]*m//g' "$OUT/plain-host.txt" | grep -m1 -E 'ERROR|FAILED' | cut -c1-200)" >>"$rep"
   # Outage of chosen length, then the link comes back.
   sleep $((outage - (SECONDS - t_down) > 0 ? outage - (SECONDS - t_down) : 0))
   ip link set $LD_HOST_IF up
