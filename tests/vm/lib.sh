@@ -815,7 +815,7 @@ target_restart_rdma() {
   fi
   wait "$RC_PID"; rc=$?
   cat "$OUT/restart.txt" >>"$STEPS"
-  grep -E '^reconnect_check: (sync|async|total)' "$OUT/restart.txt" | sed 's/^/restart: /' | tee -a "$rep"
+  grep -E '^reconnect_check: (FAILED )?(sync|async|total)' "$OUT/restart.txt" | sed 's/^/restart: /' | tee -a "$rep"
   [ $rc = 0 ] || { fail "$label" "reconnect_check across the restart failed (exit $rc): $(grep -m1 'FAILED' "$OUT/restart.txt" | cut -c1-220)"; return; }
   for s in sync async; do
     [ "$(rc_field "$OUT/restart.txt" $s reconnects)" -ge 1 ] 2>/dev/null ||
@@ -839,7 +839,7 @@ target_restart_rdma() {
   t0=$SECONDS
   wait "$RC_PID"; rc=$?
   cat "$OUT/giveup.txt" >>"$STEPS"
-  grep -E '^reconnect_check: (sync|async)' "$OUT/giveup.txt" | sed 's/^/give-up: /' | tee -a "$rep"
+  grep -E '^reconnect_check: (FAILED )?(sync|async)' "$OUT/giveup.txt" | sed 's/^/give-up: /' | tee -a "$rep"
   echo "give-up: target killed for good; reconnect_check ended $((SECONDS - t0)) s later (policy max_total ${maxtotal} s, io timeout 5 s)" | tee -a "$rep"
   [ $rc = 0 ] || { fail "$label" "give-up check failed (exit $rc): $(grep -m1 'FAILED' "$OUT/giveup.txt" | cut -c1-220)"; return; }
   pass "$label"
@@ -1012,7 +1012,7 @@ link_drop_rdma() {
   log "$LD_HOST_IF up after $((t_up - t_down)) s"
   wait "$RC_PID"; rc=$?; RC_PID=
   t_end=$SECONDS
-  grep -E '^reconnect_check: (sync|async|total)' "$OUT/linkdrop.txt" | sed 's/^/reconnecting hosts: /' | tee -a "$rep"
+  grep -E '^reconnect_check: (FAILED )?(sync|async|total)' "$OUT/linkdrop.txt" | sed 's/^/reconnecting hosts: /' | tee -a "$rep"
   echo "link down ${outage} s; reconnecting hosts done $((t_end - t_up)) s after link up" >>"$rep"
   [ $rc = 0 ] || { NVMF_TARGET_BIN=$saved_bin; ld_cleanup "$kind"; fail "$label" "reconnect_check across the link drop failed (exit $rc): $(grep -m1 'FAILED' "$OUT/linkdrop.txt" | cut -c1-220)"; return; }
   if [ "$brc" = alive ] || [ "$brc" = 0 ]; then
