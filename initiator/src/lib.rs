@@ -55,9 +55,9 @@
 //! level. An NVMe status (LBA out of range, write-protected namespace) returns at once; past
 //! the policy's attempts or total time the call fails with [`Error::ReconnectGaveUp`].
 //! [`ReconnectingNamespace::stats`] counts reconnects, failed attempts and retried calls.
-//! [`ReconnectingQueue`] does the same for the asynchronous API over NVMe/TCP: it keeps every
-//! command in flight (SQE, buffer, caller's value) and, after a reconnect, submits the ones
-//! the failure took down again in their original order.
+//! [`ReconnectingQueue`] does the same for the asynchronous API (NVMe/TCP and NVMe/RDMA): it
+//! keeps every command in flight (SQE, buffer, caller's value) and, after a reconnect, submits
+//! the ones the failure took down again in their original order.
 //!
 //! ```no_run
 //! use std::time::Duration;

@@ -1,5 +1,5 @@
 //! I/O that survives the loss of its connection: [`ReconnectingNamespace`] (synchronous)
-//! and [`ReconnectingQueue`] (asynchronous, NVMe/TCP).
+//! and [`ReconnectingQueue`] (asynchronous, NVMe/TCP and NVMe/RDMA).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -7,11 +7,13 @@ use std::time::{Duration, Instant};
 
 use nvme::Sqe;
 
+use crate::any_queue::AnyQueue;
 use crate::controller::{
     rw_submit_methods, ConnectOptions, Controller, ControllerInfo, Namespace, NsInfo, Transport,
 };
 use crate::error::{CmdError, Error};
-use crate::queue::{Completion, Data, Dir, IoQueue, SubmitError};
+use crate::queue::{Completion, Data, Dir, SubmitError};
+use crate::rdma::{RdmaBuf, MAX_BUF};
 
 /// How a [`ReconnectingNamespace`] or [`ReconnectingQueue`] reconnects: exponential backoff
 /// between attempts, bounded by a number of attempts and a total time per failure.
@@ -439,8 +441,8 @@ impl ReconnectingNamespace {
     }
 }
 
-/// The asynchronous counterpart of [`ReconnectingNamespace`] over NVMe/TCP: up to a queue
-/// depth of commands in flight ([`IoQueue`]'s `submit` / `reap` API, `Vec<u8>` buffers),
+/// The asynchronous counterpart of [`ReconnectingNamespace`]: up to a queue depth of
+/// commands in flight ([`crate::IoQueue`]'s `submit` / `reap` API, `Vec<u8>` buffers),
 /// each kept (SQE, direction, caller's value) until it completes. When the connection fails,
 /// every command it took down comes back with its buffer; after the reconnect they are
 /// submitted again in the order they were first submitted, ahead of anything submitted
@@ -455,8 +457,14 @@ impl ReconnectingNamespace {
 /// defined order (NVMe gives none), with or without a reconnect: keep overlapping writes
 /// apart.
 /// Waiting for a reconnect can make [`ReconnectingQueue::reap`] take longer than its
-/// `timeout`, up to the policy's bound. NVMe/RDMA is not offered: registered buffers belong
-/// to the connection's protection domain and would not survive it.
+/// `timeout`, up to the policy's bound.
+///
+/// Over NVMe/RDMA the caller's `Vec<u8>` stays with the queue while its command runs, and
+/// the data goes through a buffer of the current connection's registered pool: one copy per
+/// byte (into the pool for a write at submission, out of it for a read at completion).
+/// Registered buffers belong to their
+/// connection's protection domain and die with it; the caller's `Vec` is what survives a
+/// reconnect and is sent again. (Zero-copy I/O without reconnects: [`crate::RdmaQueue`].)
 ///
 /// ```no_run
 /// use initiator::{ConnectOptions, ReconnectPolicy, ReconnectingQueue};
@@ -490,6 +498,8 @@ pub struct ReconnectingQueue {
     held: usize,
     budget: Option<Budget>,
     scratch: Vec<Completion>,
+    /// Completions of an NVMe/RDMA connection, before their data goes back to `scratch`.
+    rdma_scratch: Vec<Completion<RdmaBuf>>,
 }
 
 /// A command as submitted, to submit it again.
@@ -501,6 +511,8 @@ struct Pending {
     held: Option<Option<Vec<u8>>>,
     /// Resubmissions on the same connection (after a data digest error).
     tries: u32,
+    /// NVMe/RDMA: the caller's buffer while a pool buffer carries its data on a connection.
+    shadow: Option<Vec<u8>>,
 }
 
 impl std::fmt::Debug for ReconnectingQueue {
@@ -531,18 +543,13 @@ fn join(dir: Dir, buf: Option<Vec<u8>>) -> Data {
 }
 
 impl ReconnectingQueue {
-    /// Connect over NVMe/TCP (once, no retry) with one I/O queue of `opts.queue_depth`
-    /// and open namespace `nsid`.
+    /// Connect over NVMe/TCP or NVMe/RDMA (once, no retry) with one I/O queue of
+    /// `opts.queue_depth` and open namespace `nsid`.
     pub fn connect(
         opts: ConnectOptions,
         nsid: u32,
         policy: ReconnectPolicy,
     ) -> Result<ReconnectingQueue, Error> {
-        if opts.transport != Transport::Tcp {
-            return Err(Error::Unsupported(
-                "ReconnectingQueue over NVMe/RDMA (use ReconnectingNamespace)",
-            ));
-        }
         let (link, conn) = Link::first(opts, nsid, policy)?;
         let depth = conn.ctrl.info().io_queue_depth as usize;
         Ok(ReconnectingQueue {
@@ -555,6 +562,7 @@ impl ReconnectingQueue {
             held: 0,
             budget: None,
             scratch: Vec::new(),
+            rdma_scratch: Vec::new(),
         })
     }
 
@@ -593,11 +601,79 @@ impl ReconnectingQueue {
         self.conn.as_ref().map(|c| c.ctrl.info())
     }
 
-    fn queue(conn: &mut Conn) -> &mut IoQueue {
-        conn.ns
-            .queue()
-            .as_tcp()
-            .expect("ReconnectingQueue connects over NVMe/TCP only")
+    fn queue(conn: &mut Conn) -> &mut AnyQueue {
+        conn.ns.queue()
+    }
+
+    /// Put command `seq` on the connection's queue. Over NVMe/RDMA the data goes through a
+    /// pool buffer of this connection and `shadow` keeps the caller's buffer meanwhile; on
+    /// failure the caller's buffer comes back.
+    fn put(
+        q: &mut AnyQueue,
+        sqe: Sqe,
+        dir: Dir,
+        buf: Option<Vec<u8>>,
+        seq: u64,
+        shadow: &mut Option<Vec<u8>>,
+    ) -> Result<(), SubmitError> {
+        let q = match q {
+            AnyQueue::Tcp(q) => return q.submit(sqe, join(dir, buf), seq).map(|_| ()),
+            AnyQueue::Rdma(q) => q,
+        };
+        let rb = match &buf {
+            None => None,
+            Some(v) => match q.alloc_buf(v.len()) {
+                Ok(mut b) => {
+                    if dir == Dir::ToCtrl {
+                        b.copy_from_slice(v);
+                    }
+                    Some(b)
+                }
+                Err(error) => return Err(SubmitError { error, buf }),
+            },
+        };
+        let data = match (dir, rb) {
+            (Dir::ToCtrl, Some(b)) => Data::ToController(b),
+            (Dir::FromCtrl, Some(b)) => Data::FromController(b),
+            _ => Data::None,
+        };
+        match q.submit(sqe, data, seq) {
+            Ok(_) => {
+                *shadow = buf;
+                Ok(())
+            }
+            Err(SubmitError { error, .. }) => Err(SubmitError { error, buf }),
+        }
+    }
+
+    /// Collect completions of the connection's queue into `scratch` ([`crate::IoQueue::reap`]),
+    /// over NVMe/RDMA with the data copied back into the caller's buffers.
+    fn take(&mut self, min: usize, wait: Option<Duration>) -> Result<usize, Error> {
+        let conn = self.conn.as_mut().expect("connected");
+        match Self::queue(conn) {
+            AnyQueue::Tcp(q) => q.reap(&mut self.scratch, min, wait),
+            AnyQueue::Rdma(q) => {
+                let r = q.reap(&mut self.rdma_scratch, min, wait);
+                for c in self.rdma_scratch.drain(..) {
+                    let (dir, mut buf) = match self.pending.get_mut(&c.user_data) {
+                        Some(p) => (p.dir, p.shadow.take()),
+                        None => (Dir::None, None),
+                    };
+                    if let (Dir::FromCtrl, Ok(_), Some(v), Some(b)) =
+                        (dir, &c.result, &mut buf, &c.buf)
+                    {
+                        v.copy_from_slice(b);
+                    }
+                    self.scratch.push(Completion {
+                        tag: c.tag,
+                        user_data: c.user_data,
+                        result: c.result,
+                        buf,
+                    });
+                }
+                r
+            }
+        }
     }
 
     /// Submit a command ([`IoQueue::submit`]); returns its sequence number. While the
@@ -613,17 +689,31 @@ impl ReconnectingQueue {
         }
         let seq = self.next_seq;
         let (dir, buf) = split(data);
+        if self.link.opts.transport == Transport::Rdma
+            && buf
+                .as_ref()
+                .is_some_and(|b| b.is_empty() || b.len() > MAX_BUF)
+        {
+            let len = buf.as_ref().map_or(0, |b| b.len());
+            return Err(SubmitError {
+                error: Error::InvalidArgument(format!(
+                    "RDMA buffer of {len} bytes (1..={MAX_BUF} bytes)"
+                )),
+                buf,
+            });
+        }
         let mut p = Pending {
             sqe,
             dir,
             user_data,
             held: None,
             tries: 0,
+            shadow: None,
         };
         match &mut self.conn {
             Some(c) if !self.broken && self.held == 0 => {
-                match Self::queue(c).submit(sqe, join(dir, buf), seq) {
-                    Ok(_) => {}
+                match Self::put(Self::queue(c), sqe, dir, buf, seq, &mut p.shadow) {
+                    Ok(()) => {}
                     Err(SubmitError { error, buf }) if is_transport_failure(&error) => {
                         self.broken = true;
                         self.budget.get_or_insert_with(|| Budget::start(error));
@@ -665,10 +755,13 @@ impl ReconnectingQueue {
             if self.broken {
                 // A failed queue hands out every command it held at once, without waiting:
                 // collect them before dropping it.
-                if let Some(c) = self.conn.as_mut() {
-                    let q = Self::queue(c);
-                    let _ = q.poll(&mut self.scratch);
-                    debug_assert_eq!(q.in_flight(), 0, "a broken queue is a failed queue");
+                if self.conn.is_some() {
+                    let _ = self.take(0, Some(Duration::ZERO));
+                    debug_assert_eq!(
+                        self.conn.as_mut().map_or(0, |c| Self::queue(c).in_flight()),
+                        0,
+                        "a broken queue is a failed queue"
+                    );
                     got += self.absorb(out, true);
                 }
             }
@@ -685,8 +778,8 @@ impl ReconnectingQueue {
             let wait = until.map(|u| u.saturating_duration_since(Instant::now()));
             let q = Self::queue(self.conn.as_mut().expect("connected"));
             let need = want.saturating_sub(got).min(q.in_flight());
-            let reaped = q.reap(&mut self.scratch, need, wait);
-            let failed = q.is_failed();
+            let reaped = self.take(need, wait);
+            let failed = Self::queue(self.conn.as_mut().expect("connected")).is_failed();
             got += self.absorb(out, failed);
             if let Err(e) = reaped {
                 self.broken = true;
@@ -783,8 +876,8 @@ impl ReconnectingQueue {
             let Some(buf) = p.held.take() else {
                 continue;
             };
-            match q.submit(p.sqe, join(p.dir, buf), seq) {
-                Ok(_) => {
+            match Self::put(q, p.sqe, p.dir, buf, seq, &mut p.shadow) {
+                Ok(()) => {
                     self.held -= 1;
                     self.link.stats.retries += 1;
                 }

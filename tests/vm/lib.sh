@@ -710,3 +710,328 @@ need_rdma() {
   fail "$SCENARIO" "$v is not set: the VM was booted without RDMA (harness error)"
   return 1
 }
+
+# ---------------- faults: target restart, link drop (initiator/examples/reconnect_check.rs) ----------------
+NVMF_RECONNECT_BIN=${NVMF_RECONNECT_BIN:-}
+FAULT_NS_MB=${NVMF_VM_FAULT_NS_MB:-64} # the file namespace of the fault scenarios
+
+# fault_break NAME: NVMF_TEST_BREAK (a comma-separated list here) names NAME.
+fault_break() { [[ ",$NVMF_TEST_BREAK," == *",$1,"* ]]; }
+
+reconnect_bin() { # -> path of reconnect_check, or REASON and 1
+  local b=$NVMF_RECONNECT_BIN
+  [ -n "$b" ] && [ -x "$b" ] || { REASON="reconnect_check not available: ${NVMF_RECONNECT_NOTE:-NVMF_RECONNECT_BIN unset}"; return 1; }
+  echo "$b"
+}
+
+# wait_for_line FILE REGEX SECONDS PID: until FILE has a line matching REGEX; REASON when PID
+# ends first or time runs out.
+wait_for_line() {
+  local f=$1 re=$2 end=$((SECONDS + $3)) pid=$4
+  until grep -qE "$re" "$f" 2>/dev/null; do
+    kill -0 "$pid" 2>/dev/null || { REASON="ended before '$re': $(tail -n 1 "$f" | cut -c1-200)"; return 1; }
+    [ $SECONDS -ge $end ] && { REASON="no '$re' after $3 s: $(tail -n 1 "$f" | cut -c1-200)"; return 1; }
+    sleep 0.2
+  done
+}
+
+# kill_target: SIGKILL our target (no shutdown of anything) and keep its log as target-N.log.
+TARGET_GEN=0
+kill_target() {
+  [ -n "$TARGET_PID" ] || return 0
+  kill -KILL "$TARGET_PID"; wait "$TARGET_PID" 2>/dev/null; TARGET_PID=
+  TARGET_GEN=$((TARGET_GEN + 1))
+  cp "$OUT/target.log" "$OUT/target-$TARGET_GEN-killed.log"
+  log "target SIGKILLed (its log: target-$TARGET_GEN-killed.log)"
+}
+
+# reconnect_run MODE OUTFILE ARGS...: reconnect_check in the background against our target at
+# $FAULT_ADDR (sets RC_PID); waits until both of its hosts have verified I/O behind them.
+reconnect_run() {
+  local mode=$1 f=$2 b
+  shift 2
+  b=$(reconnect_bin) || return 1
+  echo "+ [reconnect_check --mode $mode] $b --traddr $FAULT_ADDR $*" >>"$STEPS"
+  RUST_LOG=${NVMF_VM_RC_LOG:-warn} NO_COLOR=1 ${FAULT_HOST_PREFIX:-} "$b" --transport rdma \
+    --traddr "$FAULT_ADDR" --trsvcid "$PORT" --subnqn "$OUR_NQN" --mode "$mode" "$@" \
+    >"$f" 2>"${f%.txt}.err" &
+  RC_PID=$!
+  wait_for_line "$f" 'I/O running' 180 "$RC_PID" || { REASON="reconnect_check $mode: $REASON"; return 1; }
+  log "reconnect_check ($mode) has I/O running"
+}
+
+# rc_field FILE HOST KEY: a key=value of reconnect_check's summary line for HOST (sync|async).
+rc_field() { grep -m1 "^reconnect_check: $2:" "$1" | tr ' ' '\n' | sed -n "s/^$3=//p" | head -n 1; }
+
+# target_restart_rdma LABEL ADDR: our target serves a file namespace over NVMe/RDMA at ADDR;
+# reconnect_check runs a ReconnectingNamespace (sync write + read-back verify) and a
+# ReconnectingQueue (QD32 writes) at once; the target is SIGKILLed with both mid-I/O and started
+# again ($NVMF_VM_RESTART_DOWNTIME s later, same config, same file). Both hosts must reconnect
+# (>= 1), the async one resubmit its in-flight writes, and end with every acknowledged write
+# read back (0 mismatches); the restarted target's RDMA gauges go back to idle once they
+# disconnect, and a fresh host (io_check) passes. Then the give-up bound: the target is killed
+# for good under both hosts, whose calls must fail with ReconnectGaveUp within the policy's
+# bound (never hang).
+# NVMF_TEST_BREAK=restart-other-file (the target comes back on a different, empty file of the
+# same size: stale data must be found) or no-restart (nothing comes back: the restart case must
+# fail) show the checks can fail.
+target_restart_rdma() {
+  local label=$1 addr=$2 img idle during after rc down=${NVMF_VM_RESTART_DOWNTIME:-3} t0 t_back s
+  local maxtotal=${NVMF_VM_GIVEUP_TOTAL:-10} rep=$OUT/report.txt
+  teardown
+  log "case $label: rdma $addr:$PORT"
+  FAULT_ADDR=$addr FAULT_HOST_PREFIX=
+  reconnect_bin >/dev/null || { fail "$label" "$REASON"; return; }
+  img=$WORK/ns.img
+  truncate -s "${FAULT_NS_MB}M" "$img" || { fail "$label" "truncate $img failed"; return; }
+  start_our_target rdma "$addr" "$img" || { fail "$label" "$REASON"; return; }
+  # Idle values after a first clean host (the target opens its per-device MR with the first
+  # connection on a device and keeps it).
+  step "first host: nvmf-bench randrw 4k qd8 4M" timeout 120 "$(bench_bin)" --transport rdma \
+    --traddr "$addr" --trsvcid "$PORT" --subnqn "$OUR_NQN" --rw=randrw --bs=4k --iodepth=8 --size=4M ||
+    { fail "$label" "$REASON"; return; }
+  sleep 1
+  idle=$(rdma_gauges) || { fail "$label" "nvmf-target stats failed"; return; }
+  [ "${idle%% *}" = 0 ] || { fail "$label" "connections still open after a clean first host: ($idle)"; return; }
+  {
+    echo "target: our nvmf-target, file namespace ${FAULT_NS_MB} MiB, NVMe/RDMA on $addr ($label)"
+    echo "RDMA gauges (connections buffers_in_use mrs_registered) idle after a clean first host: $idle"
+  } >"$rep"
+  # 1. SIGKILL + restart under both reconnecting hosts.
+  reconnect_run restart "$OUT/restart.txt" --timeout 5 --kato 5 --max-total 60 --max-ms 1000 \
+    --after 50 --deadline 400 || { fail "$label" "$REASON"; return; }
+  during=$(rdma_gauges)
+  echo "RDMA gauges with both hosts mid-I/O: $during" >>"$rep"
+  kill_target
+  t0=$SECONDS
+  sleep "$down"
+  if fault_break no-restart; then
+    log "NVMF_TEST_BREAK=no-restart: the target stays dead"
+  else
+    fault_break restart-other-file && { img=$WORK/other.img; truncate -s "${FAULT_NS_MB}M" "$img"; log "NVMF_TEST_BREAK=restart-other-file: restarting on $img"; }
+    start_our_target rdma "$addr" "$img" || { fail "$label" "restart: $REASON"; return; }
+    t_back=$((SECONDS - t0))
+    echo "target SIGKILLed mid-I/O, listening again ${t_back} s later (same config, same file)" >>"$rep"
+  fi
+  wait "$RC_PID"; rc=$?
+  cat "$OUT/restart.txt" >>"$STEPS"
+  grep -E '^reconnect_check: (FAILED )?(sync|async|total)' "$OUT/restart.txt" | sed 's/^/restart: /' | tee -a "$rep"
+  [ $rc = 0 ] || { fail "$label" "reconnect_check across the restart failed (exit $rc): $(grep -m1 'FAILED' "$OUT/restart.txt" | cut -c1-220)"; return; }
+  for s in sync async; do
+    [ "$(rc_field "$OUT/restart.txt" $s reconnects)" -ge 1 ] 2>/dev/null ||
+      { fail "$label" "$s host: no reconnect counted"; return; }
+  done
+  [ "$(rc_field "$OUT/restart.txt" async resubmits)" -ge 1 ] 2>/dev/null ||
+    { fail "$label" "async host: no in-flight command was resubmitted"; return; }
+  wait_rdma_idle "$idle" 30 || { fail "$label" "restarted target after both hosts disconnected: $REASON"; return; }
+  after=$(rdma_gauges)
+  echo "RDMA gauges of the restarted target after both hosts disconnected: $after" >>"$rep"
+  IOCHECK_SIZE=16M run_iocheck rdma "$addr" "$OUR_NQN" || { fail "$label" "fresh host on the restarted target: $REASON"; return; }
+  wait_rdma_idle "$idle" 30 || { fail "$label" "after the fresh host: $REASON"; return; }
+  echo "fresh host (io_check 16M) on the restarted target: OK; gauges after: $(rdma_gauges)" >>"$rep"
+  stop_our_target || { fail "$label" "$REASON"; return; }
+  check_target_log || { fail "$label" "restarted target: $REASON"; return; }
+  # 2. Killed for good: both hosts give up within the bound.
+  start_our_target rdma "$addr" "$img" || { fail "$label" "$REASON"; return; }
+  reconnect_run giveup "$OUT/giveup.txt" --timeout 5 --kato 5 --max-total "$maxtotal" --max-ms 1000 \
+    --deadline 300 || { fail "$label" "$REASON"; return; }
+  kill_target
+  t0=$SECONDS
+  wait "$RC_PID"; rc=$?
+  cat "$OUT/giveup.txt" >>"$STEPS"
+  grep -E '^reconnect_check: (FAILED )?(sync|async)' "$OUT/giveup.txt" | sed 's/^/give-up: /' | tee -a "$rep"
+  echo "give-up: target killed for good; reconnect_check ended $((SECONDS - t0)) s later (policy max_total ${maxtotal} s, io timeout 5 s)" | tee -a "$rep"
+  [ $rc = 0 ] || { fail "$label" "give-up check failed (exit $rc): $(grep -m1 'FAILED' "$OUT/giveup.txt" | cut -c1-220)"; return; }
+  pass "$label"
+}
+
+# rc_stop: end a reconnect_check a failed case left running.
+rc_stop() {
+  [ -n "${RC_PID:-}" ] || return 0
+  kill -KILL "$RC_PID" 2>/dev/null; wait "$RC_PID" 2>/dev/null; RC_PID=
+}
+
+# rdma_commands: commands served by the RDMA pollers (a counter).
+rdma_commands() {
+  stat_json | grep -o '{"transport":"rdma"[^}]*}' | awk -F'[,:}]' '
+    { for (i = 1; i < NF; i++) if ($i == "\"commands\"") c += $(i + 1) } END { printf "%d\n", c }'
+}
+
+# link_probe_dummy KIND ADDR NETDEV: what `ip link set NETDEV down` does to NVMe/RDMA between
+# two processes of this guest on the suite's KIND device (a dummy netdev, both ends on ADDR):
+# a plain host (nvmf-bench randwrite, --io_timeout 5) runs, the netdev goes down for 8 s, the
+# target's command counter says whether I/O went on. Facts for report.txt, no verdict.
+link_probe_dummy() {
+  local kind=$1 addr=$2 nd=$3 b pid c0 c1 st img=$WORK/probe.img alive rep=$OUT/report.txt
+  b=$(bench_bin) || { echo "probe: skipped ($REASON)" >>"$rep"; return 0; }
+  truncate -s 32M "$img"
+  start_our_target rdma "$addr" "$img" || { echo "probe: target did not start: $REASON" >>"$rep"; return 0; }
+  "$b" --transport rdma --traddr "$addr" --trsvcid "$PORT" --subnqn "$OUR_NQN" --rw=randwrite --bs=4k \
+    --iodepth=8 --size=16M --runtime=40 --io_timeout 5 >"$OUT/probe-bench.txt" 2>&1 &
+  pid=$!
+  sleep 5
+  c0=$(rdma_commands)
+  ip link set "$nd" down
+  sleep 8
+  c1=$(rdma_commands)
+  st=$(rdma link show 2>/dev/null | grep -w "${kind}0" | tr -s ' ')
+  ip link set "$nd" up
+  alive=no; kill -0 $pid 2>/dev/null && alive=yes
+  kill -KILL $pid 2>/dev/null; wait $pid 2>/dev/null
+  {
+    echo "probe on the suite's ${kind}0 (dummy netdev $nd, host and target both on $addr):"
+    echo "  $nd down for 8 s: the target served $((c1 - c0)) commands meanwhile ($c0 -> $c1); rdma link while down: $st"
+    echo "  plain host (nvmf-bench --io_timeout 5) still running at link up: $alive ($(sed 's/\x1b\[[0-9;]*m//g' "$OUT/probe-bench.txt" | grep -m1 -E 'queue failed' | sed 's/.*error=//' | cut -c1-160))"
+  } >>"$rep"
+  stop_our_target >/dev/null 2>&1 || true
+  cp "$OUT/target.log" "$OUT/target-probe.log"
+}
+
+# A real link between host and target: a veth pair, the target's end in its own network
+# namespace, a KIND device on each end (see link_drop_rdma).
+LD_NS=nvmf-ld LD_HOST_IF=ldh LD_TGT_IF=ldt LD_HOST_IP=10.79.0.1 LD_TGT_IP=10.79.0.2
+ld_setup() { # KIND
+  local kind=$1
+  ip netns add $LD_NS &&
+    ip link add $LD_HOST_IF type veth peer name $LD_TGT_IF &&
+    ip link set $LD_TGT_IF netns $LD_NS &&
+    ip addr add $LD_HOST_IP/24 dev $LD_HOST_IF && ip link set $LD_HOST_IF up &&
+    ip netns exec $LD_NS ip addr add $LD_TGT_IP/24 dev $LD_TGT_IF &&
+    ip netns exec $LD_NS ip link set $LD_TGT_IF up &&
+    ip netns exec $LD_NS ip link set lo up &&
+    rdma link add "${kind}h" type "$kind" netdev $LD_HOST_IF &&
+    ip netns exec $LD_NS rdma link add "${kind}t" type "$kind" netdev $LD_TGT_IF
+}
+ld_cleanup() { # KIND
+  rdma link delete "${1}h" 2>/dev/null
+  ip netns exec $LD_NS rdma link delete "${1}t" 2>/dev/null
+  ip link del $LD_HOST_IF 2>/dev/null
+  ip netns del $LD_NS 2>/dev/null
+  return 0
+}
+
+# link_drop_rdma LABEL KIND: see tests/vm/scenarios/link-drop-rdma-*.sh.
+link_drop_rdma() {
+  local label=$1 kind=$2 rep=$OUT/report.txt real img idle during c bu m t_down t_td bp brc t_bfail
+  local rc t_up t_end nd addr kato=4 iot=3 outage=${NVMF_VM_LINK_OUTAGE:-12} td_max
+  teardown
+  log "case $label: $kind"
+  reconnect_bin >/dev/null || { fail "$label" "$REASON"; return; }
+  bench_bin >/dev/null || { fail "$label" "$REASON"; return; }
+  : >"$rep"
+  # 0. What downing the suite's own device does (facts only).
+  if [ "$kind" = rxe ]; then nd=rdma_rxe0 addr=$RXE_IP; else nd=rdma_siw0 addr=$SIW_IP; fi
+  link_probe_dummy "$kind" "$addr" "$nd"
+  # 1. The real drop: target in its own netns behind a veth pair.
+  ld_cleanup "$kind"
+  step "veth pair + netns $LD_NS + $kind on both ends" ld_setup "$kind" || { ld_cleanup "$kind"; fail "$label" "$REASON"; return; }
+  real=$WORK/nvmf-target-in-netns
+  printf '#!/bin/sh\nexec ip netns exec %s %q "$@"\n' "$LD_NS" "$NVMF_TARGET_BIN" >"$real"
+  chmod +x "$real"
+  local saved_bin=$NVMF_TARGET_BIN
+  NVMF_TARGET_BIN=$real
+  img=$WORK/ns.img
+  truncate -s "${FAULT_NS_MB}M" "$img"
+  start_our_target rdma "$LD_TGT_IP" "$img" || { NVMF_TARGET_BIN=$saved_bin; ld_cleanup "$kind"; fail "$label" "$REASON"; return; }
+  echo "real drop: target in netns $LD_NS on $LD_TGT_IF ($LD_TGT_IP, ${kind}t), hosts in the root netns on $LD_HOST_IF ($LD_HOST_IP, ${kind}h), a veth pair between them" >>"$rep"
+  if ! step "first host across the veth: nvmf-bench randrw 1M" timeout 60 "$(bench_bin)" --transport rdma \
+      --traddr "$LD_TGT_IP" --trsvcid "$PORT" --subnqn "$OUR_NQN" --rw=randrw --bs=4k --iodepth=4 --size=1M --io_timeout 10; then
+    local why=$REASON
+    echo "no NVMe/RDMA across the netns boundary with $kind: $why" >>"$rep"
+    NVMF_TARGET_BIN=$saved_bin; teardown; ld_cleanup "$kind"
+    if [ "$kind" = rxe ]; then
+      # Linux 6.1's rxe has one UDP socket (port 4791), in the initial network namespace
+      # only, and routes in it: RoCE packets arriving in another namespace find no socket
+      # (rping fails the same way there, while it passes over siw).
+      skip "$label" "rxe of Linux $(uname -r) cannot reach a peer in another network namespace ($why); report.txt has what downing rdma_rxe0 does"
+    else
+      fail "$label" "$why"
+    fi
+    return
+  fi
+  sleep 1
+  idle=$(rdma_gauges)
+  echo "RDMA gauges (connections buffers_in_use mrs_registered) idle after a clean first host: $idle" >>"$rep"
+  [ "${idle%% *}" = 0 ] || { NVMF_TARGET_BIN=$saved_bin; ld_cleanup "$kind"; fail "$label" "connections still open after a clean first host: ($idle)"; return; }
+  FAULT_ADDR=$LD_TGT_IP FAULT_HOST_PREFIX=
+  reconnect_run restart "$OUT/linkdrop.txt" --timeout $iot --kato $kato --max-total 90 --max-ms 1000 \
+    --after 30 --deadline 400 || { NVMF_TARGET_BIN=$saved_bin; ld_cleanup "$kind"; fail "$label" "$REASON"; return; }
+  # A plain host (no reconnect): its I/O must fail within its timeout once the link is gone.
+  "$(bench_bin)" --transport rdma --traddr "$LD_TGT_IP" --trsvcid "$PORT" --subnqn "$OUR_NQN" \
+    --rw=randwrite --bs=4k --iodepth=8 --size=8M --offset=48M --runtime=300 --io_timeout $iot \
+    >"$OUT/plain-host.txt" 2>&1 &
+  bp=$!
+  # Drop the link only once the plain host has its two queues up and I/O in flight.
+  local n=0
+  until read -r c bu _ <<<"$(rdma_gauges)" && [ "$c" -ge 6 ] && [ "$bu" -gt 0 ]; do
+    n=$((n + 1))
+    if [ $n -gt 120 ] || ! kill -0 $bp 2>/dev/null; then
+      kill -KILL $bp 2>/dev/null; NVMF_TARGET_BIN=$saved_bin; ld_cleanup "$kind"
+      fail "$label" "the plain host never had I/O in flight (gauges: $(rdma_gauges)): $(tail -n 1 "$OUT/plain-host.txt")"; return
+    fi
+    sleep 0.5
+  done
+  sleep 1
+  during=$(rdma_gauges)
+  echo "gauges with 3 hosts mid-I/O (reconnect_check sync + async, nvmf-bench --io_timeout $iot): $during" >>"$rep"
+  if fault_break no-link-drop; then
+    log "NVMF_TEST_BREAK=no-link-drop: the link stays up"
+  else
+    ip link set $LD_HOST_IF down || { NVMF_TARGET_BIN=$saved_bin; ld_cleanup "$kind"; fail "$label" "ip link set $LD_HOST_IF down failed"; return; }
+  fi
+  t_down=$SECONDS
+  log "$LD_HOST_IF down"
+  echo "link down: $(ip -br link show $LD_HOST_IF | tr -s ' '); $(rdma link show "${kind}h/1" 2>/dev/null | tr -s ' ')" >>"$rep"
+  # The target hears nothing: after KATO it must drop every controller and free everything.
+  t_td= t_bfail=
+  while [ $((SECONDS - t_down)) -lt $((kato + 30)) ]; do
+    read -r c bu m <<<"$(rdma_gauges)"
+    [ -z "$t_bfail" ] && ! kill -0 $bp 2>/dev/null && t_bfail=$((SECONDS - t_down))
+    [ "$c $bu $m" = "$idle" ] && { t_td=$((SECONDS - t_down)); break; }
+    sleep 0.5
+  done
+  [ -z "$t_bfail" ] && ! kill -0 $bp 2>/dev/null && t_bfail=$((SECONDS - t_down))
+  echo "target: gauges $(rdma_gauges) ${t_td:-(not idle)} s after link down (host KATO ${kato} s); log: $(grep -m1 -io 'keep.alive[^,]*expired[^,]*' "$OUT/target.log" | head -n 1)" >>"$rep"
+  if [ -z "$t_td" ]; then
+    kill -KILL $bp 2>/dev/null; ip link set $LD_HOST_IF up; NVMF_TARGET_BIN=$saved_bin
+    fail "$label" "target not idle $((kato + 30)) s after link down: gauges $(rdma_gauges), idle $idle"; ld_cleanup "$kind"; return
+  fi
+  # The plain host's I/O failed, with an error, within its timeout (plus the queue's drain).
+  if [ -z "$t_bfail" ]; then
+    local end=$((t_down + iot + 15))
+    while kill -0 $bp 2>/dev/null && [ $SECONDS -lt $end ]; do sleep 0.5; done
+    kill -0 $bp 2>/dev/null || t_bfail=$((SECONDS - t_down))
+  fi
+  brc=0; kill -0 $bp 2>/dev/null && { kill -KILL $bp; brc=alive; }
+  [ "$brc" = alive ] || { wait $bp; brc=$?; }
+  echo "plain host (nvmf-bench --io_timeout ${iot}): ended ${t_bfail:-never} s after link down, exit $brc: $(sed 's/\x1b\[[0-9;]*m//g' "$OUT/plain-host.txt" | grep -m1 -E 'ERROR|FAILED' | cut -c1-200)" >>"$rep"
+  # Outage of chosen length, then the link comes back.
+  sleep $((outage - (SECONDS - t_down) > 0 ? outage - (SECONDS - t_down) : 0))
+  ip link set $LD_HOST_IF up
+  t_up=$SECONDS
+  log "$LD_HOST_IF up after $((t_up - t_down)) s"
+  wait "$RC_PID"; rc=$?; RC_PID=
+  t_end=$SECONDS
+  grep -E '^reconnect_check: (FAILED )?(sync|async|total)' "$OUT/linkdrop.txt" | sed 's/^/reconnecting hosts: /' | tee -a "$rep"
+  echo "link down ${outage} s; reconnecting hosts done $((t_end - t_up)) s after link up" >>"$rep"
+  [ $rc = 0 ] || { NVMF_TARGET_BIN=$saved_bin; ld_cleanup "$kind"; fail "$label" "reconnect_check across the link drop failed (exit $rc): $(grep -m1 'FAILED' "$OUT/linkdrop.txt" | cut -c1-220)"; return; }
+  if [ "$brc" = alive ] || [ "$brc" = 0 ]; then
+    NVMF_TARGET_BIN=$saved_bin; ld_cleanup "$kind"
+    fail "$label" "the plain host did not fail within $((iot + 15)) s of the link drop (exit $brc)"; return
+  fi
+  td_max=$((kato + 15))
+  if [ "$t_td" -lt $((kato / 2)) ] || [ "$t_td" -gt $td_max ]; then
+    NVMF_TARGET_BIN=$saved_bin; ld_cleanup "$kind"
+    fail "$label" "target idle ${t_td} s after link down: expected between $((kato / 2)) and $td_max s (KATO ${kato} s)"; return
+  fi
+  wait_rdma_idle "$idle" 30 || { NVMF_TARGET_BIN=$saved_bin; ld_cleanup "$kind"; fail "$label" "after the reconnecting hosts: $REASON"; return; }
+  IOCHECK_SIZE=16M run_iocheck rdma "$LD_TGT_IP" "$OUR_NQN" || { NVMF_TARGET_BIN=$saved_bin; ld_cleanup "$kind"; fail "$label" "fresh host after link up: $REASON"; return; }
+  wait_rdma_idle "$idle" 30 || { NVMF_TARGET_BIN=$saved_bin; ld_cleanup "$kind"; fail "$label" "after the fresh host: $REASON"; return; }
+  echo "fresh host (io_check 16M) after link up: OK; gauges after: $(rdma_gauges)" >>"$rep"
+  stop_our_target; local src=$?
+  NVMF_TARGET_BIN=$saved_bin
+  ld_cleanup "$kind"
+  [ $src = 0 ] || { fail "$label" "$REASON"; return; }
+  if grep -q panicked "$OUT/target.log"; then fail "$label" "target log: $(grep -m1 panicked "$OUT/target.log" | cut -c1-200)"; return; fi
+  pass "$label"
+}

@@ -36,6 +36,7 @@ ORDER=(
   initiator-vs-our-target-tcp initiator-vs-our-target-rdma-rxe initiator-vs-our-target-rdma-siw
   bench-compare-tcp-rdma-rxe bench-suite-rdma-rxe host-killed-mid-io-rdma-rxe host-killed-mid-io-rdma-siw
   bad-input-rdma-rxe bad-input-rdma-siw
+  target-restart-rdma-rxe target-restart-rdma-siw link-drop-rdma-rxe link-drop-rdma-siw
   kernel-host-reload-tcp kernel-host-reload-rdma-rxe soak-randrw-rdma-rxe soak-randrw-rdma-siw
   iopoll-null-blk perf-vs-nvmet
 )
@@ -129,7 +130,7 @@ if [ $need_build = 1 ]; then
     TDIR=${CARGO_TARGET_DIR:-$ROOT/build}
   # package:binary[:example[:features]]
   for pkg_bin in nvmf-target:nvmf-target nvmf-initiator:nvmf-bench nvmf-initiator:io_check:example \
-      nvmf-initiator:rdma_bad_input:example:raw; do
+      nvmf-initiator:reconnect_check:example nvmf-initiator:rdma_bad_input:example:raw; do
     IFS=: read -r pkg bin kind feat <<<"$pkg_bin"
     sel=() path=$TDIR/release/$bin
     [ "$kind" = example ] && sel=(--example "$bin") path=$TDIR/release/examples/$bin
@@ -199,6 +200,7 @@ envs=(
   NVMF_TARGET_BIN="${BIN[nvmf-target]:-}" NVMF_TARGET_NOTE="${NOTE[nvmf-target]:-}"
   NVMF_BENCH_BIN="${BIN[nvmf-bench]:-}" NVMF_BENCH_NOTE="${NOTE[nvmf-bench]:-}"
   NVMF_IOCHECK_BIN="${BIN[io_check]:-}" NVMF_IOCHECK_NOTE="${NOTE[io_check]:-}"
+  NVMF_RECONNECT_BIN="${BIN[reconnect_check]:-}" NVMF_RECONNECT_NOTE="${NOTE[reconnect_check]:-}"
   NVMF_RDMA_TESTS="$RDMA_TESTS"
   NVMF_IOPOLL_TEST="$IOPOLL_TEST"
   NVMF_BADINPUT_BIN="${BIN[rdma_bad_input]:-}" NVMF_BADINPUT_NOTE="${NOTE[rdma_bad_input]:-}"

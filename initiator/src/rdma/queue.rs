@@ -155,6 +155,53 @@ pub(super) fn expect_event(
     Ok(ev)
 }
 
+/// Longest kernel timeout of one address resolution attempt.
+///
+/// Linux (6.1's `ib_addr`) retries a request whose neighbour is not yet resolved only when a
+/// neighbour-update event arrives or at the request's timeout. A peer that answers ARP at once
+/// (a veth pair: the reply is processed before the request is queued) raises the update too
+/// early to be seen, and the resolution then completes only at its timeout, which here is the
+/// connect deadline itself: the connect timed out with the neighbour long resolved. Short
+/// attempts, repeated until the deadline, bound that stall to one attempt.
+const ADDR_ATTEMPT: Duration = Duration::from_secs(1);
+
+/// `rdma_resolve_addr` in attempts of at most [`ADDR_ATTEMPT`] until `deadline`: an attempt
+/// that times out in the kernel (ADDR_ERROR, -ETIMEDOUT) is repeated on the same id; any
+/// other error ends the connect at once.
+fn resolve_addr(
+    ch: &EventChannel,
+    id: &CmId,
+    qid: u16,
+    dst: &SocketAddr,
+    deadline: Instant,
+    timeout: Duration,
+) -> Result<(), Error> {
+    const DURING: &str = "rdma_cm address resolution";
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(Error::Timeout(timeout, DURING));
+        }
+        id.resolve_addr(None, *dst, left.min(ADDR_ATTEMPT))?;
+        let ev = next_event(ch, deadline, timeout, DURING)?;
+        match ev.event_type() {
+            CmEventType::AddrResolved => return Ok(()),
+            CmEventType::AddrError if ev.status() == -libc::ETIMEDOUT => {
+                tracing::debug!(qid, %dst, "address resolution attempt timed out; again");
+            }
+            event => {
+                return Err(RdmaError::Cm {
+                    qid,
+                    during: DURING,
+                    event,
+                    status: ev.status(),
+                }
+                .into())
+            }
+        }
+    }
+}
+
 fn limit_error(what: &str, want: u32, have: u32, depth: u16) -> Error {
     Error::InvalidArgument(format!(
         "queue depth {depth} needs {want} {what}; the RDMA device allows {have}"
@@ -184,15 +231,7 @@ impl RdmaQueue {
         let deadline = Instant::now() + p.timeout;
         let ch = EventChannel::new()?;
         let id = ch.create_id(qid as u64)?;
-        id.resolve_addr(None, *dst, p.timeout)?;
-        expect_event(
-            &ch,
-            qid,
-            deadline,
-            p.timeout,
-            CmEventType::AddrResolved,
-            "rdma_cm address resolution",
-        )?;
+        resolve_addr(&ch, &id, qid, dst, deadline, p.timeout)?;
         id.resolve_route(p.timeout)?;
         expect_event(
             &ch,
