@@ -28,7 +28,7 @@ for s in "$@"; do
   f=$HERE/scenarios/$s.sh
   out=$R/$s
   mkdir -p "$out"
-  t=$(header vm-timeout "$f"); t=${t:-300}
+  t=$(header vm-timeout "$f"); t=$((${t:-300} + ${NVMF_VM_EXTRA_SECS:-0}))
   echo "nvmf-vm: begin $s" >/dev/kmsg
   echo "vm: --- $s (limit ${t} s)" >&2
   t0=$SECONDS

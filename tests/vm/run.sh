@@ -16,7 +16,8 @@
 # a line `N passed, N failed, N skipped`.
 # Exit status: 0 = no FAIL; 1 = at least one FAIL, or the VM could not be set up / booted / ran
 # out of time (that is reported as FAIL lines too); 2 = bad usage.
-# Environment: NVMF_VM_SUITE_LIMIT (cap on the VM's wall time, default 4200 s); passed to the
+# Environment: NVMF_VM_SUITE_LIMIT (cap on the VM's wall time, default 4200 s), NVMF_VM_EXTRA_SECS
+# (added to every scenario's time limit, e.g. 600 with NVMF_VM_SOAK_SECS=600); passed to the
 # scenarios: NVMF_TEST_BREAK (see README), RUST_LOG, NVMF_VM_* knobs.
 set -u
 set -o pipefail
@@ -120,7 +121,7 @@ need_build=0 need_rdma=0 vm_limit=180
 for s in "${SEL[@]}"; do
   [[ " $(header vm-needs "$s") " == *" build "* ]] && need_build=1
   [[ " $(header vm-needs "$s") " == *" rdma "* ]] && need_rdma=1
-  t=$(header vm-timeout "$s"); vm_limit=$((vm_limit + ${t:-300} + 15))
+  t=$(header vm-timeout "$s"); vm_limit=$((vm_limit + ${t:-300} + ${NVMF_VM_EXTRA_SECS:-0} + 15))
 done
 
 declare -A BIN=() NOTE=()
