@@ -12,8 +12,9 @@ source "$(dirname "$0")/../lib.sh"
 # default: "default=", the embedded defaults; e.g. add ";idle0=target: { idle_poll_us: 0 }" (the
 # poller sleeps as soon as it is idle: in a 2-vCPU guest a spinning poller competes with the
 # kernel host and rxe for the CPUs); each mode adds a fio run per trial, ~30-90 s under TCG),
-# NVMF_VM_PERF_TRANSPORTS ("tcp rdma"), NVMF_VM_PERF_BASE_BIN (another nvmf-target build, e.g. of the commit before a change: adds mode "base", that binary on its
-# defaults, to every trial, so before and after are measured side by side in one run).
+# NVMF_VM_PERF_TRANSPORTS ("tcp rdma"), NVMF_VM_PERF_BASE_BIN (another nvmf-target build, e.g.
+# of the commit before a change: adds mode "base", that binary on its defaults, to every trial,
+# so before and after are measured side by side in one run).
 TRIALS=${NVMF_VM_PERF_TRIALS:-3}
 TRANSPORTS=${NVMF_VM_PERF_TRANSPORTS:-tcp rdma}
 BASE_BIN=${NVMF_VM_PERF_BASE_BIN:-}
