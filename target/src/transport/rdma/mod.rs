@@ -53,10 +53,10 @@ use std::net::SocketAddr;
 use std::sync::atomic::AtomicBool;
 use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use ::rdma::EventChannel;
-use tracing::info;
+use tracing::{info, warn};
 
 pub use poller::{RdmaPollerStats, RegionInfo, RegionKind};
 pub use request::ReqState;
@@ -160,6 +160,9 @@ pub struct RdmaListeners {
     listeners: Vec<cm::Listener>,
 }
 
+/// How long start-up waits for an RDMA device to serve a listener's address (ENODEV).
+const DEVICE_WAIT: Duration = Duration::from_secs(10);
+
 impl RdmaListeners {
     /// Creates the event channel and one listening id per address (port 0 picks a port).
     ///
@@ -178,8 +181,30 @@ impl RdmaListeners {
         let mut listeners = Vec::with_capacity(addrs.len());
         for (i, &addr) in addrs.iter().enumerate() {
             let err = |source| ListenError { addr, source };
-            let id = ch.create_id(cm::LISTENER_TAG | i as u64).map_err(err)?;
-            id.bind_addr(addr).map_err(err)?;
+            // ENODEV: the address is on a netdev, but no RDMA device serves it (yet). At boot
+            // the service can start before the RDMA link exists (a NIC driver still probing,
+            // `rdma link add` of rxe/siw not run yet; seen in the VM right after siw came up),
+            // so wait a little for it; any other error, or the same after the wait, fails.
+            let deadline = Instant::now() + DEVICE_WAIT;
+            let mut waited = false;
+            let id = loop {
+                let id = ch.create_id(cm::LISTENER_TAG | i as u64).map_err(err)?;
+                match id.bind_addr(addr) {
+                    Ok(()) => break id,
+                    Err(e) if e.errno() == Some(libc::ENODEV) && Instant::now() < deadline => {
+                        if !waited {
+                            warn!(%addr, wait_s = DEVICE_WAIT.as_secs(),
+                                "no RDMA device serves this address yet: waiting for one");
+                            waited = true;
+                        }
+                        std::thread::sleep(Duration::from_millis(200));
+                    }
+                    Err(e) => return Err(err(e)),
+                }
+            };
+            if waited {
+                info!(%addr, "RDMA device for the listener appeared");
+            }
             id.listen(BACKLOG).map_err(err)?;
             let bound = id.local_addr().unwrap_or(addr);
             listeners.push(cm::Listener { id, addr: bound });
