@@ -21,13 +21,9 @@
 //!   data copied), always before its response SEND is posted;
 //! - capsules that arrive before ESTABLISHED wait (their RECVs stay consumed) and run once the
 //!   connection is established;
-//! - read data goes out as RDMA WRITE chained with the response SEND, only the SEND signaled;
-//!   SEND_WITH_INVALIDATE only for a keyed-invalidate SGL (0x4F) that moved data and only
-//!   where enabled;
-//! - responses are staged and posted once per poller pass ([`Conn::flush_sends`]), every
-//!   response ready in that pass in one linked list (one `ibv_post_send` per [`MAX_CHAIN`]
-//!   work requests): one doorbell per batch instead of one per command, as SPDK's RDMA
-//!   transport does. On rxe and siw each doorbell is a system call.
+//! - read data goes out as RDMA WRITE chained with the response SEND in one post, only the
+//!   SEND signaled; SEND_WITH_INVALIDATE only for a keyed-invalidate SGL (0x4F) that moved data
+//!   and only where enabled;
 //! - the send queue never overflows (credits) and RDMA READs never exceed the negotiated
 //!   initiator depth (FIFO wait lists beyond).
 
@@ -37,7 +33,7 @@ use std::time::{Duration, Instant};
 
 use ::rdma::{
     AccessFlags, CmId, ConnParam, Cq, Mr, Qp, QpInitAttr, RecvWr, RemoteBuf, SendWr, Sge, WcStatus,
-    WorkCompletion, MAX_CHAIN,
+    WorkCompletion,
 };
 use nvme::fabrics::{connect_sqe_off, ConnectCmd, ConnectResult, InvalidAttr};
 use nvme::rdma::CmReply;
@@ -58,20 +54,6 @@ use crate::transport::{ConnStats, Store};
 /// How long a closing connection waits for the flush completions of its posted work requests
 /// before it destroys the QP anyway (which ends any DMA) and releases their buffers.
 const DRAIN_LIMIT: Duration = Duration::from_secs(5);
-
-/// A response accounted for (send-queue credits, state) but not posted yet: the SEND of the
-/// CQE in `rsp`, after an RDMA WRITE of `data` when the command read data.
-#[derive(Clone, Copy)]
-struct Staged {
-    slot: u32,
-    rsp: Sge,
-    data: Option<(Sge, RemoteBuf)>,
-    /// SEND_WITH_INVALIDATE of this rkey.
-    inv: Option<u32>,
-}
-
-/// Responses per `ibv_post_send`: each takes at most two work requests.
-const STAGE_CHUNK: usize = MAX_CHAIN / 2;
 
 /// What a connection borrows from its poller while it handles an event.
 pub(super) struct Env<'a> {
@@ -143,11 +125,8 @@ pub(super) struct Conn {
     /// Received capsules (RECV index, byte length) waiting for ESTABLISHED or a free slot.
     capsule_wait: VecDeque<(u32, u32)>,
     recvs_posted: u32,
-    /// Signaled send WRs (SENDs, READs) posted (or staged) and not completed.
+    /// Signaled send WRs (SENDs, READs) posted and not completed.
     signaled_out: u32,
-    /// Responses to post at the end of this poller pass (capacity: one per slot, so staging
-    /// never allocates).
-    staged: Vec<Staged>,
     /// Backend operations in flight.
     io_inflight: u32,
     /// Per-I/O memory regions registered now (iWARP READ sinks).
@@ -226,7 +205,6 @@ impl Conn {
             capsule_wait: VecDeque::with_capacity(z.recvs as usize),
             recvs_posted: 0,
             signaled_out: 0,
-            staged: Vec::with_capacity(z.slots as usize),
             io_inflight: 0,
             io_mrs: 0,
             io_mrs_total: 0,
@@ -913,17 +891,24 @@ impl Conn {
             Some((_, len, key, true)) if self.send_with_inv && len > 0 => Some(key),
             _ => None,
         };
-        if self.qp.is_none() {
-            return;
+        let rsp = [rsp];
+        let id = wr_id(WrKind::Send, slot);
+        let send = match inv {
+            Some(k) => SendWr::send_with_inv(id, &rsp, k),
+            None => SendWr::send(id, &rsp),
         }
-        let (data, wrs, next) = if data_len > 0 {
+        .signaled();
+        let Some(qp) = self.qp.as_ref() else {
+            return;
+        };
+        let (res, wrs, next) = if data_len > 0 {
             let (addr, len, key, _) = keyed.expect("checked above");
             let b = self.slots[s]
                 .buf
                 .expect("read data is in the request's buffer");
             let bs = env.store.ring().pool().buf_size();
             let data = match env.dev.pool_mr.sge(b as usize * bs, data_len as usize) {
-                Ok(sge) => sge,
+                Ok(sge) => [sge],
                 Err(e) => {
                     warn!(peer = %self.peer, error = %e, "pool SGE out of range");
                     self.close("internal error", env);
@@ -935,100 +920,28 @@ impl Conn {
                 len: u64::from(len),
                 rkey: key,
             };
-            (Some((data, remote)), 2, ReqState::TransferringToHost)
+            let write = SendWr::write(wr_id(WrKind::Write, slot), &data, remote);
+            (
+                qp.post_send(&[write, send]),
+                2,
+                ReqState::TransferringToHost,
+            )
         } else {
-            (None, 1, ReqState::Completing)
+            (qp.post_send(&[send]), 1, ReqState::Completing)
         };
-        self.staged.push(Staged {
-            slot,
-            rsp,
-            data,
-            inv,
-        });
-        self.sq_free -= wrs;
-        self.signaled_out += 1;
-        self.slots[s].wrs = wrs;
-        self.stats.tx_bytes += CQE_BYTES as u64 + u64::from(data_len);
-        self.stats.tx_payload += u64::from(data_len);
-        self.set(slot, next);
-    }
-
-    /// Posts the staged responses: per response an RDMA WRITE of its read data (unsignaled)
-    /// and the SEND of its CQE (signaled), all of them linked, one `ibv_post_send` per
-    /// [`STAGE_CHUNK`] responses. A failed post closes the queue; the responses it did not
-    /// post are released (no completion will come for them).
-    pub fn flush_sends(&mut self, env: &mut Env<'_>) {
-        if self.staged.is_empty() {
-            return;
-        }
-        let mut done = 0;
-        let mut failed = None;
-        if let Some(qp) = self.qp.as_ref() {
-            while done < self.staged.len() {
-                let batch = &self.staged[done..(done + STAGE_CHUNK).min(self.staged.len())];
-                // SGE arrays the work requests point into, alive across the post.
-                let mut rsp = [[batch[0].rsp]; STAGE_CHUNK];
-                let mut data = [[batch[0].rsp]; STAGE_CHUNK];
-                for (i, st) in batch.iter().enumerate() {
-                    rsp[i] = [st.rsp];
-                    if let Some((d, _)) = st.data {
-                        data[i] = [d];
-                    }
-                }
-                let mut wrs = [SendWr::send(0, &[]); MAX_CHAIN];
-                let mut n = 0;
-                for (i, st) in batch.iter().enumerate() {
-                    if let Some((_, remote)) = st.data {
-                        wrs[n] = SendWr::write(wr_id(WrKind::Write, st.slot), &data[i], remote);
-                        n += 1;
-                    }
-                    let id = wr_id(WrKind::Send, st.slot);
-                    wrs[n] = match st.inv {
-                        Some(k) => SendWr::send_with_inv(id, &rsp[i], k),
-                        None => SendWr::send(id, &rsp[i]),
-                    }
-                    .signaled();
-                    n += 1;
-                }
-                match qp.post_send(&wrs[..n]) {
-                    Ok(()) => done += batch.len(),
-                    Err(e) => {
-                        // Responses whose SEND made it are posted; the rest are not.
-                        if let ::rdma::Error::Post { posted, .. } = e {
-                            let mut wr = 0;
-                            for st in batch {
-                                wr += if st.data.is_some() { 2 } else { 1 };
-                                if wr > posted {
-                                    break;
-                                }
-                                done += 1;
-                            }
-                        }
-                        failed = Some(e);
-                        break;
-                    }
-                }
+        match res {
+            Ok(()) => {
+                self.sq_free -= wrs;
+                self.signaled_out += 1;
+                self.slots[s].wrs = wrs;
+                self.stats.tx_bytes += CQE_BYTES as u64 + u64::from(data_len);
+                self.stats.tx_payload += u64::from(data_len);
+                self.set(slot, next);
             }
-        }
-        if done == self.staged.len() {
-            self.staged.clear();
-            return;
-        }
-        if let Some(e) = failed {
-            warn!(peer = %self.peer, error = %e, "posting responses failed: closing the queue");
-        }
-        self.staged.drain(..done);
-        self.close("response post failed", env);
-        // close() released what is still staged (unless the queue was closing already).
-        self.discard_staged(env);
-    }
-
-    /// Releases the requests of responses that were staged and will not be posted.
-    fn discard_staged(&mut self, env: &mut Env<'_>) {
-        while let Some(st) = self.staged.pop() {
-            self.signaled_out -= 1;
-            self.sq_free += std::mem::take(&mut self.slots[st.slot as usize].wrs);
-            self.release(st.slot, env);
+            Err(e) => {
+                warn!(peer = %self.peer, error = %e, "posting a response failed: closing the queue");
+                self.close("response post failed", env);
+            }
         }
     }
 
@@ -1195,7 +1108,6 @@ impl Conn {
         self.capsule_wait.clear();
         self.read_wait.clear();
         self.send_wait.clear();
-        self.discard_staged(env);
         for slot in 0..self.slots.len() as u32 {
             match self.state(slot) {
                 ReqState::NeedBuffer

@@ -281,8 +281,6 @@ impl Poller {
                 next_tick = now + TICK;
                 self.tick(now);
             }
-            // Every response this pass made ready, one doorbell per connection.
-            self.flush_sends(now);
             self.remove_finished();
             if progress {
                 last_work = now;
@@ -561,12 +559,6 @@ impl Poller {
         }
         self.wcs = wcs;
         any
-    }
-
-    fn flush_sends(&mut self, now: Instant) {
-        for k in 0..self.conns.len() {
-            self.with_conn(k, now, |c, env| c.flush_sends(env));
-        }
     }
 
     fn reap_backend(&mut self, now: Instant) -> bool {
