@@ -4,7 +4,8 @@
 # (10.79.0.2, device siwt) and the hosts in the root namespace (10.79.0.1, device siwh), so
 # every RDMA packet crosses the veth and a down end really cuts the path. (The suite's own
 # siw0 has host and target on one address of a dummy netdev: traffic never leaves the guest's
-# stack, which the scenario measures first and writes to report.txt.) Checks: a plain host
+# stack; the scenario first measures what downing such a netdev does, on a device and netdev of
+# its own, and writes it to report.txt.) Checks: a plain host
 # (nvmf-bench --io_timeout 3) fails with an error within its timeout; the target, hearing
 # nothing, drops every controller after KATO (4 s) and its RDMA gauges return to idle; two
 # reconnecting hosts (reconnect_check: ReconnectingNamespace + ReconnectingQueue) recover after
