@@ -346,6 +346,14 @@ fn ratio_pct(a: f64, b: f64) -> String {
     }
 }
 
+/// Bytes per second as MiB/s; small values (4k QD1 on a loaded machine) keep their first digits.
+fn mib(bw: f64) -> String {
+    match bw / MIB {
+        m if m >= 0.1 => format!("{m:.1}"),
+        m => format!("{m:.3}"),
+    }
+}
+
 fn ratio_x(a: f64, b: f64) -> String {
     if a > 0.0 && b > 0.0 {
         format!("{:.2}x", a / b)
@@ -431,7 +439,7 @@ fn table(cells: &[Cell], o: &SuiteOpts) -> String {
                 let mut r: [String; 14] = Default::default();
                 r[2] = b.stream_label();
                 r[3] = si(stream_bw / w.bs as f64);
-                r[4] = format!("{:.1}", stream_bw / MIB);
+                r[4] = mib(stream_bw);
                 let (stream_note, pp_note) = b.notes();
                 r[13] = stream_note;
                 push(&mut rows, r);
@@ -537,7 +545,7 @@ fn fill_dir(d: &DirStats, secs: f64, r: &mut [String; 14]) -> (f64, f64, f64) {
         0.0
     };
     r[3] = si(iops);
-    r[4] = format!("{:.1}", bw / MIB);
+    r[4] = mib(bw);
     let l = latency(&d.hist);
     if let Some(l) = l {
         r[5] = fmt_ns(l.p50 as f64);
