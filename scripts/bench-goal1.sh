@@ -9,52 +9,22 @@
 #
 #   scripts/bench-goal1.sh                    # builds release binaries first
 #   NO_BUILD=1 TRIALS=9 RUNTIME=4 QD=8 scripts/bench-goal1.sh
-set -euo pipefail
-cd "$(dirname "$0")/.."
-BIN=${BIN:-build/release}
+NAME=bench-goal1
+source "$(dirname "$0")/bench-lib.sh"
 RUNTIME=${RUNTIME:-3}
 TRIALS=${TRIALS:-7}
 QD=${QD:-8}
 NQN=nqn.2026-11.io.nvmf-rs:bench-goal1
-[ -n "${NO_BUILD:-}" ] || cargo build --release -p nvmf-target -p nvmf-initiator
-command -v jq >/dev/null || { echo "bench-goal1: needs jq" >&2; exit 2; }
-
-dir=$(mktemp -d)
-pid=
-cleanup() {
-    [ -z "$pid" ] || kill "$pid" 2>/dev/null || true
-    rm -rf "$dir"
-}
-trap cleanup EXIT
-port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-cat >"$dir/t.yaml" <<YAML
-listeners:
-  - { transport: tcp, address: 127.0.0.1, port: $port }
-subsystems:
-  - nqn: $NQN
-    allow_any_host: true
-    namespaces:
-      - { nsid: 1, null: 4GiB }
-target: { threads: 1 }
-YAML
-"$BIN/nvmf-target" --config "$dir/t.yaml" 2>"$dir/t.log" &
-pid=$!
-for _ in $(seq 100); do
-    (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break
-    sleep 0.1
-done
+start_target goal1 "{ nsid: 1, null: 4GiB }" "threads: 1"
 
 echo "128k read QD$QD, null namespace, 1 target thread; ${RUNTIME}s NVMe/TCP then $(awk -v r="$RUNTIME" 'BEGIN { print r / 2 }')s raw stream per trial"
 printf '%-6s %12s %12s %8s\n' trial "nvme MiB/s" "raw MiB/s" ratio
 ratios=()
 for t in $(seq "$TRIALS"); do
-    "$BIN/nvmf-bench" --transport tcp --traddr 127.0.0.1 --trsvcid "$port" --subnqn "$NQN" \
-        --nsid 1 --rw read --bs 128k --iodepth "$QD" --runtime "$RUNTIME" --raw-tcp-baseline \
-        --output-format json >"$dir/r.json"
+    bench "$dir/r.json" --nsid 1 --rw read --bs 128k --iodepth "$QD" --runtime "$RUNTIME" \
+        --raw-tcp-baseline
     w='.workloads[0]'
-    st=$(jq -r "$w.results[] | select(.transport == \"tcp\") | .status" "$dir/r.json")
-    [ "$st" = ok ] || { echo "bench-goal1: trial $t: $st" >&2; cat "$dir/r.json" >&2; exit 1; }
-    nv=$(jq -r "$w.results[] | select(.transport == \"tcp\") | .total.mib_s" "$dir/r.json")
+    nv=$(jq -r "$TCP_RESULT.total.mib_s" "$dir/r.json")
     raw=$(jq -r "$w.raw_tcp_baseline.stream.mib_s // empty" "$dir/r.json")
     [ -n "$raw" ] || { echo "bench-goal1: trial $t: no raw stream: $(jq -c "$w.raw_tcp_baseline" "$dir/r.json")" >&2; exit 1; }
     r=$(awk -v a="$nv" -v b="$raw" 'BEGIN { printf "%.3f", a / b }')

@@ -11,72 +11,30 @@
 #   scripts/bench-polling.sh                  # builds release binaries first
 #   NO_BUILD=1 BIN=build/debug scripts/bench-polling.sh
 #   IDLE_SECS=10 RUNTIME=10 THREADS=1 NSID=1 scripts/bench-polling.sh
-set -euo pipefail
-cd "$(dirname "$0")/.."
-BIN=${BIN:-build/release}
+NAME=bench-polling
+source "$(dirname "$0")/bench-lib.sh"
 IDLE_SECS=${IDLE_SECS:-10}
 RUNTIME=${RUNTIME:-10}
 THREADS=${THREADS:-1}
 NSID=${NSID:-1}
 NQN=nqn.2026-11.io.nvmf-rs:bench-polling
-[ -n "${NO_BUILD:-}" ] || cargo build --release -p nvmf-target -p nvmf-initiator
-command -v jq >/dev/null || { echo "bench-polling: needs jq" >&2; exit 2; }
-
-dir=$(mktemp -d)
-pid=
-cleanup() {
-    [ -z "$pid" ] || kill "$pid" 2>/dev/null || true
-    rm -rf "$dir"
-}
-trap cleanup EXIT
-
-free_port() {
-    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
-}
-
-# CPU ticks (user + system) of a process.
-ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
-hz=$(getconf CLK_TCK)
 
 declare -A idle p50 p99 iops
 for mode in adaptive busy; do
-    port=$(free_port)
-    cat >"$dir/$mode.yaml" <<YAML
-listeners:
-  - { transport: tcp, address: 127.0.0.1, port: $port }
-subsystems:
-  - nqn: $NQN
-    allow_any_host: true
-    namespaces:
-      - { nsid: 1, null: 1GiB }
-      - { nsid: 2, path: $dir/$mode.img, size: 256MiB }
-target: { threads: $THREADS, polling: $mode }
-YAML
-    RUST_LOG=warn "$BIN/nvmf-target" --config "$dir/$mode.yaml" \
-        --control-socket "$dir/$mode.sock" 2>"$dir/$mode.log" &
-    pid=$!
-    for _ in $(seq 100); do
-        (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break
-        sleep 0.1
-    done
+    RUST_LOG=warn start_target "$mode" "{ nsid: 1, null: 1GiB }
+{ nsid: 2, path: $dir/$mode.img, size: 256MiB }" "threads: $THREADS, polling: $mode"
     sleep 1 # let the pollers settle after the probe connection
     t0=$(ticks "$pid")
     sleep "$IDLE_SECS"
     t1=$(ticks "$pid")
     idle[$mode]=$(awk -v d=$((t1 - t0)) -v hz="$hz" -v s="$IDLE_SECS" \
         'BEGIN { printf "%.2f", 100 * d / hz / s }')
-    "$BIN/nvmf-bench" --transport tcp --traddr 127.0.0.1 --trsvcid "$port" --subnqn "$NQN" \
-        --nsid "$NSID" --rw randread --bs 4k --iodepth 1 --runtime "$RUNTIME" \
-        --output-format json >"$dir/$mode.json"
-    r='.workloads[0].results[] | select(.transport == "tcp")'
-    st=$(jq -r "$r.status" "$dir/$mode.json")
-    [ "$st" = ok ] || { echo "bench-polling: $mode run: $st" >&2; cat "$dir/$mode.json" >&2; exit 1; }
+    bench "$dir/$mode.json" --nsid "$NSID" --rw randread --bs 4k --iodepth 1 --runtime "$RUNTIME"
+    r=$TCP_RESULT
     p50[$mode]=$(jq -r "$r.total.lat_ns.p50 / 1000" "$dir/$mode.json")
     p99[$mode]=$(jq -r "$r.total.lat_ns.p99 / 1000" "$dir/$mode.json")
     iops[$mode]=$(jq -r "$r.total.iops | floor" "$dir/$mode.json")
-    kill "$pid"
-    wait "$pid" || true
-    pid=
+    stop_target
 done
 
 echo "nvmf-target polling: idle CPU over ${IDLE_SECS}s (no hosts), 4k randread QD1 over ${RUNTIME}s, nsid $NSID, $THREADS poller thread(s)"
