@@ -28,6 +28,7 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
+use rdma::active::{self, ConnectError};
 use rdma::{
     AccessFlags, CmEvent, CmEventType, CmId, CompChannel, ConnParam, Context, Cq, EventChannel, Mr,
     Pd, Qp, QpInitAttr, QpState, RecvWr, Srq, Transport, WcOpcode, WcStatus, WorkCompletion,
@@ -606,12 +607,7 @@ fn server_srq_phase(dev: &Device, ch: &EventChannel, id: &CmId) -> Res<()> {
 const CLIENT_CQ_TAG: u64 = 77;
 
 fn client_connect(ch: &EventChannel, server: SocketAddr, tag: u64) -> Res<(CmId, Arc<Context>)> {
-    let id = ch.create_id(tag)?;
-    id.resolve_addr(None, server, Duration::from_secs(5))?;
-    expect_event(ch, CmEventType::AddrResolved)?;
-    id.resolve_route(Duration::from_secs(5))?;
-    expect_event(ch, CmEventType::RouteResolved)?;
-    let ctx = id.context()?.ok_or("resolved id not bound to a device")?;
+    let (id, ctx) = active::resolve(ch, tag, server, Instant::now() + Duration::from_secs(5))?;
     ensure!(
         id.peer_addr() == Some(server),
         "peer address {:?}",
@@ -662,15 +658,19 @@ fn client(server: SocketAddr, ready: mpsc::Receiver<()>) -> Res<()> {
     data.write_at(DATA, &pattern(0x5A, DATA))?;
     let msg = Mr::alloc(&pd, MSG, AccessFlags::empty())?;
 
-    id.connect(&ConnParam {
-        private_data: CLIENT_PDATA,
-        responder_resources: attr.max_qp_rd_atom.clamp(1, 16) as u8,
-        initiator_depth: 0,
-        flow_control: true,
-        retry_count: 7,
-        rnr_retry_count: 7,
-    })?;
-    let ev = expect_event(&ch, CmEventType::Established)?;
+    let ev = active::connect(
+        &ch,
+        &id,
+        &ConnParam {
+            private_data: CLIENT_PDATA,
+            responder_resources: attr.max_qp_rd_atom.clamp(1, 16) as u8,
+            initiator_depth: 0,
+            flow_control: true,
+            retry_count: 7,
+            rnr_retry_count: 7,
+        },
+        Instant::now() + TIMEOUT,
+    )?;
     ensure!(
         ev.private_data().starts_with(SERVER_PDATA),
         "client got reply private data {:?}",
@@ -761,12 +761,16 @@ fn client(server: SocketAddr, ready: mpsc::Receiver<()>) -> Res<()> {
             sq_sig_all: true,
         },
     )?;
-    id.connect(&ConnParam {
-        private_data: CLIENT_PDATA,
-        rnr_retry_count: 7,
-        ..Default::default()
-    })?;
-    expect_event(&ch, CmEventType::Established)?;
+    active::connect(
+        &ch,
+        &id,
+        &ConnParam {
+            private_data: CLIENT_PDATA,
+            rnr_retry_count: 7,
+            ..Default::default()
+        },
+        Instant::now() + TIMEOUT,
+    )?;
     ensure!(
         qp.caps().max_inline_data >= MSG as u32,
         "inline caps {:?}",
@@ -811,13 +815,17 @@ fn client(server: SocketAddr, ready: mpsc::Receiver<()>) -> Res<()> {
     for i in 0..2 {
         qp.post_recv(300 + i as u64, &[recv_mr.sge(i * MSG, MSG)?])?;
     }
-    id.connect(&ConnParam {
-        private_data: CLIENT_PDATA,
-        responder_resources: 1,
-        rnr_retry_count: 7,
-        ..Default::default()
-    })?;
-    expect_event(&ch, CmEventType::Established)?;
+    active::connect(
+        &ch,
+        &id,
+        &ConnParam {
+            private_data: CLIENT_PDATA,
+            responder_resources: 1,
+            rnr_retry_count: 7,
+            ..Default::default()
+        },
+        Instant::now() + TIMEOUT,
+    )?;
     msg.write_at(0, &message(b"BADKEY"))?;
     qp.post_send(&[rdma::SendWr::send(20, &[msg.sge_all()?]).signaled()])?;
     let mut flushed = BTreeSet::new();
@@ -876,22 +884,26 @@ fn client(server: SocketAddr, ready: mpsc::Receiver<()>) -> Res<()> {
             sq_sig_all: false,
         },
     )?;
-    id.connect(&ConnParam {
+    let param = ConnParam {
         private_data: CLIENT_PDATA,
         rnr_retry_count: 7,
         ..Default::default()
-    })?;
-    let ev = expect_event(&ch, CmEventType::Rejected)?;
+    };
+    let (status, pdata) = match active::connect(&ch, &id, &param, Instant::now() + TIMEOUT) {
+        Err(ConnectError::Rejected {
+            status,
+            private_data,
+        }) => (status, private_data),
+        Ok(_) => return Err("connect established, expected REJECTED".into()),
+        Err(e) => return Err(format!("expected REJECTED: {e}").into()),
+    };
     ensure!(
-        ev.private_data().len() >= 4 && ev.private_data()[..4] == REJECT_PDATA,
-        "reject private data {:?} (status {})",
-        ev.private_data(),
-        ev.status()
+        pdata.len() >= 4 && pdata[..4] == REJECT_PDATA,
+        "reject private data {pdata:?} (status {status})"
     );
     println!(
-        "client: phase 4 ok: REJECTED status {} with {} bytes of private data",
-        ev.status(),
-        ev.private_data().len()
+        "client: phase 4 ok: REJECTED status {status} with {} bytes of private data",
+        pdata.len()
     );
     drop(qp);
     drop(id);
