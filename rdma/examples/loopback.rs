@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 use rdma::active::{self, ConnectError};
 use rdma::{
     AccessFlags, CmEvent, CmEventType, CmId, CompChannel, ConnParam, Context, Cq, EventChannel, Mr,
-    Pd, Qp, QpInitAttr, QpState, RecvWr, Srq, Transport, WcOpcode, WcStatus, WorkCompletion,
+    Pd, Qp, QpInitAttr, QpState, Srq, Transport, WcOpcode, WcStatus, WorkCompletion,
 };
 
 type Res<T> = Result<T, Box<dyn StdError + Send + Sync>>;
@@ -325,15 +325,8 @@ fn server_rq_phase(dev: &Device, ch: &EventChannel, id: &CmId, ord: u8, ird: u8)
         id,
         &dev.pd,
         &QpInitAttr {
-            send_cq: &dev.send_cq,
             recv_cq: &dev.recv_cq,
-            srq: None,
-            max_send_wr: 16,
-            max_recv_wr: NRECV as u32,
-            max_send_sge: 1,
-            max_recv_sge: 1,
-            max_inline_data: 0,
-            sq_sig_all: false,
+            ..QpInitAttr::new(&dev.send_cq, 16, NRECV as u32)
         },
     )?;
     let caps = qp.caps();
@@ -344,16 +337,7 @@ fn server_rq_phase(dev: &Device, ch: &EventChannel, id: &CmId, ord: u8, ird: u8)
 
     // RECV buffers first: the peer may SEND as soon as it sees ESTABLISHED.
     let recv_mr = Mr::alloc(&dev.pd, NRECV as usize * MSG, AccessFlags::LOCAL_WRITE)?;
-    let sges: Vec<_> = (0..NRECV as usize)
-        .map(|i| recv_mr.sge(i * MSG, MSG))
-        .collect::<Result<_, _>>()?;
-    let wrs: Vec<RecvWr<'_>> = (0..NRECV as usize)
-        .map(|i| RecvWr {
-            wr_id: RECV_BASE + i as u64,
-            sges: std::slice::from_ref(&sges[i]),
-        })
-        .collect();
-    qp.post_recv_list(&wrs)?;
+    qp.post_recv_slots(&recv_mr, MSG, NRECV as usize, RECV_BASE)?;
     let mut posted: BTreeSet<u64> = (RECV_BASE..RECV_BASE + NRECV).collect();
 
     // RDMA READ sink: iWARP places READ responses like tagged writes (rdma-binding §5).
@@ -479,15 +463,8 @@ fn server_bad_rkey_phase(dev: &Device, ch: &EventChannel, id: &CmId) -> Res<()> 
         id,
         &dev.pd,
         &QpInitAttr {
-            send_cq: &dev.send_cq,
             recv_cq: &dev.recv_cq,
-            srq: None,
-            max_send_wr: 4,
-            max_recv_wr: 1,
-            max_send_sge: 1,
-            max_recv_sge: 1,
-            max_inline_data: 0,
-            sq_sig_all: false,
+            ..QpInitAttr::new(&dev.send_cq, 4, 1)
         },
     )?;
     let recv_mr = Mr::alloc(&dev.pd, MSG, AccessFlags::LOCAL_WRITE)?;
@@ -551,15 +528,10 @@ fn server_srq_phase(dev: &Device, ch: &EventChannel, id: &CmId) -> Res<()> {
         id,
         &dev.pd,
         &QpInitAttr {
-            send_cq: &dev.send_cq,
             recv_cq: &dev.recv_cq,
             srq: Some(&srq),
-            max_send_wr: 4,
-            max_recv_wr: 0,
-            max_send_sge: 1,
             max_recv_sge: 0,
-            max_inline_data: 0,
-            sq_sig_all: false,
+            ..QpInitAttr::new(&dev.send_cq, 4, 0)
         },
     )?;
     ensure!(
@@ -626,25 +598,9 @@ fn client(server: SocketAddr, ready: mpsc::Receiver<()>) -> Res<()> {
     let pd = Arc::new(Pd::new(&ctx)?);
     let comp = Arc::new(CompChannel::new(&ctx)?);
     let cq = Arc::new(Cq::with_channel(&ctx, 32, &comp, CLIENT_CQ_TAG)?);
-    let qp = Qp::create(
-        &id,
-        &pd,
-        &QpInitAttr {
-            send_cq: &cq,
-            recv_cq: &cq,
-            srq: None,
-            max_send_wr: 8,
-            max_recv_wr: NRECV as u32,
-            max_send_sge: 1,
-            max_recv_sge: 1,
-            max_inline_data: 0,
-            sq_sig_all: false,
-        },
-    )?;
+    let qp = Qp::create(&id, &pd, &QpInitAttr::new(&cq, 8, NRECV as u32))?;
     let recv_mr = Mr::alloc(&pd, NRECV as usize * MSG, AccessFlags::LOCAL_WRITE)?;
-    for i in 0..NRECV as usize {
-        qp.post_recv(200 + i as u64, &[recv_mr.sge(i * MSG, MSG)?])?;
-    }
+    qp.post_recv_slots(&recv_mr, MSG, NRECV as usize, 200)?;
     let mut posted: BTreeSet<u64> = (200..200 + NRECV).collect();
     let data = Mr::alloc(
         &pd,
@@ -750,15 +706,9 @@ fn client(server: SocketAddr, ready: mpsc::Receiver<()>) -> Res<()> {
         &id,
         &pd,
         &QpInitAttr {
-            send_cq: &cq,
-            recv_cq: &cq,
-            srq: None,
-            max_send_wr: 4,
-            max_recv_wr: 1,
-            max_send_sge: 1,
-            max_recv_sge: 1,
             max_inline_data: MSG as u32,
             sq_sig_all: true,
+            ..QpInitAttr::new(&cq, 4, 1)
         },
     )?;
     active::connect(
@@ -797,24 +747,8 @@ fn client(server: SocketAddr, ready: mpsc::Receiver<()>) -> Res<()> {
 
     // ---- phase 3: the server WRITEs with a bad rkey: our RECVs are flushed ----
     let (id, _) = client_connect(&ch, server, 4)?;
-    let qp = Qp::create(
-        &id,
-        &pd,
-        &QpInitAttr {
-            send_cq: &cq,
-            recv_cq: &cq,
-            srq: None,
-            max_send_wr: 2,
-            max_recv_wr: 2,
-            max_send_sge: 1,
-            max_recv_sge: 1,
-            max_inline_data: 0,
-            sq_sig_all: false,
-        },
-    )?;
-    for i in 0..2 {
-        qp.post_recv(300 + i as u64, &[recv_mr.sge(i * MSG, MSG)?])?;
-    }
+    let qp = Qp::create(&id, &pd, &QpInitAttr::new(&cq, 2, 2))?;
+    qp.post_recv_slots(&recv_mr, MSG, 2, 300)?;
     active::connect(
         &ch,
         &id,
@@ -869,21 +803,7 @@ fn client(server: SocketAddr, ready: mpsc::Receiver<()>) -> Res<()> {
 
     // ---- phase 4: rejected with private data ----
     let (id, _) = client_connect(&ch, server, 5)?;
-    let qp = Qp::create(
-        &id,
-        &pd,
-        &QpInitAttr {
-            send_cq: &cq,
-            recv_cq: &cq,
-            srq: None,
-            max_send_wr: 1,
-            max_recv_wr: 1,
-            max_send_sge: 1,
-            max_recv_sge: 1,
-            max_inline_data: 0,
-            sq_sig_all: false,
-        },
-    )?;
+    let qp = Qp::create(&id, &pd, &QpInitAttr::new(&cq, 1, 1))?;
     let param = ConnParam {
         private_data: CLIENT_PDATA,
         rnr_retry_count: 7,

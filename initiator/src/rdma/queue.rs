@@ -15,7 +15,7 @@ use nvme::sgl::Sgl;
 use nvme::{Cqe, Sqe};
 use rdma::{
     active, AccessFlags, CmId, CompChannel, ConnParam, Cq, EventChannel, Mr, Pd, Qp, QpInitAttr,
-    RecvWr, SendWr, Sge, WorkCompletion,
+    SendWr, WorkCompletion,
 };
 
 use super::error::{connect_error, RdmaError};
@@ -168,32 +168,14 @@ impl RdmaQueue {
             &id,
             &pd,
             &QpInitAttr {
-                send_cq: &cq,
-                recv_cq: &cq,
-                srq: None,
-                max_send_wr: nsend,
-                max_recv_wr: nrecv,
                 max_send_sge: attr.max_sge.clamp(1, 2),
-                max_recv_sge: 1,
-                max_inline_data: 0,
-                sq_sig_all: false,
+                ..QpInitAttr::new(&cq, nsend, nrecv)
             },
         )?;
         let cmd_mr = Mr::alloc(&pd, tags as usize * SQE_LEN, AccessFlags::empty())?;
         let rsp_mr = Mr::alloc(&pd, nrecv as usize * CQE_LEN, AccessFlags::LOCAL_WRITE)?;
         // Every RECV before rdma_connect: the target may answer as soon as it is connected.
-        let sges = (0..nrecv as usize)
-            .map(|i| rsp_mr.sge(i * CQE_LEN, CQE_LEN))
-            .collect::<Result<Vec<Sge>, _>>()?;
-        let wrs: Vec<RecvWr<'_>> = sges
-            .iter()
-            .enumerate()
-            .map(|(i, s)| RecvWr {
-                wr_id: RECV_FLAG | i as u64,
-                sges: std::slice::from_ref(s),
-            })
-            .collect();
-        qp.post_recv_list(&wrs)?;
+        qp.post_recv_slots(&rsp_mr, CQE_LEN, nrecv as usize, RECV_FLAG)?;
         let req = CmRequest {
             qid,
             hrqsize: nrecv as u16,

@@ -18,8 +18,8 @@ use nvme::sgl::Sgl;
 use nvme::{Cqe, Sqe};
 use rdma::active::{self, ConnectError, Step};
 use rdma::{
-    AccessFlags, CmEventType, CmId, ConnParam, Cq, EventChannel, Mr, Pd, Qp, QpInitAttr, RecvWr,
-    SendWr, Sge, WcStatus, WorkCompletion,
+    AccessFlags, CmEventType, CmId, ConnParam, Cq, EventChannel, Mr, Pd, Qp, QpInitAttr, SendWr,
+    WcStatus, WorkCompletion,
 };
 
 use super::error::{connect_error, rejected};
@@ -114,15 +114,8 @@ impl RawConn {
             &id,
             &pd,
             &QpInitAttr {
-                send_cq: &cq,
-                recv_cq: &cq,
-                srq: None,
-                max_send_wr: nsend,
-                max_recv_wr: nrecv,
                 max_send_sge: attr.max_sge.clamp(1, 2),
-                max_recv_sge: 1,
-                max_inline_data: 0,
-                sq_sig_all: false,
+                ..QpInitAttr::new(&cq, nsend, nrecv)
             },
         )?;
         let slots = Mr::alloc(&pd, SLOTS * SLOT_LEN, AccessFlags::empty())?;
@@ -132,18 +125,7 @@ impl RawConn {
             HOST_BUF_LEN,
             AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE,
         )?;
-        let sges = (0..nrecv as usize)
-            .map(|i| rsp.sge(i * CQE_LEN, CQE_LEN))
-            .collect::<Result<Vec<Sge>, _>>()?;
-        let wrs: Vec<RecvWr<'_>> = sges
-            .iter()
-            .enumerate()
-            .map(|(i, s)| RecvWr {
-                wr_id: RECV_FLAG | i as u64,
-                sges: std::slice::from_ref(s),
-            })
-            .collect();
-        qp.post_recv_list(&wrs)?;
+        qp.post_recv_slots(&rsp, CQE_LEN, nrecv as usize, RECV_FLAG)?;
         let param = ConnParam {
             private_data,
             responder_resources: attr.max_qp_rd_atom.min(255) as u8,

@@ -98,27 +98,9 @@ pub fn open_with(
     let (id, ctx) = active::resolve(&ch, 7, addr, deadline).unwrap();
     let pd = Arc::new(Pd::new(&ctx).unwrap());
     let cq = Arc::new(Cq::new(&ctx, 256).unwrap());
-    let qp = Qp::create(
-        &id,
-        &pd,
-        &QpInitAttr {
-            send_cq: &cq,
-            recv_cq: &cq,
-            srq: None,
-            max_send_wr: 64,
-            max_recv_wr: NRECV as u32,
-            max_send_sge: 1,
-            max_recv_sge: 1,
-            max_inline_data: 0,
-            sq_sig_all: false,
-        },
-    )
-    .unwrap();
+    let qp = Qp::create(&id, &pd, &QpInitAttr::new(&cq, 64, NRECV as u32)).unwrap();
     let recv_mr = Mr::alloc(&pd, NRECV * 16, AccessFlags::LOCAL_WRITE).unwrap();
-    for i in 0..NRECV {
-        qp.post_recv(i as u64, &[recv_mr.sge(i * 16, 16).unwrap()])
-            .unwrap();
-    }
+    qp.post_recv_slots(&recv_mr, 16, NRECV, 0).unwrap();
     let send_mr = Mr::alloc(&pd, 64 + IN_CAPSULE, AccessFlags::empty()).unwrap();
     let data_mr = Mr::alloc(
         &pd,

@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 
 use rdma::{
     active, AccessFlags, CmEvent, CmEventType, CmId, CompChannel, ConnParam, Cq, EventChannel, Mr,
-    Pd, Qp, QpInitAttr, RecvWr, RemoteBuf, SendWr, Sge, WcOpcode, WorkCompletion,
+    Pd, Qp, QpInitAttr, RemoteBuf, SendWr, Sge, WcOpcode, WorkCompletion,
 };
 
 use super::job::DirStats;
@@ -163,21 +163,7 @@ impl End {
         });
         let qp = verbs(
             "rdma_create_qp",
-            Qp::create(
-                &id,
-                &pd,
-                &QpInitAttr {
-                    send_cq: &cq,
-                    recv_cq: &cq,
-                    srq: None,
-                    max_send_wr: l.nsend,
-                    max_recv_wr: nrecv.max(1),
-                    max_send_sge: 1,
-                    max_recv_sge: 1,
-                    max_inline_data: 0,
-                    sq_sig_all: false,
-                },
-            ),
+            Qp::create(&id, &pd, &QpInitAttr::new(&cq, l.nsend, nrecv.max(1))),
         )?;
         let recv = verbs(
             "ibv_reg_mr",
@@ -196,18 +182,10 @@ impl End {
             ch,
         };
         // Every RECV before the connection is up: the peer may SEND once it is.
-        let sges = (0..l.nrecv)
-            .map(|i| end.recv_sge(i as u64))
-            .collect::<Res<Vec<Sge>>>()?;
-        let wrs: Vec<RecvWr<'_>> = sges
-            .iter()
-            .enumerate()
-            .map(|(i, s)| RecvWr {
-                wr_id: i as u64,
-                sges: std::slice::from_ref(s),
-            })
-            .collect();
-        verbs("ibv_post_recv", end.qp.post_recv_list(&wrs))?;
+        verbs(
+            "ibv_post_recv",
+            end.qp.post_recv_slots(&end.recv, l.recv_len, l.nrecv, 0),
+        )?;
         Ok(end)
     }
 
