@@ -25,10 +25,10 @@ use crate::error::{CmdError, Error};
 use crate::queue::{Completion, Data, DataRef, Dir, QueueParams, Stats, SubmitError};
 
 /// Bytes of one SQE slot and of one CQE RECV buffer.
-const SQE_LEN: usize = 64;
-const CQE_LEN: usize = 16;
+pub(super) const SQE_LEN: usize = 64;
+pub(super) const CQE_LEN: usize = 16;
 /// `wr_id` bit marking a RECV (the low 32 bits are the RECV buffer index); SENDs carry the tag.
-const RECV_FLAG: u64 = 1 << 32;
+pub(super) const RECV_FLAG: u64 = 1 << 32;
 /// Work completions taken per `ibv_poll_cq`.
 const POLL_BATCH: usize = 32;
 /// Longest wait for the flush completions of a failed or closing queue.

@@ -23,12 +23,9 @@ use rdma::{
 };
 
 use super::error::{connect_error, rejected};
+use super::queue::{CQE_LEN, RECV_FLAG, SQE_LEN};
 use crate::error::Error;
 
-const SQE_LEN: usize = 64;
-const CQE_LEN: usize = 16;
-/// `wr_id` bit of a RECV (the low bits are the RECV buffer index).
-const RECV_FLAG: u64 = 1 << 32;
 /// Capsule slots: SENDs that may be in flight at once (the send queue depth).
 const SLOTS: usize = 128;
 /// In-capsule data a slot can carry after its SQE.
