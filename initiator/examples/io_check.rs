@@ -15,22 +15,15 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use initiator::{
-    discover_with, AnyQueue, ConnectOptions, Controller, Error, NsInfo, Queue, Transport,
-};
+use initiator::{discover_with, AnyQueue, Controller, Error, NsInfo, Queue, Transport};
+
+mod common;
 
 #[derive(Parser, Debug)]
 #[command(about = "Write/read/verify, flush, write zeroes and trim through the initiator")]
 struct Args {
-    /// tcp or rdma.
-    #[arg(long, default_value = "rdma")]
-    transport: String,
-    #[arg(long)]
-    traddr: String,
-    #[arg(long, default_value_t = 4420)]
-    trsvcid: u16,
-    #[arg(long)]
-    subnqn: String,
+    #[command(flatten)]
+    target: common::Target,
     /// Bytes to write and verify asynchronously (suffixes k, M, G).
     #[arg(long, default_value = "64M", value_parser = parse_size)]
     size: u64,
@@ -216,21 +209,13 @@ fn async_phase<Q: Queue>(q: &mut Q, a: &Args, ns: &NsInfo, rdma: bool, job: u64)
 }
 
 fn run(a: &Args) -> Res<()> {
-    let rdma = match a.transport.as_str() {
-        "rdma" => true,
-        "tcp" => false,
-        t => return Err(format!("--transport {t}: tcp or rdma")),
-    };
-    let mut o = if rdma {
-        ConnectOptions::rdma(&a.traddr, a.trsvcid, &a.subnqn)
-    } else {
-        ConnectOptions::tcp(&a.traddr, a.trsvcid, &a.subnqn)
-    };
+    let rdma = a.target.transport == Transport::Rdma;
+    let mut o = a.target.options();
     o.queues = a.numjobs.max(1);
     o.queue_depth = a.iodepth.max(4);
     o.busy_poll = a.busy_poll;
     o.timeout = Duration::from_secs(a.timeout);
-    let tr = if rdma { "rdma" } else { "tcp" };
+    let tr = a.target.transport_name();
 
     // Discovery over the same transport (`nvme discover -t rdma`).
     let entries = discover_with(&o).map_err(|e| format!("discovery: {e}"))?;
@@ -241,9 +226,9 @@ fn run(a: &Args) -> Res<()> {
         );
     }
     ensure!(
-        entries.iter().any(|e| e.subnqn == a.subnqn),
+        entries.iter().any(|e| e.subnqn == a.target.subnqn),
         "discovery log does not list {}",
-        a.subnqn
+        a.target.subnqn
     );
 
     let t = Instant::now();
@@ -294,11 +279,7 @@ fn run(a: &Args) -> Res<()> {
     ensure!(a.bs <= info.max_transfer as u64, "--bs {} above MDTS", a.bs);
 
     // A second controller (another host NQN) for the synchronous API, at the same time.
-    let mut o2 = if rdma {
-        ConnectOptions::rdma(&a.traddr, a.trsvcid, &a.subnqn)
-    } else {
-        ConnectOptions::tcp(&a.traddr, a.trsvcid, &a.subnqn)
-    };
+    let mut o2 = a.target.options();
     o2.queues = 1;
     o2.queue_depth = 8;
     o2.timeout = Duration::from_secs(a.timeout);
@@ -307,13 +288,8 @@ fn run(a: &Args) -> Res<()> {
 
     // ---- asynchronous, zero-copy on RDMA: one thread per queue ----
     let mut queues: Vec<AnyQueue> = std::iter::from_fn(|| ctrl.take_queue()).collect();
-    let want = if rdma {
-        Transport::Rdma
-    } else {
-        Transport::Tcp
-    };
     ensure!(
-        queues.iter().all(|q| q.transport() == want),
+        queues.iter().all(|q| q.transport() == a.target.transport),
         "queue transport"
     );
     let t = Instant::now();
@@ -493,10 +469,7 @@ fn main() -> ExitCode {
     let a = Args::parse();
     match run(&a) {
         Ok(()) => {
-            println!(
-                "io_check OK ({} {}:{} {})",
-                a.transport, a.traddr, a.trsvcid, a.subnqn
-            );
+            println!("io_check OK ({})", a.target);
             ExitCode::SUCCESS
         }
         Err(e) => {

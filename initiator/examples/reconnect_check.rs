@@ -31,9 +31,11 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use clap::{Parser, ValueEnum};
+
+mod common;
 use initiator::{
     ConnectOptions, Error, ReconnectPolicy, ReconnectStats, ReconnectingNamespace,
-    ReconnectingQueue, Transport,
+    ReconnectingQueue,
 };
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -49,15 +51,8 @@ enum Mode {
     about = "Verified I/O through ReconnectingNamespace and ReconnectingQueue across a target fault"
 )]
 struct Args {
-    /// tcp or rdma.
-    #[arg(long, default_value = "rdma")]
-    transport: String,
-    #[arg(long)]
-    traddr: String,
-    #[arg(long, default_value_t = 4420)]
-    trsvcid: u16,
-    #[arg(long)]
-    subnqn: String,
+    #[command(flatten)]
+    target: common::Target,
     #[arg(long, default_value_t = 1)]
     nsid: u32,
     #[arg(long, value_enum, default_value = "restart")]
@@ -391,15 +386,7 @@ fn async_host(a: &Args, opts: ConnectOptions, policy: ReconnectPolicy, sh: &Shar
 }
 
 fn run(a: &Args) -> Res<()> {
-    let transport = match a.transport.as_str() {
-        "rdma" => Transport::Rdma,
-        "tcp" => Transport::Tcp,
-        t => return Err(format!("unknown transport {t:?} (tcp or rdma)")),
-    };
-    let mut opts = match transport {
-        Transport::Rdma => ConnectOptions::rdma(&a.traddr, a.trsvcid, &a.subnqn),
-        Transport::Tcp => ConnectOptions::tcp(&a.traddr, a.trsvcid, &a.subnqn),
-    };
+    let mut opts = a.target.options();
     opts.timeout = Duration::from_secs(a.timeout);
     opts.kato = Duration::from_secs(a.kato);
     opts.queue_depth = a.iodepth.max(1);
@@ -420,7 +407,13 @@ fn run(a: &Args) -> Res<()> {
     };
     println!(
         "reconnect_check: {} {}:{} mode {:?}, io timeout {} s, kato {} s, policy {:?}",
-        a.transport, a.traddr, a.trsvcid, a.mode, a.timeout, a.kato, policy
+        a.target.transport_name(),
+        a.target.traddr,
+        a.target.trsvcid,
+        a.mode,
+        a.timeout,
+        a.kato,
+        policy
     );
     let guard = |r: Res<String>| {
         if r.is_err() {

@@ -28,9 +28,10 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
+use rdma::active::{self, ConnectError};
 use rdma::{
     AccessFlags, CmEvent, CmEventType, CmId, CompChannel, ConnParam, Context, Cq, EventChannel, Mr,
-    Pd, Qp, QpInitAttr, QpState, RecvWr, Srq, Transport, WcOpcode, WcStatus, WorkCompletion,
+    Pd, Qp, QpInitAttr, QpState, Srq, Transport, WcOpcode, WcStatus, WorkCompletion,
 };
 
 type Res<T> = Result<T, Box<dyn StdError + Send + Sync>>;
@@ -324,15 +325,8 @@ fn server_rq_phase(dev: &Device, ch: &EventChannel, id: &CmId, ord: u8, ird: u8)
         id,
         &dev.pd,
         &QpInitAttr {
-            send_cq: &dev.send_cq,
             recv_cq: &dev.recv_cq,
-            srq: None,
-            max_send_wr: 16,
-            max_recv_wr: NRECV as u32,
-            max_send_sge: 1,
-            max_recv_sge: 1,
-            max_inline_data: 0,
-            sq_sig_all: false,
+            ..QpInitAttr::new(&dev.send_cq, 16, NRECV as u32)
         },
     )?;
     let caps = qp.caps();
@@ -343,16 +337,7 @@ fn server_rq_phase(dev: &Device, ch: &EventChannel, id: &CmId, ord: u8, ird: u8)
 
     // RECV buffers first: the peer may SEND as soon as it sees ESTABLISHED.
     let recv_mr = Mr::alloc(&dev.pd, NRECV as usize * MSG, AccessFlags::LOCAL_WRITE)?;
-    let sges: Vec<_> = (0..NRECV as usize)
-        .map(|i| recv_mr.sge(i * MSG, MSG))
-        .collect::<Result<_, _>>()?;
-    let wrs: Vec<RecvWr<'_>> = (0..NRECV as usize)
-        .map(|i| RecvWr {
-            wr_id: RECV_BASE + i as u64,
-            sges: std::slice::from_ref(&sges[i]),
-        })
-        .collect();
-    qp.post_recv_list(&wrs)?;
+    qp.post_recv_slots(&recv_mr, MSG, NRECV as usize, RECV_BASE)?;
     let mut posted: BTreeSet<u64> = (RECV_BASE..RECV_BASE + NRECV).collect();
 
     // RDMA READ sink: iWARP places READ responses like tagged writes (rdma-binding §5).
@@ -478,15 +463,8 @@ fn server_bad_rkey_phase(dev: &Device, ch: &EventChannel, id: &CmId) -> Res<()> 
         id,
         &dev.pd,
         &QpInitAttr {
-            send_cq: &dev.send_cq,
             recv_cq: &dev.recv_cq,
-            srq: None,
-            max_send_wr: 4,
-            max_recv_wr: 1,
-            max_send_sge: 1,
-            max_recv_sge: 1,
-            max_inline_data: 0,
-            sq_sig_all: false,
+            ..QpInitAttr::new(&dev.send_cq, 4, 1)
         },
     )?;
     let recv_mr = Mr::alloc(&dev.pd, MSG, AccessFlags::LOCAL_WRITE)?;
@@ -550,15 +528,10 @@ fn server_srq_phase(dev: &Device, ch: &EventChannel, id: &CmId) -> Res<()> {
         id,
         &dev.pd,
         &QpInitAttr {
-            send_cq: &dev.send_cq,
             recv_cq: &dev.recv_cq,
             srq: Some(&srq),
-            max_send_wr: 4,
-            max_recv_wr: 0,
-            max_send_sge: 1,
             max_recv_sge: 0,
-            max_inline_data: 0,
-            sq_sig_all: false,
+            ..QpInitAttr::new(&dev.send_cq, 4, 0)
         },
     )?;
     ensure!(
@@ -606,12 +579,7 @@ fn server_srq_phase(dev: &Device, ch: &EventChannel, id: &CmId) -> Res<()> {
 const CLIENT_CQ_TAG: u64 = 77;
 
 fn client_connect(ch: &EventChannel, server: SocketAddr, tag: u64) -> Res<(CmId, Arc<Context>)> {
-    let id = ch.create_id(tag)?;
-    id.resolve_addr(None, server, Duration::from_secs(5))?;
-    expect_event(ch, CmEventType::AddrResolved)?;
-    id.resolve_route(Duration::from_secs(5))?;
-    expect_event(ch, CmEventType::RouteResolved)?;
-    let ctx = id.context()?.ok_or("resolved id not bound to a device")?;
+    let (id, ctx) = active::resolve(ch, tag, server, Instant::now() + Duration::from_secs(5))?;
     ensure!(
         id.peer_addr() == Some(server),
         "peer address {:?}",
@@ -630,25 +598,9 @@ fn client(server: SocketAddr, ready: mpsc::Receiver<()>) -> Res<()> {
     let pd = Arc::new(Pd::new(&ctx)?);
     let comp = Arc::new(CompChannel::new(&ctx)?);
     let cq = Arc::new(Cq::with_channel(&ctx, 32, &comp, CLIENT_CQ_TAG)?);
-    let qp = Qp::create(
-        &id,
-        &pd,
-        &QpInitAttr {
-            send_cq: &cq,
-            recv_cq: &cq,
-            srq: None,
-            max_send_wr: 8,
-            max_recv_wr: NRECV as u32,
-            max_send_sge: 1,
-            max_recv_sge: 1,
-            max_inline_data: 0,
-            sq_sig_all: false,
-        },
-    )?;
+    let qp = Qp::create(&id, &pd, &QpInitAttr::new(&cq, 8, NRECV as u32))?;
     let recv_mr = Mr::alloc(&pd, NRECV as usize * MSG, AccessFlags::LOCAL_WRITE)?;
-    for i in 0..NRECV as usize {
-        qp.post_recv(200 + i as u64, &[recv_mr.sge(i * MSG, MSG)?])?;
-    }
+    qp.post_recv_slots(&recv_mr, MSG, NRECV as usize, 200)?;
     let mut posted: BTreeSet<u64> = (200..200 + NRECV).collect();
     let data = Mr::alloc(
         &pd,
@@ -662,15 +614,19 @@ fn client(server: SocketAddr, ready: mpsc::Receiver<()>) -> Res<()> {
     data.write_at(DATA, &pattern(0x5A, DATA))?;
     let msg = Mr::alloc(&pd, MSG, AccessFlags::empty())?;
 
-    id.connect(&ConnParam {
-        private_data: CLIENT_PDATA,
-        responder_resources: attr.max_qp_rd_atom.clamp(1, 16) as u8,
-        initiator_depth: 0,
-        flow_control: true,
-        retry_count: 7,
-        rnr_retry_count: 7,
-    })?;
-    let ev = expect_event(&ch, CmEventType::Established)?;
+    let ev = active::connect(
+        &ch,
+        &id,
+        &ConnParam {
+            private_data: CLIENT_PDATA,
+            responder_resources: attr.max_qp_rd_atom.clamp(1, 16) as u8,
+            initiator_depth: 0,
+            flow_control: true,
+            retry_count: 7,
+            rnr_retry_count: 7,
+        },
+        Instant::now() + TIMEOUT,
+    )?;
     ensure!(
         ev.private_data().starts_with(SERVER_PDATA),
         "client got reply private data {:?}",
@@ -750,23 +706,21 @@ fn client(server: SocketAddr, ready: mpsc::Receiver<()>) -> Res<()> {
         &id,
         &pd,
         &QpInitAttr {
-            send_cq: &cq,
-            recv_cq: &cq,
-            srq: None,
-            max_send_wr: 4,
-            max_recv_wr: 1,
-            max_send_sge: 1,
-            max_recv_sge: 1,
             max_inline_data: MSG as u32,
             sq_sig_all: true,
+            ..QpInitAttr::new(&cq, 4, 1)
         },
     )?;
-    id.connect(&ConnParam {
-        private_data: CLIENT_PDATA,
-        rnr_retry_count: 7,
-        ..Default::default()
-    })?;
-    expect_event(&ch, CmEventType::Established)?;
+    active::connect(
+        &ch,
+        &id,
+        &ConnParam {
+            private_data: CLIENT_PDATA,
+            rnr_retry_count: 7,
+            ..Default::default()
+        },
+        Instant::now() + TIMEOUT,
+    )?;
     ensure!(
         qp.caps().max_inline_data >= MSG as u32,
         "inline caps {:?}",
@@ -793,31 +747,19 @@ fn client(server: SocketAddr, ready: mpsc::Receiver<()>) -> Res<()> {
 
     // ---- phase 3: the server WRITEs with a bad rkey: our RECVs are flushed ----
     let (id, _) = client_connect(&ch, server, 4)?;
-    let qp = Qp::create(
+    let qp = Qp::create(&id, &pd, &QpInitAttr::new(&cq, 2, 2))?;
+    qp.post_recv_slots(&recv_mr, MSG, 2, 300)?;
+    active::connect(
+        &ch,
         &id,
-        &pd,
-        &QpInitAttr {
-            send_cq: &cq,
-            recv_cq: &cq,
-            srq: None,
-            max_send_wr: 2,
-            max_recv_wr: 2,
-            max_send_sge: 1,
-            max_recv_sge: 1,
-            max_inline_data: 0,
-            sq_sig_all: false,
+        &ConnParam {
+            private_data: CLIENT_PDATA,
+            responder_resources: 1,
+            rnr_retry_count: 7,
+            ..Default::default()
         },
+        Instant::now() + TIMEOUT,
     )?;
-    for i in 0..2 {
-        qp.post_recv(300 + i as u64, &[recv_mr.sge(i * MSG, MSG)?])?;
-    }
-    id.connect(&ConnParam {
-        private_data: CLIENT_PDATA,
-        responder_resources: 1,
-        rnr_retry_count: 7,
-        ..Default::default()
-    })?;
-    expect_event(&ch, CmEventType::Established)?;
     msg.write_at(0, &message(b"BADKEY"))?;
     qp.post_send(&[rdma::SendWr::send(20, &[msg.sge_all()?]).signaled()])?;
     let mut flushed = BTreeSet::new();
@@ -861,37 +803,27 @@ fn client(server: SocketAddr, ready: mpsc::Receiver<()>) -> Res<()> {
 
     // ---- phase 4: rejected with private data ----
     let (id, _) = client_connect(&ch, server, 5)?;
-    let qp = Qp::create(
-        &id,
-        &pd,
-        &QpInitAttr {
-            send_cq: &cq,
-            recv_cq: &cq,
-            srq: None,
-            max_send_wr: 1,
-            max_recv_wr: 1,
-            max_send_sge: 1,
-            max_recv_sge: 1,
-            max_inline_data: 0,
-            sq_sig_all: false,
-        },
-    )?;
-    id.connect(&ConnParam {
+    let qp = Qp::create(&id, &pd, &QpInitAttr::new(&cq, 1, 1))?;
+    let param = ConnParam {
         private_data: CLIENT_PDATA,
         rnr_retry_count: 7,
         ..Default::default()
-    })?;
-    let ev = expect_event(&ch, CmEventType::Rejected)?;
+    };
+    let (status, pdata) = match active::connect(&ch, &id, &param, Instant::now() + TIMEOUT) {
+        Err(ConnectError::Rejected {
+            status,
+            private_data,
+        }) => (status, private_data),
+        Ok(_) => return Err("connect established, expected REJECTED".into()),
+        Err(e) => return Err(format!("expected REJECTED: {e}").into()),
+    };
     ensure!(
-        ev.private_data().len() >= 4 && ev.private_data()[..4] == REJECT_PDATA,
-        "reject private data {:?} (status {})",
-        ev.private_data(),
-        ev.status()
+        pdata.len() >= 4 && pdata[..4] == REJECT_PDATA,
+        "reject private data {pdata:?} (status {status})"
     );
     println!(
-        "client: phase 4 ok: REJECTED status {} with {} bytes of private data",
-        ev.status(),
-        ev.private_data().len()
+        "client: phase 4 ok: REJECTED status {status} with {} bytes of private data",
+        pdata.len()
     );
     drop(qp);
     drop(id);

@@ -15,6 +15,10 @@
 //! rdma_cm calls are slow-path and serialized per event channel (see [`cm`]); events are copied
 //! and acknowledged on retrieval so destroying an id never waits on one.
 //!
+//! # Connecting
+//! The active side's setup (resolve address with retries and route, then connect and wait for
+//! ESTABLISHED or a typed REJECTED) is written once, in [`active`]; every client uses it.
+//!
 //! # Without RDMA
 //! [`devices`] returns an empty list on a kernel without RDMA (libibverbs reports ENOSYS) and
 //! [`EventChannel::new`] returns [`Error::NoRdma`].
@@ -24,6 +28,7 @@
 //! need `LOCAL_WRITE | REMOTE_WRITE` and one SGE per READ; siw enforces `RLIMIT_MEMLOCK` on
 //! every registration, even for root.
 
+pub mod active;
 mod addr;
 pub mod cm;
 mod cq;

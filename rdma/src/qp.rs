@@ -10,7 +10,7 @@ use rdma_sys::*;
 use crate::cm::{CmId, CmIdInner};
 use crate::cq::Cq;
 use crate::error::{check_minus1, check_ret, Error, Result};
-use crate::mr::{Pd, RemoteBuf, Sge};
+use crate::mr::{Mr, Pd, RemoteBuf, Sge};
 use crate::srq::Srq;
 
 /// Most work requests one [`Qp::post_send`] / [`Qp::post_recv_list`] call links into a single
@@ -38,6 +38,25 @@ pub struct QpInitAttr<'a> {
     pub max_inline_data: u32,
     /// Signal every send WR, ignoring [`SendFlags::SIGNALED`].
     pub sq_sig_all: bool,
+}
+
+impl<'a> QpInitAttr<'a> {
+    /// The common shape: one CQ for both queues, no SRQ, one SGE per work request, no inline
+    /// data, only flagged sends signaled. Adjust the rest with struct update syntax
+    /// (`QpInitAttr { max_send_sge: 2, ..QpInitAttr::new(&cq, 64, 32) }`).
+    pub fn new(cq: &'a Arc<Cq>, max_send_wr: u32, max_recv_wr: u32) -> QpInitAttr<'a> {
+        QpInitAttr {
+            send_cq: cq,
+            recv_cq: cq,
+            srq: None,
+            max_send_wr,
+            max_recv_wr,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: 0,
+            sq_sig_all: false,
+        }
+    }
 }
 
 /// The capacities a QP was actually created with (providers may round up).
@@ -234,6 +253,30 @@ impl Qp {
             // outlive the call; the provider copies everything before returning.
             unsafe { ibv_post_recv(self.raw, head, bad) }
         })
+    }
+
+    /// Posts one single-SGE RECV for each of the first `n` `slot_len`-byte slots of `mr`: slot
+    /// `i` (bytes `[i * slot_len, (i + 1) * slot_len)`) with `wr_id = base + i`. The usual way
+    /// to fill the receive queue before `rdma_connect`/`rdma_accept`, as the peer may SEND as
+    /// soon as the connection is up. On failure, [`Error::Post`] says how many were posted.
+    pub fn post_recv_slots(&self, mr: &Mr, slot_len: usize, n: usize, base: u64) -> Result<()> {
+        let sges = (0..n)
+            .map(|i| {
+                let off = i.checked_mul(slot_len).ok_or_else(|| {
+                    Error::InvalidArgument(format!("{n} RECV slots of {slot_len} bytes"))
+                })?;
+                mr.sge(off, slot_len)
+            })
+            .collect::<Result<Vec<Sge>>>()?;
+        let wrs: Vec<RecvWr<'_>> = sges
+            .iter()
+            .enumerate()
+            .map(|(i, s)| RecvWr {
+                wr_id: base + i as u64,
+                sges: std::slice::from_ref(s),
+            })
+            .collect();
+        self.post_recv_list(&wrs)
     }
 
     /// Posts `wrs` as one linked list (chunks of [`MAX_CHAIN`]) with a single `ibv_post_send`

@@ -1,6 +1,9 @@
 //! What can go wrong on an NVMe/RDMA queue, beyond what [`crate::Error`] already names.
 
+use std::time::Duration;
+
 use nvme::rdma::{CmReject, CmStatus};
+use rdma::active::ConnectError;
 use rdma::{CmEventType, WcStatus};
 
 /// An NVMe/RDMA failure: a verbs call, the connection manager, a work completion, or a target
@@ -47,6 +50,31 @@ pub enum RdmaError {
 impl From<rdma::Error> for crate::Error {
     fn from(e: rdma::Error) -> crate::Error {
         crate::Error::Rdma(RdmaError::Verbs(e))
+    }
+}
+
+/// Turns a failed connection setup ([`rdma::active`]) of queue `qid` into the library's error:
+/// a timeout names the step it waited for (`timeout` is the connect timeout), an unexpected
+/// event becomes [`RdmaError::Cm`] and a reject is decoded by [`rejected`].
+pub(crate) fn connect_error(qid: u16, timeout: Duration, e: ConnectError) -> crate::Error {
+    match e {
+        ConnectError::Timeout { step } => crate::Error::Timeout(timeout, step.as_str()),
+        ConnectError::Event {
+            step,
+            event,
+            status,
+        } => RdmaError::Cm {
+            qid,
+            during: step.as_str(),
+            event,
+            status,
+        }
+        .into(),
+        ConnectError::Rejected {
+            status,
+            private_data,
+        } => rejected(qid, status, &private_data).into(),
+        ConnectError::Verbs(e) => e.into(),
     }
 }
 
@@ -123,5 +151,54 @@ mod tests {
         // An undefined status is shown raw.
         let e = rejected(0, 28, &[0, 0, 0x42, 0]);
         assert!(e.to_string().contains("0x42"), "{e}");
+    }
+
+    #[test]
+    fn connect_errors_keep_their_messages() {
+        use rdma::active::Step;
+        let t = Duration::from_secs(5);
+        let e = connect_error(
+            2,
+            t,
+            ConnectError::Timeout {
+                step: Step::AddrResolution,
+            },
+        );
+        assert_eq!(
+            e.to_string(),
+            "timed out after 5s waiting for rdma_cm address resolution"
+        );
+        let e = connect_error(
+            2,
+            t,
+            ConnectError::Event {
+                step: Step::RouteResolution,
+                event: CmEventType::RouteError,
+                status: -libc::ETIMEDOUT,
+            },
+        );
+        assert_eq!(
+            e.to_string(),
+            "NVMe/RDMA: queue 2: rdma_cm route resolution failed: \
+             RDMA_CM_EVENT_ROUTE_ERROR (status -110)"
+        );
+        let mut pd = vec![0u8; 148];
+        pd[..4].copy_from_slice(&CmReject::new(CmStatus::InvalidHsqsize).encode());
+        let e = connect_error(
+            3,
+            t,
+            ConnectError::Rejected {
+                status: 28,
+                private_data: pd,
+            },
+        );
+        match e {
+            crate::Error::Rdma(RdmaError::Rejected {
+                qid: 3,
+                status: Some(CmStatus::InvalidHsqsize),
+                ..
+            }) => {}
+            other => panic!("{other:?}"),
+        }
     }
 }

@@ -14,21 +14,21 @@ use nvme::rdma::{CmReply, CmRequest};
 use nvme::sgl::Sgl;
 use nvme::{Cqe, Sqe};
 use rdma::{
-    AccessFlags, CmEvent, CmEventType, CmId, CompChannel, ConnParam, Cq, EventChannel, Mr, Pd, Qp,
-    QpInitAttr, RecvWr, SendWr, Sge, WorkCompletion,
+    active, AccessFlags, CmId, CompChannel, ConnParam, Cq, EventChannel, Mr, Pd, Qp, QpInitAttr,
+    SendWr, WorkCompletion,
 };
 
-use super::error::{rejected, RdmaError};
+use super::error::{connect_error, RdmaError};
 use super::pool::{Pool, RdmaBuf};
 use super::state::{next, CmdEvent, CmdState};
 use crate::error::{CmdError, Error};
 use crate::queue::{Completion, Data, DataRef, Dir, QueueParams, Stats, SubmitError};
 
 /// Bytes of one SQE slot and of one CQE RECV buffer.
-const SQE_LEN: usize = 64;
-const CQE_LEN: usize = 16;
+pub(super) const SQE_LEN: usize = 64;
+pub(super) const CQE_LEN: usize = 16;
 /// `wr_id` bit marking a RECV (the low 32 bits are the RECV buffer index); SENDs carry the tag.
-const RECV_FLAG: u64 = 1 << 32;
+pub(super) const RECV_FLAG: u64 = 1 << 32;
 /// Work completions taken per `ibv_poll_cq`.
 const POLL_BATCH: usize = 32;
 /// Longest wait for the flush completions of a failed or closing queue.
@@ -121,87 +121,6 @@ impl fmt::Debug for RdmaQueue {
     }
 }
 
-/// Waits for the next CM event of the connection being set up, within `deadline`.
-pub(super) fn next_event(
-    ch: &EventChannel,
-    deadline: Instant,
-    timeout: Duration,
-    what: &'static str,
-) -> Result<CmEvent, Error> {
-    let left = deadline.saturating_duration_since(Instant::now());
-    ch.get_event(Some(left))?
-        .ok_or(Error::Timeout(timeout, what))
-}
-
-/// Waits for `want`; any other event is the failure of `during`.
-pub(super) fn expect_event(
-    ch: &EventChannel,
-    qid: u16,
-    deadline: Instant,
-    timeout: Duration,
-    want: CmEventType,
-    during: &'static str,
-) -> Result<CmEvent, Error> {
-    let ev = next_event(ch, deadline, timeout, during)?;
-    if ev.event_type() != want {
-        return Err(RdmaError::Cm {
-            qid,
-            during,
-            event: ev.event_type(),
-            status: ev.status(),
-        }
-        .into());
-    }
-    Ok(ev)
-}
-
-/// Longest kernel timeout of one address resolution attempt.
-///
-/// Linux (6.1's `ib_addr`) retries a request whose neighbour is not yet resolved only when a
-/// neighbour-update event arrives or at the request's timeout. A peer that answers ARP at once
-/// (a veth pair: the reply is processed before the request is queued) raises the update too
-/// early to be seen, and the resolution then completes only at its timeout, which here is the
-/// connect deadline itself: the connect timed out with the neighbour long resolved. Short
-/// attempts, repeated until the deadline, bound that stall to one attempt.
-const ADDR_ATTEMPT: Duration = Duration::from_secs(1);
-
-/// `rdma_resolve_addr` in attempts of at most [`ADDR_ATTEMPT`] until `deadline`: an attempt
-/// that times out in the kernel (ADDR_ERROR, -ETIMEDOUT) is repeated on the same id; any
-/// other error ends the connect at once.
-fn resolve_addr(
-    ch: &EventChannel,
-    id: &CmId,
-    qid: u16,
-    dst: &SocketAddr,
-    deadline: Instant,
-    timeout: Duration,
-) -> Result<(), Error> {
-    const DURING: &str = "rdma_cm address resolution";
-    loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return Err(Error::Timeout(timeout, DURING));
-        }
-        id.resolve_addr(None, *dst, left.min(ADDR_ATTEMPT))?;
-        let ev = next_event(ch, deadline, timeout, DURING)?;
-        match ev.event_type() {
-            CmEventType::AddrResolved => return Ok(()),
-            CmEventType::AddrError if ev.status() == -libc::ETIMEDOUT => {
-                tracing::debug!(qid, %dst, "address resolution attempt timed out; again");
-            }
-            event => {
-                return Err(RdmaError::Cm {
-                    qid,
-                    during: DURING,
-                    event,
-                    status: ev.status(),
-                }
-                .into())
-            }
-        }
-    }
-}
-
 fn limit_error(what: &str, want: u32, have: u32, depth: u16) -> Error {
     Error::InvalidArgument(format!(
         "queue depth {depth} needs {want} {what}; the RDMA device allows {have}"
@@ -230,21 +149,8 @@ impl RdmaQueue {
         }
         let deadline = Instant::now() + p.timeout;
         let ch = EventChannel::new()?;
-        let id = ch.create_id(qid as u64)?;
-        resolve_addr(&ch, &id, qid, dst, deadline, p.timeout)?;
-        id.resolve_route(p.timeout)?;
-        expect_event(
-            &ch,
-            qid,
-            deadline,
-            p.timeout,
-            CmEventType::RouteResolved,
-            "rdma_cm route resolution",
-        )?;
-        let ctx = id.context()?.ok_or(rdma::Error::Verbs {
-            call: "rdma_resolve_route",
-            errno: libc::ENODEV,
-        })?;
+        let (id, ctx) = active::resolve(&ch, qid as u64, *dst, deadline)
+            .map_err(|e| connect_error(qid, p.timeout, e))?;
         let attr = ctx.query_device()?;
         let nrecv = tags as u32 + 1;
         let nsend = tags as u32 + 1;
@@ -262,32 +168,14 @@ impl RdmaQueue {
             &id,
             &pd,
             &QpInitAttr {
-                send_cq: &cq,
-                recv_cq: &cq,
-                srq: None,
-                max_send_wr: nsend,
-                max_recv_wr: nrecv,
                 max_send_sge: attr.max_sge.clamp(1, 2),
-                max_recv_sge: 1,
-                max_inline_data: 0,
-                sq_sig_all: false,
+                ..QpInitAttr::new(&cq, nsend, nrecv)
             },
         )?;
         let cmd_mr = Mr::alloc(&pd, tags as usize * SQE_LEN, AccessFlags::empty())?;
         let rsp_mr = Mr::alloc(&pd, nrecv as usize * CQE_LEN, AccessFlags::LOCAL_WRITE)?;
         // Every RECV before rdma_connect: the target may answer as soon as it is connected.
-        let sges = (0..nrecv as usize)
-            .map(|i| rsp_mr.sge(i * CQE_LEN, CQE_LEN))
-            .collect::<Result<Vec<Sge>, _>>()?;
-        let wrs: Vec<RecvWr<'_>> = sges
-            .iter()
-            .enumerate()
-            .map(|(i, s)| RecvWr {
-                wr_id: RECV_FLAG | i as u64,
-                sges: std::slice::from_ref(s),
-            })
-            .collect();
-        qp.post_recv_list(&wrs)?;
+        qp.post_recv_slots(&rsp_mr, CQE_LEN, nrecv as usize, RECV_FLAG)?;
         let req = CmRequest {
             qid,
             hrqsize: nrecv as u16,
@@ -295,7 +183,7 @@ impl RdmaQueue {
             cntlid,
         }
         .encode();
-        id.connect(&ConnParam {
+        let param = ConnParam {
             private_data: &req,
             // The target RDMA_READs our write data: accept as many READs as the device can.
             responder_resources: attr.max_qp_rd_atom.min(255) as u8,
@@ -304,23 +192,9 @@ impl RdmaQueue {
             flow_control: true,
             retry_count: 7,
             rnr_retry_count: 7,
-        })?;
-        let ev = next_event(&ch, deadline, p.timeout, "rdma_cm connect")?;
-        match ev.event_type() {
-            CmEventType::Established => {}
-            CmEventType::Rejected => {
-                return Err(rejected(qid, ev.status(), ev.private_data()).into());
-            }
-            other => {
-                return Err(RdmaError::Cm {
-                    qid,
-                    during: "rdma_cm connect",
-                    event: other,
-                    status: ev.status(),
-                }
-                .into());
-            }
-        }
+        };
+        let ev = active::connect(&ch, &id, &param, deadline)
+            .map_err(|e| connect_error(qid, p.timeout, e))?;
         // The reply's crqsize bounds the commands the target can hold (the Linux host ignores
         // it; honouring it costs nothing). No or malformed reply data: trust hsqsize.
         let mut usable = tags;

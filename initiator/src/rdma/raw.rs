@@ -5,8 +5,8 @@
 //! and connection event is handed back as it came. Behind the `raw` cargo feature (the
 //! `rdma_bad_input` example is its user); the library's own queues never use it.
 //!
-//! Connection setup is the one of [`super::RdmaQueue`] (address and route resolution with the
-//! same event checks, every RECV posted before `rdma_connect`, the Linux host's connection
+//! Connection setup is the one of [`super::RdmaQueue`] ([`rdma::active`]'s address and route
+//! resolution and connect, every RECV posted before `rdma_connect`, the Linux host's connection
 //! parameters); only the private data and the sizes are the caller's.
 
 use std::collections::VecDeque;
@@ -16,19 +16,16 @@ use std::time::{Duration, Instant};
 
 use nvme::sgl::Sgl;
 use nvme::{Cqe, Sqe};
+use rdma::active::{self, ConnectError, Step};
 use rdma::{
-    AccessFlags, CmEventType, CmId, ConnParam, Cq, EventChannel, Mr, Pd, Qp, QpInitAttr, RecvWr,
-    SendWr, Sge, WcStatus, WorkCompletion,
+    AccessFlags, CmEventType, CmId, ConnParam, Cq, EventChannel, Mr, Pd, Qp, QpInitAttr, SendWr,
+    WcStatus, WorkCompletion,
 };
 
-use super::error::rejected;
-use super::queue::{expect_event, next_event};
+use super::error::{connect_error, rejected};
+use super::queue::{CQE_LEN, RECV_FLAG, SQE_LEN};
 use crate::error::Error;
 
-const SQE_LEN: usize = 64;
-const CQE_LEN: usize = 16;
-/// `wr_id` bit of a RECV (the low bits are the RECV buffer index).
-const RECV_FLAG: u64 = 1 << 32;
 /// Capsule slots: SENDs that may be in flight at once (the send queue depth).
 const SLOTS: usize = 128;
 /// In-capsule data a slot can carry after its SQE.
@@ -103,17 +100,8 @@ impl RawConn {
     ) -> Result<Outcome, Error> {
         let deadline = Instant::now() + timeout;
         let ch = EventChannel::new()?;
-        let id = ch.create_id(0)?;
-        id.resolve_addr(None, dst, timeout)?;
-        let what = "rdma_cm address resolution";
-        expect_event(&ch, 0, deadline, timeout, CmEventType::AddrResolved, what)?;
-        id.resolve_route(timeout)?;
-        let what = "rdma_cm route resolution";
-        expect_event(&ch, 0, deadline, timeout, CmEventType::RouteResolved, what)?;
-        let ctx = id.context()?.ok_or(rdma::Error::Verbs {
-            call: "rdma_resolve_route",
-            errno: libc::ENODEV,
-        })?;
+        let (id, ctx) =
+            active::resolve(&ch, 0, dst, deadline).map_err(|e| connect_error(0, timeout, e))?;
         let attr = ctx.query_device()?;
         let nsend = (SLOTS as u32).min(attr.max_qp_wr);
         let nrecv = nrecv.clamp(1, attr.max_qp_wr);
@@ -123,15 +111,8 @@ impl RawConn {
             &id,
             &pd,
             &QpInitAttr {
-                send_cq: &cq,
-                recv_cq: &cq,
-                srq: None,
-                max_send_wr: nsend,
-                max_recv_wr: nrecv,
                 max_send_sge: attr.max_sge.clamp(1, 2),
-                max_recv_sge: 1,
-                max_inline_data: 0,
-                sq_sig_all: false,
+                ..QpInitAttr::new(&cq, nsend, nrecv)
             },
         )?;
         let slots = Mr::alloc(&pd, SLOTS * SLOT_LEN, AccessFlags::empty())?;
@@ -141,41 +122,37 @@ impl RawConn {
             HOST_BUF_LEN,
             AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE,
         )?;
-        let sges = (0..nrecv as usize)
-            .map(|i| rsp.sge(i * CQE_LEN, CQE_LEN))
-            .collect::<Result<Vec<Sge>, _>>()?;
-        let wrs: Vec<RecvWr<'_>> = sges
-            .iter()
-            .enumerate()
-            .map(|(i, s)| RecvWr {
-                wr_id: RECV_FLAG | i as u64,
-                sges: std::slice::from_ref(s),
-            })
-            .collect();
-        qp.post_recv_list(&wrs)?;
-        id.connect(&ConnParam {
+        qp.post_recv_slots(&rsp, CQE_LEN, nrecv as usize, RECV_FLAG)?;
+        let param = ConnParam {
             private_data,
             responder_resources: attr.max_qp_rd_atom.min(255) as u8,
             initiator_depth: 0,
             flow_control: true,
             retry_count: 7,
             rnr_retry_count: 7,
-        })?;
-        let ev = next_event(&ch, deadline, timeout, "rdma_cm connect")?;
-        let crqsize = match ev.event_type() {
-            CmEventType::Established => nvme::rdma::CmReply::decode(ev.private_data())
+        };
+        let crqsize = match active::connect(&ch, &id, &param, deadline) {
+            Ok(ev) => nvme::rdma::CmReply::decode(ev.private_data())
                 .ok()
                 .map(|r| r.crqsize),
-            CmEventType::Rejected => {
+            Err(ConnectError::Rejected {
+                status,
+                private_data,
+            }) => {
+                let detail = rejected(0, status, &private_data).to_string();
                 return Ok(Outcome::Rejected {
-                    cm_status: ev.status(),
-                    private_data: ev.private_data().to_vec(),
-                    detail: rejected(0, ev.status(), ev.private_data()).to_string(),
-                })
+                    cm_status: status,
+                    private_data,
+                    detail,
+                });
             }
-            other => return Ok(Outcome::Other(other, ev.status())),
+            Err(ConnectError::Event {
+                step: Step::Connect,
+                event,
+                status,
+            }) => return Ok(Outcome::Other(event, status)),
+            Err(e) => return Err(connect_error(0, timeout, e)),
         };
-        drop(ev);
         let conn = RawConn {
             qp,
             cq,

@@ -17,6 +17,7 @@ use nvme::sgl::Sgl;
 use nvme::{Cqe, Sqe};
 use nvmf_target::daemon::Daemon;
 use nvmf_target::transport::rdma::RdmaPollerStats;
+use rdma::active::{self, ConnectError};
 use rdma::{
     AccessFlags, CmEventType, CmId, ConnParam, Cq, EventChannel, Mr, Pd, Qp, QpInitAttr, RecvWr,
     SendWr, WcOpcode, WorkCompletion,
@@ -40,10 +41,7 @@ pub fn rdma_ip() -> Option<IpAddr> {
 /// Whether the device that routes to `addr` is iWARP.
 pub fn device_is_iwarp(addr: SocketAddr) -> bool {
     let ch = EventChannel::new().unwrap();
-    let id = ch.create_id(8).unwrap();
-    id.resolve_addr(None, addr, TIMEOUT).unwrap();
-    expect_event(&ch, CmEventType::AddrResolved);
-    let ctx = id.context().unwrap().expect("bound to a device");
+    let (_id, ctx) = active::resolve(&ch, 8, addr, Instant::now() + TIMEOUT).unwrap();
     ctx.transport() == rdma::Transport::Iwarp
 }
 
@@ -95,36 +93,14 @@ pub fn open_with(
     responder_resources: u8,
     initiator_depth: u8,
 ) -> Outcome {
+    let deadline = Instant::now() + TIMEOUT;
     let ch = EventChannel::new().unwrap();
-    let id = ch.create_id(7).unwrap();
-    id.resolve_addr(None, addr, TIMEOUT).unwrap();
-    expect_event(&ch, CmEventType::AddrResolved);
-    id.resolve_route(TIMEOUT).unwrap();
-    expect_event(&ch, CmEventType::RouteResolved);
-    let ctx = id.context().unwrap().expect("bound to a device");
+    let (id, ctx) = active::resolve(&ch, 7, addr, deadline).unwrap();
     let pd = Arc::new(Pd::new(&ctx).unwrap());
     let cq = Arc::new(Cq::new(&ctx, 256).unwrap());
-    let qp = Qp::create(
-        &id,
-        &pd,
-        &QpInitAttr {
-            send_cq: &cq,
-            recv_cq: &cq,
-            srq: None,
-            max_send_wr: 64,
-            max_recv_wr: NRECV as u32,
-            max_send_sge: 1,
-            max_recv_sge: 1,
-            max_inline_data: 0,
-            sq_sig_all: false,
-        },
-    )
-    .unwrap();
+    let qp = Qp::create(&id, &pd, &QpInitAttr::new(&cq, 64, NRECV as u32)).unwrap();
     let recv_mr = Mr::alloc(&pd, NRECV * 16, AccessFlags::LOCAL_WRITE).unwrap();
-    for i in 0..NRECV {
-        qp.post_recv(i as u64, &[recv_mr.sge(i * 16, 16).unwrap()])
-            .unwrap();
-    }
+    qp.post_recv_slots(&recv_mr, 16, NRECV, 0).unwrap();
     let send_mr = Mr::alloc(&pd, 64 + IN_CAPSULE, AccessFlags::empty()).unwrap();
     let data_mr = Mr::alloc(
         &pd,
@@ -132,21 +108,16 @@ pub fn open_with(
         AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ,
     )
     .unwrap();
-    id.connect(&ConnParam {
+    let param = ConnParam {
         private_data: pdata,
         responder_resources,
         initiator_depth,
         flow_control: true,
         retry_count: 7,
         rnr_retry_count: 7,
-    })
-    .unwrap();
-    let ev = ch
-        .get_event(Some(TIMEOUT))
-        .unwrap()
-        .expect("an answer to the connect");
-    match ev.event_type() {
-        CmEventType::Established => Outcome::Connected(Box::new(Host {
+    };
+    match active::connect(&ch, &id, &param, deadline) {
+        Ok(ev) => Outcome::Connected(Box::new(Host {
             qp,
             id,
             cq,
@@ -161,11 +132,14 @@ pub fn open_with(
             ch,
             next_cid: 1,
         })),
-        CmEventType::Rejected => Outcome::Rejected {
-            status: ev.status(),
-            data: ev.private_data().to_vec(),
+        Err(ConnectError::Rejected {
+            status,
+            private_data,
+        }) => Outcome::Rejected {
+            status,
+            data: private_data,
         },
-        other => panic!("connect ended with {other} (status {})", ev.status()),
+        Err(e) => panic!("connect failed: {e}"),
     }
 }
 

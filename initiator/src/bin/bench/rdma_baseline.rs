@@ -28,8 +28,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rdma::{
-    AccessFlags, CmEvent, CmEventType, CmId, CompChannel, ConnParam, Cq, EventChannel, Mr, Pd, Qp,
-    QpInitAttr, RecvWr, RemoteBuf, SendWr, Sge, WcOpcode, WorkCompletion,
+    active, AccessFlags, CmEvent, CmEventType, CmId, CompChannel, ConnParam, Cq, EventChannel, Mr,
+    Pd, Qp, QpInitAttr, RemoteBuf, SendWr, Sge, WcOpcode, WorkCompletion,
 };
 
 use super::job::DirStats;
@@ -163,21 +163,7 @@ impl End {
         });
         let qp = verbs(
             "rdma_create_qp",
-            Qp::create(
-                &id,
-                &pd,
-                &QpInitAttr {
-                    send_cq: &cq,
-                    recv_cq: &cq,
-                    srq: None,
-                    max_send_wr: l.nsend,
-                    max_recv_wr: nrecv.max(1),
-                    max_send_sge: 1,
-                    max_recv_sge: 1,
-                    max_inline_data: 0,
-                    sq_sig_all: false,
-                },
-            ),
+            Qp::create(&id, &pd, &QpInitAttr::new(&cq, l.nsend, nrecv.max(1))),
         )?;
         let recv = verbs(
             "ibv_reg_mr",
@@ -196,18 +182,10 @@ impl End {
             ch,
         };
         // Every RECV before the connection is up: the peer may SEND once it is.
-        let sges = (0..l.nrecv)
-            .map(|i| end.recv_sge(i as u64))
-            .collect::<Res<Vec<Sge>>>()?;
-        let wrs: Vec<RecvWr<'_>> = sges
-            .iter()
-            .enumerate()
-            .map(|(i, s)| RecvWr {
-                wr_id: i as u64,
-                sges: std::slice::from_ref(s),
-            })
-            .collect();
-        verbs("ibv_post_recv", end.qp.post_recv_list(&wrs))?;
+        verbs(
+            "ibv_post_recv",
+            end.qp.post_recv_slots(&end.recv, l.recv_len, l.nrecv, 0),
+        )?;
         Ok(end)
     }
 
@@ -296,13 +274,9 @@ fn connect_pairs(
     let mut pairs = Vec::new();
     let mut device = String::new();
     for _ in 0..n {
+        let deadline = Instant::now() + TIMEOUT;
         let cch = verbs("rdma_create_event_channel", EventChannel::new())?;
-        let id = verbs("rdma_create_id", cch.create_id(0))?;
-        verbs("rdma_resolve_addr", id.resolve_addr(None, addr, TIMEOUT))?;
-        expect(&cch, CmEventType::AddrResolved, "address resolution")?;
-        verbs("rdma_resolve_route", id.resolve_route(TIMEOUT))?;
-        expect(&cch, CmEventType::RouteResolved, "route resolution")?;
-        let ctx = verbs("rdma_cm id", id.context())?.ok_or("resolved id bound to no device")?;
+        let (id, ctx) = active::resolve(&cch, 0, addr, deadline).map_err(|e| e.to_string())?;
         let attr = verbs("ibv_query_device", ctx.query_device())?;
         device = ctx.name();
         let c = End::new(id, Some(cch), client)?;
@@ -337,11 +311,9 @@ fn connect_pairs(
                 ..Default::default()
             }),
         )?;
-        let ev = expect(
-            c.ch.as_ref().expect("client end has a channel"),
-            CmEventType::Established,
-            "connect",
-        )?;
+        let ev =
+            active::wait_established(c.ch.as_ref().expect("client end has a channel"), deadline)
+                .map_err(|e| e.to_string())?;
         let remote = ev.private_data().to_vec();
         drop(ev);
         expect(&lch, CmEventType::Established, "accept")?;
