@@ -60,6 +60,7 @@ impl PollerCounters {
                     tx_payload: $s.tx_payload.load(Ordering::Relaxed),
                     copied_bytes: $s.copied_bytes.load(Ordering::Relaxed),
                     buffers_in_use: $s.buffers_in_use.load(Ordering::Relaxed) as u64,
+                    ring_enters: $s.ring_enters.load(Ordering::Relaxed),
                     mrs_registered: $mrs_registered,
                 }
             };
@@ -93,6 +94,8 @@ pub struct PollerSample {
     pub tx_payload: u64,
     pub copied_bytes: u64,
     pub buffers_in_use: u64,
+    /// io_uring_enter system calls of the poller's backend ring so far.
+    pub ring_enters: u64,
     /// RDMA memory regions registered now (0 on TCP).
     pub mrs_registered: u64,
 }
@@ -128,7 +131,7 @@ impl Source {
             "process_cpu_seconds_total {:.6}\n",
             process_cpu_ns() as f64 / 1e9
         ));
-        let metrics: [MetricDef; 8] = [
+        let metrics: [MetricDef; 9] = [
             (
                 "nvmf_connections",
                 "gauge",
@@ -164,6 +167,12 @@ impl Source {
                 "counter",
                 "Payload bytes copied by the CPU in user space.",
                 |p| p.copied_bytes,
+            ),
+            (
+                "nvmf_io_uring_enters_total",
+                "counter",
+                "io_uring_enter system calls of the poller's backend ring.",
+                |p| p.ring_enters,
             ),
             (
                 "nvmf_buffers_in_use",
@@ -241,8 +250,8 @@ impl Source {
             .iter()
             .map(|p| {
                 format!(
-                    "{{\"transport\":\"{}\",\"poller\":{},\"connections\":{},\"commands\":{},\"errors\":{},\"rx_bytes\":{},\"read_payload_bytes\":{},\"copied_bytes\":{},\"buffers_in_use\":{},\"mrs_registered\":{}}}",
-                    p.transport, p.poller, p.connections, p.commands, p.errors, p.rx_bytes, p.tx_payload, p.copied_bytes, p.buffers_in_use, p.mrs_registered
+                    "{{\"transport\":\"{}\",\"poller\":{},\"connections\":{},\"commands\":{},\"errors\":{},\"rx_bytes\":{},\"read_payload_bytes\":{},\"copied_bytes\":{},\"buffers_in_use\":{},\"mrs_registered\":{},\"io_uring_enters\":{}}}",
+                    p.transport, p.poller, p.connections, p.commands, p.errors, p.rx_bytes, p.tx_payload, p.copied_bytes, p.buffers_in_use, p.mrs_registered, p.ring_enters
                 )
             })
             .collect();

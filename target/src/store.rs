@@ -87,6 +87,10 @@ impl Store for RingStore {
         p.count() as usize - p.free_count()
     }
 
+    fn ring_enters(&self) -> u64 {
+        self.ring.stats().enters
+    }
+
     fn set_device(&mut self, index: u32, device: Option<&Device>) -> std::io::Result<()> {
         self.ring.set_device(index, device)
     }

@@ -121,6 +121,13 @@ fn metrics_endpoint_and_stats_command() {
         let per_ctrl: f64 = ctrl.rsplit(' ').next().unwrap().parse().unwrap();
         assert!(per_queue >= 200.0, "{during}");
         assert!(per_queue <= per_ctrl, "{during}");
+        // The backend's system calls: namespace 1 is a file, so its reads entered io_uring.
+        let enters: f64 = during
+            .lines()
+            .filter(|l| l.starts_with("nvmf_io_uring_enters_total{"))
+            .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
+            .sum();
+        assert!(enters > 0.0, "no io_uring_enter counted:\n{during}");
         // An I/O error shows up by status.
         // (A Read far beyond the namespace end, sent raw: the library would refuse it.)
         let q = ns.queue().as_tcp().expect("a TCP queue");

@@ -31,6 +31,10 @@ pub trait Store {
     fn inflight(&self) -> usize;
     /// Buffers currently allocated.
     fn buffers_in_use(&self) -> usize;
+    /// io_uring_enter system calls made so far (0 for stores without a ring).
+    fn ring_enters(&self) -> u64 {
+        0
+    }
     /// Put `device` in backend device slot `index` (`None`: empty it), on the poller's own
     /// thread; see [`DeviceUpdate`].
     fn set_device(&mut self, index: u32, device: Option<&Device>) -> std::io::Result<()>;

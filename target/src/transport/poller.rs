@@ -37,6 +37,8 @@ pub struct PollerStats {
     pub tx_payload: AtomicU64,
     /// Registered I/O buffers held by commands (returns to 0 when idle).
     pub buffers_in_use: AtomicUsize,
+    /// io_uring_enter system calls of this poller's backend ring so far.
+    pub ring_enters: AtomicU64,
 }
 
 /// The handle the acceptor uses to give a poller new connections.
@@ -411,6 +413,9 @@ impl<S: Store> Poller<S> {
         self.stats
             .buffers_in_use
             .store(self.store.buffers_in_use(), Ordering::Relaxed);
+        self.stats
+            .ring_enters
+            .store(self.store.ring_enters(), Ordering::Relaxed);
     }
 
     /// Close every connection and wait (bounded) for in-flight backend operations.

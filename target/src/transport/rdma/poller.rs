@@ -53,6 +53,8 @@ pub struct RdmaPollerStats {
     pub tx_payload: AtomicU64,
     /// Pool buffers currently handed out.
     pub buffers_in_use: AtomicUsize,
+    /// io_uring_enter system calls of this poller's backend ring so far.
+    pub ring_enters: AtomicU64,
     /// Memory regions registered now: one pool region per device in use, two per connection
     /// (RECV and response buffers), one per iWARP RDMA READ in flight.
     pub mrs_registered: AtomicUsize,
@@ -675,6 +677,8 @@ impl Poller {
         s.tx_payload.store(t.tx_payload, Ordering::Relaxed);
         s.buffers_in_use
             .store(self.store.buffers_in_use(), Ordering::Relaxed);
+        s.ring_enters
+            .store(self.store.ring_enters(), Ordering::Relaxed);
         s.mrs_registered.store(mrs, Ordering::Relaxed);
         s.io_mrs_total.store(io_mrs_total, Ordering::Relaxed);
         for (a, n) in s.requests.iter().zip(states) {
