@@ -58,9 +58,26 @@ ours_trial() {
   host_connect "$tr" "$addr" "$PORT" "$OUR_NQN" || return 1
   iops_of "$DEV" "$tag" || return 1
   host_disconnect "$OUR_NQN" || return 1
+  PERCMD=$(stat_json | per_command)
   stop_our_target || return 1
   cp "$OUT/target.log" "$OUT/target-$tag.log"
   check_target_log
+}
+
+# per_command: from `stats --json` on stdin, "CPU_US ENTERS" per command the target received
+# (its CPU time and io_uring_enter calls over its whole life: fresh for each trial); "-" where
+# the target has no such counter (an older NVMF_VM_PERF_BASE_BIN).
+per_command() {
+  awk -F'[,:{}]' '{
+    for (i = 1; i < NF; i++) {
+      if ($i == "\"cpu_ns\"") cpu = $(i + 1)
+      if ($i == "\"commands\"") c += $(i + 1)
+      if ($i == "\"io_uring_enters\"") { e += $(i + 1); have = 1 }
+    }
+  } END {
+    if (c == 0) { print "- -"; exit }
+    printf "%.0f %s\n", cpu / 1000 / c, (have ? sprintf("%.2f", e / c) : "-")
+  }'
 }
 
 perf_vs_nvmet_trials() {
@@ -81,7 +98,7 @@ perf_vs_nvmet_trials() {
       if [ "${names[$i]}" = base ]; then echo "  ours[base]: $BASE_BIN, defaults"; else echo "  ours[${names[$i]}]: ${yamls[$i]:-(defaults)}"; fi
     done
     echo
-    printf '%-6s %-6s %-14s %10s %10s %8s\n' tr trial who IOPS nvmet ratio
+    printf '%-6s %-6s %-14s %10s %10s %8s %12s %12s\n' tr trial who IOPS nvmet ratio "tgt us/cmd" "enters/cmd"
   } >"$OUT/report.txt"
   for tr in $TRANSPORTS; do
     addr=127.0.0.1
@@ -102,7 +119,7 @@ perf_vs_nvmet_trials() {
         [ "${o:-0}" -gt 0 ] || { fail "$label" "fio measured 0 IOPS against ours[$name] ($tr, trial $t)"; return; }
         line=$(awk -v o="$o" -v k="$k" 'BEGIN { printf "%.3f", o / k }')
         echo "$name $line" >>"$WORK/ratios"
-        printf '%-6s %-6s %-14s %10d %10d %7.2fx\n' "$tr" "$t" "ours[$name]" "$o" "$k" "$line" | tee -a "$OUT/report.txt"
+        printf '%-6s %-6s %-14s %10d %10d %7.2fx %12s %12s\n' "$tr" "$t" "ours[$name]" "$o" "$k" "$line" $PERCMD | tee -a "$OUT/report.txt"
       done
     done
     goal=1.0
