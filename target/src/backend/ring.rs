@@ -1028,6 +1028,11 @@ impl Ring {
 
     /// Submits every queued SQE with one io_uring_enter (none if nothing is queued and the
     /// kernel has no deferred completion work). Returns the number of SQEs submitted.
+    ///
+    /// With DEFER_TASKRUN the same enter also asks for events (GETEVENTS, no minimum): the
+    /// kernel then runs the completion work that is already queued, or that the submission
+    /// itself queued (a block device that ends the bio inline: brd, null_blk), so a following
+    /// [`Ring::reap`] finds those completions without a second system call.
     pub fn submit(&mut self) -> io::Result<usize> {
         let polled = match self.poll.as_mut() {
             Some(p) => p.submission().len(),
@@ -1040,7 +1045,7 @@ impl Ring {
         if queued == 0 && !self.kernel_has_work() {
             return Ok(polled);
         }
-        self.enter(0, None, false)?;
+        self.enter(0, None, self.mode == RingMode::DeferTaskrun)?;
         Ok(queued + polled)
     }
 
