@@ -48,6 +48,7 @@ mod conn;
 pub mod params;
 mod poller;
 pub mod request;
+mod srq;
 
 use std::net::SocketAddr;
 use std::sync::atomic::AtomicBool;
@@ -127,6 +128,9 @@ impl SendWithInvalidate {
 #[derive(Debug, Clone, Copy, Default)]
 pub struct RdmaOptions {
     pub send_with_invalidate: SendWithInvalidate,
+    /// `target.rdma_srq_depth`: RECVs of each poller's shared receive queue per device, 0 for
+    /// a receive queue per queue pair (see [`srq`]).
+    pub srq_depth: u32,
 }
 
 /// What a poller tells the CM thread.
