@@ -47,6 +47,7 @@ const TARGET_KEYS: &[&str] = &[
     "sqpoll",
     "sqpoll_idle_ms",
     "iopoll",
+    "rdma_srq_depth",
 ];
 const METRICS_KEYS: &[&str] = &["listen"];
 
@@ -346,6 +347,7 @@ impl Decoder<'_> {
             keep_alive_ms_min: u32_key("keep_alive_ms_min", d.keep_alive_ms_min),
             idle_poll_us: u32_key("idle_poll_us", d.idle_poll_us),
             sqpoll_idle_ms: u32_key("sqpoll_idle_ms", d.sqpoll_idle_ms),
+            rdma_srq_depth: u32_key("rdma_srq_depth", d.rdma_srq_depth),
             sqpoll: optional(r, &m, "sqpoll", d.sqpoll, boolean),
             iopoll: optional(r, &m, "iopoll", d.iopoll, boolean),
             in_capsule_data: optional(r, &m, "in_capsule_data", d.in_capsule_data, size),

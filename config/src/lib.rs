@@ -61,7 +61,7 @@ pub use model::{
 };
 pub use nqn::{validate_nqn, InvalidNqn, DISCOVERY_NQN, NQN_MAX_BYTES};
 pub use size::{Size, SizeError};
-pub use validate::{MAX_IN_CAPSULE_DATA, MAX_IO_SIZE, MIN_IO_SIZE};
+pub use validate::{MAX_IN_CAPSULE_DATA, MAX_IO_SIZE, MAX_SRQ_DEPTH, MIN_IO_SIZE, MIN_SRQ_DEPTH};
 
 use error::Report;
 

@@ -179,6 +179,11 @@ pub struct TargetSettings {
     /// io_uring with IORING_SETUP_IOPOLL for their reads and writes) instead of taking an
     /// interrupt. Devices without poll queues, and files, are served as before. Default false.
     pub iopoll: bool,
+    /// `rdma_srq_depth`: NVMe/RDMA only. 0 (the default): every queue pair posts its own
+    /// RECVs (`hsqsize + 1` each). Otherwise each poller thread gives every RDMA device it
+    /// serves one shared receive queue of this many RECV buffers, used by all of its queue
+    /// pairs on that device: 32–65536, lowered to the device's `max_srq_wr`.
+    pub rdma_srq_depth: u32,
 }
 
 /// How poller threads wait for work (`target.polling`).
@@ -214,6 +219,7 @@ impl Default for TargetSettings {
             sqpoll: false,
             sqpoll_idle_ms: 10,
             iopoll: false,
+            rdma_srq_depth: 0,
         }
     }
 }

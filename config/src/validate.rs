@@ -17,6 +17,10 @@ use crate::model::{
 use crate::nqn::{validate_nqn, DISCOVERY_NQN};
 use crate::size::Size;
 
+/// Smallest non-zero `rdma_srq_depth`: one full admin queue (32 commands).
+pub const MIN_SRQ_DEPTH: u32 = 32;
+/// Largest `rdma_srq_depth`.
+pub const MAX_SRQ_DEPTH: u32 = 65_536;
 /// Largest `in_capsule_data`.
 pub const MAX_IN_CAPSULE_DATA: Size = Size::kib(128);
 /// Smallest `max_io_size` (one memory page, CAP.MPSMIN = 4KiB).
@@ -412,6 +416,16 @@ fn target(t: &TargetSettings, r: &mut Report) {
     range(t.keep_alive_ms_min, 100, 3_600_000, "keep_alive_ms_min", r);
     range(t.idle_poll_us, 0, 1_000_000, "idle_poll_us", r);
     range(t.sqpoll_idle_ms, 1, 60_000, "sqpoll_idle_ms", r);
+    let srq = t.rdma_srq_depth;
+    if srq != 0 && !(MIN_SRQ_DEPTH..=MAX_SRQ_DEPTH).contains(&srq) {
+        r.error(
+            "target.rdma_srq_depth",
+            format!(
+                "rdma_srq_depth {srq} is out of range (0 for a receive queue per queue pair, \
+                 or {MIN_SRQ_DEPTH} to {MAX_SRQ_DEPTH} RECV buffers per shared receive queue)"
+            ),
+        );
+    }
 
     let icd = t.in_capsule_data;
     let mut icd_ok = false;

@@ -388,6 +388,8 @@ fn semantic_rules() {
         ),
         case(format!("{L}target: {{ keep_alive_ms_min: 0 }}\n"), "t.yaml:3:30: target.keep_alive_ms_min:", "out of range (100 to 3600000)"),
         case(format!("{L}target: {{ idle_poll_us: 2000000 }}\n"), "t.yaml:3:25: target.idle_poll_us:", "out of range (0 to 1000000)"),
+        case(format!("{L}target: {{ rdma_srq_depth: 16 }}\n"), "t.yaml:3:27: target.rdma_srq_depth:", "rdma_srq_depth 16 is out of range (0 for a receive queue per queue pair, or 32 to 65536 RECV buffers per shared receive queue)"),
+        case(format!("{L}target: {{ rdma_srq_depth: 65537 }}\n"), "t.yaml:3:27: target.rdma_srq_depth:", "out of range (0 for a receive queue per queue pair, or 32 to 65536"),
         case(format!("{L}target: {{ polling: spin }}\n"), "t.yaml:3:20: target.polling:", "unknown polling mode `spin` (expected adaptive or busy)"),
         // Metrics.
         case(format!("{L}metrics: {{ listen: '127.0.0.1:0' }}\n"), "t.yaml:3:20: metrics.listen:", "port 0 is not allowed"),

@@ -111,6 +111,7 @@ fn target() -> impl Strategy<Value = TargetSettings> {
         0u32..=1_000_000,
         any::<bool>(),
         (any::<bool>(), 1u32..=60_000, any::<bool>()),
+        prop_oneof![Just(0u32), 32u32..=65_536],
     )
         .prop_map(
             |(
@@ -122,6 +123,7 @@ fn target() -> impl Strategy<Value = TargetSettings> {
                 idle_poll_us,
                 busy,
                 (sqpoll, sqpoll_idle_ms, iopoll),
+                rdma_srq_depth,
             )| {
                 let max_io_size = Size(4096 << shift);
                 TargetSettings {
@@ -139,6 +141,7 @@ fn target() -> impl Strategy<Value = TargetSettings> {
                     sqpoll,
                     sqpoll_idle_ms,
                     iopoll,
+                    rdma_srq_depth,
                 }
             },
         )

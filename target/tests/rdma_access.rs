@@ -55,12 +55,24 @@ fn rdma_ip_or_skip() -> Option<IpAddr> {
 /// A daemon with one RDMA poller (so every connection shares one protection domain and the
 /// pool region is unique) listening on `ip:port`, with `subsystems` (YAML list items).
 fn start(ip: IpAddr, port: u16, tag: &str, subsystems: &str) -> (Daemon, std::path::PathBuf) {
+    start_with(ip, port, tag, subsystems, &srq_yaml())
+}
+
+/// [`start`] with `target_extra` (YAML lines) appended to the `target` section.
+fn start_with(
+    ip: IpAddr,
+    port: u16,
+    tag: &str,
+    subsystems: &str,
+    target_extra: &str,
+) -> (Daemon, std::path::PathBuf) {
     let dir = std::env::temp_dir().join(format!("nvmf-rdma-access-{tag}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let yaml = format!(
         "listeners:\n  - {{ transport: rdma, address: {ip}, port: {port} }}\n\
          subsystems:\n{}\
-         target:\n  threads: 1\n  in_capsule_data: {IN_CAPSULE}\n  max_queue_depth: 128\n",
+         target:\n  threads: 1\n  in_capsule_data: {IN_CAPSULE}\n  max_queue_depth: 128\n\
+         {target_extra}",
         subsystems.replace("DIR", &dir.display().to_string())
     );
     let cfg = config::Config::from_yaml_str(&yaml, "rdma_access test")
@@ -143,17 +155,20 @@ fn target_bytes(addr: u64, len: usize) -> Vec<u8> {
     b
 }
 
-/// The regions the poller published, once they include `conns` connections' regions.
+/// The regions the poller published, once they include `conns` connections' regions (a
+/// response region each, and a RECV region each unless the poller has a shared receive queue).
 fn regions_with(d: &Daemon, conns: usize) -> Vec<RegionInfo> {
     let deadline = Instant::now() + TIMEOUT;
     loop {
         let st = d.rdma_stats();
         let regions: Vec<RegionInfo> = st.iter().flat_map(|s| s.regions()).collect();
-        let per_conn = regions
-            .iter()
-            .filter(|r| matches!(r.kind, RegionKind::Recv | RegionKind::Response))
-            .count();
-        if per_conn == 2 * conns {
+        let count = |k: RegionKind| regions.iter().filter(|r| r.kind == k).count();
+        let recvs = if count(RegionKind::SrqRecv) > 0 {
+            0
+        } else {
+            conns
+        };
+        if count(RegionKind::Response) == conns && count(RegionKind::Recv) == recvs {
             return regions;
         }
         assert!(
@@ -432,7 +447,10 @@ fn iwarp_read_sink_key_is_valid_only_while_in_flight() {
             sink.addr >= pool.addr && sink.addr + sink.len as u64 <= pool.addr + pool.len as u64,
             "sink inside the pool"
         );
-        // Completed: deregistered (pool region + RECV and response regions of 2 queues).
+        // Completed: deregistered (pool region + RECV and response regions of 2 queues; with
+        // a shared receive queue its area instead of the queues' RECV regions).
+        let srq = st.regions().iter().any(|r| r.kind == RegionKind::SrqRecv);
+        let idle_mrs = if srq { 2 + 2 } else { 1 + 2 * 2 };
         let deadline = Instant::now() + TIMEOUT;
         loop {
             let mrs = st.mrs_registered.load(Ordering::Relaxed);
@@ -441,7 +459,7 @@ fn iwarp_read_sink_key_is_valid_only_while_in_flight() {
                 .iter()
                 .filter(|r| r.kind == RegionKind::ReadSink)
                 .count();
-            if mrs == 1 + 2 * 2 && sinks == 0 {
+            if mrs == idle_mrs && sinks == 0 {
                 break;
             }
             assert!(
@@ -581,5 +599,152 @@ fn host_nqn_refused_and_discovery_filtered_over_rdma() {
 
     wait_released(&daemon);
     daemon.shutdown();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Registered receive memory of the connections in `regions`: the connections' own RECV
+/// regions plus the shared receive areas.
+fn recv_bytes(regions: &[RegionInfo]) -> usize {
+    regions
+        .iter()
+        .filter(|r| matches!(r.kind, RegionKind::Recv | RegionKind::SrqRecv))
+        .map(|r| r.len)
+        .sum()
+}
+
+/// `target.rdma_srq_depth`: one shared receive queue per poller and device serves every queue
+/// pair (two hosts, admin and I/O queues each): its area is the only receive region, grants no
+/// remote access, is refilled as capsules are consumed (far more capsules, in-capsule data
+/// included, than it has RECVs), and every RECV is posted again once the hosts are gone (a
+/// buffer lost in teardown would show here). Prints the registered receive memory per
+/// connection with and without it.
+#[test]
+fn shared_receive_queue_serves_all_queues_and_refills() {
+    const DEPTH: usize = 32;
+    let Some(ip) = rdma_ip_or_skip() else { return };
+
+    // Without a shared receive queue, for the memory comparison.
+    let (daemon, dir) = start_with(ip, 4443, "no-srq", &open_subsystem(), "");
+    let addr = SocketAddr::new(ip, 4443);
+    let hosts = [honest_host(addr), honest_host(addr)];
+    let own = recv_bytes(&regions_with(&daemon, 4));
+    for (a, q) in hosts {
+        end(q);
+        end(a);
+    }
+    wait_released(&daemon);
+    drop(daemon);
+    let _ = std::fs::remove_dir_all(&dir);
+
+    let (daemon, dir) = start_with(
+        ip,
+        4444,
+        "srq",
+        &open_subsystem(),
+        &format!("  rdma_srq_depth: {DEPTH}\n"),
+    );
+    let addr = SocketAddr::new(ip, 4444);
+    let st = daemon.rdma_stats();
+    let posted = || sum(&st, |s| s.srq_recvs_posted.load(Ordering::Relaxed) as u64);
+    let mut hosts = [honest_host(addr), honest_host(addr)];
+    let regions = regions_with(&daemon, 4);
+    let shared: Vec<_> = regions
+        .iter()
+        .filter(|r| r.kind == RegionKind::SrqRecv)
+        .collect();
+    assert_eq!(shared.len(), 1, "one shared receive area: {regions:#x?}");
+    let stride = (64 + IN_CAPSULE).next_multiple_of(64);
+    assert_eq!(
+        shared[0].len,
+        DEPTH * stride,
+        "{DEPTH} RECVs of {stride} bytes"
+    );
+    assert!(
+        !shared[0].access.intersects(REMOTE),
+        "shared receive area with remote access: {:#x?}",
+        shared[0]
+    );
+    assert!(
+        regions.iter().all(|r| r.kind != RegionKind::Recv),
+        "per-connection RECV regions next to the shared receive queue: {regions:#x?}"
+    );
+    let srq_total = recv_bytes(&regions);
+    eprintln!(
+        "registered receive memory, 2 hosts x (admin + 1 I/O queue of 32): per-QP receive \
+         queues {own} bytes ({} per connection), shared receive queue of {DEPTH}: {srq_total} \
+         bytes ({} per connection, 0 of its own)",
+        own / 4,
+        srq_total / 4
+    );
+    assert!(
+        srq_total < own,
+        "the shared receive queue does not save memory"
+    );
+
+    // 3 x DEPTH capsules per I/O queue, alternating between the hosts, a third of them with
+    // in-capsule data: the SRQ must be refilled as they are consumed, or a host stalls (RNR).
+    for i in 0..3 * DEPTH {
+        for (h, (_, q)) in hosts.iter_mut().enumerate() {
+            let lba = (h * 512 + i % 64) as u64;
+            let data = pattern((i + h) as u8, 4096);
+            if i % 3 == 0 {
+                let cid = q.cid();
+                let sgl = nvme::sgl::Sgl::InCapsule {
+                    offset: 0,
+                    len: 4096,
+                };
+                q.ok(&io_sqe(nvme::opcode::io::WRITE, cid, lba, 1, sgl), &data);
+                let cid = q.cid();
+                q.ok(
+                    &io_sqe(nvme::opcode::io::READ, cid, lba, 1, q.keyed(0, 4096)),
+                    &[],
+                );
+                let mut got = vec![0u8; 4096];
+                q.data_mr.read_at(0, &mut got).unwrap();
+                assert!(
+                    got == data,
+                    "in-capsule write read back differs (capsule {i})"
+                );
+            } else {
+                write_read(q, lba, &data);
+            }
+        }
+    }
+    // Every RECV is posted again (the poller publishes every 50 ms).
+    let deadline = Instant::now() + TIMEOUT;
+    while posted() != DEPTH as u64 {
+        assert!(
+            Instant::now() < deadline,
+            "{} of {DEPTH} shared RECVs posted after the I/O",
+            posted()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+
+    // Teardown: every RECV back, both hosts' regions gone, only pool + shared area left.
+    let t0 = Instant::now();
+    for (a, q) in hosts {
+        end(q);
+        end(a);
+    }
+    let deadline = Instant::now() + TIMEOUT;
+    loop {
+        let conns = sum(&st, |s| s.connections.load(Ordering::Relaxed) as u64);
+        let mrs = sum(&st, |s| s.mrs_registered.load(Ordering::Relaxed) as u64);
+        if conns == 0 && mrs == 2 && posted() == DEPTH as u64 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not released: {conns} connections, {mrs} regions, {} of {DEPTH} shared RECVs posted",
+            posted()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    eprintln!(
+        "4 queues on the shared receive queue released in {:?}",
+        t0.elapsed()
+    );
+    drop(daemon);
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -62,8 +62,9 @@ fn nvme_rdma_wire_protocol_against_the_daemon() {
         "listeners:\n  - {{ transport: rdma, address: {ip}, port: 4433 }}\n\
          subsystems:\n  - nqn: {NQN}\n    allow_any_host: true\n    namespaces:\n      \
          - {{ nsid: 1, path: {}, size: 16MiB, block_size: 4096 }}\n\
-         target:\n  threads: 2\n  in_capsule_data: {IN_CAPSULE}\n  max_queue_depth: 128\n",
-        dir.join("ns1.img").display()
+         target:\n  threads: 2\n  in_capsule_data: {IN_CAPSULE}\n  max_queue_depth: 128\n{}",
+        dir.join("ns1.img").display(),
+        srq_yaml()
     );
     let cfg = config::Config::from_yaml_str(&yaml, "rdma_raw test")
         .unwrap()

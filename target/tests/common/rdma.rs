@@ -16,7 +16,7 @@ use nvme::rdma::CmRequest;
 use nvme::sgl::Sgl;
 use nvme::{Cqe, Sqe};
 use nvmf_target::daemon::Daemon;
-use nvmf_target::transport::rdma::RdmaPollerStats;
+use nvmf_target::transport::rdma::{RdmaPollerStats, RegionKind};
 use rdma::active::{self, ConnectError};
 use rdma::{
     AccessFlags, CmEventType, CmId, ConnParam, Cq, EventChannel, Mr, Pd, Qp, QpInitAttr, RecvWr,
@@ -301,16 +301,32 @@ pub fn sum<F: Fn(&RdmaPollerStats) -> u64>(stats: &[Arc<RdmaPollerStats>], f: F)
     stats.iter().map(|s| f(s)).sum()
 }
 
-/// Waits until the pollers report no connection, no buffer in use and only the pool regions.
+/// `target.rdma_srq_depth` line for a test daemon's YAML from `NVMF_TEST_RDMA_SRQ_DEPTH`
+/// (the `rdma-wire-srq-*` VM scenarios run the wire tests with a shared receive queue), or "".
+pub fn srq_yaml() -> String {
+    match std::env::var("NVMF_TEST_RDMA_SRQ_DEPTH") {
+        Ok(v) if !v.is_empty() && v != "0" => format!("  rdma_srq_depth: {v}\n"),
+        _ => String::new(),
+    }
+}
+
+/// Waits until the pollers report no connection, no buffer in use and only the per-device
+/// regions (the pool, and the shared receive area with `rdma_srq_depth`).
 pub fn wait_released(d: &Daemon) {
     let deadline = Instant::now() + TIMEOUT;
     loop {
         let st = d.rdma_stats();
         let conns = sum(&st, |s| s.connections.load(Ordering::Relaxed) as u64);
         let bufs = sum(&st, |s| s.buffers_in_use.load(Ordering::Relaxed) as u64);
-        // One pool region per poller that has served a connection on the device.
+        // One pool region (and shared receive area) per poller that has served a connection.
         let mrs = sum(&st, |s| s.mrs_registered.load(Ordering::Relaxed) as u64);
-        if conns == 0 && bufs == 0 && mrs <= st.len() as u64 {
+        let per_dev = sum(&st, |s| {
+            let r = s.regions();
+            r.iter()
+                .filter(|r| matches!(r.kind, RegionKind::Pool | RegionKind::SrqRecv))
+                .count() as u64
+        });
+        if conns == 0 && bufs == 0 && mrs <= per_dev.max(st.len() as u64) {
             return;
         }
         assert!(

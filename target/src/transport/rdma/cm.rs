@@ -314,6 +314,12 @@ impl CmThread {
                         };
                         self.pollers[e.poller].send(ToPoller::QpFatal { tag, what });
                     }
+                    AsyncEventType::QpLastWqeReached => {
+                        // A QP on a shared receive queue is in the error state and will take
+                        // no more RECVs from it: its poller may destroy it once its CQ is
+                        // reaped.
+                        self.pollers[e.poller].send(ToPoller::LastWqeReached { tag });
+                    }
                     k => debug!(tag, kind = ?k, "QP async event"),
                 }
             }

@@ -4,7 +4,10 @@
 //! Buffers and keys:
 //! - RECV buffers (one [`Mr`] per connection, `LOCAL_WRITE`): RECV `i` is one SGE of
 //!   `recv_stride` bytes, the 64-byte SQE followed by the in-capsule data area (I/O queues
-//!   only). In-capsule write data is copied into a pool buffer (counted in `copied_bytes`):
+//!   only). With `rdma_srq_depth` the connection has none: its QP takes RECVs from the
+//!   poller's shared receive queue on the device ([`super::srq`]), a RECV completion names the
+//!   shared buffer by its wr_id, and the buffer goes back to the SRQ once consumed (also while
+//!   the connection closes). In-capsule write data is copied into a pool buffer (counted in `copied_bytes`):
 //!   the backend runs O_DIRECT on fixed pool buffers only, and tying a pool buffer to each
 //!   posted RECV would pin `hsqsize + 1` buffers per queue for capsules that mostly carry none.
 //! - Response buffers (one [`Mr`], no remote access): 16 bytes per slot, the SEND source.
@@ -55,6 +58,14 @@ use crate::transport::{ConnStats, Store};
 /// before it destroys the QP anyway (which ends any DMA) and releases their buffers.
 const DRAIN_LIMIT: Duration = Duration::from_secs(5);
 
+/// How long a closing QP on a shared receive queue, its send queue flushed, waits for
+/// IBV_EVENT_QP_LAST_WQE_REACHED before it is destroyed anyway. rxe and siw (Linux 6.1 in the
+/// test VM) never raise the event (SPDK skips the wait on soft-RoCE for the same reason); a
+/// RECV the QP had taken from the SRQ and flushed meanwhile is reaped from its CQ before the
+/// destroy ([`Conn::reclaim_srq_recvs`]), and one it took and never completed would be lost to
+/// the pool (visible in `srq_recvs_posted`).
+const LAST_WQE_WAIT: Duration = Duration::from_secs(1);
+
 /// What a connection borrows from its poller while it handles an event.
 pub(super) struct Env<'a> {
     pub store: &'a mut RingStore,
@@ -97,7 +108,8 @@ pub(super) struct Conn {
     qp: Option<Qp>,
     id: Arc<CmId>,
     cq: Arc<Cq>,
-    recv_mr: Mr,
+    /// The connection's own RECV buffers; None on a shared receive queue.
+    recv_mr: Option<Mr>,
     rsp_mr: Mr,
     slots: Vec<Req>,
     /// rdma_cm tag of this connection (what the CM thread names it by).
@@ -124,7 +136,13 @@ pub(super) struct Conn {
     send_wait: VecDeque<u32>,
     /// Received capsules (RECV index, byte length) waiting for ESTABLISHED or a free slot.
     capsule_wait: VecDeque<(u32, u32)>,
+    /// RECVs posted on the connection's own receive queue (always 0 on a shared one).
     recvs_posted: u32,
+    /// The QP receives through the device's shared receive queue.
+    srq: bool,
+    /// IBV_EVENT_QP_LAST_WQE_REACHED arrived (shared receive queue: the QP in the error
+    /// state takes no more RECVs from it).
+    last_wqe: bool,
     /// Signaled send WRs (SENDs, READs) posted and not completed.
     signaled_out: u32,
     /// Backend operations in flight.
@@ -156,7 +174,7 @@ impl Conn {
             &QpInitAttr {
                 send_cq: &cq,
                 recv_cq: &cq,
-                srq: None,
+                srq: dev.srq.as_ref().map(|q| q.srq()),
                 max_send_wr: z.max_send_wr,
                 max_recv_wr: z.recvs,
                 max_send_sge: 1,
@@ -165,11 +183,16 @@ impl Conn {
                 sq_sig_all: false,
             },
         )?;
-        let recv_mr = Mr::alloc(
-            &dev.pd,
-            z.recvs as usize * z.recv_stride,
-            AccessFlags::LOCAL_WRITE,
-        )?;
+        let srq = dev.srq.is_some();
+        let recv_mr = if srq {
+            None
+        } else {
+            Some(Mr::alloc(
+                &dev.pd,
+                z.recvs as usize * z.recv_stride,
+                AccessFlags::LOCAL_WRITE,
+            )?)
+        };
         let rsp_mr = Mr::alloc(&dev.pd, z.slots as usize * CQE_BYTES, AccessFlags::empty())?;
         let peer =
             s.id.peer_addr()
@@ -204,6 +227,8 @@ impl Conn {
             send_wait: VecDeque::with_capacity(z.slots as usize),
             capsule_wait: VecDeque::with_capacity(z.recvs as usize),
             recvs_posted: 0,
+            srq,
+            last_wqe: false,
             signaled_out: 0,
             io_inflight: 0,
             io_mrs: 0,
@@ -211,14 +236,19 @@ impl Conn {
             last_read_sink: None,
             stats: ConnStats::default(),
         };
-        c.post_all_recvs()?;
+        if !c.srq {
+            c.post_all_recvs()?;
+        }
         Ok(c)
     }
 
     fn post_all_recvs(&mut self) -> Result<(), ::rdma::Error> {
         let stride = self.sizing.recv_stride;
+        let Some(mr) = self.recv_mr.as_ref() else {
+            return Ok(());
+        };
         let sges: Vec<Sge> = (0..self.sizing.recvs as usize)
-            .map(|i| self.recv_mr.sge(i * stride, stride))
+            .map(|i| mr.sge(i * stride, stride))
             .collect::<Result<_, _>>()?;
         let wrs: Vec<RecvWr<'_>> = sges
             .iter()
@@ -243,9 +273,10 @@ impl Conn {
         }
     }
 
-    /// `rdma_accept` with the NVMe/RDMA reply (crqsize = the RECVs posted), ORD as negotiated,
-    /// no responder resources (the host never reads from the target, as with nvmet), RNR
-    /// retry 7.
+    /// `rdma_accept` with the NVMe/RDMA reply (crqsize = the RECVs posted; on a shared
+    /// receive queue the host's queue depth, which the pool serves without reserving it), ORD
+    /// as negotiated, no responder resources (the host never reads from the target, as with
+    /// nvmet), RNR retry 7 (a host that finds no shared RECV posted retries without limit).
     pub fn accept(&self) -> Result<(), ::rdma::Error> {
         let rep = CmReply {
             crqsize: self.sizing.recvs as u16,
@@ -278,11 +309,68 @@ impl Conn {
     }
 
     /// Everything posted has come back and no backend operation is in flight: the
-    /// connection can be dropped.
+    /// connection can be dropped. On a shared receive queue the QP has no RECVs of its own;
+    /// it may still have taken one from the SRQ, so (verbs rule for a QP on an SRQ) it is
+    /// destroyed only after IBV_EVENT_QP_LAST_WQE_REACHED, and its CQ is reaped once more
+    /// before ([`Conn::reclaim_srq_recvs`]).
     pub fn is_finished(&self) -> bool {
-        self.is_closing()
-            && (self.qp.is_none() || (self.recvs_posted == 0 && self.signaled_out == 0))
-            && self.io_inflight == 0
+        self.is_closing() && self.io_inflight == 0 && (self.qp.is_none() || self.drained())
+    }
+
+    /// The QP's work requests have all completed (flushed).
+    fn drained(&self) -> bool {
+        self.recvs_posted == 0 && self.signaled_out == 0 && (!self.srq || self.last_wqe)
+    }
+
+    /// IBV_EVENT_QP_LAST_WQE_REACHED for this connection's QP.
+    pub fn last_wqe_reached(&mut self) {
+        debug!(peer = %self.peer, "last WQE reached: the queue pair takes no more shared RECVs");
+        self.last_wqe = true;
+    }
+
+    /// Memory regions the connection holds besides per-I/O READ sinks.
+    pub fn regions_held(&self) -> usize {
+        1 + usize::from(self.recv_mr.is_some())
+    }
+
+    /// Before the connection is dropped: completions still in its CQ that name shared RECVs
+    /// (a capsule that arrived, or a flush, not reaped yet) give those buffers back to the
+    /// SRQ. Everything else in the CQ is stale (the requests were released).
+    pub fn reclaim_srq_recvs(&mut self, dev: &DevRes) {
+        let Some(q) = dev.srq.as_ref().filter(|_| self.srq) else {
+            return;
+        };
+        let mut wcs = vec![WorkCompletion::default(); 16];
+        loop {
+            let n = match self.cq.poll(&mut wcs) {
+                Ok(n) => n,
+                Err(e) => {
+                    warn!(peer = %self.peer, error = %e, "polling the completion queue failed");
+                    return;
+                }
+            };
+            for wc in &wcs[..n] {
+                if let Some((WrKind::Recv, i)) = split_wr_id(wc.wr_id()) {
+                    if q.completed(i) {
+                        if let Err(e) = q.repost(i) {
+                            warn!(peer = %self.peer, error = %e, "reposting a shared RECV failed");
+                        }
+                    }
+                }
+            }
+            if n < wcs.len() {
+                return;
+            }
+        }
+    }
+
+    /// The RECV buffers this connection's capsules land in: (region, stride, count).
+    fn recv_area<'a>(&'a self, dev: &'a DevRes) -> Option<(&'a Mr, usize, u32)> {
+        match (&self.recv_mr, &dev.srq) {
+            (Some(mr), _) => Some((mr, self.sizing.recv_stride, self.sizing.recvs)),
+            (None, Some(q)) if self.srq => Some((q.mr(), q.stride(), q.depth())),
+            _ => None,
+        }
     }
 
     pub fn counts(&self) -> &StateCounts {
@@ -343,16 +431,27 @@ impl Conn {
         let ok = wc.is_ok();
         match kind {
             WrKind::Recv => {
-                if idx >= self.sizing.recvs {
+                if self.srq {
+                    let known = env.dev.srq.as_ref().is_some_and(|q| q.completed(idx));
+                    if !known {
+                        warn!(peer = %self.peer, idx, "RECV completion for an unknown shared buffer");
+                        return;
+                    }
+                } else if idx >= self.sizing.recvs {
                     warn!(peer = %self.peer, idx, "RECV completion for an unknown buffer");
                     return;
+                } else {
+                    self.recvs_posted = self.recvs_posted.saturating_sub(1);
                 }
-                self.recvs_posted = self.recvs_posted.saturating_sub(1);
                 if ok {
                     self.stats.rx_bytes += u64::from(wc.byte_len());
                     self.on_capsule(idx, wc.byte_len(), env);
                 } else {
                     self.wc_error(wc, "RECV", env);
+                    if self.srq {
+                        // A flushed shared RECV: the buffer belongs to the pool.
+                        self.repost(idx, env);
+                    }
                 }
             }
             WrKind::Send => {
@@ -407,7 +506,9 @@ impl Conn {
 
     /// Appends the memory regions this connection holds (for diagnostics and tests).
     pub fn regions(&self, out: &mut Vec<RegionInfo>) {
-        out.push(RegionInfo::of(RegionKind::Recv, &self.recv_mr));
+        if let Some(mr) = &self.recv_mr {
+            out.push(RegionInfo::of(RegionKind::Recv, mr));
+        }
         out.push(RegionInfo::of(RegionKind::Response, &self.rsp_mr));
         let sinks = self.slots.iter().filter_map(|r| r.read_mr.as_ref());
         out.extend(sinks.map(|mr| RegionInfo::of(RegionKind::ReadSink, mr)));
@@ -440,9 +541,21 @@ impl Conn {
 
     /// A command capsule arrived in RECV `recv`.
     fn on_capsule(&mut self, recv: u32, byte_len: u32, env: &mut Env<'_>) {
+        if self.srq && self.capsule_wait.len() >= self.sizing.recvs as usize {
+            // More capsules held than the host's queue depth: they would starve the other
+            // queues of the shared pool.
+            warn!(peer = %self.peer, held = self.capsule_wait.len(),
+                "host exceeds its queue depth on a shared receive queue: closing the queue");
+            self.stats.errors += 1;
+            self.close("host exceeded its queue depth", env);
+        }
         match self.phase {
-            // The queue is going away: the RECV is not reposted.
-            Phase::Closing { .. } => {}
+            // The queue is going away: its own RECV is not reposted, a shared one goes back.
+            Phase::Closing { .. } => {
+                if self.srq {
+                    self.repost(recv, env);
+                }
+            }
             Phase::Accepting => self.capsule_wait.push_back((recv, byte_len)),
             Phase::Live if !self.capsule_wait.is_empty() => {
                 self.capsule_wait.push_back((recv, byte_len))
@@ -464,9 +577,12 @@ impl Conn {
             self.capsule_wait.push_back((recv, byte_len));
             return;
         };
-        let at = recv as usize * self.sizing.recv_stride;
         let mut raw = [0u8; SQE_BYTES];
-        if let Err(e) = self.recv_mr.read_at(at, &mut raw) {
+        let read = match self.recv_area(env.dev) {
+            Some((mr, stride, _)) => mr.read_at(recv as usize * stride, &mut raw),
+            None => Err(::rdma::Error::InvalidArgument("no RECV area".into())),
+        };
+        if let Err(e) = read {
             warn!(peer = %self.peer, error = %e, "RECV buffer out of range");
             self.free_slots.push(slot);
             self.close("internal error", env);
@@ -550,25 +666,35 @@ impl Conn {
         self.set(slot, ReqState::ReadyToComplete);
     }
 
-    /// Reposts RECV `recv`. False (and the connection closes) if the post fails.
+    /// Reposts RECV `recv` (a shared one to the SRQ, also while closing). False (and the
+    /// connection closes) if the post fails.
     fn repost(&mut self, recv: u32, env: &mut Env<'_>) -> bool {
-        let Some(qp) = self.qp.as_ref() else {
-            return false;
-        };
-        let stride = self.sizing.recv_stride;
-        let r = self
-            .recv_mr
-            .sge(recv as usize * stride, stride)
-            .and_then(|sge| qp.post_recv(wr_id(WrKind::Recv, recv), &[sge]));
-        match r {
-            Ok(()) => {
-                self.recvs_posted += 1;
-                true
+        let r = match (&self.recv_mr, &env.dev.srq) {
+            (None, Some(q)) if self.srq => q.repost(recv),
+            (Some(mr), _) => {
+                let Some(qp) = self.qp.as_ref() else {
+                    return false;
+                };
+                let stride = self.sizing.recv_stride;
+                let r = mr
+                    .sge(recv as usize * stride, stride)
+                    .and_then(|sge| qp.post_recv(wr_id(WrKind::Recv, recv), &[sge]));
+                if r.is_ok() {
+                    self.recvs_posted += 1;
+                }
+                r
             }
+            _ => return false,
+        };
+        match r {
+            Ok(()) => !self.is_closing(),
             Err(e) => {
                 if !self.is_closing() {
                     warn!(peer = %self.peer, error = %e, "reposting a RECV failed: closing the queue");
                     self.close("RECV repost failed", env);
+                } else if self.srq {
+                    // The stride is lost to the shared pool (published in srq_recvs_posted).
+                    warn!(peer = %self.peer, recv, error = %e, "reposting a shared RECV failed");
                 }
                 false
             }
@@ -643,10 +769,16 @@ impl Conn {
         match (cmd.xfer, cmd.sgl) {
             (Xfer::FromHost(len), Some(Sgl::InCapsule { .. })) => {
                 let recv = r.recv.take().expect("in-capsule data is held in its RECV");
-                let at = recv as usize * self.sizing.recv_stride + SQE_BYTES;
                 let dst = &mut env.store.buf(b)[..len as usize];
-                // recv_mr bounds were checked against the capsule length at parse time.
-                if let Err(e) = self.recv_mr.read_at(at, dst) {
+                // The RECV buffer's bounds were checked against the capsule length at parse time.
+                let read = match (&self.recv_mr, &env.dev.srq) {
+                    (Some(mr), _) => {
+                        mr.read_at(recv as usize * self.sizing.recv_stride + SQE_BYTES, dst)
+                    }
+                    (None, Some(q)) => q.mr().read_at(recv as usize * q.stride() + SQE_BYTES, dst),
+                    (None, None) => Err(::rdma::Error::InvalidArgument("no RECV area".into())),
+                };
+                if let Err(e) = read {
                     warn!(peer = %self.peer, error = %e, "in-capsule data out of range");
                     self.fail(slot, Status::INTERNAL);
                 } else {
@@ -967,7 +1099,7 @@ impl Conn {
         self.set(slot, ReqState::Free);
         self.free_slots.push(slot);
         if let Some(recv) = recv {
-            if !self.is_closing() {
+            if !self.is_closing() || self.srq {
                 self.repost(recv, env);
             }
         }
@@ -1060,10 +1192,21 @@ impl Conn {
             }
             Phase::Closing { since } => {
                 if self.qp.is_some()
-                    && (self.recvs_posted > 0 || self.signaled_out > 0)
+                    && self.srq
+                    && !self.last_wqe
+                    && self.signaled_out == 0
+                    && env.now.duration_since(since) >= LAST_WQE_WAIT
+                {
+                    debug!(peer = %self.peer, "no Last WQE Reached event within 1 s of the error \
+                        state (send queue flushed): destroying the queue pair");
+                    self.last_wqe = true;
+                }
+                if self.qp.is_some()
+                    && !self.drained()
                     && env.now.duration_since(since) >= DRAIN_LIMIT
                 {
                     warn!(peer = %self.peer, recvs = self.recvs_posted, sends = self.signaled_out,
+                        shared_rq = self.srq, last_wqe = self.last_wqe,
                         "flush completions missing after the drain limit: destroying the queue pair");
                     // Destroying the QP ends all DMA on its work requests: their buffers can
                     // go back.
@@ -1105,7 +1248,11 @@ impl Conn {
                 warn!(peer = %self.peer, error = %e, "moving the queue pair to the error state failed");
             }
         }
-        self.capsule_wait.clear();
+        while let Some((recv, _)) = self.capsule_wait.pop_front() {
+            if self.srq {
+                self.repost(recv, env);
+            }
+        }
         self.read_wait.clear();
         self.send_wait.clear();
         for slot in 0..self.slots.len() as u32 {

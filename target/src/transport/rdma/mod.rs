@@ -21,6 +21,20 @@
 //! `initiator_depth = min(peer responder resources, max_qp_init_rd_atom)`, no responder
 //! resources (the host never reads from us) and RNR retry 7.
 //!
+//! # Shared receive queue (`target.rdma_srq_depth > 0`)
+//! Each poller creates, with its other resources of a device, one SRQ of `rdma_srq_depth`
+//! RECVs (lowered to `max_srq_wr`) over one `LOCAL_WRITE` region of `64 + in_capsule_data`
+//! byte strides, all posted at once (`srq.rs`). Every QP of that poller on that device is
+//! created on it and posts no RECVs of its own; `crqsize` is still the host's own queue depth.
+//! A capsule's completion arrives on the CQ of the QP that took it and names its stride by
+//! wr_id; the connection parses it in place, keeps it while in-capsule data waits for a pool
+//! buffer, and reposts it to the SRQ once consumed (also while closing: strides belong to the
+//! pool). A host holding more unparsed capsules than its queue depth is disconnected, so one
+//! host cannot drain the pool. When more capsules arrive at once than strides are posted, RoCE
+//! answers RNR NAK and the host retries (RNR retry 7: unlimited, as SPDK documents for its
+//! SRQ); iWARP has no RNR (a SEND without a RECV terminates the connection), so there the
+//! depth must cover every command the poller's hosts may have in flight.
+//!
 //! # iWARP
 //! Detected from the device's transport type. RDMA READ sinks need `REMOTE_WRITE` there; the
 //! pool region never gets it: each READ registers only its own buffer slice
@@ -41,13 +55,19 @@
 //! connection tells the core (`Queue::disconnected`), calls `rdma_disconnect`, moves the QP to
 //! the error state and reaps flush completions until every posted RECV and signaled send WR
 //! has come back and no backend operation is in flight; then the QP, CM id, CQ and regions are
-//! destroyed in that order. Every buffer and region returns (counted in [`RdmaPollerStats`]).
+//! destroyed in that order. A QP on a shared receive queue has no RECVs of its own, but may
+//! have taken one from the SRQ: it is destroyed only after IBV_EVENT_QP_LAST_WQE_REACHED (read
+//! by the CM thread with the other async events and forwarded to the poller), and its CQ is
+//! reaped once more just before, so a RECV completion still in it goes back to the SRQ. A
+//! device that never raises the event (rxe and siw on Linux 6.1 raise none) gets 1 s after
+//! its send queue is flushed (`LAST_WQE_WAIT` in conn.rs). Every buffer and region returns (counted in [`RdmaPollerStats`]).
 
 mod cm;
 mod conn;
 pub mod params;
 mod poller;
 pub mod request;
+mod srq;
 
 use std::net::SocketAddr;
 use std::sync::atomic::AtomicBool;
@@ -127,6 +147,9 @@ impl SendWithInvalidate {
 #[derive(Debug, Clone, Copy, Default)]
 pub struct RdmaOptions {
     pub send_with_invalidate: SendWithInvalidate,
+    /// `target.rdma_srq_depth`: RECVs of each poller's shared receive queue per device, 0 for
+    /// a receive queue per queue pair (see `srq.rs`).
+    pub srq_depth: u32,
 }
 
 /// What a poller tells the CM thread.

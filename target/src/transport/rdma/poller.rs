@@ -20,6 +20,7 @@ use tracing::{debug, error, info, warn};
 use super::conn::{Conn, Env, Setup};
 use super::params::{check_connect, size_queue, DeviceLimits};
 use super::request::{ReqState, STATE_COUNT};
+use super::srq::SharedRecv;
 use super::{CmNote, RdmaOptions};
 use crate::core::{Target, TransportCaps};
 use crate::store::RingStore;
@@ -55,9 +56,13 @@ pub struct RdmaPollerStats {
     pub buffers_in_use: AtomicUsize,
     /// io_uring_enter system calls of this poller's backend ring so far.
     pub ring_enters: AtomicU64,
-    /// Memory regions registered now: one pool region per device in use, two per connection
-    /// (RECV and response buffers), one per iWARP RDMA READ in flight.
+    /// Memory regions registered now: one pool region per device in use (plus its shared
+    /// receive area with `rdma_srq_depth`), two per connection (RECV and response buffers;
+    /// only the response buffers on a shared receive queue), one per iWARP RDMA READ in flight.
     pub mrs_registered: AtomicUsize,
+    /// RECVs posted now on this poller's shared receive queues (all devices; 0 without
+    /// `rdma_srq_depth`). Back to `rdma_srq_depth` per device once no capsule is held.
+    pub srq_recvs_posted: AtomicUsize,
     /// Per-I/O memory regions registered so far (iWARP RDMA READ sinks).
     pub io_mrs_total: AtomicU64,
     /// Requests in each [`ReqState`] over all connections (index = state).
@@ -77,6 +82,8 @@ pub enum RegionKind {
     Pool,
     /// A connection's RECV buffers.
     Recv,
+    /// The shared receive queue's RECV buffers, once per device (`rdma_srq_depth > 0`).
+    SrqRecv,
     /// A connection's response (SEND) buffers.
     Response,
     /// iWARP: one request's RDMA READ sink, registered while its READ is in flight.
@@ -115,8 +122,9 @@ impl RdmaPollerStats {
     }
 
     /// For diagnostics and tests: the memory regions the poller held at its last publish
-    /// (every 50 ms and whenever a connection goes away): the pool region per device, each
-    /// connection's RECV and response regions, and the iWARP READ sinks in flight then.
+    /// (every 50 ms and whenever a connection goes away): the pool region per device (and its
+    /// shared receive area), each connection's RECV and response regions, and the iWARP READ
+    /// sinks in flight then.
     pub fn regions(&self) -> Vec<RegionInfo> {
         self.regions
             .lock()
@@ -153,6 +161,8 @@ pub(super) enum ToPoller {
     },
     /// The device reported a fatal QP event for one of this poller's connections.
     QpFatal { tag: u64, what: &'static str },
+    /// IBV_EVENT_QP_LAST_WQE_REACHED for one of this poller's connections (on an SRQ).
+    LastWqeReached { tag: u64 },
     /// A backend device slot changed (configuration reload).
     Device(DeviceUpdate),
 }
@@ -193,7 +203,10 @@ where
 
 /// A device this poller serves connections on.
 pub(super) struct DevRes {
-    // Field order is drop order: the pool's memory region before its PD.
+    // Field order is drop order: the shared receive queue and the pool's memory region before
+    // their PD.
+    /// The shared receive queue (`rdma_srq_depth > 0` and the device has SRQs).
+    pub srq: Option<SharedRecv>,
     /// The poller's whole buffer pool, `LOCAL_WRITE`: RDMA WRITE sources, and RDMA READ sinks
     /// on InfiniBand/RoCE.
     pub pool_mr: Mr,
@@ -390,6 +403,11 @@ impl Poller {
                     });
                 }
                 ToPoller::Device(u) => u.apply(&mut self.store),
+                ToPoller::LastWqeReached { tag } => {
+                    if let Some(&k) = self.tags.get(&tag) {
+                        self.with_conn(k as usize, now, |c, _| c.last_wqe_reached());
+                    }
+                }
                 ToPoller::QpFatal { tag, what } => {
                     if let Some(&k) = self.tags.get(&tag) {
                         self.with_conn(k as usize, now, |c, env| {
@@ -514,6 +532,22 @@ impl Poller {
         let iwarp = ctx.transport() == Transport::Iwarp;
         let send_with_inv = self.cfg.options.send_with_invalidate.enabled(iwarp);
         let name = ctx.name();
+        let want = self.cfg.options.srq_depth;
+        let srq = if want == 0 {
+            None
+        } else if attr.max_srq == 0 || attr.max_srq_wr == 0 {
+            warn!(poller = self.cfg.id, device = %name,
+                "the RDMA device has no shared receive queues: rdma_srq_depth ignored, each \
+                 queue pair posts its own RECVs");
+            None
+        } else {
+            let depth = want.min(attr.max_srq_wr);
+            if depth < want {
+                info!(poller = self.cfg.id, device = %name, rdma_srq_depth = want,
+                    max_srq_wr = attr.max_srq_wr, "rdma_srq_depth lowered to the device's maximum");
+            }
+            Some(SharedRecv::new(&pd, depth, self.cfg.caps.in_capsule_data)?)
+        };
         let i = self.devs.len();
         // SAFETY: the descriptor belongs to `chan`, which lives in self.devs until the poller
         // is dropped; epoll only records the number.
@@ -527,8 +561,11 @@ impl Poller {
         info!(poller = self.cfg.id, device = %name, transport = ?ctx.transport(),
             max_qp_wr = attr.max_qp_wr, max_qp_init_rd_atom = attr.max_qp_init_rd_atom,
             send_with_invalidate = send_with_inv, pool_bytes = pool.len(),
+            srq_depth = srq.as_ref().map_or(0, |q| q.depth()),
+            srq_bytes = srq.as_ref().map_or(0, |q| q.mr().len()),
             "RDMA device ready");
         self.devs.push(DevRes {
+            srq,
             pool_mr,
             chan,
             pd,
@@ -647,6 +684,9 @@ impl Poller {
                 .unwrap_or_else(|e| e.into_inner()) = Some(r);
         }
         let tag = c.tag;
+        // Completions still in its CQ may name RECVs of a shared receive queue: give those back.
+        let mut c = c;
+        c.reclaim_srq_recvs(&self.devs[c.dev]);
         // Destroys the QP, then (unless the CM thread still holds it) the CM id, the CQ and
         // the connection's memory regions.
         drop(c);
@@ -658,12 +698,18 @@ impl Poller {
         self.publish_regions();
         let mut t = self.closed_totals;
         let mut io_mrs_total = self.closed_io_mrs;
-        let mut mrs = self.devs.len();
+        let mut mrs = self.devs.len() + self.devs.iter().filter(|d| d.srq.is_some()).count();
+        let srq_posted: u32 = self
+            .devs
+            .iter()
+            .flat_map(|d| &d.srq)
+            .map(|q| q.posted())
+            .sum();
         let mut states = [0u32; STATE_COUNT];
         for c in self.conns.iter().flatten() {
             t.add(&c.stats);
             io_mrs_total += c.io_mrs_total;
-            mrs += 2 + c.io_mrs;
+            mrs += c.regions_held() + c.io_mrs;
             for (s, n) in states.iter_mut().zip(c.counts().0) {
                 *s += n;
             }
@@ -680,6 +726,8 @@ impl Poller {
         s.ring_enters
             .store(self.store.ring_enters(), Ordering::Relaxed);
         s.mrs_registered.store(mrs, Ordering::Relaxed);
+        s.srq_recvs_posted
+            .store(srq_posted as usize, Ordering::Relaxed);
         s.io_mrs_total.store(io_mrs_total, Ordering::Relaxed);
         for (a, n) in s.requests.iter().zip(states) {
             a.store(n, Ordering::Relaxed);
@@ -693,6 +741,9 @@ impl Poller {
         regions.clear();
         for d in &self.devs {
             regions.push(RegionInfo::of(RegionKind::Pool, &d.pool_mr));
+            if let Some(q) = &d.srq {
+                regions.push(q.region());
+            }
         }
         let mut last = None;
         for c in self.conns.iter_mut().flatten() {
