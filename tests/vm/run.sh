@@ -41,13 +41,15 @@ ORDER=(
   kernel-host-reload-tcp kernel-host-reload-rdma-rxe soak-randrw-rdma-rxe soak-randrw-rdma-siw
   iopoll-null-blk perf-vs-nvmet
 )
+# `all`: every scenario but those whose header says `vm-in-all: no` (variants and benchmarks
+# that run when named).
 all_scenarios() {
   local s f
   for s in "${ORDER[@]}"; do [ -f "$HERE/scenarios/$s.sh" ] && echo "$s"; done
   for f in "$HERE"/scenarios/*.sh; do
     s=$(basename "$f" .sh)
     [[ " ${ORDER[*]} " == *" $s "* ]] || echo "$s"
-  done
+  done | while read -r s; do [ "$(header vm-in-all "$s")" = no ] || echo "$s"; done
 }
 header() { sed -n "s/^# $1: *//p" "$HERE/scenarios/$2.sh" | head -n 1; }
 

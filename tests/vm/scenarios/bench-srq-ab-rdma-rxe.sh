@@ -4,6 +4,7 @@
 # nvmf-bench 4k randread QD32 (${NVMF_VM_SRQ_AB_RUNTIME:-10} s, time based) on rxe0, three rounds
 # alternating A and B; the registered memory (gauges) of each run goes to report.txt. Passes when
 # every run completes and the target logs are clean; no verdict on speed (TCG: ratios only).
+# vm-in-all: no
 # vm-needs: build rdma
 # vm-timeout: 900
 source "$(dirname "$0")/../lib.sh"

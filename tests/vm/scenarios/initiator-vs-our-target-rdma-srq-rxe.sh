@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # initiator-vs-our-target-rdma-srq-rxe: nvmf-bench against our target over NVMe/RDMA on rxe0, the
 # target on a shared receive queue (target.rdma_srq_depth ${NVMF_VM_RDMA_SRQ_DEPTH:-512}).
+# vm-in-all: no
 # vm-needs: build rdma
 # vm-timeout: 600
 source "$(dirname "$0")/../lib.sh"

@@ -2,6 +2,7 @@
 # kernel-host-rdma-srq-rxe: kernel-host-rdma-rxe with our target on a shared receive queue
 # (target.rdma_srq_depth ${NVMF_VM_RDMA_SRQ_DEPTH:-512}: room for the admin queue and both I/O
 # queues of 128 the Linux host opens, so no capsule finds the pool empty).
+# vm-in-all: no
 # vm-needs: build rdma
 # vm-timeout: 900
 source "$(dirname "$0")/../lib.sh"
