@@ -260,23 +260,7 @@ impl Qp {
     /// to fill the receive queue before `rdma_connect`/`rdma_accept`, as the peer may SEND as
     /// soon as the connection is up. On failure, [`Error::Post`] says how many were posted.
     pub fn post_recv_slots(&self, mr: &Mr, slot_len: usize, n: usize, base: u64) -> Result<()> {
-        let sges = (0..n)
-            .map(|i| {
-                let off = i.checked_mul(slot_len).ok_or_else(|| {
-                    Error::InvalidArgument(format!("{n} RECV slots of {slot_len} bytes"))
-                })?;
-                mr.sge(off, slot_len)
-            })
-            .collect::<Result<Vec<Sge>>>()?;
-        let wrs: Vec<RecvWr<'_>> = sges
-            .iter()
-            .enumerate()
-            .map(|(i, s)| RecvWr {
-                wr_id: base + i as u64,
-                sges: std::slice::from_ref(s),
-            })
-            .collect();
-        self.post_recv_list(&wrs)
+        post_slots(mr, slot_len, n, base, |wrs| self.post_recv_list(wrs))
     }
 
     /// Posts `wrs` as one linked list (chunks of [`MAX_CHAIN`]) with a single `ibv_post_send`
@@ -404,6 +388,34 @@ impl Linked for ibv_recv_wr {
     fn next_ptr(&self) -> *mut Self {
         self.next
     }
+}
+
+/// One single-SGE RECV for each of the first `n` `slot_len`-byte slots of `mr` (slot `i` with
+/// `wr_id = base + i`), handed to `post` as one list (a QP's or an SRQ's `post_recv_list`).
+pub(crate) fn post_slots(
+    mr: &Mr,
+    slot_len: usize,
+    n: usize,
+    base: u64,
+    post: impl FnOnce(&[RecvWr<'_>]) -> Result<()>,
+) -> Result<()> {
+    let sges = (0..n)
+        .map(|i| {
+            let off = i.checked_mul(slot_len).ok_or_else(|| {
+                Error::InvalidArgument(format!("{n} RECV slots of {slot_len} bytes"))
+            })?;
+            mr.sge(off, slot_len)
+        })
+        .collect::<Result<Vec<Sge>>>()?;
+    let wrs: Vec<RecvWr<'_>> = sges
+        .iter()
+        .enumerate()
+        .map(|(i, s)| RecvWr {
+            wr_id: base + i as u64,
+            sges: std::slice::from_ref(s),
+        })
+        .collect();
+    post(&wrs)
 }
 
 pub(crate) fn post_recv_chunks(

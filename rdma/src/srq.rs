@@ -7,8 +7,8 @@ use std::sync::Arc;
 use rdma_sys::*;
 
 use crate::error::{from_errno, Result};
-use crate::mr::{Pd, Sge};
-use crate::qp::{post_recv_chunks, RecvWr};
+use crate::mr::{Mr, Pd, Sge};
+use crate::qp::{post_recv_chunks, post_slots, RecvWr};
 
 /// A shared receive queue (`ibv_srq`): one pool of RECVs for many QPs of a PD.
 pub struct Srq {
@@ -85,6 +85,13 @@ impl Srq {
             // the call; the provider copies everything before returning.
             unsafe { ibv_post_srq_recv(self.raw, head, bad) }
         })
+    }
+
+    /// Posts one single-SGE RECV for each of the first `n` `slot_len`-byte slots of `mr`, slot
+    /// `i` with `wr_id = base + i` (as [`crate::Qp::post_recv_slots`]). On failure,
+    /// [`crate::Error::Post`] says how many were posted.
+    pub fn post_recv_slots(&self, mr: &Mr, slot_len: usize, n: usize, base: u64) -> Result<()> {
+        post_slots(mr, slot_len, n, base, |wrs| self.post_recv_list(wrs))
     }
 }
 

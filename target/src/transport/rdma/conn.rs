@@ -35,7 +35,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ::rdma::{
-    AccessFlags, CmId, ConnParam, Cq, Mr, Qp, QpInitAttr, RecvWr, RemoteBuf, SendWr, Sge, WcStatus,
+    AccessFlags, CmId, ConnParam, Cq, Mr, Qp, QpInitAttr, RemoteBuf, SendWr, WcStatus,
     WorkCompletion,
 };
 use nvme::fabrics::{connect_sqe_off, ConnectCmd, ConnectResult, InvalidAttr};
@@ -247,19 +247,9 @@ impl Conn {
         let Some(mr) = self.recv_mr.as_ref() else {
             return Ok(());
         };
-        let sges: Vec<Sge> = (0..self.sizing.recvs as usize)
-            .map(|i| mr.sge(i * stride, stride))
-            .collect::<Result<_, _>>()?;
-        let wrs: Vec<RecvWr<'_>> = sges
-            .iter()
-            .enumerate()
-            .map(|(i, sge)| RecvWr {
-                wr_id: wr_id(WrKind::Recv, i as u32),
-                sges: std::slice::from_ref(sge),
-            })
-            .collect();
         let qp = self.qp.as_ref().expect("a new connection has its QP");
-        match qp.post_recv_list(&wrs) {
+        let n = self.sizing.recvs as usize;
+        match qp.post_recv_slots(mr, stride, n, wr_id(WrKind::Recv, 0)) {
             Ok(()) => {
                 self.recvs_posted = self.sizing.recvs;
                 Ok(())

@@ -16,7 +16,7 @@
 use std::cell::Cell;
 use std::sync::Arc;
 
-use ::rdma::{AccessFlags, Mr, Pd, RecvWr, Sge, Srq};
+use ::rdma::{AccessFlags, Mr, Pd, Srq};
 
 use super::params::{wr_id, WrKind, SQE_BYTES};
 use super::poller::{RegionInfo, RegionKind};
@@ -47,18 +47,8 @@ impl SharedRecv {
             depth,
             posted: Cell::new(0),
         };
-        let sges: Vec<Sge> = (0..depth as usize)
-            .map(|i| s.mr.sge(i * stride, stride))
-            .collect::<Result<_, _>>()?;
-        let wrs: Vec<RecvWr<'_>> = sges
-            .iter()
-            .enumerate()
-            .map(|(i, sge)| RecvWr {
-                wr_id: wr_id(WrKind::Recv, i as u32),
-                sges: std::slice::from_ref(sge),
-            })
-            .collect();
-        s.srq.post_recv_list(&wrs)?;
+        s.srq
+            .post_recv_slots(&s.mr, stride, depth as usize, wr_id(WrKind::Recv, 0))?;
         s.posted.set(depth);
         Ok(s)
     }
