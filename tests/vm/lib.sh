@@ -583,18 +583,36 @@ perf_vs_nvmet() {
 
 # soak_randrw LABEL ADDR: our target over NVMe/RDMA; nvmf-bench randrw 4k QD16 on two queues
 # with --verify=crc32c, time-based for $NVMF_VM_SOAK_SECS (60); 0 mismatches, clean target log.
+# soak_randrw LABEL ADDR [kernel]: with `kernel`, the same run against the Linux kernel target
+# (nvmet on the RAM disk) instead of ours: what the initiator and the RDMA device do alone.
 soak_randrw() {
-  local label=$1 addr=$2 b secs=${NVMF_VM_SOAK_SECS:-60}
-  bench_case_start "$label" "$addr" rdma || return
+  local label=$1 addr=$2 kernel=${3:-} b secs=${NVMF_VM_SOAK_SECS:-60} nqn=$OUR_NQN dev
+  if [ -n "$kernel" ]; then
+    teardown
+    log "case $label: rdma $addr:$PORT against nvmet"
+    bench_bin >/dev/null || { skip "$label" "$REASON"; return; }
+    dev=$(vm_ramdisk $RAMDISK_MB) || { fail "$label" "vm_ramdisk $RAMDISK_MB failed"; return; }
+    step "nvmet_export $KERNEL_NQN $dev rdma $addr $PORT" nvmet_export "$KERNEL_NQN" "$dev" rdma "$addr" "$PORT" ||
+      { fail "$label" "$REASON"; return; }
+    vm_wait_listen rdma "$addr" "$PORT" 10 || { fail "$label" "kernel target is not listening on rdma $addr:$PORT"; return; }
+    nqn=$KERNEL_NQN
+  else
+    bench_case_start "$label" "$addr" rdma || return
+  fi
   b=$(bench_bin)
   step "nvmf-bench rdma randrw 4k qd16 x2 ${secs}s verify" timeout $((secs + 240)) "$b" \
-    --transport rdma --traddr "$addr" --trsvcid "$PORT" --subnqn "$OUR_NQN" --rw=randrw \
+    --transport rdma --traddr "$addr" --trsvcid "$PORT" --subnqn "$nqn" --rw=randrw \
     --bs=4k --iodepth=16 --numjobs=2 --size=16M --offset_increment=16M --time_based \
     --runtime="$secs" --verify=crc32c || { fail "$label" "$REASON"; return; }
   cp "$WORK/step.out" "$OUT/soak.txt"
   grep -E '^[[:space:]]+(read|write|verify):' "$WORK/step.out" | tee "$OUT/report.txt"
   grep -qE 'verify: [1-9][0-9]* blocks checked, 0 mismatches' "$WORK/step.out" ||
     { fail "$label" "no clean verify line: $(grep -m1 'verify' "$WORK/step.out")"; return; }
+  if [ -n "$kernel" ]; then
+    step "nvmet_clear" nvmet_clear || { fail "$label" "$REASON"; return; }
+    pass "$label"
+    return
+  fi
   stop_our_target || { fail "$label" "$REASON"; return; }
   check_target_log || { fail "$label" "$REASON"; return; }
   pass "$label"
