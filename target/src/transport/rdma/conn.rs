@@ -354,13 +354,21 @@ impl Conn {
         }
     }
 
-    /// The RECV buffers this connection's capsules land in: (region, stride, count).
-    fn recv_area<'a>(&'a self, dev: &'a DevRes) -> Option<(&'a Mr, usize, u32)> {
-        match (&self.recv_mr, &dev.srq) {
-            (Some(mr), _) => Some((mr, self.sizing.recv_stride, self.sizing.recvs)),
-            (None, Some(q)) if self.srq => Some((q.mr(), q.stride(), q.depth())),
-            _ => None,
-        }
+    /// Copies bytes `at..` of RECV buffer `recv` (the connection's own, or the shared
+    /// receive queue's) into `dst`.
+    fn read_recv(
+        &self,
+        dev: &DevRes,
+        recv: u32,
+        at: usize,
+        dst: &mut [u8],
+    ) -> Result<(), ::rdma::Error> {
+        let (mr, stride) = match (&self.recv_mr, &dev.srq) {
+            (Some(mr), _) => (mr, self.sizing.recv_stride),
+            (None, Some(q)) if self.srq => (q.mr(), q.stride()),
+            _ => return Err(::rdma::Error::InvalidArgument("no RECV area".into())),
+        };
+        mr.read_at(recv as usize * stride + at, dst)
     }
 
     pub fn counts(&self) -> &StateCounts {
@@ -568,11 +576,7 @@ impl Conn {
             return;
         };
         let mut raw = [0u8; SQE_BYTES];
-        let read = match self.recv_area(env.dev) {
-            Some((mr, stride, _)) => mr.read_at(recv as usize * stride, &mut raw),
-            None => Err(::rdma::Error::InvalidArgument("no RECV area".into())),
-        };
-        if let Err(e) = read {
+        if let Err(e) = self.read_recv(env.dev, recv, 0, &mut raw) {
             warn!(peer = %self.peer, error = %e, "RECV buffer out of range");
             self.free_slots.push(slot);
             self.close("internal error", env);
@@ -761,14 +765,7 @@ impl Conn {
                 let recv = r.recv.take().expect("in-capsule data is held in its RECV");
                 let dst = &mut env.store.buf(b)[..len as usize];
                 // The RECV buffer's bounds were checked against the capsule length at parse time.
-                let read = match (&self.recv_mr, &env.dev.srq) {
-                    (Some(mr), _) => {
-                        mr.read_at(recv as usize * self.sizing.recv_stride + SQE_BYTES, dst)
-                    }
-                    (None, Some(q)) => q.mr().read_at(recv as usize * q.stride() + SQE_BYTES, dst),
-                    (None, None) => Err(::rdma::Error::InvalidArgument("no RECV area".into())),
-                };
-                if let Err(e) = read {
+                if let Err(e) = self.read_recv(env.dev, recv, SQE_BYTES, dst) {
                     warn!(peer = %self.peer, error = %e, "in-capsule data out of range");
                     self.fail(slot, Status::INTERNAL);
                 } else {
