@@ -268,6 +268,14 @@ kernel_host_vs_our_target() {
   pass "$label"
 }
 
+# kernel_target_up TRTYPE ADDR DEV: export DEV as $KERNEL_NQN on the Linux kernel target (nvmet)
+# at ADDR:$PORT and wait until it listens; REASON on failure.
+kernel_target_up() {
+  local tr=$1 addr=$2 dev=$3
+  step "nvmet_export $KERNEL_NQN $dev $tr $addr $PORT" nvmet_export "$KERNEL_NQN" "$dev" "$tr" "$addr" "$PORT" || return 1
+  vm_wait_listen "$tr" "$addr" "$PORT" 10 || { REASON="kernel target is not listening on $tr $addr:$PORT"; return 1; }
+}
+
 # kernel_host_vs_kernel_target LABEL TRTYPE ADDR: the same peers the suite relies on, without our
 # code: proves the VM's host and target work, so a failure elsewhere is ours.
 kernel_host_vs_kernel_target() {
@@ -275,9 +283,7 @@ kernel_host_vs_kernel_target() {
   teardown
   log "case $label: $tr $addr:$PORT"
   dev=$(vm_ramdisk $RAMDISK_MB) || { fail "$label" "vm_ramdisk $RAMDISK_MB failed"; return; }
-  step "nvmet_export $KERNEL_NQN $dev $tr $addr $PORT" nvmet_export "$KERNEL_NQN" "$dev" "$tr" "$addr" "$PORT" ||
-    { fail "$label" "$REASON"; return; }
-  vm_wait_listen "$tr" "$addr" "$PORT" 10 || { fail "$label" "kernel target is not listening on $tr $addr:$PORT"; return; }
+  kernel_target_up "$tr" "$addr" "$dev" || { fail "$label" "$REASON"; return; }
   host_connect "$tr" "$addr" "$PORT" "$KERNEL_NQN" || { fail "$label" "$REASON"; return; }
   check_size "$DEV" $((RAMDISK_MB * 1048576)) || { fail "$label" "$REASON"; return; }
   fio_verify "$DEV" 4k "$FIO_SIZE_SANITY" || { fail "$label" "$REASON"; return; }
@@ -340,9 +346,7 @@ bench_vs_kernel_target() { # LABEL TRTYPE ADDR
   log "case $label: $tr $addr:$PORT"
   bench_bin >/dev/null || { skip "$label" "$REASON"; return; }
   dev=$(vm_ramdisk $RAMDISK_MB) || { fail "$label" "vm_ramdisk $RAMDISK_MB failed"; return; }
-  step "nvmet_export $KERNEL_NQN $dev $tr $addr $PORT" nvmet_export "$KERNEL_NQN" "$dev" "$tr" "$addr" "$PORT" ||
-    { fail "$label" "$REASON"; return; }
-  vm_wait_listen "$tr" "$addr" "$PORT" 10 || { fail "$label" "kernel target is not listening on $tr $addr:$PORT"; return; }
+  kernel_target_up "$tr" "$addr" "$dev" || { fail "$label" "$REASON"; return; }
   run_bench "$tr" "$addr" "$KERNEL_NQN"; rc=$?
   [ $rc = 3 ] && { skip "$label" "$REASON"; return; }
   [ $rc = 0 ] || { fail "$label" "$REASON"; return; }
@@ -532,55 +536,6 @@ fio_iops() {
   sed -n 's/^[[:space:]]*"iops" : \([0-9]*\).*/\1/p' "$OUT/fio-$tag.json" | head -n 1
 }
 
-# perf_vs_nvmet LABEL: the same kernel host + fio (4k randread QD32, one job) against the Linux
-# kernel target (nvmet) and against ours, on the same RAM disk, over tcp (127.0.0.1) and rdma
-# (rxe0), kernel and ours alternating. A benchmark: the verdict is about the runs completing; the
-# IOPS and ratios go to report.txt (issue #6 goal 4: ours >= 1.0x nvmet on rdma, >= 1.5x on tcp).
-perf_vs_nvmet() {
-  local label=$1 dev tr addr k o oa rc line mode
-  teardown
-  target_bin >/dev/null || { skip "$label" "$REASON"; return; }
-  dev=$(vm_ramdisk $RAMDISK_MB) || { fail "$label" "vm_ramdisk $RAMDISK_MB failed"; return; }
-  # Fill the disk, so reads hit real pages on both targets.
-  step "fill $dev" dd if=/dev/urandom of="$dev" bs=1M count=$RAMDISK_MB oflag=direct || { fail "$label" "$REASON"; return; }
-  {
-    echo "fio 4k randread iodepth=32 numjobs=1 ${NVMF_VM_PERF_RUNTIME:-15}s, kernel host, ${RAMDISK_MB} MiB brd (TCG-emulated VM: ratios only)"
-    printf '%-10s %12s %12s %8s %12s %8s  %s\n' transport "nvmet IOPS" "ours IOPS" ratio "ours idle0" ratio goal
-  } >"$OUT/report.txt"
-  for tr in tcp rdma; do
-    addr=127.0.0.1
-    [ $tr = rdma ] && addr=$RXE_IP
-    teardown
-    step "nvmet_export $KERNEL_NQN $dev $tr $addr $PORT" nvmet_export "$KERNEL_NQN" "$dev" "$tr" "$addr" "$PORT" ||
-      { fail "$label" "$REASON"; return; }
-    vm_wait_listen "$tr" "$addr" "$PORT" 10 || { fail "$label" "kernel target is not listening on $tr $addr:$PORT"; return; }
-    host_connect "$tr" "$addr" "$PORT" "$KERNEL_NQN" || { fail "$label" "$REASON"; return; }
-    k=$(fio_iops "$DEV" "nvmet-$tr") || { fail "$label" "$REASON"; return; }
-    host_disconnect "$KERNEL_NQN" || { fail "$label" "$REASON"; return; }
-    step "nvmet_clear" nvmet_clear || { fail "$label" "$REASON"; return; }
-    # Ours twice: the default adaptive polling, and sleeping as soon as idle (idle_poll_us 0):
-    # in a 2-vCPU guest a spinning poller competes with the host's own threads.
-    for mode in adaptive sleep; do
-      TARGET_YAML=
-      [ $mode = sleep ] && TARGET_YAML="target: { idle_poll_us: 0 }"
-      start_our_target "$tr" "$addr" "$dev"; rc=$?
-      [ $rc = 0 ] || { fail "$label" "$REASON"; return; }
-      host_connect "$tr" "$addr" "$PORT" "$OUR_NQN" || { fail "$label" "$REASON"; return; }
-      o=$(fio_iops "$DEV" "ours-$tr-$mode") || { fail "$label" "$REASON"; return; }
-      host_disconnect "$OUR_NQN" || { fail "$label" "$REASON"; return; }
-      stop_our_target || { fail "$label" "$REASON"; return; }
-      check_target_log || { fail "$label" "$REASON"; return; }
-      [ $mode = adaptive ] && oa=$o
-    done
-    TARGET_YAML=
-    [ "$k" -gt 0 ] && [ "$oa" -gt 0 ] && [ "$o" -gt 0 ] || { fail "$label" "fio measured 0 IOPS (nvmet $k, ours $oa / $o)"; return; }
-    line=$(awk -v t="$tr" -v k="$k" -v a="$oa" -v o="$o" -v g="$([ $tr = tcp ] && echo 1.5 || echo 1.0)" \
-      'BEGIN { r = a / k; q = o / k; printf "%-10s %12d %12d %7.2fx %12d %7.2fx  >= %sx %s", t, k, a, r, o, q, g, ((r >= g || q >= g) ? "met" : "NOT met") }')
-    echo "$line" | tee -a "$OUT/report.txt"
-  done
-  pass "$label"
-}
-
 # soak_randrw LABEL ADDR: our target over NVMe/RDMA; nvmf-bench randrw 4k QD16 on two queues
 # with --verify=crc32c, time-based for $NVMF_VM_SOAK_SECS (60); 0 mismatches, clean target log.
 # soak_randrw LABEL ADDR [kernel]: with `kernel`, the same run against the Linux kernel target
@@ -592,9 +547,7 @@ soak_randrw() {
     log "case $label: rdma $addr:$PORT against nvmet"
     bench_bin >/dev/null || { skip "$label" "$REASON"; return; }
     dev=$(vm_ramdisk $RAMDISK_MB) || { fail "$label" "vm_ramdisk $RAMDISK_MB failed"; return; }
-    step "nvmet_export $KERNEL_NQN $dev rdma $addr $PORT" nvmet_export "$KERNEL_NQN" "$dev" rdma "$addr" "$PORT" ||
-      { fail "$label" "$REASON"; return; }
-    vm_wait_listen rdma "$addr" "$PORT" 10 || { fail "$label" "kernel target is not listening on rdma $addr:$PORT"; return; }
+    kernel_target_up rdma "$addr" "$dev" || { fail "$label" "$REASON"; return; }
     nqn=$KERNEL_NQN
   else
     bench_case_start "$label" "$addr" rdma || return

@@ -26,19 +26,37 @@ MODES=${NVMF_VM_PERF_MODES:-"default="}
 median() { sort -g | awk '{ v[NR] = $1 } END { if (NR == 0) exit 1; if (NR % 2) print v[(NR + 1) / 2]; else printf "%.3f\n", (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 
 # iops_of DEV TAG: fio_iops in this shell (not a command substitution, so REASON survives); sets IOPS.
+# Also sets GUEST: "BUSY% US" of the whole guest (kernel host, fio, the target, rxe) while fio
+# ran: the share of all vCPUs not idle, and busy vCPU time per I/O (over the ramp as well).
 iops_of() {
+  local a b
   IOPS=
+  a=$(cpu_jiffies)
   fio_iops "$1" "$2" >"$WORK/iops" || return 1
+  b=$(cpu_jiffies)
   IOPS=$(cat "$WORK/iops")
   [ -n "$IOPS" ] || { REASON="no IOPS in $OUT/fio-$2.json"; return 1; }
+  GUEST=$(guest_cpu "$a" "$b" "$IOPS" $((NVMF_VM_PERF_RUNTIME + 2)))
+}
+
+# cpu_jiffies: "BUSY IDLE" clock ticks of all CPUs so far (/proc/stat: user nice system idle
+# iowait irq softirq steal).
+cpu_jiffies() { awk '$1 == "cpu" { print $2 + $3 + $4 + $7 + $8 + $9, $5 + $6; exit }' /proc/stat; }
+
+# guest_cpu "BUSY0 IDLE0" "BUSY1 IDLE1" IOPS SECONDS: "BUSY% US_PER_IO".
+guest_cpu() {
+  awk -v a="$1" -v b="$2" -v iops="$3" -v secs="$4" -v hz="$(getconf CLK_TCK)" 'BEGIN {
+    split(a, x, " "); split(b, y, " "); busy = y[1] - x[1]; idle = y[2] - x[2]
+    if (busy + idle <= 0 || iops <= 0) { print "- -"; exit }
+    printf "%.0f%% %.0f\n", 100 * busy / (busy + idle), busy * 1e6 / hz / (iops * secs)
+  }'
 }
 
 # nvmet_trial TR ADDR DEV TAG: export DEV on nvmet, connect the kernel host, fio, disconnect,
 # tear down; sets IOPS.
 nvmet_trial() {
   local tr=$1 addr=$2 dev=$3 tag=$4
-  step "nvmet_export $KERNEL_NQN $dev $tr $addr $PORT" nvmet_export "$KERNEL_NQN" "$dev" "$tr" "$addr" "$PORT" || return 1
-  vm_wait_listen "$tr" "$addr" "$PORT" 10 || { REASON="kernel target is not listening on $tr $addr:$PORT"; return 1; }
+  kernel_target_up "$tr" "$addr" "$dev" || return 1
   host_connect "$tr" "$addr" "$PORT" "$KERNEL_NQN" || return 1
   iops_of "$DEV" "$tag" || return 1
   host_disconnect "$KERNEL_NQN" || return 1
@@ -98,7 +116,7 @@ perf_vs_nvmet_trials() {
       if [ "${names[$i]}" = base ]; then echo "  ours[base]: $BASE_BIN, defaults"; else echo "  ours[${names[$i]}]: ${yamls[$i]:-(defaults)}"; fi
     done
     echo
-    printf '%-6s %-6s %-14s %10s %10s %8s %12s %12s\n' tr trial who IOPS nvmet ratio "tgt us/cmd" "enters/cmd"
+    printf '%-6s %-6s %-14s %10s %10s %8s %11s %12s %12s %12s\n' tr trial who IOPS nvmet ratio "guest busy" "guest us/IO" "tgt us/cmd" "enters/cmd"
   } >"$OUT/report.txt"
   for tr in $TRANSPORTS; do
     addr=127.0.0.1
@@ -109,7 +127,7 @@ perf_vs_nvmet_trials() {
       nvmet_trial "$tr" "$addr" "$dev" "nvmet-$tr-$t" || { fail "$label" "$REASON"; return; }
       k=$IOPS
       [ "${k:-0}" -gt 0 ] || { fail "$label" "fio measured 0 IOPS against nvmet ($tr, trial $t)"; return; }
-      printf '%-6s %-6s %-14s %10d\n' "$tr" "$t" nvmet "$k" | tee -a "$OUT/report.txt"
+      printf '%-6s %-6s %-14s %10d %10s %8s %11s %12s\n' "$tr" "$t" nvmet "$k" "" "" $GUEST | tee -a "$OUT/report.txt"
       for i in "${!names[@]}"; do
         name=${names[$i]}
         local bin=
@@ -119,7 +137,7 @@ perf_vs_nvmet_trials() {
         [ "${o:-0}" -gt 0 ] || { fail "$label" "fio measured 0 IOPS against ours[$name] ($tr, trial $t)"; return; }
         line=$(awk -v o="$o" -v k="$k" 'BEGIN { printf "%.3f", o / k }')
         echo "$name $line" >>"$WORK/ratios"
-        printf '%-6s %-6s %-14s %10d %10d %7.2fx %12s %12s\n' "$tr" "$t" "ours[$name]" "$o" "$k" "$line" $PERCMD | tee -a "$OUT/report.txt"
+        printf '%-6s %-6s %-14s %10d %10d %7.2fx %11s %12s %12s %12s\n' "$tr" "$t" "ours[$name]" "$o" "$k" "$line" $GUEST $PERCMD | tee -a "$OUT/report.txt"
       done
     done
     goal=1.0
