@@ -414,6 +414,10 @@ fn iwarp_read_sink_key_is_valid_only_while_in_flight() {
     let st = &stats[0];
 
     let (mut a, mut q) = honest_host(addr);
+    // The admin queue's Connect data came by RDMA READ too (iWARP: a 1 KiB sink): let the
+    // poller publish that sink (every 50 ms) before clearing it, so it cannot be taken for
+    // the write's below.
+    std::thread::sleep(Duration::from_millis(300));
     let _ = st.take_last_read_sink();
     // The write's data moves by the target's RDMA READ into a pool buffer.
     let w = pattern(7, 32 * 1024);
