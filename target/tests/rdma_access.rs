@@ -414,11 +414,18 @@ fn iwarp_read_sink_key_is_valid_only_while_in_flight() {
     let st = &stats[0];
 
     let (mut a, mut q) = honest_host(addr);
-    // The admin queue's Connect data came by RDMA READ too (iWARP: a 1 KiB sink): let the
-    // poller publish that sink (every 50 ms) before clearing it, so it cannot be taken for
-    // the write's below.
-    std::thread::sleep(Duration::from_millis(300));
-    let _ = st.take_last_read_sink();
+    if iwarp {
+        // The admin queue's Connect data came by RDMA READ too (a 1 KiB sink, published by the
+        // poller every 50 ms): take that one first, so it cannot be taken for the write's below.
+        let deadline = Instant::now() + TIMEOUT;
+        while st.take_last_read_sink().is_none() {
+            assert!(
+                Instant::now() < deadline,
+                "the admin Connect's RDMA READ sink was never published"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
     // The write's data moves by the target's RDMA READ into a pool buffer.
     let w = pattern(7, 32 * 1024);
     write_read(&mut q, 16, &w);
