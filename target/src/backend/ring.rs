@@ -26,7 +26,7 @@ use io_uring::{opcode, types, IoUring};
 use super::device::{Device, DeviceKind, Devices};
 use super::pool::{BufId, BufPool};
 use super::sys::{self, MmapRegion};
-use crate::core::{IoKind, IoOp};
+use crate::core::{trim_ranges, IoKind, IoOp, TRIM_RANGE_SIZE};
 
 /// Bytes of the ring's zero buffer, the source of Write Zeroes when the device supports
 /// neither FALLOC_FL_ZERO_RANGE nor FALLOC_FL_PUNCH_HOLE. A multiple of every block size.
@@ -623,8 +623,14 @@ impl Ring {
                 self.slots[si].kind = SlotKind::Zero(dev.zero);
                 self.issue_zero(s)
             }
-            IoKind::Trim(ranges) => {
-                for &(off, len) in ranges {
+            IoKind::Trim { ranges } => {
+                // The byte ranges are listed in the command's buffer (crate::core::trim_ranges).
+                let (id, boff) = buf.ok_or(libc::EINVAL)?;
+                let list_len = usize::from(*ranges) * TRIM_RANGE_SIZE;
+                let end = (boff as usize).checked_add(list_len).ok_or(libc::EINVAL)?;
+                let list = self.pool.payload(id, end).map_err(|_| libc::EINVAL)?;
+                let list = &list[boff as usize..];
+                for (off, len) in trim_ranges(list, *ranges) {
                     check_range(&dev, off, len)?;
                 }
                 if dev.null || !dev.trim {
@@ -632,7 +638,16 @@ impl Ring {
                     return Ok(());
                 }
                 self.slots[si].kind = SlotKind::Trim;
-                for &(off, len) in ranges.iter().filter(|r| r.1 > 0) {
+                for i in 0..usize::from(*ranges) {
+                    // Read each range afresh: queueing borrows the ring mutably.
+                    let list = self.pool.payload(id, end).map_err(|_| libc::EINVAL)?;
+                    let entry = &list[boff as usize + i * TRIM_RANGE_SIZE..];
+                    let Some((off, len)) = trim_ranges(entry, 1).next() else {
+                        break;
+                    };
+                    if len == 0 {
+                        continue;
+                    }
                     let e = opcode::Fallocate::new(types::Fixed(op.device), len)
                         .offset(off)
                         .mode(libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE)

@@ -9,7 +9,7 @@ use nvme::opcode::io;
 use nvme::{Sqe, Status};
 
 use super::queue::{loc, Outcome, Parsed, Reject};
-use super::{Cmd, IoKind, IoOp, NamespaceSpec, Queue, Xfer};
+use super::{put_trim_range, Cmd, IoKind, IoOp, NamespaceSpec, Queue, Xfer};
 
 /// Read/Write CDW12 bit 30: Force Unit Access.
 const RW_FUA: u32 = 1 << 30;
@@ -17,6 +17,7 @@ const RW_FUA: u32 = 1 << 30;
 const DSM_AD: u32 = 1 << 2;
 /// One DSM range: context attributes, length in blocks, starting LBA.
 const DSM_RANGE_SIZE: usize = 16;
+const _: () = assert!(DSM_RANGE_SIZE == super::TRIM_RANGE_SIZE);
 
 /// Byte offset and length of `nlb` blocks at `slba`, range-checked against the namespace
 /// without any arithmetic that could overflow.
@@ -155,19 +156,26 @@ impl Queue {
                     // Integral Read/Write hints only: nothing to do.
                     return Ok(Outcome::ok());
                 }
-                let mut ranges = Vec::new();
-                for r in buf.chunks_exact(DSM_RANGE_SIZE) {
+                // The byte ranges replace the DSM ranges in the buffer, entry by entry (entry
+                // `n` is written only after DSM range `i >= n` was read), so nothing is
+                // allocated.
+                let mut n = 0;
+                for i in 0..buf.len() / DSM_RANGE_SIZE {
+                    let r = &buf[i * DSM_RANGE_SIZE..(i + 1) * DSM_RANGE_SIZE];
                     let nlb = u32::from_le_bytes([r[4], r[5], r[6], r[7]]) as u64;
                     let slba = u64::from_le_bytes(r[8..16].try_into().expect("8 bytes"));
                     if nlb == 0 {
                         continue;
                     }
-                    ranges.push(extent(&ns, slba, nlb)?);
+                    let (off, len) = extent(&ns, slba, nlb)?;
+                    put_trim_range(buf, n, off, len);
+                    n += 1;
                 }
-                if ranges.is_empty() {
+                if n == 0 {
                     return Ok(Outcome::ok());
                 }
-                Ok(Outcome::Io(Queue::trim_op(device, ranges)))
+                // At most 256 (NR is 8 bits).
+                Ok(Outcome::Io(Queue::trim_op(device, n as u16)))
             }
             _ => Err(Reject::dnr(Status::INVALID_OPCODE, loc::OPCODE)),
         }

@@ -233,8 +233,38 @@ pub enum IoKind {
     WriteFua,
     Flush,
     WriteZeroes,
-    /// Deallocate these (offset, len) byte ranges.
-    Trim(Vec<(u64, u64)>),
+    /// Deallocate byte ranges: the first `ranges` entries of the command's buffer (the one
+    /// `execute` was given, which the transport hands the backend with the op), written there
+    /// over the DSM range list they came from (see [`trim_ranges`]).
+    Trim {
+        ranges: u16,
+    },
+}
+
+/// One entry of a Trim's range list in the command buffer: byte offset then byte length, each
+/// a little-endian u64. The same size as a DSM range, so `execute` rewrites the host's list in
+/// place and a Trim allocates nothing.
+pub const TRIM_RANGE_SIZE: usize = 16;
+
+/// The (offset, length) byte ranges of a Trim of `count` ranges, from its command buffer (an
+/// entry the buffer is too short for is not returned).
+pub fn trim_ranges(buf: &[u8], count: u16) -> impl Iterator<Item = (u64, u64)> + '_ {
+    buf.chunks_exact(TRIM_RANGE_SIZE)
+        .take(count as usize)
+        .map(|e| {
+            let (off, len) = e.split_at(8);
+            (
+                u64::from_le_bytes(off.try_into().expect("8 bytes")),
+                u64::from_le_bytes(len.try_into().expect("8 bytes")),
+            )
+        })
+}
+
+/// Writes entry `i` of a Trim's range list into `buf`.
+pub fn put_trim_range(buf: &mut [u8], i: usize, offset: u64, len: u64) {
+    let e = &mut buf[i * TRIM_RANGE_SIZE..(i + 1) * TRIM_RANGE_SIZE];
+    e[..8].copy_from_slice(&offset.to_le_bytes());
+    e[8..].copy_from_slice(&len.to_le_bytes());
 }
 
 /// What `execute` decided.

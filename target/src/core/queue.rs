@@ -688,11 +688,12 @@ impl Queue {
         self.waker = Some(w);
     }
 
-    /// Build the IoOp for a Trim (used by io.rs).
-    pub(crate) fn trim_op(device: u32, ranges: Vec<(u64, u64)>) -> IoOp {
+    /// Build the IoOp for a Trim of `ranges` ranges, listed in the command buffer (used by
+    /// io.rs).
+    pub(crate) fn trim_op(device: u32, ranges: u16) -> IoOp {
         IoOp {
             device,
-            kind: IoKind::Trim(ranges),
+            kind: IoKind::Trim { ranges },
             offset: 0,
             len: 0,
         }

@@ -159,6 +159,8 @@ impl Reply {
 pub(super) struct Host {
     pub q: Queue,
     pub now: Instant,
+    /// The command buffer of the last command `execute` handed to the backend, as it left it.
+    pub io_buf: Vec<u8>,
     cid: u16,
 }
 
@@ -167,6 +169,7 @@ impl Host {
         Host {
             q: Queue::new(target.clone(), caps, "192.0.2.100:51234".into()),
             now,
+            io_buf: Vec::new(),
             cid: 0,
         }
     }
@@ -237,7 +240,10 @@ impl Host {
                 }
                 Reply::Done(cqe, buf[..data_len as usize].to_vec())
             }
-            Exec::Io(op) => Reply::Io(op, cmd),
+            Exec::Io(op) => {
+                self.io_buf = buf;
+                Reply::Io(op, cmd)
+            }
             Exec::Deferred => Reply::Deferred(cmd),
         }
     }
