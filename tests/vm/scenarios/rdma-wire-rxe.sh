@@ -6,4 +6,4 @@
 # vm-needs: build rdma
 # vm-timeout: 420
 source "$(dirname "$0")/../lib.sh"
-need_rdma RXE_IP && rdma_wire "$SCENARIO" "$RXE_IP" rdma_raw rdma_host rdma_access
+need_rdma RXE_IP && rdma_wire "$SCENARIO" "$RXE_IP" rdma_raw rdma_host rdma_access transport_alloc

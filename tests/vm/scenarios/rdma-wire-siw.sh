@@ -4,4 +4,4 @@
 # vm-needs: build rdma
 # vm-timeout: 420
 source "$(dirname "$0")/../lib.sh"
-need_rdma SIW_IP && rdma_wire "$SCENARIO" "$SIW_IP" rdma_raw rdma_access
+need_rdma SIW_IP && rdma_wire "$SCENARIO" "$SIW_IP" rdma_raw rdma_access transport_alloc

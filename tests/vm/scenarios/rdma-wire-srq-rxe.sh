@@ -7,4 +7,4 @@
 # vm-timeout: 420
 source "$(dirname "$0")/../lib.sh"
 export NVMF_TEST_RDMA_SRQ_DEPTH=${NVMF_VM_RDMA_SRQ_DEPTH:-64}
-need_rdma RXE_IP && rdma_wire "$SCENARIO" "$RXE_IP" rdma_raw rdma_access
+need_rdma RXE_IP && rdma_wire "$SCENARIO" "$RXE_IP" rdma_raw rdma_access transport_alloc
