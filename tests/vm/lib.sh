@@ -524,13 +524,15 @@ bad_input_rdma() {
   pass "$label"
 }
 
-# fio_iops DEV LABEL: fio 4k randread QD32, one job, O_DIRECT, time-based; prints the read IOPS.
+# fio_iops DEV LABEL: fio 4k randread QD32, one job, O_DIRECT, time-based (FIO_RAMP_SECS of
+# ramp, then NVMF_VM_PERF_RUNTIME); prints the read IOPS.
+FIO_RAMP_SECS=2
 fio_iops() {
   local dev=$1 tag=$2 engine=io_uring
   fio --enghelp=io_uring >/dev/null 2>&1 || engine=libaio
   step "fio randread 4k qd32 ${NVMF_VM_PERF_RUNTIME:-15}s on $dev ($tag)" \
     fio --name="perf-$tag" --filename="$dev" --ioengine=$engine --direct=1 --rw=randread --bs=4k \
-      --iodepth=32 --numjobs=1 --time_based --runtime="${NVMF_VM_PERF_RUNTIME:-15}" --ramp_time=2 \
+      --iodepth=32 --numjobs=1 --time_based --runtime="${NVMF_VM_PERF_RUNTIME:-15}" --ramp_time=$FIO_RAMP_SECS \
       --output-format=json --output="$OUT/fio-$tag.json" >&2 || return 1
   # The first "iops" of fio's JSON is jobs[0].read.iops.
   sed -n 's/^[[:space:]]*"iops" : \([0-9]*\).*/\1/p' "$OUT/fio-$tag.json" | head -n 1

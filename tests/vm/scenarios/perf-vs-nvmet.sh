@@ -36,7 +36,7 @@ iops_of() {
   b=$(cpu_jiffies)
   IOPS=$(cat "$WORK/iops")
   [ -n "$IOPS" ] || { REASON="no IOPS in $OUT/fio-$2.json"; return 1; }
-  GUEST=$(guest_cpu "$a" "$b" "$IOPS" $((NVMF_VM_PERF_RUNTIME + 2)))
+  GUEST=$(guest_cpu "$a" "$b" "$IOPS" $((NVMF_VM_PERF_RUNTIME + FIO_RAMP_SECS)))
 }
 
 # cpu_jiffies: "BUSY IDLE" clock ticks of all CPUs so far (/proc/stat: user nice system idle
@@ -110,7 +110,7 @@ perf_vs_nvmet_trials() {
   # Fill the disk, so reads hit real pages on both targets.
   step "fill $dev" dd if=/dev/urandom of="$dev" bs=1M count=$RAMDISK_MB oflag=direct || { fail "$label" "$REASON"; return; }
   {
-    echo "fio 4k randread iodepth=32 numjobs=1 ${NVMF_VM_PERF_RUNTIME}s (+2s ramp), kernel host, ${RAMDISK_MB} MiB brd,"
+    echo "fio 4k randread iodepth=32 numjobs=1 ${NVMF_VM_PERF_RUNTIME}s (+${FIO_RAMP_SECS}s ramp), kernel host, ${RAMDISK_MB} MiB brd,"
     echo "$TRIALS interleaved trials per transport (nvmet, then ours in each mode); TCG-emulated VM with $(nproc) vCPUs: ratios only"
     for i in "${!names[@]}"; do
       if [ "${names[$i]}" = base ]; then echo "  ours[base]: $BASE_BIN, defaults"; else echo "  ours[${names[$i]}]: ${yamls[$i]:-(defaults)}"; fi
