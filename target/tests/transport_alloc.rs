@@ -103,6 +103,46 @@ fn pattern(round: u64, lba: u64) -> u8 {
     (round.wrapping_mul(31) ^ lba.wrapping_mul(7)) as u8 | 1
 }
 
+/// `n` writes of round `r`'s pattern at blocks `lba(i)` of `ns`, then `n` reads of them that
+/// check the data (`what` names the size in a failure).
+#[allow(clippy::too_many_arguments)]
+fn write_read<Q: Queue>(
+    q: &mut Q,
+    pool: &mut Vec<Q::Buf>,
+    done: &mut Vec<Completion<Q::Buf>>,
+    ns: &NsInfo,
+    n: usize,
+    lba: impl Fn(usize) -> u64,
+    r: u64,
+    what: &str,
+) -> u64 {
+    let w = batch(
+        q,
+        pool,
+        done,
+        n,
+        |q, i, mut b| {
+            b.fill(pattern(r, lba(i)));
+            q.submit_write(ns, lba(i), b, i as u64).expect("submit");
+        },
+        |_| {},
+    );
+    w + batch(
+        q,
+        pool,
+        done,
+        n,
+        |q, i, b| {
+            q.submit_read(ns, lba(i), b, i as u64).expect("submit");
+        },
+        |c| {
+            let want = pattern(r, lba(c.user_data as usize));
+            let data = c.buf.as_ref().unwrap();
+            assert!(data.iter().all(|&x| x == want), "{what} read data");
+        },
+    )
+}
+
 struct Pools<B> {
     small: Vec<B>,
     big: Vec<B>,
@@ -128,63 +168,9 @@ fn round<Q: Queue>(q: &mut Q, p: &mut Pools<Q::Buf>, file: &NsInfo, null: &NsInf
     } = p;
 
     // 4 KiB writes then reads at QD32 (in-capsule data).
-    n += batch(
-        q,
-        small,
-        done,
-        32,
-        |q, i, mut b| {
-            b.fill(pattern(r, lba(i)));
-            q.submit_write(file, lba(i), b, i as u64).expect("submit");
-        },
-        |_| {},
-    );
-    n += batch(
-        q,
-        small,
-        done,
-        32,
-        |q, i, b| {
-            q.submit_read(file, lba(i), b, i as u64).expect("submit");
-        },
-        |c| {
-            let want = pattern(r, lba(c.user_data as usize));
-            assert!(
-                c.buf.as_ref().unwrap().iter().all(|&x| x == want),
-                "4k read data"
-            );
-        },
-    );
+    n += write_read(q, small, done, file, 32, lba, r, "4k");
     // 128 KiB writes then reads at QD8 (R2T + H2C data over TCP, RDMA READ over RDMA).
-    n += batch(
-        q,
-        big,
-        done,
-        8,
-        |q, i, mut b| {
-            b.fill(pattern(r, big_lba(i)));
-            q.submit_write(file, big_lba(i), b, i as u64)
-                .expect("submit");
-        },
-        |_| {},
-    );
-    n += batch(
-        q,
-        big,
-        done,
-        8,
-        |q, i, b| {
-            q.submit_read(file, big_lba(i), b, i as u64)
-                .expect("submit");
-        },
-        |c| {
-            let want = pattern(r, big_lba(c.user_data as usize));
-            assert!(
-                c.buf.as_ref().unwrap().iter().all(|&x| x == want),
-                "128k read data"
-            );
-        },
-    );
+    n += write_read(q, big, done, file, 8, big_lba, r, "128k");
     // The null namespace at QD32, both ways.
     n += batch(
         q,
