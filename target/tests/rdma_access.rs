@@ -40,18 +40,6 @@ const REMOTE: AccessFlags = AccessFlags::REMOTE_READ.union(AccessFlags::REMOTE_W
 const ATTACK_WRITE: u64 = 0xa77a_c000;
 const ATTACK_READ: u64 = 0xa77a_c001;
 
-/// The RDMA address under test, or None when the test is to be skipped.
-fn rdma_ip_or_skip() -> Option<IpAddr> {
-    let Some(ip) = rdma_ip() else {
-        if std::env::var("NVMF_REQUIRE_RDMA").as_deref() == Ok("1") {
-            panic!("NVMF_REQUIRE_RDMA=1 but no RDMA address (NVMF_TEST_RDMA_IP, RXE_IP, SIW_IP)");
-        }
-        eprintln!("skipped: no RDMA device (set NVMF_TEST_RDMA_IP to run this test)");
-        return None;
-    };
-    Some(ip)
-}
-
 /// A daemon with one RDMA poller (so every connection shares one protection domain and the
 /// pool region is unique) listening on `ip:port`, with `subsystems` (YAML list items).
 fn start(ip: IpAddr, port: u16, tag: &str, subsystems: &str) -> (Daemon, std::path::PathBuf) {

@@ -28,11 +28,7 @@ const BLOCK: u64 = 4096;
 
 #[test]
 fn nvme_rdma_wire_protocol_against_the_daemon() {
-    let Some(ip) = rdma_ip() else {
-        if std::env::var("NVMF_REQUIRE_RDMA").as_deref() == Ok("1") {
-            panic!("NVMF_REQUIRE_RDMA=1 but no RDMA address (NVMF_TEST_RDMA_IP, RXE_IP, SIW_IP)");
-        }
-        eprintln!("skipped: no RDMA device (set NVMF_TEST_RDMA_IP to run this test)");
+    let Some(ip) = rdma_ip_or_skip() else {
         return;
     };
     // The address under test is one of this machine's RDMA addresses. The probe binds an

@@ -337,11 +337,7 @@ fn no_heap_allocation_per_io_over_tcp() {
 
 #[test]
 fn no_heap_allocation_per_io_over_rdma() {
-    let Some(ip) = rdma_common::rdma_ip() else {
-        if std::env::var("NVMF_REQUIRE_RDMA").as_deref() == Ok("1") {
-            panic!("NVMF_REQUIRE_RDMA=1 but no RDMA address (NVMF_TEST_RDMA_IP, RXE_IP, SIW_IP)");
-        }
-        eprintln!("skipped: no RDMA device (set NVMF_TEST_RDMA_IP to run this test)");
+    let Some(ip) = rdma_common::rdma_ip_or_skip() else {
         return;
     };
     let s = start(

@@ -38,6 +38,19 @@ pub fn rdma_ip() -> Option<IpAddr> {
         .map(|s| s.parse().expect("an IP address"))
 }
 
+/// The RDMA address under test, or None when the test is to be skipped (it prints so); with
+/// `NVMF_REQUIRE_RDMA=1` (the VM suite) a missing address fails the test instead.
+pub fn rdma_ip_or_skip() -> Option<IpAddr> {
+    let Some(ip) = rdma_ip() else {
+        if std::env::var("NVMF_REQUIRE_RDMA").as_deref() == Ok("1") {
+            panic!("NVMF_REQUIRE_RDMA=1 but no RDMA address (NVMF_TEST_RDMA_IP, RXE_IP, SIW_IP)");
+        }
+        eprintln!("skipped: no RDMA device (set NVMF_TEST_RDMA_IP to run this test)");
+        return None;
+    };
+    Some(ip)
+}
+
 /// Whether the device that routes to `addr` is iWARP.
 pub fn device_is_iwarp(addr: SocketAddr) -> bool {
     let ch = EventChannel::new().unwrap();
