@@ -502,6 +502,12 @@ impl Conn {
         }
     }
 
+    /// The most entries `regions` can append: its receive and response regions and one READ
+    /// sink per request slot.
+    pub fn max_regions(&self) -> usize {
+        2 + self.slots.len()
+    }
+
     /// Appends the memory regions this connection holds (for diagnostics and tests).
     pub fn regions(&self, out: &mut Vec<RegionInfo>) {
         if let Some(mr) = &self.recv_mr {

@@ -735,10 +735,19 @@ impl Poller {
     }
 
     /// Publishes the regions held now and the last READ sink registered (for diagnostics and
-    /// tests; the list keeps its capacity, so this allocates only when it grows).
+    /// tests). The list is sized for the most the connections can hold (every slot with a READ
+    /// sink), so it grows when a connection arrives, never with the number of writes in flight.
     fn publish_regions(&mut self) {
+        let most = 2 * self.devs.len()
+            + self
+                .conns
+                .iter()
+                .flatten()
+                .map(|c| c.max_regions())
+                .sum::<usize>();
         let mut regions = self.stats.regions.lock().unwrap_or_else(|e| e.into_inner());
         regions.clear();
+        regions.reserve(most);
         for d in &self.devs {
             regions.push(RegionInfo::of(RegionKind::Pool, &d.pool_mr));
             if let Some(q) = &d.srq {
