@@ -7,7 +7,8 @@
 # vm-timeout: 1500
 source "$(dirname "$0")/../lib.sh"
 
-# Knobs: NVMF_VM_PERF_TRIALS (3 alternations), NVMF_VM_PERF_RUNTIME (fio seconds, 10),
+# Knobs: NVMF_VM_PERF_TRIALS (5 alternations: single trials swing 0.6x-1.3x under emulation, a
+# median of 3 moved by 0.2x between runs), NVMF_VM_PERF_RUNTIME (fio seconds, 10),
 # NVMF_VM_PERF_MODES (our target's configurations, each a name=YAML pair separated by ';';
 # default: "default=", the embedded defaults; e.g. add ";idle0=target: { idle_poll_us: 0 }" (the
 # poller sleeps as soon as it is idle: in a 2-vCPU guest a spinning poller competes with the
@@ -15,7 +16,7 @@ source "$(dirname "$0")/../lib.sh"
 # NVMF_VM_PERF_TRANSPORTS ("tcp rdma"), NVMF_VM_PERF_BASE_BIN (another nvmf-target build, e.g.
 # of the commit before a change: adds mode "base", that binary on its defaults, to every trial,
 # so before and after are measured side by side in one run).
-TRIALS=${NVMF_VM_PERF_TRIALS:-3}
+TRIALS=${NVMF_VM_PERF_TRIALS:-5}
 TRANSPORTS=${NVMF_VM_PERF_TRANSPORTS:-tcp rdma}
 BASE_BIN=${NVMF_VM_PERF_BASE_BIN:-}
 export NVMF_VM_PERF_RUNTIME=${NVMF_VM_PERF_RUNTIME:-10}
