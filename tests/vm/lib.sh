@@ -542,6 +542,27 @@ fio_iops() {
   sed -n 's/^[[:space:]]*"iops" : \([0-9]*\).*/\1/p' "$OUT/fio-$tag.json" | head -n 1
 }
 
+# net_mark / net_report: the guest's TCP segments sent and retransmitted and its softnet backlog
+# drops between the two calls. siw and NVMe/TCP run over TCP on lo here, and under emulation lo
+# drops packets when softirqs fall behind: each drop is a TCP loss-recovery stall (>= 200 ms).
+softnet_drops() {
+  local _c d _r s=0
+  while read -r _c d _r; do s=$((s + 16#$d)); done </proc/net/softnet_stat
+  echo "$s"
+}
+net_mark() {
+  nstat -n >/dev/null 2>&1
+  NET_DROPS0=$(softnet_drops)
+}
+net_report() {
+  local c out= retrans=
+  # One nstat call: it reports the change since its previous call, so a second would see ~0.
+  c=$(nstat -z TcpOutSegs TcpRetransSegs 2>/dev/null)
+  out=$(awk '$1 == "TcpOutSegs" { print $2 }' <<<"$c")
+  retrans=$(awk '$1 == "TcpRetransSegs" { print $2 }' <<<"$c")
+  echo "  net: TCP segments sent ${out:-?}, retransmitted ${retrans:-?}; softnet backlog drops $(($(softnet_drops) - ${NET_DROPS0:-0}))"
+}
+
 # soak_randrw LABEL ADDR: our target over NVMe/RDMA; nvmf-bench randrw 4k QD16 on two queues
 # with --verify=crc32c, time-based for $NVMF_VM_SOAK_SECS (60); 0 mismatches, clean target log.
 # soak_randrw LABEL ADDR [kernel]: with `kernel`, the same run against the Linux kernel target
@@ -559,12 +580,13 @@ soak_randrw() {
     bench_case_start "$label" "$addr" rdma || return
   fi
   b=$(bench_bin)
+  net_mark
   step "nvmf-bench rdma randrw 4k qd16 x2 ${secs}s verify" timeout $((secs + 240)) "$b" \
     --transport rdma --traddr "$addr" --trsvcid "$PORT" --subnqn "$nqn" --rw=randrw \
     --bs=4k --iodepth=16 --numjobs=2 --size=16M --offset_increment=16M --time_based \
-    --runtime="$secs" --verify=crc32c || { fail "$label" "$REASON"; return; }
+    --runtime="$secs" --verify=crc32c || { fail "$label" "$REASON;$(net_report)"; return; }
   cp "$WORK/step.out" "$OUT/soak.txt"
-  grep -E '^[[:space:]]+(read|write|verify):' "$WORK/step.out" | tee "$OUT/report.txt"
+  { grep -E '^[[:space:]]+(read|write|verify):' "$WORK/step.out"; net_report; } | tee "$OUT/report.txt"
   grep -qE 'verify: [1-9][0-9]* blocks checked, 0 mismatches' "$WORK/step.out" ||
     { fail "$label" "no clean verify line: $(grep -m1 'verify' "$WORK/step.out")"; return; }
   if [ -n "$kernel" ]; then
