@@ -555,11 +555,10 @@ net_mark() {
   NET_DROPS0=$(softnet_drops)
 }
 net_report() {
-  local c out= retrans=
+  local out retrans
   # One nstat call: it reports the change since its previous call, so a second would see ~0.
-  c=$(nstat -z TcpOutSegs TcpRetransSegs 2>/dev/null)
-  out=$(awk '$1 == "TcpOutSegs" { print $2 }' <<<"$c")
-  retrans=$(awk '$1 == "TcpRetransSegs" { print $2 }' <<<"$c")
+  read -r out retrans < <(nstat -z TcpOutSegs TcpRetransSegs 2>/dev/null |
+    awk '{ v[$1] = $2 } END { print v["TcpOutSegs"], v["TcpRetransSegs"] }')
   echo "  net: TCP segments sent ${out:-?}, retransmitted ${retrans:-?}; softnet backlog drops $(($(softnet_drops) - ${NET_DROPS0:-0}))"
 }
 
