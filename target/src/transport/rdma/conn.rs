@@ -24,9 +24,13 @@
 //!   data copied), always before its response SEND is posted;
 //! - capsules that arrive before ESTABLISHED wait (their RECVs stay consumed) and run once the
 //!   connection is established;
-//! - read data goes out as RDMA WRITE chained with the response SEND in one post, only the
-//!   SEND signaled; SEND_WITH_INVALIDATE only for a keyed-invalidate SGL (0x4F) that moved data
-//!   and only where enabled;
+//! - read data goes out as RDMA WRITE chained with the response SEND, only the SEND signaled;
+//!   SEND_WITH_INVALIDATE only for a keyed-invalidate SGL (0x4F) that moved data and only where
+//!   enabled;
+//! - responses are staged as they complete and posted together when the poller's pass ends
+//!   ([`Conn::flush_sends`]): one `ibv_post_send` (one doorbell) for all of a pass's responses
+//!   on the connection. On soft-RoCE that is also one run of the kernel's requester for them
+//!   and one completion event for the host, instead of one per response;
 //! - the send queue never overflows (credits) and RDMA READs never exceed the negotiated
 //!   initiator depth (FIFO wait lists beyond).
 
@@ -36,7 +40,7 @@ use std::time::{Duration, Instant};
 
 use ::rdma::{
     AccessFlags, CmId, ConnParam, Cq, Mr, Qp, QpInitAttr, RemoteBuf, SendWr, WcStatus,
-    WorkCompletion,
+    WorkCompletion, MAX_CHAIN,
 };
 use nvme::fabrics::{connect_sqe_off, ConnectCmd, ConnectResult, InvalidAttr};
 use nvme::rdma::CmReply;
@@ -48,7 +52,7 @@ use super::params::{
     connect_sqsize_fits, split_wr_id, wr_id, QueueSizing, WrKind, CQE_BYTES, SQE_BYTES,
 };
 use super::poller::{DevRes, RegionInfo, RegionKind};
-use super::request::{Req, ReqState, StateCounts};
+use super::request::{Req, ReqState, StagedSend, StateCounts};
 use crate::backend::BufId;
 use crate::core::{Cmd, Exec, Queue, QueueEvent, Target, TransportCaps, Xfer};
 use crate::store::RingStore;
@@ -134,6 +138,9 @@ pub(super) struct Conn {
     reads_out: u32,
     read_wait: VecDeque<u32>,
     send_wait: VecDeque<u32>,
+    /// Slots whose response is staged (accounted for, in TransferringToHost or Completing),
+    /// in order, until [`Conn::flush_sends`] posts them.
+    staged: Vec<u32>,
     /// Received capsules (RECV index, byte length) waiting for ESTABLISHED or a free slot.
     capsule_wait: VecDeque<(u32, u32)>,
     /// RECVs posted on the connection's own receive queue (always 0 on a shared one).
@@ -225,6 +232,7 @@ impl Conn {
             reads_out: 0,
             read_wait: VecDeque::with_capacity(z.slots as usize),
             send_wait: VecDeque::with_capacity(z.slots as usize),
+            staged: Vec::with_capacity(z.slots as usize),
             capsule_wait: VecDeque::with_capacity(z.recvs as usize),
             recvs_posted: 0,
             srq,
@@ -1016,24 +1024,17 @@ impl Conn {
             Some((_, len, key, true)) if self.send_with_inv && len > 0 => Some(key),
             _ => None,
         };
-        let rsp = [rsp];
-        let id = wr_id(WrKind::Send, slot);
-        let send = match inv {
-            Some(k) => SendWr::send_with_inv(id, &rsp, k),
-            None => SendWr::send(id, &rsp),
-        }
-        .signaled();
-        let Some(qp) = self.qp.as_ref() else {
+        if self.qp.is_none() {
             return;
-        };
-        let (res, wrs, next) = if data_len > 0 {
+        }
+        let data = if data_len > 0 {
             let (addr, len, key, _) = keyed.expect("checked above");
             let b = self.slots[s]
                 .buf
                 .expect("read data is in the request's buffer");
             let bs = env.store.ring().pool().buf_size();
-            let data = match env.dev.pool_mr.sge(b as usize * bs, data_len as usize) {
-                Ok(sge) => [sge],
+            let sge = match env.dev.pool_mr.sge(b as usize * bs, data_len as usize) {
+                Ok(sge) => sge,
                 Err(e) => {
                     warn!(peer = %self.peer, error = %e, "pool SGE out of range");
                     self.close("internal error", env);
@@ -1045,29 +1046,117 @@ impl Conn {
                 len: u64::from(len),
                 rkey: key,
             };
-            let write = SendWr::write(wr_id(WrKind::Write, slot), &data, remote);
-            (
-                qp.post_send(&[write, send]),
-                2,
-                ReqState::TransferringToHost,
-            )
+            Some((sge, remote))
         } else {
-            (qp.post_send(&[send]), 1, ReqState::Completing)
+            None
         };
-        match res {
-            Ok(()) => {
-                self.sq_free -= wrs;
-                self.signaled_out += 1;
-                self.slots[s].wrs = wrs;
-                self.stats.tx_bytes += CQE_BYTES as u64 + u64::from(data_len);
-                self.stats.tx_payload += u64::from(data_len);
-                self.set(slot, next);
-            }
-            Err(e) => {
-                warn!(peer = %self.peer, error = %e, "posting a response failed: closing the queue");
-                self.close("response post failed", env);
+        let (wrs, next) = match data {
+            Some(_) => (2, ReqState::TransferringToHost),
+            None => (1, ReqState::Completing),
+        };
+        // Accounted for now (the send queue room, the completion to come), posted by the
+        // connection's next flush, at the end of the poller's pass at the latest.
+        self.sq_free -= wrs;
+        self.signaled_out += 1;
+        let r = &mut self.slots[s];
+        r.wrs = wrs;
+        r.send = Some(StagedSend { rsp, data, inv });
+        self.stats.tx_bytes += CQE_BYTES as u64 + u64::from(data_len);
+        self.stats.tx_payload += u64::from(data_len);
+        self.staged.push(slot);
+        self.set(slot, next);
+    }
+
+    /// Posts the staged responses in order, as few `ibv_post_send` calls as [`MAX_CHAIN`]
+    /// allows (one for up to 32 read responses). A failed post closes the queue; the responses
+    /// it did not post are taken back (their accounting undone) and released with the rest.
+    /// Returns whether anything was staged.
+    pub fn flush_sends(&mut self, env: &mut Env<'_>) -> bool {
+        if self.staged.is_empty() {
+            return false;
+        }
+        // Staged entries [0, posted) are on the send queue.
+        let mut posted = 0;
+        let mut failure = None;
+        if let Some(qp) = self.qp.as_ref() {
+            let filler = SendWr::send(0, &[]);
+            let mut wrs = [filler; MAX_CHAIN];
+            while posted < self.staged.len() {
+                let (mut n, mut end) = (0, posted);
+                for &slot in &self.staged[posted..] {
+                    let st = self.slots[slot as usize]
+                        .send
+                        .as_ref()
+                        .expect("a staged slot has its work requests");
+                    if n + 1 + usize::from(st.data.is_some()) > MAX_CHAIN {
+                        break;
+                    }
+                    if let Some((sge, remote)) = &st.data {
+                        let id = wr_id(WrKind::Write, slot);
+                        wrs[n] = SendWr::write(id, std::slice::from_ref(sge), *remote);
+                        n += 1;
+                    }
+                    let id = wr_id(WrKind::Send, slot);
+                    let rsp = std::slice::from_ref(&st.rsp);
+                    wrs[n] = match st.inv {
+                        Some(k) => SendWr::send_with_inv(id, rsp, k),
+                        None => SendWr::send(id, rsp),
+                    }
+                    .signaled();
+                    n += 1;
+                    end += 1;
+                }
+                match qp.post_send(&wrs[..n]) {
+                    Ok(()) => posted = end,
+                    Err(e) => {
+                        // A response is posted when its SEND (its last WR) is.
+                        if let ::rdma::Error::Post { posted: ok, .. } = e {
+                            let mut done = 0;
+                            for &slot in &self.staged[posted..end] {
+                                done += self.slots[slot as usize].wrs as usize;
+                                if done > ok {
+                                    break;
+                                }
+                                posted += 1;
+                            }
+                        }
+                        failure = Some(e);
+                        break;
+                    }
+                }
             }
         }
+        for i in 0..self.staged.len() {
+            let slot = self.staged[i];
+            let r = &mut self.slots[slot as usize];
+            let st = r.send.take();
+            if i < posted {
+                continue;
+            }
+            // Not posted: back to ReadyToComplete, which the close below releases.
+            self.sq_free += std::mem::take(&mut r.wrs);
+            self.signaled_out -= 1;
+            if let Some((sge, _)) = st.and_then(|s| s.data) {
+                self.stats.tx_payload -= u64::from(sge.len());
+                self.stats.tx_bytes -= u64::from(sge.len());
+            }
+            self.stats.tx_bytes -= CQE_BYTES as u64;
+            self.set(slot, ReqState::ReadyToComplete);
+        }
+        let unposted = self.staged.len() - posted;
+        self.staged.clear();
+        if unposted > 0 {
+            match failure {
+                Some(e) => {
+                    warn!(peer = %self.peer, error = %e, unposted, "posting responses failed: closing the queue")
+                }
+                None => {
+                    debug!(peer = %self.peer, unposted, "responses staged on a queue without a QP")
+                }
+            }
+            self.close("response post failed", env);
+        }
+        true
     }
 
     /// Frees a request's buffer, memory region and slot; reposts a RECV it still held.
@@ -1083,6 +1172,7 @@ impl Conn {
         if r.read_mr.take().is_some() {
             self.io_mrs -= 1;
         }
+        r.send = None;
         let recv = r.recv.take();
         r.cmd = None;
         r.cqe = None;
@@ -1231,6 +1321,9 @@ impl Conn {
         info!(peer = %self.peer, qid = ?self.queue.qid(), cm_qid = self.cm_qid, reason,
             "closing NVMe/RDMA queue");
         self.phase = Phase::Closing { since: env.now };
+        // Responses completed before the close go out first (a failure here takes them back
+        // to ReadyToComplete; its nested close returns at once, the phase being set).
+        self.flush_sends(env);
         self.queue.disconnected();
         if let Err(e) = self.id.disconnect() {
             // EINVAL when the connection is already gone.

@@ -296,6 +296,8 @@ impl Poller {
                 next_tick = now + TICK;
                 self.tick(now);
             }
+            // Last in the pass: everything above may have staged responses.
+            progress |= self.flush_sends(now);
             self.remove_finished();
             if progress {
                 last_work = now;
@@ -635,6 +637,17 @@ impl Poller {
             self.need_buf.pop_front();
             self.with_conn(k as usize, now, |c, env| c.buffer_granted(slot, b, env));
             any = true;
+        }
+        any
+    }
+
+    /// Posts every connection's staged responses. True if any were staged.
+    fn flush_sends(&mut self, now: Instant) -> bool {
+        let mut any = false;
+        for k in 0..self.conns.len() {
+            any |= self
+                .with_conn(k, now, |c, env| c.flush_sends(env))
+                .unwrap_or(false);
         }
         any
     }

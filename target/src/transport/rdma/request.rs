@@ -22,7 +22,7 @@
 //! posted work requests end with their flush completion, backend operations with their CQE, so
 //! every buffer and memory region comes back.
 
-use ::rdma::Mr;
+use ::rdma::{Mr, RemoteBuf, Sge};
 use nvme::Cqe;
 
 use crate::core::Cmd;
@@ -119,6 +119,20 @@ pub struct Req {
     /// iWARP: the per-I/O memory region of this request's RDMA READ sink, deregistered when
     /// the READ completes.
     pub read_mr: Option<Mr>,
+    /// The response's work requests, built and accounted for, waiting for the connection's
+    /// next flush (one `ibv_post_send` for all responses of a poller pass).
+    pub send: Option<StagedSend>,
+}
+
+/// A response staged for posting: the SEND of its CQE, after an RDMA WRITE of its read data.
+#[derive(Debug, Clone, Copy)]
+pub struct StagedSend {
+    /// The CQE in the connection's response region.
+    pub rsp: Sge,
+    /// The read data in the pool and where it goes in the host's memory.
+    pub data: Option<(Sge, RemoteBuf)>,
+    /// SEND_WITH_INVALIDATE of this rkey.
+    pub inv: Option<u32>,
 }
 
 impl Default for Req {
@@ -139,6 +153,7 @@ impl Req {
             wrs: 0,
             queued: false,
             read_mr: None,
+            send: None,
         }
     }
 
