@@ -15,7 +15,10 @@ source "$(dirname "$0")/../lib.sh"
 # kernel host and rxe for the CPUs); each mode adds a fio run per trial, ~30-90 s under TCG),
 # NVMF_VM_PERF_TRANSPORTS ("tcp rdma"), NVMF_VM_PERF_BASE_BIN (another nvmf-target build, e.g.
 # of the commit before a change: adds mode "base", that binary on its defaults, to every trial,
-# so before and after are measured side by side in one run).
+# so before and after are measured side by side in one run), NVMF_VM_PERF_CPU_DETAIL=1 (writes
+# cpu-TAG.txt per fio run: the guest's /proc/stat, softirq and interrupt counts and the busiest
+# threads' CPU ticks and context switches over the run; how completions reach the host, e.g.
+# IRQ_POLL softirqs per I/O, shows there).
 TRIALS=${NVMF_VM_PERF_TRIALS:-5}
 TRANSPORTS=${NVMF_VM_PERF_TRANSPORTS:-tcp rdma}
 BASE_BIN=${NVMF_VM_PERF_BASE_BIN:-}
@@ -32,12 +35,53 @@ median() { sort -g | awk '{ v[NR] = $1 } END { if (NR == 0) exit 1; if (NR % 2) 
 iops_of() {
   local a b
   IOPS=
+  [ "${NVMF_VM_PERF_CPU_DETAIL:-0}" = 1 ] && snap "$WORK/snap0"
   a=$(cpu_jiffies)
   fio_iops "$1" "$2" >"$WORK/iops" || return 1
   b=$(cpu_jiffies)
+  [ "${NVMF_VM_PERF_CPU_DETAIL:-0}" = 1 ] && snap "$WORK/snap1" && breakdown "$WORK/snap0" "$WORK/snap1" >"$OUT/cpu-$2.txt"
   IOPS=$(cat "$WORK/iops")
   [ -n "$IOPS" ] || { REASON="no IOPS in $OUT/fio-$2.json"; return 1; }
   GUEST=$(guest_cpu "$a" "$b" "$IOPS" $((NVMF_VM_PERF_RUNTIME + FIO_RAMP_SECS)))
+}
+
+# snap DIR: the guest's CPU, softirq and interrupt counters and every thread's CPU ticks and
+# context switches now (taken outside the fio window, so the guest busy figures exclude it).
+snap() {
+  local t
+  mkdir -p "$1"
+  cat /proc/stat >"$1/stat"
+  cat /proc/softirqs >"$1/softirqs"
+  cat /proc/interrupts >"$1/interrupts"
+  : >"$1/tasks"
+  for t in /proc/[0-9]*/task/[0-9]*; do
+    # TID COMM TICKS VOLUNTARY NONVOLUNTARY (comm may hold spaces: it ends at the last ") ").
+    awk -v t="${t##*/}" 'FNR == 1 && FILENAME ~ /stat$/ {
+        n = index($0, " ("); m = 0; for (i = n; (j = index(substr($0, i + 1), ") ")) > 0; i += j) m = i + j
+        comm = substr($0, n + 2, m - n - 2); gsub(/ /, "_", comm); split(substr($0, m + 2), f, " ")
+        ticks = f[12] + f[13]
+      }
+      /^voluntary_ctxt_switches/ { v = $2 } /^nonvoluntary_ctxt_switches/ { nv = $2 }
+      END { if (comm != "") print t, comm, ticks, v + 0, nv + 0 }' "$t/stat" "$t/status" 2>/dev/null >>"$1/tasks"
+  done
+}
+
+# breakdown DIR0 DIR1: what changed between two snaps.
+breakdown() {
+  echo "== /proc/stat (ticks): cpu user nice system idle iowait irq softirq steal"
+  paste -d' ' <(grep '^cpu' "$1/stat") <(grep '^cpu' "$2/stat") |
+    awk '{ n = NF / 2; printf "%s", $1; for (i = 2; i <= 9; i++) printf " %d", $(i + n) - $i; print "" }'
+  echo "== softirqs, per CPU"
+  paste -d' ' "$1/softirqs" "$2/softirqs" |
+    awk 'NR > 1 { n = NF / 2; printf "%s", $1; for (i = 2; i <= n; i++) printf " %d", $(i + n) - $i; print "" }'
+  echo "== interrupts that fired, per CPU"
+  paste -d' ' "$1/interrupts" "$2/interrupts" | awk -v cpus="$(nproc)" 'NR > 1 {
+    n = NF / 2; s = 0; line = $1; for (i = 2; i <= 1 + cpus; i++) { d = $(i + n) - $i; line = line " " d; s += d }
+    if (s > 0) print line }'
+  echo "== busiest threads: ticks, tid, comm, context switches (voluntary, involuntary)"
+  awk 'NR == FNR { k[$1] = $3; v[$1] = $4; nv[$1] = $5; next }
+    { d = $3 - k[$1]; if (d > 0 || $4 + $5 - v[$1] - nv[$1] > 100) print d, $1, $2, $4 - v[$1], $5 - nv[$1] }' \
+    "$1/tasks" "$2/tasks" | sort -rn | head -20
 }
 
 # cpu_jiffies: "BUSY IDLE" clock ticks of all CPUs so far (/proc/stat: user nice system idle
