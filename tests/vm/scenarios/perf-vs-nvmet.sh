@@ -22,6 +22,8 @@ source "$(dirname "$0")/../lib.sh"
 TRIALS=${NVMF_VM_PERF_TRIALS:-5}
 TRANSPORTS=${NVMF_VM_PERF_TRANSPORTS:-tcp rdma}
 BASE_BIN=${NVMF_VM_PERF_BASE_BIN:-}
+DETAIL=false
+[ "${NVMF_VM_PERF_CPU_DETAIL:-0}" = 1 ] && DETAIL=true
 export NVMF_VM_PERF_RUNTIME=${NVMF_VM_PERF_RUNTIME:-10}
 MODES=${NVMF_VM_PERF_MODES:-"default="}
 [ -n "$BASE_BIN" ] && MODES="base=;$MODES"
@@ -35,11 +37,11 @@ median() { sort -g | awk '{ v[NR] = $1 } END { if (NR == 0) exit 1; if (NR % 2) 
 iops_of() {
   local a b
   IOPS=
-  [ "${NVMF_VM_PERF_CPU_DETAIL:-0}" = 1 ] && snap "$WORK/snap0"
+  $DETAIL && snap "$WORK/snap0"
   a=$(cpu_jiffies)
   fio_iops "$1" "$2" >"$WORK/iops" || return 1
   b=$(cpu_jiffies)
-  [ "${NVMF_VM_PERF_CPU_DETAIL:-0}" = 1 ] && snap "$WORK/snap1" && breakdown "$WORK/snap0" "$WORK/snap1" >"$OUT/cpu-$2.txt"
+  $DETAIL && snap "$WORK/snap1" && breakdown "$WORK/snap0" "$WORK/snap1" >"$OUT/cpu-$2.txt"
   IOPS=$(cat "$WORK/iops")
   [ -n "$IOPS" ] || { REASON="no IOPS in $OUT/fio-$2.json"; return 1; }
   GUEST=$(guest_cpu "$a" "$b" "$IOPS" $((NVMF_VM_PERF_RUNTIME + FIO_RAMP_SECS)))
@@ -57,9 +59,9 @@ snap() {
   for t in /proc/[0-9]*/task/[0-9]*; do
     # TID COMM TICKS VOLUNTARY NONVOLUNTARY (comm may hold spaces: it ends at the last ") ").
     awk -v t="${t##*/}" 'FNR == 1 && FILENAME ~ /stat$/ {
-        n = index($0, " ("); m = 0; for (i = n; (j = index(substr($0, i + 1), ") ")) > 0; i += j) m = i + j
-        comm = substr($0, n + 2, m - n - 2); gsub(/ /, "_", comm); split(substr($0, m + 2), f, " ")
-        ticks = f[12] + f[13]
+        comm = $0; sub(/^[0-9]+ \(/, "", comm); rest = comm; sub(/.*\) /, "", rest)
+        comm = substr(comm, 1, length(comm) - length(rest) - 2); gsub(/ /, "_", comm)
+        split(rest, f, " "); ticks = f[12] + f[13]
       }
       /^voluntary_ctxt_switches/ { v = $2 } /^nonvoluntary_ctxt_switches/ { nv = $2 }
       END { if (comm != "") print t, comm, ticks, v + 0, nv + 0 }' "$t/stat" "$t/status" 2>/dev/null >>"$1/tasks"

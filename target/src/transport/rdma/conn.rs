@@ -1061,15 +1061,14 @@ impl Conn {
         let r = &mut self.slots[s];
         r.wrs = wrs;
         r.send = Some(StagedSend { rsp, data, inv });
-        self.stats.tx_bytes += CQE_BYTES as u64 + u64::from(data_len);
-        self.stats.tx_payload += u64::from(data_len);
         self.staged.push(slot);
         self.set(slot, next);
     }
 
     /// Posts the staged responses in order, as few `ibv_post_send` calls as [`MAX_CHAIN`]
-    /// allows (one for up to 32 read responses). A failed post closes the queue; the responses
-    /// it did not post are taken back (their accounting undone) and released with the rest.
+    /// allows (one for up to 32 read responses), and counts what was posted in the transmit
+    /// statistics. A failed post closes the queue; the responses it did not post are taken back
+    /// (send-queue room and completion count returned) and released with the rest.
     /// Returns whether anything was staged.
     pub fn flush_sends(&mut self, env: &mut Env<'_>) -> bool {
         if self.staged.is_empty() {
@@ -1129,18 +1128,19 @@ impl Conn {
         for i in 0..self.staged.len() {
             let slot = self.staged[i];
             let r = &mut self.slots[slot as usize];
-            let st = r.send.take();
+            let data_len = r
+                .send
+                .take()
+                .and_then(|st| st.data)
+                .map_or(0, |(d, _)| d.len());
             if i < posted {
+                self.stats.tx_bytes += CQE_BYTES as u64 + u64::from(data_len);
+                self.stats.tx_payload += u64::from(data_len);
                 continue;
             }
             // Not posted: back to ReadyToComplete, which the close below releases.
             self.sq_free += std::mem::take(&mut r.wrs);
             self.signaled_out -= 1;
-            if let Some((sge, _)) = st.and_then(|s| s.data) {
-                self.stats.tx_payload -= u64::from(sge.len());
-                self.stats.tx_bytes -= u64::from(sge.len());
-            }
-            self.stats.tx_bytes -= CQE_BYTES as u64;
             self.set(slot, ReqState::ReadyToComplete);
         }
         let unposted = self.staged.len() - posted;
