@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The project's test command (README): host tests and a short fuzz run, then the VM suite (real
 # soft-RDMA and the Linux NVMe-oF host/target inside a qemu VM).
-#   scripts/test.sh            everything
+#   scripts/test.sh            host tests, fuzz and the VM suite's CI tier (tests/vm/run.sh ci)
+#   scripts/test.sh --full     the same with the VM suite's full tier (tests/vm/run.sh all: also
+#                              the sanity checks, benchmarks, SRQ variants, faults on rxe and siw)
 #   scripts/test.sh --host     host tests only (no VM)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -21,5 +23,7 @@ bash scripts/fuzz.sh --ci
 
 [ "$mode" = --host ] && exit 0
 
-echo "== VM suite" >&2
-bash tests/vm/run.sh all
+tier=ci
+[ "$mode" = --full ] && tier=all
+echo "== VM suite ($tier tier)" >&2
+bash tests/vm/run.sh "$tier"

@@ -2,13 +2,18 @@
 # run.sh - the VM test suite: real Linux NVMe-oF peers (kernel host, kernel target nvmet) and real
 # soft-RDMA (rxe, siw) against our target and initiator, inside one qemu VM (tests/vm/vm.sh).
 #
-#   tests/vm/run.sh [options] [all | SCENARIO...]
+#   tests/vm/run.sh [options] [ci | all | SCENARIO...]
+#
+# `ci` is the tier scripts/test.sh (and so CI) runs: every peer and transport once and the fault
+# scenarios that guard data, inside CI's time budget. `all` is the full tier, run by hand: every
+# scenario but the named-only variants, with the sanity checks, the benchmarks and every fault
+# scenario on both rxe and siw.
 #
 # Options:
 #   --no-setup     do not run scripts/vm-setup.sh first (it is a fast no-op once done)
 #   --no-build     use the binaries already in the cargo target dir (default: build them)
 #   --results DIR  results directory (default: results/vm-<timestamp>/ in the repository)
-#   --list         print the scenario names and exit
+#   --list [ci]    print the scenario names of `all` (or of `ci`) and exit
 #   -v, --verbose  show the guest kernel console on stderr
 #   -h, --help     this text
 #
@@ -41,6 +46,21 @@ ORDER=(
   kernel-host-reload-tcp kernel-host-reload-rdma-rxe soak-randrw-rdma-rxe soak-randrw-rdma-siw
   iopoll-null-blk perf-vs-nvmet
 )
+# `ci`: the CI tier. Our target under the Linux host on tcp, rxe and siw; our initiator against
+# nvmet (tcp, siw) and against our target (tcp, rxe, siw); the in-process wire tests on rxe and on
+# siw with a shared receive queue (access control, 0 allocations per I/O); and the scenarios that
+# guard data: a host killed mid-I/O, bad input next to a verifying host, a target restart under
+# reconnecting hosts, a dropped link, SIGHUP reload under the Linux host, a verified soak on siw.
+# The same fault scenarios on the other RDMA device, the sanity checks, the SRQ variants and the
+# benchmarks run in `all`.
+CI_TIER=(
+  rdma-wire-rxe rdma-wire-srq-siw
+  kernel-host-tcp kernel-host-rdma-rxe kernel-host-rdma-siw
+  initiator-vs-kernel-target-tcp initiator-vs-kernel-target-rdma-siw
+  initiator-vs-our-target-tcp initiator-vs-our-target-rdma-rxe initiator-vs-our-target-rdma-siw
+  host-killed-mid-io-rdma-siw bad-input-rdma-rxe target-restart-rdma-rxe link-drop-rdma-siw
+  kernel-host-reload-tcp soak-randrw-rdma-siw
+)
 # `all`: every scenario but those whose header says `vm-in-all: no` (variants and benchmarks
 # that run when named).
 all_scenarios() {
@@ -60,10 +80,11 @@ while [ $# -gt 0 ]; do
     --no-build) BUILD=0 ;;
     --results) RESULTS=${2:?--results needs a directory}; shift ;;
     --results=*) RESULTS=${1#*=} ;;
-    --list) all_scenarios; exit 0 ;;
+    --list) if [ "${2:-}" = ci ]; then printf '%s\n' "${CI_TIER[@]}"; else all_scenarios; fi; exit 0 ;;
     -v|--verbose) VERBOSE=(-v) ;;
     -h|--help) usage; exit 0 ;;
     all) mapfile -t -O "${#SEL[@]}" SEL < <(all_scenarios) ;;
+    ci) SEL+=("${CI_TIER[@]}") ;;
     -*) bad_usage "unknown option '$1' (try --help)" ;;
     *) [ -f "$HERE/scenarios/$1.sh" ] || bad_usage "no scenario '$1' (tests/vm/run.sh --list)"; SEL+=("$1") ;;
   esac
