@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 BIN=${BIN:-build/release}
-[ -n "${NO_BUILD:-}" ] || cargo build --release -p nvmf-target -p nvmf-initiator
+[ -n "${NO_BUILD:-}" ] || cargo build --release -p nvmf-target -p nvmf-bench
 command -v jq >/dev/null || { echo "$NAME: needs jq" >&2; exit 2; }
 
 dir=$(mktemp -d)

@@ -4,5 +4,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-cargo build --release -p nvmf-target -p nvmf-initiator
+cargo build --release -p nvmf-target -p nvmf-bench
 exec build/release/nvmf-bench --demo "$@"

@@ -13,7 +13,7 @@ if [ "$mode" = --host ]; then bash scripts/setup.sh; else bash scripts/setup.sh 
 
 echo "== build" >&2
 cargo build --workspace --all-targets
-cargo build --release -p nvmf-target -p nvmf-initiator
+cargo build --release -p nvmf-target -p nvmf-bench
 
 echo "== host tests (cargo test --workspace)" >&2
 cargo test --workspace

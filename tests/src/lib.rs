@@ -17,7 +17,7 @@ pub fn target_bin() -> PathBuf {
 
 /// The `nvmf-bench` binary next to the test executable (same profile).
 pub fn bench_bin() -> PathBuf {
-    sibling_bin("nvmf-bench", "nvmf-initiator")
+    sibling_bin("nvmf-bench", "nvmf-bench")
 }
 
 /// A workspace binary built in the same profile as this test (build/<profile>/<name>).

@@ -329,7 +329,7 @@ run_bench() {
 }
 
 # run_iocheck TRTYPE ADDR NQN: the initiator library's write/read/verify ($IOCHECK_SIZE, two queues),
-# synchronous API, Flush, Write Zeroes, Trim and an out-of-range read (initiator/examples/io_check.rs).
+# synchronous API, Flush, Write Zeroes, Trim and an out-of-range read (tests/examples/io_check.rs).
 run_iocheck() {
   local tr=$1 addr=$2 nqn=$3 b=$NVMF_IOCHECK_BIN
   [ -n "$b" ] && [ -x "$b" ] || { REASON="io_check not available: ${NVMF_IOCHECK_NOTE:-NVMF_IOCHECK_BIN unset}"; return 1; }
@@ -491,7 +491,7 @@ host_killed_mid_io() {
 }
 
 # bad_input_rdma LABEL ADDR: our target on NVMe/RDMA at ADDR; a good host (nvmf-bench randrw 4k
-# QD8 with --verify=crc32c, time based) runs while rdma_bad_input (initiator/examples/
+# QD8 with --verify=crc32c, time based) runs while rdma_bad_input (tests/examples/
 # rdma_bad_input.rs) sends its bad-input rows; the table goes to report.txt. Every row must pass,
 # the good host must still be running when the table is done and then exit 0 (no I/O error, no
 # verify mismatch), the target must be alive, exit on SIGTERM and log no panic.
@@ -709,7 +709,7 @@ need_rdma() {
   return 1
 }
 
-# ---------------- faults: target restart, link drop (initiator/examples/reconnect_check.rs) ----------------
+# ---------------- faults: target restart, link drop (tests/examples/reconnect_check.rs) ----------------
 NVMF_RECONNECT_BIN=${NVMF_RECONNECT_BIN:-}
 FAULT_NS_MB=${NVMF_VM_FAULT_NS_MB:-64} # the file namespace of the fault scenarios
 

@@ -153,8 +153,8 @@ if [ $need_build = 1 ]; then
     python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])') ||
     TDIR=${CARGO_TARGET_DIR:-$ROOT/build}
   # package:binary[:example[:features]]
-  for pkg_bin in nvmf-target:nvmf-target nvmf-initiator:nvmf-bench nvmf-initiator:io_check:example \
-      nvmf-initiator:reconnect_check:example nvmf-initiator:rdma_bad_input:example:raw; do
+  for pkg_bin in nvmf-target:nvmf-target nvmf-bench:nvmf-bench nvmf-tests:io_check:example \
+      nvmf-tests:reconnect_check:example nvmf-tests:rdma_bad_input:example:raw; do
     IFS=: read -r pkg bin kind feat <<<"$pkg_bin"
     sel=() path=$TDIR/release/$bin
     [ "$kind" = example ] && sel=(--example "$bin") path=$TDIR/release/examples/$bin

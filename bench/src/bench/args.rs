@@ -19,7 +19,7 @@ pub const DEFAULT_SUBNQN: &str = "nqn.2026-11.io.nvmf-rs:default";
 /// the region.
 ///
 /// `--output-format=json` prints one JSON document (schema "nvmf-bench/1", documented in
-/// initiator/src/bin/bench/report.rs). Exit status: 0 when every transport that was available
+/// bench/src/bench/report.rs). Exit status: 0 when every transport that was available
 /// ran without error or verify mismatch, 1 otherwise (or when no transport could run), 2 for
 /// bad options.
 #[derive(Parser, Debug, Clone)]

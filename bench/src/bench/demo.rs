@@ -52,7 +52,7 @@ pub fn target_binary() -> Result<PathBuf, String> {
         Ok(p)
     } else {
         Err(format!(
-            "{} not found: build it next to nvmf-bench (cargo build --release -p nvmf-target -p nvmf-initiator)",
+            "{} not found: build it next to nvmf-bench (cargo build --release -p nvmf-target -p nvmf-bench)",
             p.display()
         ))
     }
