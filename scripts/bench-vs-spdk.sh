@@ -1,0 +1,165 @@
+#!/usr/bin/env bash
+# Our initiator (nvmf-bench) against SPDK's (spdk_nvme_perf), driven against the same target:
+# SPDK's nvmf_tgt and ours, each with a null namespace on one core (core 0), over NVMe/TCP on
+# loopback; the client runs on the other core (core 1). For each target and each round, every
+# workload runs once with spdk_nvme_perf and once with nvmf-bench (the order alternates between
+# rounds), so each pair sees the same moment of a shared machine. Prints per round the two IOPS,
+# their ratio (nvmf-bench / perf) and each client's CPU time per I/O (user + system, from the
+# shell's `times`), then per workload the median of the paired ratios. A measurement, not a test:
+# exit 0 whatever the ratios. Not part of CI or scripts/test.sh.
+#
+#   ../shared/tools/build-spdk.sh first (SPDK v23.01.1 in /tmp/spdk-src), then:
+#   scripts/bench-vs-spdk.sh                       # both targets, 5 rounds of 5 s
+#   TARGETS=ours ROUNDS=7 RUNTIME=10 scripts/bench-vs-spdk.sh
+#   WORKLOADS="randread:4k:1 randread:4k:32 read:128k:8"   # rw:bs:iodepth (the default)
+#   SPDK_DIR=/path/to/spdk NO_BUILD=1 BIN=build/release
+#
+# SPDK's apps need hugepages: the script reserves HUGEPAGES (default 1024 x 2 MiB) and mounts
+# hugetlbfs on /dev/hugepages when it is not there (root). Its own nvmf-bench flags: BENCH_FLAGS.
+NAME=bench-vs-spdk
+source "$(dirname "$0")/bench-lib.sh"
+SPDK_DIR=${SPDK_DIR:-/tmp/spdk-src}
+ROUNDS=${ROUNDS:-5}
+RUNTIME=${RUNTIME:-5}
+TARGETS=${TARGETS:-spdk ours}
+WORKLOADS=${WORKLOADS:-randread:4k:1 randread:4k:32 read:128k:8}
+BENCH_FLAGS=${BENCH_FLAGS:-}
+NQN=nqn.2026-11.io.nvmf-rs:bench-vs-spdk
+HOSTNQN=nqn.2014-08.org.nvmexpress:uuid:6b1c2a52-2f4e-4f0e-9d1e-5e0f3c2a7b10
+TGT_CPU=0 CLIENT_CPU=1
+
+perf_bin=$SPDK_DIR/build/examples/perf
+tgt_bin=$SPDK_DIR/build/bin/nvmf_tgt
+for b in "$perf_bin" "$tgt_bin"; do
+    [ -x "$b" ] || { echo "$NAME: $b missing: build SPDK first (../shared/tools/build-spdk.sh)" >&2; exit 2; }
+done
+export LD_LIBRARY_PATH=$SPDK_DIR/build/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+[ "$(nproc)" -ge 2 ] || { echo "$NAME: needs 2 cores (target on one, client on the other)" >&2; exit 2; }
+
+# Hugepages for SPDK (DPDK's EAL).
+mountpoint -q /dev/hugepages || { mkdir -p /dev/hugepages && mount -t hugetlbfs nodev /dev/hugepages; }
+want=${HUGEPAGES:-1024}
+[ "$(cat /proc/sys/vm/nr_hugepages)" -ge "$want" ] || echo "$want" >/proc/sys/vm/nr_hugepages
+[ "$(cat /proc/sys/vm/nr_hugepages)" -ge "$want" ] ||
+    echo "$NAME: only $(cat /proc/sys/vm/nr_hugepages) hugepages could be reserved (wanted $want)" >&2
+
+bench_extra_cleanup() {
+    [ -z "${spdk_pid:-}" ] || kill "$spdk_pid" 2>/dev/null || true
+    rm -f /dev/hugepages/bench-vs-spdk* 2>/dev/null || true
+}
+spdk_pid=
+
+# start_spdk: nvmf_tgt on TGT_CPU with a TCP transport, a null bdev (1 GiB of 4 KiB blocks) as
+# namespace 1 of $NQN, any host allowed, listening on 127.0.0.1:$port.
+start_spdk() {
+    port=$(free_port)
+    cat >"$dir/spdk.json" <<EOF
+{ "subsystems": [
+  { "subsystem": "bdev", "config": [
+    { "method": "bdev_null_create", "params": { "name": "Null0", "num_blocks": 262144, "block_size": 4096 } } ] },
+  { "subsystem": "nvmf", "config": [
+    { "method": "nvmf_create_transport", "params": { "trtype": "TCP" } },
+    { "method": "nvmf_create_subsystem", "params": { "nqn": "$NQN", "allow_any_host": true, "serial_number": "SPDK00000000000001" } },
+    { "method": "nvmf_subsystem_add_ns", "params": { "nqn": "$NQN", "namespace": { "bdev_name": "Null0", "nsid": 1 } } },
+    { "method": "nvmf_subsystem_add_listener", "params": { "nqn": "$NQN",
+      "listen_address": { "trtype": "TCP", "adrfam": "IPv4", "traddr": "127.0.0.1", "trsvcid": "$port" } } } ] } ] }
+EOF
+    "$tgt_bin" -m "$((1 << TGT_CPU))" -s 512 -i 1 -r "$dir/spdk.sock" --json "$dir/spdk.json" \
+        >"$dir/spdk.log" 2>&1 &
+    spdk_pid=$!
+    for _ in $(seq 200); do
+        (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && return 0
+        kill -0 "$spdk_pid" 2>/dev/null || break
+        sleep 0.1
+    done
+    echo "$NAME: nvmf_tgt did not listen on 127.0.0.1:$port:" >&2
+    cat "$dir/spdk.log" >&2
+    exit 1
+}
+stop_spdk() {
+    kill "$spdk_pid"
+    wait "$spdk_pid" || true
+    spdk_pid=
+}
+
+# Children's CPU seconds (user + system) so far, from the shell's `times` (run in this shell:
+# in a pipeline or $(...) it would report a subshell's children). Sets CPU_NOW.
+child_cpu() {
+    times >"$dir/times"
+    CPU_NOW=$(tail -n 1 "$dir/times" | awk '{
+        t = 0
+        for (i = 1; i <= 2; i++) { split($i, a, "m"); sub("s", "", a[2]); t += a[1] * 60 + a[2] }
+        printf "%.4f", t }')
+}
+
+# result IOPS CPU0 CPU1: sets IOPS and CPU (client CPU microseconds per I/O over the run).
+result() {
+    IOPS=$(printf '%.0f' "$1")
+    CPU=$(awk -v i="$1" -v c0="$2" -v c1="$3" -v t="$RUNTIME" 'BEGIN { printf "%.2f", 1e6 * (c1 - c0) / (i * t) }')
+}
+
+# run_perf RW BS QD: sets IOPS and CPU
+run_perf() {
+    local rw=$1 bs=$2 qd=$3 c0 c1 iops
+    child_cpu; c0=$CPU_NOW
+    taskset -c "$CLIENT_CPU" "$perf_bin" -q "$qd" -o "$(numfmt --from=iec "${bs^^}")" -w "$rw" -t "$RUNTIME" \
+        -c "$((1 << CLIENT_CPU))" -s 512 -i 2 \
+        -r "trtype:TCP adrfam:IPv4 traddr:127.0.0.1 trsvcid:$port subnqn:$NQN hostnqn:$HOSTNQN" \
+        >"$dir/perf.out" 2>&1 || { echo "$NAME: spdk_nvme_perf failed:" >&2; cat "$dir/perf.out" >&2; exit 1; }
+    child_cpu; c1=$CPU_NOW
+    iops=$(awk '/^Total/ { print $3 }' "$dir/perf.out")
+    [ -n "$iops" ] || { echo "$NAME: no Total line from spdk_nvme_perf:" >&2; cat "$dir/perf.out" >&2; exit 1; }
+    result "$iops" "$c0" "$c1"
+}
+
+# run_bench RW BS QD: sets IOPS and CPU
+run_bench() {
+    local rw=$1 bs=$2 qd=$3 c0 c1 iops
+    child_cpu; c0=$CPU_NOW
+    # shellcheck disable=SC2086
+    taskset -c "$CLIENT_CPU" "$BIN/nvmf-bench" --transport tcp --traddr 127.0.0.1 --trsvcid "$port" \
+        --subnqn "$NQN" --nsid 1 --rw "$rw" --bs "$bs" --iodepth "$qd" --runtime "$RUNTIME" \
+        --output-format json $BENCH_FLAGS >"$dir/bench.json" 2>"$dir/bench.err" ||
+        { echo "$NAME: nvmf-bench failed:" >&2; cat "$dir/bench.err" >&2; exit 1; }
+    child_cpu; c1=$CPU_NOW
+    [ "$(jq -r "$TCP_RESULT.status" "$dir/bench.json")" = ok ] ||
+        { echo "$NAME: nvmf-bench: $(jq -c "$TCP_RESULT.status" "$dir/bench.json")" >&2; exit 1; }
+    iops=$(jq -r "$TCP_RESULT.total.iops" "$dir/bench.json")
+    result "$iops" "$c0" "$c1"
+}
+
+median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+
+echo "nvmf-bench vs spdk_nvme_perf: NVMe/TCP 127.0.0.1, null namespace, target on CPU $TGT_CPU, client on CPU $CLIENT_CPU; $ROUNDS rounds of ${RUNTIME}s per client"
+summary=()
+for tgt in $TARGETS; do
+    case $tgt in
+        spdk) start_spdk ;;
+        ours) start_target ours "{ nsid: 1, null: 1GiB }" "threads: 1"; taskset -pc "$TGT_CPU" "$pid" >/dev/null ;;
+        *) echo "$NAME: unknown target $tgt (spdk, ours)" >&2; exit 2 ;;
+    esac
+    echo
+    echo "== target: $([ "$tgt" = spdk ] && echo "SPDK nvmf_tgt" || echo "nvmf-target (ours)")"
+    printf '%-16s %5s %11s %11s %7s %13s %13s\n' workload round "perf IOPS" "bench IOPS" ratio "perf us/IO" "bench us/IO"
+    for wl in $WORKLOADS; do
+        IFS=: read -r rw bs qd <<<"$wl"
+        ratios=()
+        for r in $(seq "$ROUNDS"); do
+            for client in $([ $((r % 2)) = 1 ] && echo "perf bench" || echo "bench perf"); do
+                if [ "$client" = perf ]; then
+                    run_perf "$rw" "$bs" "$qd"; p_iops=$IOPS p_cpu=$CPU
+                else
+                    run_bench "$rw" "$bs" "$qd"; b_iops=$IOPS b_cpu=$CPU
+                fi
+            done
+            ratio=$(awk -v a="$b_iops" -v b="$p_iops" 'BEGIN { printf "%.3f", a / b }')
+            ratios+=("$ratio")
+            printf '%-16s %5s %11s %11s %7s %13s %13s\n' "$rw $bs QD$qd" "$r" "$p_iops" "$b_iops" "$ratio" "$p_cpu" "$b_cpu"
+        done
+        m=$(printf '%s\n' "${ratios[@]}" | median)
+        summary+=("$(printf '%-6s %-16s median nvmf-bench/perf %.2f (rounds: %s)' "$tgt" "$rw $bs QD$qd" "$m" "${ratios[*]}")")
+    done
+    case $tgt in spdk) stop_spdk ;; ours) stop_target ;; esac
+done
+echo
+printf '%s\n' "${summary[@]}"
