@@ -16,6 +16,7 @@ use nvme::{Sqe, Status};
 use crate::any_queue::AnyQueue;
 use crate::error::Error;
 use crate::queue::{Data, DataRef, IoQueue, QueueParams, SubmitError};
+use crate::spin::Spin;
 use crate::rdma::RdmaQueue;
 
 /// Transports the initiator can use.
@@ -57,7 +58,12 @@ pub struct ConnectOptions {
     pub data_digest: bool,
     /// Bound of every wait: TCP connect, each command, controller enable.
     pub timeout: Duration,
-    /// Spin instead of sleeping in `poll(2)` while waiting on I/O queues.
+    /// How long a wait on an I/O queue spins (looks at the socket or completion queue again
+    /// without sleeping) before it sleeps in the kernel, while commands are in flight: see
+    /// [`DEFAULT_SPIN`](crate::DEFAULT_SPIN) (50 us) and the crate docs. `Duration::ZERO`: always
+    /// sleep (fewest CPU cycles, a wake-up per completion).
+    pub poll_spin: Duration,
+    /// Spin without bound instead of sleeping while waiting on I/O queues (fio's `hipri`).
     pub busy_poll: bool,
 }
 
@@ -80,6 +86,7 @@ impl ConnectOptions {
             hdr_digest: false,
             data_digest: false,
             timeout: Duration::from_secs(30),
+            poll_spin: crate::spin::DEFAULT_SPIN,
             busy_poll: false,
         }
     }
@@ -292,7 +299,7 @@ pub(crate) fn connect_admin(
         hdgst: opts.hdr_digest,
         ddgst: opts.data_digest,
         timeout: opts.timeout,
-        busy_poll: false,
+        spin: Spin::NEVER,
     };
     if opts.transport == Transport::Rdma {
         crate::rdma::check_devices()?;
@@ -579,7 +586,10 @@ impl Controller {
                 hdgst: opts.hdr_digest,
                 ddgst: opts.data_digest,
                 timeout: opts.timeout,
-                busy_poll: opts.busy_poll,
+                spin: Spin {
+                    budget: opts.poll_spin,
+                    always: opts.busy_poll,
+                },
             };
             for qid in 1..=nq {
                 let mut q = open_queue(&sa, &opts, &QueueParams { qid, ..params }, cntlid)?;

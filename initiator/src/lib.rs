@@ -84,6 +84,7 @@ mod error;
 mod queue;
 pub mod rdma;
 mod reconnect;
+mod spin;
 
 pub use any_queue::{AnyQueue, Queue};
 pub use controller::{
@@ -93,6 +94,7 @@ pub use discovery::{discover, discover_with, DiscoveryEntry};
 pub use error::{CmdError, Error};
 pub use queue::{Completion, Data, DataRef, IoQueue, Stats, SubmitError};
 pub use rdma::{RdmaBuf, RdmaQueue};
+pub use spin::DEFAULT_SPIN;
 pub use reconnect::{ReconnectPolicy, ReconnectStats, ReconnectingNamespace, ReconnectingQueue};
 
 impl From<CmdError> for Error {

@@ -49,6 +49,7 @@ use nvme::tcp::{
 use nvme::{Cqe, Sqe};
 
 use crate::error::{CmdError, Error};
+use crate::spin::{Spin, SpinWindow};
 
 /// Size of the receive buffer for headers (and data that arrives with them).
 const RXBUF_LEN: usize = 64 * 1024;
@@ -221,7 +222,8 @@ pub(crate) struct QueueParams {
     pub hdgst: bool,
     pub ddgst: bool,
     pub timeout: Duration,
-    pub busy_poll: bool,
+    /// How waits spin before they sleep.
+    pub spin: Spin,
 }
 
 /// One NVMe/TCP I/O queue (also used for the admin queue). Not shared between threads: give
@@ -235,7 +237,7 @@ pub struct IoQueue {
     maxh2cdata: u32,
     icd_max: u32,
     timeout: Duration,
-    busy_poll: bool,
+    spin: Spin,
     slots: Box<[Slot]>,
     free: Vec<u16>,
     inflight: usize,
@@ -347,7 +349,7 @@ impl IoQueue {
             maxh2cdata: resp.maxh2cdata,
             icd_max: 0,
             timeout: p.timeout,
-            busy_poll: p.busy_poll,
+            spin: p.spin,
             slots: slots.into_boxed_slice(),
             free: (0..depth).rev().collect(),
             inflight: 0,
@@ -416,10 +418,10 @@ impl IoQueue {
         self.failed.is_some()
     }
 
-    /// Spin on the socket instead of sleeping in `poll(2)` while waiting (lower latency at
-    /// the price of a busy core).
+    /// Spin on the socket without bound instead of sleeping in `poll(2)` after the spin budget
+    /// ([`crate::ConnectOptions::poll_spin`]) while waiting (a busy core while I/O is in flight).
     pub fn set_busy_poll(&mut self, on: bool) {
-        self.busy_poll = on;
+        self.spin.always = on;
     }
 
     fn failed_error(&self) -> Option<Error> {
@@ -930,49 +932,50 @@ impl IoQueue {
         self.failed_error().expect("set above")
     }
 
-    /// Block until the socket is readable (or writable, with data queued), a command times out,
-    /// or `until`.
-    fn wait(&mut self, until: Option<Instant>) -> Result<(), Error> {
-        let now = Instant::now();
+    /// Wait for the socket: with `spin`, return at once (checking the command deadlines every
+    /// 1024th time); else block until the socket is readable (or writable, with data queued), a
+    /// command times out, or `until`.
+    fn wait(&mut self, until: Option<Instant>, spin: bool) -> Result<(), Error> {
         self.spins = self.spins.wrapping_add(1);
-        if !self.busy_poll || self.spins % 1024 == 0 {
-            let oldest = self
-                .slots
-                .iter()
-                .filter(|s| s.active && s.result.is_none())
-                .filter_map(|s| s.deadline)
-                .min();
-            if let Some(d) = oldest {
-                if d <= now {
-                    return Err(self.fail(Error::Timeout(self.timeout, "a command completion")));
-                }
+        if spin && self.spins % 1024 != 0 {
+            std::hint::spin_loop();
+            return Ok(());
+        }
+        let now = Instant::now();
+        let oldest = self
+            .slots
+            .iter()
+            .filter(|s| s.active && s.result.is_none())
+            .filter_map(|s| s.deadline)
+            .min();
+        if let Some(d) = oldest {
+            if d <= now {
+                return Err(self.fail(Error::Timeout(self.timeout, "a command completion")));
             }
-            if self.busy_poll {
-                return Ok(());
-            }
-            let wake = match (oldest, until) {
-                (Some(a), Some(b)) => a.min(b),
-                (a, b) => a.or(b).unwrap_or(now + self.timeout),
-            };
-            let ms = wake
-                .saturating_duration_since(now)
-                .as_millis()
-                .clamp(1, i32::MAX as u128) as i32;
-            let mut ev = PollFlags::POLLIN;
-            if !self.txq.is_empty() {
-                ev |= PollFlags::POLLOUT;
-            }
-            self.stats.syscalls += 1;
-            let mut fds = [PollFd::new(self.sock.as_fd(), ev)];
-            match poll(
-                &mut fds,
-                PollTimeout::try_from(ms).unwrap_or(PollTimeout::MAX),
-            ) {
-                Ok(_) | Err(nix::errno::Errno::EINTR) => Ok(()),
-                Err(e) => Err(self.fail(Error::Io(io::Error::from(e)))),
-            }
-        } else {
-            Ok(())
+        }
+        if spin {
+            return Ok(());
+        }
+        let wake = match (oldest, until) {
+            (Some(a), Some(b)) => a.min(b),
+            (a, b) => a.or(b).unwrap_or(now + self.timeout),
+        };
+        let ms = wake
+            .saturating_duration_since(now)
+            .as_millis()
+            .clamp(1, i32::MAX as u128) as i32;
+        let mut ev = PollFlags::POLLIN;
+        if !self.txq.is_empty() {
+            ev |= PollFlags::POLLOUT;
+        }
+        self.stats.syscalls += 1;
+        let mut fds = [PollFd::new(self.sock.as_fd(), ev)];
+        match poll(
+            &mut fds,
+            PollTimeout::try_from(ms).unwrap_or(PollTimeout::MAX),
+        ) {
+            Ok(_) | Err(nix::errno::Errno::EINTR) => Ok(()),
+            Err(e) => Err(self.fail(Error::Io(io::Error::from(e)))),
         }
     }
 
@@ -1003,11 +1006,12 @@ impl IoQueue {
         let want = min.min(self.inflight);
         let mut got = 0;
         // Skip the first read when it can only return EAGAIN (see `fresh`) and this call
-        // will wait: `wait` polls the socket, and the pass after it reads. At QD1 that makes
-        // an I/O three system calls (send, poll, read) instead of four. Busy-polling never
-        // waits in the kernel, so it always reads.
+        // will wait in the kernel at once: `wait` polls the socket, and the pass after it
+        // reads. At QD1 that makes an I/O three system calls (send, poll, read) instead of
+        // four. A queue that spins first reads at once.
+        let mut window = SpinWindow::default();
         let mut skip_rx = want > 0
-            && !self.busy_poll
+            && self.spin == Spin::NEVER
             && timeout.is_none_or(|t| t >= Duration::from_millis(1))
             && self.fresh >= self.inflight
             && self.rx_pos == self.rx_end
@@ -1049,7 +1053,8 @@ impl IoQueue {
             }
             // A failure here (a command timed out) completed everything in flight: the next
             // pass hands those completions out, then reports the failure.
-            let _ = self.wait(until);
+            let spin = !skipped && window.spin(self.spin);
+            let _ = self.wait(until, spin);
         }
     }
 
@@ -1073,6 +1078,7 @@ impl IoQueue {
         let mut first_err: Option<CmdError> = None;
         let mut last = 0u64;
         let mut next = cmds.next();
+        let mut window = SpinWindow::default();
         loop {
             if let Some(e) = self.failed_error() {
                 return Err(e);
@@ -1114,7 +1120,8 @@ impl IoQueue {
             }
             if pending > 0 {
                 // On failure the pump of the next pass reports it, after collecting the slots.
-                let _ = self.wait(None);
+                let spin = window.spin(self.spin);
+                let _ = self.wait(None, spin);
             }
         }
         match first_err {
@@ -1278,7 +1285,7 @@ mod tests {
             hdgst: false,
             ddgst: false,
             timeout: Duration::from_millis(timeout_ms),
-            busy_poll: false,
+            spin: Spin::NEVER,
         }
     }
 

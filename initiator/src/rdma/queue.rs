@@ -22,6 +22,7 @@ use super::error::{connect_error, RdmaError};
 use super::pool::{Pool, RdmaBuf};
 use super::state::{next, CmdEvent, CmdState};
 use crate::error::{CmdError, Error};
+use crate::spin::{Spin, SpinWindow};
 use crate::queue::{Completion, Data, DataRef, Dir, QueueParams, Stats, SubmitError};
 
 /// Bytes of one SQE slot and of one CQE RECV buffer.
@@ -33,8 +34,6 @@ pub(super) const RECV_FLAG: u64 = 1 << 32;
 const POLL_BATCH: usize = 32;
 /// Longest wait for the flush completions of a failed or closing queue.
 const DRAIN_WAIT: Duration = Duration::from_secs(2);
-/// Polls of an empty CQ before a non-busy-polling queue sleeps on its completion channel.
-const SPIN_BEFORE_SLEEP: u32 = 64;
 /// Deepest queue accepted (hrqsize = depth + 1 must fit the 16-bit CM field with room).
 const MAX_DEPTH: u16 = 4096;
 
@@ -97,7 +96,7 @@ pub struct RdmaQueue {
     recv_posted: u32,
     icd_max: u32,
     timeout: Duration,
-    busy_poll: bool,
+    spin: Spin,
     failed: Option<Arc<Error>>,
     wcs: Box<[WorkCompletion]>,
     spins: u32,
@@ -237,7 +236,7 @@ impl RdmaQueue {
             recv_posted: nrecv,
             icd_max: 0,
             timeout: p.timeout,
-            busy_poll: p.busy_poll,
+            spin: p.spin,
             failed: None,
             wcs: (0..POLL_BATCH).map(|_| WorkCompletion::default()).collect(),
             spins: 0,
@@ -299,7 +298,7 @@ impl RdmaQueue {
 
     /// Spin on the CQ instead of sleeping on the completion channel while waiting.
     pub fn set_busy_poll(&mut self, on: bool) {
-        self.busy_poll = on;
+        self.spin.always = on;
     }
 
     /// The RDMA device the queue runs on (e.g. `rxe0`).
@@ -679,15 +678,11 @@ impl RdmaQueue {
         self.failed_error().expect("set above")
     }
 
-    /// Wait until a completion or CM event may be there, a command times out, or `until`.
-    fn wait(&mut self, until: Option<Instant>) -> Result<(), Error> {
+    /// Wait until a completion or CM event may be there, a command times out, or `until`. With
+    /// `spin`, return at once (checking the deadlines and the CM channel every 1024th time).
+    fn wait(&mut self, until: Option<Instant>, spin: bool) -> Result<(), Error> {
         self.spins = self.spins.wrapping_add(1);
-        let spin_only = if self.busy_poll {
-            self.spins % 1024 != 0
-        } else {
-            self.spins % SPIN_BEFORE_SLEEP != 0
-        };
-        if spin_only {
+        if spin && self.spins % 1024 != 0 {
             std::hint::spin_loop();
             return Ok(());
         }
@@ -701,7 +696,7 @@ impl RdmaQueue {
         if oldest.is_some_and(|d| d <= now) {
             return Err(self.fail(Error::Timeout(self.timeout, "a command completion")));
         }
-        if self.busy_poll {
+        if spin {
             return self.check_cm();
         }
         // Arm, then look once more: a completion that came before the arm raises no event.
@@ -778,6 +773,7 @@ impl RdmaQueue {
         let until = timeout.map(|t| Instant::now() + t);
         let want = min.min(self.inflight);
         let mut got = 0;
+        let mut window = SpinWindow::default();
         loop {
             let pumped = self.pump();
             while let Some(tag) = self.done.pop_front() {
@@ -801,7 +797,8 @@ impl RdmaQueue {
             }
             // A failure here completed everything in flight: the next pass hands those
             // completions out, then reports the failure.
-            let _ = self.wait(until);
+            let spin = window.spin(self.spin);
+            let _ = self.wait(until, spin);
         }
     }
 
@@ -826,6 +823,7 @@ impl RdmaQueue {
         let mut local_err: Option<Error> = None;
         let mut last = 0u64;
         let mut next_cmd = cmds.next();
+        let mut window = SpinWindow::default();
         loop {
             if let Some(e) = self.failed_error() {
                 return Err(e);
@@ -883,7 +881,8 @@ impl RdmaQueue {
                 break;
             }
             if pending > 0 {
-                let _ = self.wait(None);
+                let spin = window.spin(self.spin);
+                let _ = self.wait(None, spin);
             }
         }
         match (first_err, local_err) {
