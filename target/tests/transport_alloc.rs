@@ -8,7 +8,11 @@
 //! window lasts at least two seconds, so the pollers' periodic work (the 50 ms tick: stats,
 //! keep-alive timers, publishing) runs in it dozens of times.
 //!
-//! `NVMF_TEST_ALLOC_BACKTRACE=1` prints the backtrace of each allocation it counts.
+//! The same window checks the host side: the initiator's submit/reap path (the rounds' I/O,
+//! buffers taken from and returned to the test's pools, on the test's own thread) makes no
+//! allocation either, over both transports.
+//!
+//! `NVMF_TEST_ALLOC_BACKTRACE=1` prints the backtrace of each allocation it counts on a poller.
 //!
 //! What it does not see: memory the C libraries allocate with `malloc` themselves (libibverbs,
 //! the kernel), which does not go through Rust's global allocator.
@@ -293,9 +297,13 @@ fn measure<Q: Queue>(ctrl: &mut Controller, q: &mut Q, file: &NsInfo, null: &NsI
     // NVMF_TEST_ALLOC_BACKTRACE=1: print where each counted allocation comes from.
     common::trace_poller_allocs(std::env::var_os("NVMF_TEST_ALLOC_BACKTRACE").is_some());
     let t0 = Instant::now();
-    let (mut rounds, mut cmds) = (0u64, 0u64);
+    let (mut rounds, mut cmds, mut host_allocs) = (0u64, 0u64, 0u64);
     while rounds < MIN_ROUNDS || t0.elapsed() < WINDOW {
+        // The host's data path: this thread's allocations while the round's I/O runs (not the
+        // top-up of dropped buffers or the admin queue's Keep Alive below).
+        let a0 = common::allocs();
         cmds += round(q, &mut p, file, null, 5 + rounds);
+        host_allocs += common::allocs() - a0;
         p.small.resize_with(40, || q.alloc_buf(SMALL).unwrap());
         rounds += 1;
         if rounds % 5 == 0 {
@@ -307,11 +315,16 @@ fn measure<Q: Queue>(ctrl: &mut Controller, q: &mut Q, file: &NsInfo, null: &NsI
     common::trace_poller_allocs(false);
     let secs = t0.elapsed().as_secs_f64();
     eprintln!(
-        "{cmds} commands in {rounds} rounds, {secs:.2} s: {allocs} heap allocations on the poller threads"
+        "{cmds} commands in {rounds} rounds, {secs:.2} s: {allocs} heap allocations on the poller \
+         threads, {host_allocs} on the host's I/O path"
     );
     assert_eq!(
         allocs, 0,
         "{allocs} heap allocations on the daemon's poller threads for {cmds} commands"
+    );
+    assert_eq!(
+        host_allocs, 0,
+        "{host_allocs} heap allocations on the initiator's I/O path for {cmds} commands"
     );
 }
 
