@@ -16,8 +16,8 @@ use nvme::{Sqe, Status};
 use crate::any_queue::AnyQueue;
 use crate::error::Error;
 use crate::queue::{Data, DataRef, IoQueue, QueueParams, SubmitError};
-use crate::spin::Spin;
 use crate::rdma::RdmaQueue;
+use crate::spin::Spin;
 
 /// Transports the initiator can use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

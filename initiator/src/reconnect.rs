@@ -676,7 +676,7 @@ impl ReconnectingQueue {
         }
     }
 
-    /// Submit a command ([`IoQueue::submit`]); returns its sequence number. While the
+    /// Submit a command ([`crate::IoQueue::submit`]); returns its sequence number. While the
     /// connection is down, or older commands wait for it, the command waits too and goes out
     /// after them.
     pub fn submit(&mut self, sqe: Sqe, data: Data, user_data: u64) -> Result<u64, SubmitError> {

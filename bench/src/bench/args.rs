@@ -114,8 +114,9 @@ pub struct Args {
     #[arg(long = "data_digest", alias = "data-digest")]
     pub data_digest: bool,
 
-    /// Busy-poll for completions instead of sleeping (fio's hipri): lower latency, one busy
-    /// core per job.
+    /// Busy-poll for completions without bound (fio's hipri). Without it the initiator's
+    /// default applies: spin up to 50 us after each completion while I/O is in flight, then
+    /// sleep in the kernel (nvmf_initiator::ConnectOptions::poll_spin).
     #[arg(long)]
     pub hipri: bool,
 

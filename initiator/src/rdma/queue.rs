@@ -22,8 +22,8 @@ use super::error::{connect_error, RdmaError};
 use super::pool::{Pool, RdmaBuf};
 use super::state::{next, CmdEvent, CmdState};
 use crate::error::{CmdError, Error};
-use crate::spin::{Spin, SpinWindow};
 use crate::queue::{Completion, Data, DataRef, Dir, QueueParams, Stats, SubmitError};
+use crate::spin::{Spin, SpinWindow};
 
 /// Bytes of one SQE slot and of one CQE RECV buffer.
 pub(super) const SQE_LEN: usize = 64;
