@@ -13,11 +13,13 @@ use nvme::opcode::{admin, io};
 use nvme::sgl::Sgl;
 use nvme::{Sqe, Status};
 
-use crate::any_queue::AnyQueue;
+use crate::any_queue::{AnyLink, TypedQueue};
 use crate::error::Error;
-use crate::queue::{Data, DataRef, IoQueue, QueueParams, SubmitError};
-use crate::rdma::RdmaQueue;
+use crate::queue::{Data, DataRef, Queue, QueueParams, SubmitError};
+use crate::rdma::RdmaLink;
 use crate::spin::Spin;
+use crate::tcp::TcpLink;
+use crate::{AnyQueue, IoQueue, RdmaQueue};
 
 /// Transports the initiator can use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -281,10 +283,11 @@ fn open_queue(
     p: &QueueParams,
     cntlid: u16,
 ) -> Result<AnyQueue, Error> {
-    Ok(match opts.transport {
-        Transport::Tcp => IoQueue::open(sa, p)?.into(),
-        Transport::Rdma => RdmaQueue::connect(sa, p, cntlid)?.into(),
-    })
+    let link = match opts.transport {
+        Transport::Tcp => AnyLink::Tcp(TcpLink::open(sa, p)?),
+        Transport::Rdma => AnyLink::Rdma(RdmaLink::connect(sa, p, cntlid)?),
+    };
+    Ok(Queue::new(link, p.timeout, p.spin))
 }
 
 /// A bare admin queue: TCP connection, ICReq/ICResp (or rdma_cm connect), Fabrics Connect.
@@ -643,10 +646,14 @@ impl Controller {
     /// taken or the controller is connected over another transport ([`Controller::take_queue`]
     /// serves both).
     pub fn take_io_queue(&mut self) -> Option<IoQueue> {
-        match self.io.pop()? {
-            AnyQueue::Tcp(q) => Some(q),
-            other => {
-                self.io.push(other);
+        match self.io.pop()?.into_typed() {
+            Ok(TypedQueue::Tcp(q)) => Some(q),
+            Ok(TypedQueue::Rdma(q)) => {
+                self.io.push(q.map_link(|l| AnyLink::Rdma(l.retype())));
+                None
+            }
+            Err(q) => {
+                self.io.push(q);
                 None
             }
         }
@@ -655,10 +662,14 @@ impl Controller {
     /// Take one of the NVMe/RDMA I/O queues. `None` when all are taken or the controller is
     /// connected over another transport.
     pub fn take_rdma_queue(&mut self) -> Option<RdmaQueue> {
-        match self.io.pop()? {
-            AnyQueue::Rdma(q) => Some(q),
-            other => {
-                self.io.push(other);
+        match self.io.pop()?.into_typed() {
+            Ok(TypedQueue::Rdma(q)) => Some(q),
+            Ok(TypedQueue::Tcp(q)) => {
+                self.io.push(q.map_link(|l| AnyLink::Tcp(l.retype())));
+                None
+            }
+            Err(q) => {
+                self.io.push(q);
                 None
             }
         }
@@ -1217,24 +1228,6 @@ pub(crate) fn rw_sqe(opcode: u8, nsid: u32, slba: u64, nlb: u32) -> Sqe {
     sqe.cdw11 = ((slba >> 32) as u32).into();
     sqe.cdw12 = (nlb - 1).into();
     sqe
-}
-
-impl IoQueue {
-    rw_submit_methods!(pub, Vec<u8>, u16);
-
-    /// Submit a Write Zeroes of `nlb` blocks (1..=65536) at `slba`.
-    pub fn submit_write_zeroes(
-        &mut self,
-        ns: &NsInfo,
-        slba: u64,
-        nlb: u32,
-        user_data: u64,
-    ) -> Result<u16, SubmitError> {
-        match write_zeroes_sqe(ns, slba, nlb) {
-            Ok(sqe) => self.submit(sqe, Data::None, user_data),
-            Err(error) => Err(SubmitError { error, buf: None }),
-        }
-    }
 }
 
 pub(crate) fn blocks_of(ns: &NsInfo, slba: u64, len: usize) -> Result<u32, Error> {

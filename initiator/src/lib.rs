@@ -39,9 +39,12 @@
 //! # Ok::<(), initiator::Error>(())
 //! ```
 //!
-//! Over RDMA the I/O queue is an [`RdmaQueue`] with the same methods and registered
-//! [`RdmaBuf`] buffers from [`RdmaQueue::alloc_buf`] (zero-copy); the [`Queue`] trait covers
-//! both queue types, and [`Controller::take_queue`] hands out either as an [`AnyQueue`].
+//! There is one queue type, [`Queue`], generic over its transport's [`Link`]: [`IoQueue`]
+//! (NVMe/TCP), [`RdmaQueue`] (NVMe/RDMA, registered [`RdmaBuf`] buffers from
+//! [`Queue::alloc_buf`]: zero-copy) and [`AnyQueue`] (either, chosen at connect time; what
+//! [`Controller::take_queue`] hands out, [`AnyQueue::into_typed`] splits it by transport).
+//! Tags, completions, deadlines, waiting, statistics and failure handling are the queue's,
+//! written once; a link only moves capsules, data and responses.
 //!
 //! # Waiting for completions
 //! A queue waiting for completions spins (reads the socket, or polls the RDMA completion queue,
@@ -107,15 +110,25 @@ mod queue;
 pub mod rdma;
 mod reconnect;
 mod spin;
+mod state;
+mod tcp;
 
-pub use any_queue::{AnyQueue, Queue};
+pub use any_queue::{AnyBuf, AnyLink, TypedQueue};
 pub use controller::{
     hostnqn_for, ConnectOptions, Controller, ControllerInfo, Namespace, NsInfo, Transport,
 };
 pub use discovery::{discover, discover_with, DiscoveryEntry};
 pub use error::{CmdError, Error};
-pub use queue::{Completion, Data, DataRef, IoQueue, Stats, SubmitError};
-pub use rdma::{RdmaBuf, RdmaQueue};
+pub use queue::{Buf, Completion, Data, DataRef, Link, Queue, Stats, SubmitError};
+pub use rdma::{RdmaBuf, RdmaLink};
+pub use tcp::TcpLink;
+
+/// An NVMe/TCP queue (`Vec<u8>` buffers).
+pub type IoQueue = Queue<TcpLink>;
+/// An NVMe/RDMA queue (registered [`RdmaBuf`]s from [`Queue::alloc_buf`]: zero-copy).
+pub type RdmaQueue = Queue<RdmaLink>;
+/// A queue of either transport ([`AnyBuf`]s), as [`Controller::take_queue`] hands it out.
+pub type AnyQueue = Queue<AnyLink>;
 pub use reconnect::{ReconnectPolicy, ReconnectStats, ReconnectingNamespace, ReconnectingQueue};
 pub use spin::DEFAULT_SPIN;
 

@@ -7,13 +7,14 @@ use std::time::{Duration, Instant};
 
 use nvme::Sqe;
 
-use crate::any_queue::AnyQueue;
+use crate::any_queue::{AnyBuf, AnyLink};
 use crate::controller::{
     rw_submit_methods, ConnectOptions, Controller, ControllerInfo, Namespace, NsInfo, Transport,
 };
 use crate::error::{CmdError, Error};
 use crate::queue::{Completion, Data, Dir, SubmitError};
-use crate::rdma::{RdmaBuf, MAX_BUF};
+use crate::rdma::MAX_BUF;
+use crate::AnyQueue;
 
 /// How a [`ReconnectingNamespace`] or [`ReconnectingQueue`] reconnects: exponential backoff
 /// between attempts, bounded by a number of attempts and a total time per failure.
@@ -498,8 +499,8 @@ pub struct ReconnectingQueue {
     held: usize,
     budget: Option<Budget>,
     scratch: Vec<Completion>,
-    /// Completions of an NVMe/RDMA connection, before their data goes back to `scratch`.
-    rdma_scratch: Vec<Completion<RdmaBuf>>,
+    /// Completions of the connection's queue, before their data goes back to `scratch`.
+    link_scratch: Vec<Completion<AnyBuf>>,
 }
 
 /// A command as submitted, to submit it again.
@@ -534,14 +535,6 @@ fn split(data: Data) -> (Dir, Option<Vec<u8>>) {
     }
 }
 
-fn join(dir: Dir, buf: Option<Vec<u8>>) -> Data {
-    match (dir, buf) {
-        (Dir::ToCtrl, Some(b)) => Data::ToController(b),
-        (Dir::FromCtrl, Some(b)) => Data::FromController(b),
-        _ => Data::None,
-    }
-}
-
 impl ReconnectingQueue {
     /// Connect over NVMe/TCP or NVMe/RDMA (once, no retry) with one I/O queue of
     /// `opts.queue_depth` and open namespace `nsid`.
@@ -562,7 +555,7 @@ impl ReconnectingQueue {
             held: 0,
             budget: None,
             scratch: Vec::new(),
-            rdma_scratch: Vec::new(),
+            link_scratch: Vec::new(),
         })
     }
 
@@ -616,13 +609,10 @@ impl ReconnectingQueue {
         seq: u64,
         shadow: &mut Option<Vec<u8>>,
     ) -> Result<(), SubmitError> {
-        let q = match q {
-            AnyQueue::Tcp(q) => return q.submit(sqe, join(dir, buf), seq).map(|_| ()),
-            AnyQueue::Rdma(q) => q,
-        };
-        let rb = match &buf {
-            None => None,
-            Some(v) => match q.alloc_buf(v.len()) {
+        let staged = match (&buf, q.link()) {
+            (None, _) => None,
+            (Some(_), AnyLink::Tcp(_)) => None,
+            (Some(v), AnyLink::Rdma(_)) => match q.alloc_buf(v.len()) {
                 Ok(mut b) => {
                     if dir == Dir::ToCtrl {
                         b.copy_from_slice(v);
@@ -632,48 +622,60 @@ impl ReconnectingQueue {
                 Err(error) => return Err(SubmitError { error, buf }),
             },
         };
-        let data = match (dir, rb) {
+        let (carrier, kept) = match staged {
+            Some(b) => (Some(b), buf),
+            None => (buf.map(AnyBuf::Vec), None),
+        };
+        let data = match (dir, carrier) {
             (Dir::ToCtrl, Some(b)) => Data::ToController(b),
             (Dir::FromCtrl, Some(b)) => Data::FromController(b),
             _ => Data::None,
         };
         match q.submit(sqe, data, seq) {
             Ok(_) => {
-                *shadow = buf;
+                *shadow = kept;
                 Ok(())
             }
-            Err(SubmitError { error, .. }) => Err(SubmitError { error, buf }),
+            Err(SubmitError { error, buf: back }) => {
+                let buf = match (kept, back) {
+                    (Some(v), _) => Some(v),
+                    (None, Some(AnyBuf::Vec(v))) => Some(v),
+                    _ => None,
+                };
+                Err(SubmitError { error, buf })
+            }
         }
     }
 
-    /// Collect completions of the connection's queue into `scratch` ([`crate::IoQueue::reap`]),
-    /// over NVMe/RDMA with the data copied back into the caller's buffers.
+    /// Collect completions of the connection's queue into `scratch` ([`crate::Queue::reap`]),
+    /// with the data of staged (NVMe/RDMA) commands copied back into the caller's buffers.
     fn take(&mut self, min: usize, wait: Option<Duration>) -> Result<usize, Error> {
         let conn = self.conn.as_mut().expect("connected");
-        match Self::queue(conn) {
-            AnyQueue::Tcp(q) => q.reap(&mut self.scratch, min, wait),
-            AnyQueue::Rdma(q) => {
-                let r = q.reap(&mut self.rdma_scratch, min, wait);
-                for c in self.rdma_scratch.drain(..) {
-                    let (dir, mut buf) = match self.pending.get_mut(&c.user_data) {
+        let r = Self::queue(conn).reap(&mut self.link_scratch, min, wait);
+        for c in self.link_scratch.drain(..) {
+            let buf = match c.buf {
+                Some(AnyBuf::Vec(v)) => Some(v),
+                staged => {
+                    let (dir, mut shadow) = match self.pending.get_mut(&c.user_data) {
                         Some(p) => (p.dir, p.shadow.take()),
                         None => (Dir::None, None),
                     };
                     if let (Dir::FromCtrl, Ok(_), Some(v), Some(b)) =
-                        (dir, &c.result, &mut buf, &c.buf)
+                        (dir, &c.result, &mut shadow, &staged)
                     {
                         v.copy_from_slice(b);
                     }
-                    self.scratch.push(Completion {
-                        tag: c.tag,
-                        user_data: c.user_data,
-                        result: c.result,
-                        buf,
-                    });
+                    shadow
                 }
-                r
-            }
+            };
+            self.scratch.push(Completion {
+                tag: c.tag,
+                user_data: c.user_data,
+                result: c.result,
+                buf,
+            });
         }
+        r
     }
 
     /// Submit a command ([`crate::IoQueue::submit`]); returns its sequence number. While the

@@ -29,7 +29,7 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use common::poller_allocs;
-use initiator::{Completion, ConnectOptions, Controller, Data, NsInfo, Queue};
+use initiator::{Completion, ConnectOptions, Controller, Data, Link, NsInfo, Queue, TypedQueue};
 use nvme::opcode::io;
 use nvme::Sqe;
 use nvmf_target::daemon::Daemon;
@@ -76,13 +76,13 @@ fn start(listener: &str, extra: &str) -> Setup {
 /// Submit `n` commands made by `cmd(i, buf)` at once (queue depth `n`), wait for them all,
 /// check every one succeeded and hand each completion to `check`; the buffers go back to
 /// `pool`.
-fn batch<Q: Queue>(
-    q: &mut Q,
-    pool: &mut Vec<Q::Buf>,
-    done: &mut Vec<Completion<Q::Buf>>,
+fn batch<L: Link>(
+    q: &mut Queue<L>,
+    pool: &mut Vec<L::Buf>,
+    done: &mut Vec<Completion<L::Buf>>,
     n: usize,
-    mut cmd: impl FnMut(&mut Q, usize, Q::Buf),
-    mut check: impl FnMut(&Completion<Q::Buf>),
+    mut cmd: impl FnMut(&mut Queue<L>, usize, L::Buf),
+    mut check: impl FnMut(&Completion<L::Buf>),
 ) -> u64 {
     for i in 0..n {
         let buf = pool.pop().expect("enough buffers");
@@ -110,10 +110,10 @@ fn pattern(round: u64, lba: u64) -> u8 {
 /// `n` writes of round `r`'s pattern at blocks `lba(i)` of `ns`, then `n` reads of them that
 /// check the data (`what` names the size in a failure).
 #[allow(clippy::too_many_arguments)]
-fn write_read<Q: Queue>(
-    q: &mut Q,
-    pool: &mut Vec<Q::Buf>,
-    done: &mut Vec<Completion<Q::Buf>>,
+fn write_read<L: Link>(
+    q: &mut Queue<L>,
+    pool: &mut Vec<L::Buf>,
+    done: &mut Vec<Completion<L::Buf>>,
     ns: &NsInfo,
     n: usize,
     lba: impl Fn(usize) -> u64,
@@ -157,7 +157,13 @@ struct Pools<B> {
 
 /// One round of mixed I/O on the file namespace `file` and the null namespace `null`; the
 /// number of commands it completed. Reads check the data the round's writes put there.
-fn round<Q: Queue>(q: &mut Q, p: &mut Pools<Q::Buf>, file: &NsInfo, null: &NsInfo, r: u64) -> u64 {
+fn round<L: Link>(
+    q: &mut Queue<L>,
+    p: &mut Pools<L::Buf>,
+    file: &NsInfo,
+    null: &NsInfo,
+    r: u64,
+) -> u64 {
     let bs = file.block_size as u64;
     let small_lbas = (file.blocks / 2).min(1024);
     let lba = |i: usize| (r * 32 + i as u64) % small_lbas;
@@ -269,15 +275,19 @@ fn no_allocation_per_io(opts: ConnectOptions) {
     let file = *nss.iter().find(|n| n.nsid == 1).expect("namespace 1");
     let null = *nss.iter().find(|n| n.nsid == 2).expect("namespace 2");
     assert!(ctrl.info().max_transfer as usize >= BIG, "MDTS >= 128 KiB");
-    let queue = ctrl.take_queue().expect("an I/O queue");
+    let queue = ctrl
+        .take_queue()
+        .expect("an I/O queue")
+        .into_typed()
+        .unwrap_or_else(|_| panic!("nothing in flight"));
     match queue {
-        initiator::AnyQueue::Tcp(mut q) => measure(&mut ctrl, &mut q, &file, &null),
-        initiator::AnyQueue::Rdma(mut q) => measure(&mut ctrl, &mut q, &file, &null),
+        TypedQueue::Tcp(mut q) => measure(&mut ctrl, &mut q, &file, &null),
+        TypedQueue::Rdma(mut q) => measure(&mut ctrl, &mut q, &file, &null),
     }
     ctrl.shutdown().expect("shutdown");
 }
 
-fn measure<Q: Queue>(ctrl: &mut Controller, q: &mut Q, file: &NsInfo, null: &NsInfo) {
+fn measure<L: Link>(ctrl: &mut Controller, q: &mut Queue<L>, file: &NsInfo, null: &NsInfo) {
     let mut p = Pools {
         small: (0..40).map(|_| q.alloc_buf(SMALL).unwrap()).collect(),
         big: (0..8).map(|_| q.alloc_buf(BIG).unwrap()).collect(),

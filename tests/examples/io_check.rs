@@ -15,7 +15,9 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use initiator::{discover_with, AnyQueue, Controller, Error, NsInfo, Queue, Transport};
+use initiator::{
+    discover_with, AnyLink, AnyQueue, Controller, Error, Link, NsInfo, Queue, Transport,
+};
 
 mod common;
 
@@ -96,8 +98,8 @@ fn check(buf: &[u8], off: u64, seed: u64) -> Res<()> {
 /// Write (`write`) or read and verify `[base, base + size)` in `bs` pieces, `qd` at a time,
 /// with buffers from the queue itself (registered memory over RDMA). Returns bytes per second.
 #[allow(clippy::too_many_arguments)]
-fn async_pass<Q: Queue>(
-    q: &mut Q,
+fn async_pass<L: Link>(
+    q: &mut Queue<L>,
     ns: &NsInfo,
     base: u64,
     size: u64,
@@ -151,7 +153,7 @@ fn async_pass<Q: Queue>(
 }
 
 /// The async phase of job `job` on a queue of either type; checks the copy accounting.
-fn async_phase<Q: Queue>(q: &mut Q, a: &Args, ns: &NsInfo, rdma: bool, job: u64) -> Res<()> {
+fn async_phase<L: Link>(q: &mut Queue<L>, a: &Args, ns: &NsInfo, rdma: bool, job: u64) -> Res<()> {
     let (bs, qd) = (a.bs as usize, a.iodepth as usize);
     let size = a.size / a.numjobs as u64;
     let base = job * size;
@@ -298,9 +300,9 @@ fn run(a: &Args) -> Res<()> {
             .iter_mut()
             .enumerate()
             .map(|(i, q)| {
-                sc.spawn(move || match q {
-                    AnyQueue::Tcp(q) => async_phase(q, a, &ns, false, i as u64),
-                    AnyQueue::Rdma(q) => async_phase(q, a, &ns, true, i as u64),
+                sc.spawn(move || {
+                    let rdma = q.transport() == Transport::Rdma;
+                    async_phase(q, a, &ns, rdma, i as u64)
                 })
             })
             .collect();
@@ -323,17 +325,20 @@ fn run(a: &Args) -> Res<()> {
     let mut q = queues.swap_remove(0);
     drop(queues);
     let bsz = ns.block_size as usize;
-    match &mut q {
-        AnyQueue::Tcp(_) => {}
-        AnyQueue::Rdma(q) => {
+    if let AnyLink::Rdma(l) = q.link() {
+        {
             println!(
                 "rdma queue {} on {}: {} bytes registered for its pool",
                 q.qid(),
-                q.device(),
-                q.registered_bytes()
+                l.device(),
+                l.registered_bytes()
             );
             // A buffer of another queue's pool is refused, and comes back.
-            let other = nsh.queue().as_rdma().ok_or("second queue is not RDMA")?;
+            let other = nsh.queue();
+            ensure!(
+                other.transport() == Transport::Rdma,
+                "second queue is not RDMA"
+            );
             let b = other.alloc_buf(bsz).map_err(|e| e.to_string())?;
             let e = q.submit_read(&ns, 0, b, 0).unwrap_err();
             ensure!(
@@ -347,16 +352,10 @@ fn run(a: &Args) -> Res<()> {
         }
     }
     // An out-of-range read fails with an NVMe status; the queue keeps working.
-    let bad = match &mut q {
-        AnyQueue::Tcp(q) => one_read(q, &ns, ns.blocks, bsz),
-        AnyQueue::Rdma(q) => one_read(q, &ns, ns.blocks, bsz),
-    }?;
+    let bad = one_read(&mut q, &ns, ns.blocks, bsz)?;
     ensure!(bad != "ok", "a read past the end succeeded");
     println!("read past the end: {bad}");
-    let again = match &mut q {
-        AnyQueue::Tcp(q) => one_read(q, &ns, 0, bsz),
-        AnyQueue::Rdma(q) => one_read(q, &ns, 0, bsz),
-    }?;
+    let again = one_read(&mut q, &ns, 0, bsz)?;
     ensure!(again == "ok", "read after the failed one: {again}");
     drop(q);
 
@@ -440,7 +439,7 @@ fn run(a: &Args) -> Res<()> {
 }
 
 /// One read of `bs` bytes at `slba`: "ok" or the error text.
-fn one_read<Q: Queue>(q: &mut Q, ns: &NsInfo, slba: u64, bs: usize) -> Res<String> {
+fn one_read<L: Link>(q: &mut Queue<L>, ns: &NsInfo, slba: u64, bs: usize) -> Res<String> {
     let b = q.alloc_buf(bs).map_err(|e| e.to_string())?;
     let mut sqe = nvme::Sqe::new(nvme::opcode::io::READ, 0);
     sqe.nsid = ns.nsid.into();

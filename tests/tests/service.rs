@@ -130,13 +130,17 @@ fn metrics_endpoint_and_stats_command() {
         assert!(enters > 0.0, "no io_uring_enter counted:\n{during}");
         // An I/O error shows up by status.
         // (A Read far beyond the namespace end, sent raw: the library would refuse it.)
-        let q = ns.queue().as_tcp().expect("a TCP queue");
+        let q = ns.queue();
         let mut sqe = nvme::Sqe::new(nvme::opcode::io::READ, 0);
         sqe.nsid = 1.into();
         sqe.cdw11 = 1.into(); // SLBA 2^32
-        q.submit(sqe, initiator::Data::FromController(vec![0; 4096]), 7)
-            .map_err(|e| e.error)
-            .unwrap();
+        q.submit(
+            sqe,
+            initiator::Data::FromController(vec![0; 4096].into()),
+            7,
+        )
+        .map_err(|e| e.error)
+        .unwrap();
         let mut out = Vec::new();
         q.reap(&mut out, 1, Some(Duration::from_secs(5))).unwrap();
         assert!(out[0].result.is_err(), "LBA out of range");

@@ -9,7 +9,8 @@
 use std::time::Duration;
 
 use initiator::{
-    AnyQueue, CmdError, Completion, ConnectOptions, Controller, Error, NsInfo, Queue, Transport,
+    CmdError, Completion, ConnectOptions, Controller, Error, Link, NsInfo, Queue, Transport,
+    TypedQueue,
 };
 
 use super::args::TransportKind;
@@ -77,18 +78,18 @@ pub trait Engine: Send {
     fn failure(&self) -> Option<String>;
 }
 
-/// An [`Engine`] over any initiator [`Queue`]: NVMe/TCP's `IoQueue` with `Vec` buffers,
-/// NVMe/RDMA's `RdmaQueue` with buffers from its registered pool (the target reads and writes
-/// them directly). Each slot's buffer is lent to the queue while its I/O runs.
-pub struct QueueEngine<Q: Queue> {
-    q: Q,
+/// An [`Engine`] over an initiator [`Queue`] of either link: NVMe/TCP's `IoQueue` with `Vec`
+/// buffers, NVMe/RDMA's `RdmaQueue` with buffers from its registered pool (the target reads and
+/// writes them directly). Each slot's buffer is lent to the queue while its I/O runs.
+pub struct QueueEngine<L: Link> {
+    q: Queue<L>,
     ns: NsInfo,
-    bufs: Vec<Option<Q::Buf>>,
-    done: Vec<Completion<Q::Buf>>,
+    bufs: Vec<Option<L::Buf>>,
+    done: Vec<Completion<L::Buf>>,
 }
 
-impl<Q: Queue> QueueEngine<Q> {
-    pub fn new(q: Q, ns: NsInfo, slots: usize, bs: usize) -> Result<QueueEngine<Q>, Error> {
+impl<L: Link> QueueEngine<L> {
+    pub fn new(q: Queue<L>, ns: NsInfo, slots: usize, bs: usize) -> Result<QueueEngine<L>, Error> {
         let bufs = (0..slots)
             .map(|_| q.alloc_buf(bs).map(Some))
             .collect::<Result<_, _>>()?;
@@ -103,7 +104,7 @@ impl<Q: Queue> QueueEngine<Q> {
 
 const IDLE: &str = "slot buffer is only touched while the slot is idle";
 
-impl<Q: Queue> Engine for QueueEngine<Q> {
+impl<L: Link> Engine for QueueEngine<L> {
     fn slots(&self) -> usize {
         self.bufs.len()
     }
@@ -309,9 +310,13 @@ pub fn open(
         let q = ctrl
             .take_queue()
             .ok_or_else(|| "the controller has fewer I/O queues than it reported".to_string())?;
-        engines.push(match q {
-            AnyQueue::Tcp(q) => Box::new(QueueEngine::new(q, ns, slots, bs).map_err(buffers)?),
-            AnyQueue::Rdma(q) => Box::new(QueueEngine::new(q, ns, slots, bs).map_err(buffers)?),
+        // Each transport's own queue type: no run-time choice per I/O.
+        let typed = q
+            .into_typed()
+            .map_err(|_| "a fresh I/O queue has commands in flight".to_string())?;
+        engines.push(match typed {
+            TypedQueue::Tcp(q) => Box::new(QueueEngine::new(q, ns, slots, bs).map_err(buffers)?),
+            TypedQueue::Rdma(q) => Box::new(QueueEngine::new(q, ns, slots, bs).map_err(buffers)?),
         });
     }
     Ok(Opened::Ready(Box::new(Session { ctrl, ns, engines })))

@@ -28,18 +28,19 @@
 //!   `IBV_WC_WITH_INV` anyway is a target bug and fails the queue ("bogus remote
 //!   invalidation"); a plain SEND is the normal case.
 //! - A command ends when both its SEND's completion and its response have been seen, in either
-//!   order (the `state` module). A RECV is reposted before the command it answered completes, so there is
-//!   always one waiting for every response the target may send; a send-queue credit per
-//!   command keeps the SQ from overflowing.
+//!   order (the command state machine the queue keeps for both transports). A RECV is reposted
+//!   before the command it answered completes, so there is always one waiting for every
+//!   response the target may send; a send-queue credit per command keeps the SQ from
+//!   overflowing.
 //! - Waits poll the CQ; a queue that does not busy-poll sleeps on its completion channel and
-//!   its rdma_cm channel together, after a short spin. Every command has a deadline
+//!   its rdma_cm channel together, after its spin budget. Every command has a deadline
 //!   ([`crate::ConnectOptions::timeout`]): a dead target fails the queue instead of hanging it.
 //!   Any rdma_cm event after ESTABLISHED (DISCONNECTED, DEVICE_REMOVAL, ADDR_CHANGE,
 //!   TIMEWAIT_EXIT) fails the queue as well. A failing or dropped queue moves its QP to the
 //!   error state and reaps the flushed work requests before buffers are handed back.
 //!
 //! # Buffers, copies and the rkey trade-off
-//! Each queue has a pool of registered memory ([`RdmaBuf`], from [`RdmaQueue::alloc_buf`]):
+//! Each queue has a pool of registered memory ([`RdmaBuf`], from [`crate::Queue::alloc_buf`]):
 //! slabs registered once with `LOCAL_WRITE | REMOTE_READ | REMOTE_WRITE`, cut into
 //! power-of-two buffers that return to the pool on drop. The asynchronous API takes and gives
 //! back these buffers, so its data path copies nothing ([`crate::Stats::memcpy_bytes`] stays 0).
@@ -64,11 +65,10 @@ mod pool;
 mod queue;
 #[cfg(feature = "raw")]
 pub mod raw;
-mod state;
 
 pub use error::RdmaError;
 pub use pool::{RdmaBuf, MAX_BUF};
-pub use queue::RdmaQueue;
+pub use queue::RdmaLink;
 
 /// Fail early and clearly when the machine has no RDMA device (librdmacm would otherwise
 /// report the same thing less directly, as an address-resolution failure).

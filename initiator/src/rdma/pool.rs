@@ -149,7 +149,7 @@ impl Pool {
     }
 }
 
-/// A buffer in registered memory, from [`crate::rdma::RdmaQueue::alloc_buf`]; it dereferences
+/// A buffer in registered memory, from [`crate::Queue::alloc_buf`] of an NVMe/RDMA queue; it dereferences
 /// to `[u8]` and goes back to its queue's pool when dropped (from any thread).
 ///
 /// Submitted with [`crate::Data`] on the queue it came from, its memory is what the target

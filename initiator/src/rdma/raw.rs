@@ -5,7 +5,7 @@
 //! and connection event is handed back as it came. Behind the `raw` cargo feature (the
 //! `rdma_bad_input` example is its user); the library's own queues never use it.
 //!
-//! Connection setup is the one of [`super::RdmaQueue`] ([`rdma::active`]'s address and route
+//! Connection setup is the one of [`super::RdmaLink`] ([`rdma::active`]'s address and route
 //! resolution and connect, every RECV posted before `rdma_connect`, the Linux host's connection
 //! parameters); only the private data and the sizes are the caller's.
 

@@ -1,11 +1,13 @@
-//! The life of one command on an RDMA queue.
+//! The life of one command on a host queue, over either transport.
 //!
-//! A command is over only when both of its events have been seen: the completion of its own
-//! capsule SEND (until then the SQE slot, the in-capsule data and the send-queue entry are the
-//! device's) and the target's response (a RECV of the CQE). The two arrive in either order: the
-//! SEND's completion waits for the transport ack, which can be reported after the response
-//! (the Linux host keeps a reference count of 2 for the same reason). A queue failure ends every
-//! command at once.
+//! A command is over only when both of its events have been seen: the transport is done with
+//! what it sends for the command, and the target's response arrived. Over NVMe/RDMA the first
+//! is the completion of the capsule SEND (until then the SQE slot, the in-capsule data and the
+//! send-queue entry are the device's); the two arrive in either order, since the SEND's
+//! completion waits for the transport ack, which can be reported after the response (the Linux
+//! host keeps a reference count of 2 for the same reason). Over NVMe/TCP it is the last byte of
+//! the command's PDUs (capsule, H2CData) written to the socket: the caller's buffer stays
+//! the queue's until then. A queue failure ends every command at once.
 
 /// Where one command stands. Every change goes through [`next`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
