@@ -8,11 +8,19 @@ use std::time::Instant;
 
 use nvme::Sqe;
 
-use crate::controller::Transport;
+use crate::cmd::Transport;
 use crate::error::Error;
 use crate::queue::{sealed, Buf, Io, Link, PostError, Queue};
-use crate::rdma::{RdmaBuf, RdmaLink};
+use crate::rdma::{RdmaBuf, RdmaLink, RegisteredBuf};
 use crate::tcp::TcpLink;
+
+/// An NVMe/TCP queue (`Vec<u8>` buffers).
+pub type IoQueue = Queue<TcpLink>;
+/// An NVMe/RDMA queue (registered [`RdmaBuf`]s from [`Queue::alloc_buf`]: zero-copy).
+pub type RdmaQueue = Queue<RdmaLink>;
+/// A queue of either transport ([`AnyBuf`]s), as [`crate::Controller::take_queue`] hands it
+/// out.
+pub type AnyQueue = Queue<AnyLink>;
 
 /// A data buffer of an [`AnyQueue`](crate::AnyQueue): a vector (NVMe/TCP) or registered memory
 /// (NVMe/RDMA), as the queue's [`Queue::alloc_buf`] made it. Dereferences to its bytes.
@@ -50,14 +58,17 @@ impl From<Vec<u8>> for AnyBuf {
 }
 
 impl Buf for AnyBuf {
+    fn from_vec(v: Vec<u8>) -> Option<Self> {
+        Some(AnyBuf::Vec(v))
+    }
+}
+
+impl RegisteredBuf for AnyBuf {
     fn as_rdma(&self) -> Option<&RdmaBuf> {
         match self {
             AnyBuf::Rdma(b) => Some(b),
             AnyBuf::Vec(_) => None,
         }
-    }
-    fn from_vec(v: Vec<u8>) -> Option<Self> {
-        Some(AnyBuf::Vec(v))
     }
     fn from_rdma(b: RdmaBuf) -> Option<Self> {
         Some(AnyBuf::Rdma(b))
@@ -143,9 +154,9 @@ impl AnyLink {
 #[derive(Debug)]
 pub enum TypedQueue {
     /// NVMe/TCP.
-    Tcp(crate::IoQueue),
+    Tcp(IoQueue),
     /// NVMe/RDMA.
-    Rdma(crate::RdmaQueue),
+    Rdma(RdmaQueue),
 }
 
 impl Queue<AnyLink> {
@@ -154,8 +165,8 @@ impl Queue<AnyLink> {
         self.link().transport()
     }
 
-    /// This queue as the queue type of its transport ([`crate::IoQueue`] with `Vec<u8>`
-    /// buffers, [`crate::RdmaQueue`] with [`RdmaBuf`]s). Nothing may be in flight (the queue
+    /// This queue as the queue type of its transport ([`IoQueue`] with `Vec<u8>`
+    /// buffers, [`RdmaQueue`] with [`RdmaBuf`]s). Nothing may be in flight (the queue
     /// comes back otherwise).
     // Both variants are a whole queue, moved once when a queue is handed out.
     #[allow(clippy::result_large_err)]

@@ -13,23 +13,13 @@ use nvme::opcode::{admin, io};
 use nvme::sgl::Sgl;
 use nvme::{Sqe, Status};
 
-use crate::any_queue::{AnyLink, TypedQueue};
+use crate::any_queue::{AnyLink, AnyQueue, IoQueue, RdmaQueue, TypedQueue};
+use crate::cmd::{rw_sqe, DataRef, Dir, NsInfo, Transport};
 use crate::error::Error;
-use crate::queue::{Data, DataRef, Queue, QueueParams, SubmitError};
+use crate::queue::{Queue, QueueParams};
 use crate::rdma::RdmaLink;
 use crate::spin::Spin;
 use crate::tcp::TcpLink;
-use crate::{AnyQueue, IoQueue, RdmaQueue};
-
-/// Transports the initiator can use.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Transport {
-    /// NVMe/TCP.
-    #[default]
-    Tcp,
-    /// NVMe/RDMA over rdma_cm (see [`crate::rdma`]).
-    Rdma,
-}
 
 /// How to reach and set up a controller.
 #[derive(Debug, Clone)]
@@ -166,52 +156,6 @@ pub struct ControllerInfo {
     /// I/O queues created and their depth (commands in flight).
     pub io_queues: u16,
     pub io_queue_depth: u16,
-}
-
-/// A namespace's geometry.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct NsInfo {
-    pub nsid: u32,
-    /// Size in logical blocks (NSZE).
-    pub blocks: u64,
-    /// Logical block size in bytes (from the LBA format FLBAS selects).
-    pub block_size: u32,
-    /// Metadata bytes per block of that format (0 for none).
-    pub metadata_size: u16,
-}
-
-impl NsInfo {
-    /// Size in bytes.
-    pub fn size(&self) -> u64 {
-        self.blocks * self.block_size as u64
-    }
-
-    fn from_identify(nsid: u32, id: &IdentifyNamespace) -> Result<NsInfo, Error> {
-        // FLBAS bits 3:0 select the format; bits 6:5 are the upper bits when NLBAF > 16.
-        let idx = (id.flbas & 0x0f) as usize | (((id.flbas >> 5) & 0x03) as usize) << 4;
-        let f = id
-            .lbaf
-            .get(idx)
-            .filter(|_| idx <= id.nlbaf as usize)
-            .ok_or_else(|| {
-                Error::Controller(format!(
-                    "namespace {nsid}: FLBAS selects format {idx} of {}",
-                    id.nlbaf as u32 + 1
-                ))
-            })?;
-        if !(9..=31).contains(&f.ds) {
-            return Err(Error::Controller(format!(
-                "namespace {nsid}: LBA data size 2^{} bytes",
-                f.ds
-            )));
-        }
-        Ok(NsInfo {
-            nsid,
-            blocks: id.nsze.get(),
-            block_size: 1 << f.ds,
-            metadata_size: f.ms.get(),
-        })
-    }
 }
 
 /// The keep-alive thread; dropping this stops it (and waits for a command it has in flight).
@@ -1040,12 +984,7 @@ impl Namespace {
         let (slba, nlb) = self.lba_range(offset, buf.len() as u64)?;
         let mut cmds = self.rw_cmds(io::READ, slba, nlb);
         self.queue
-            .run_borrowed(
-                "Read",
-                crate::queue::Dir::FromCtrl,
-                &mut DataRef::Read(buf),
-                &mut cmds,
-            )
+            .run_borrowed("Read", Dir::FromCtrl, &mut DataRef::Read(buf), &mut cmds)
             .map(|_| ())
     }
 
@@ -1054,12 +993,7 @@ impl Namespace {
         let (slba, nlb) = self.lba_range(offset, buf.len() as u64)?;
         let mut cmds = self.rw_cmds(io::WRITE, slba, nlb);
         self.queue
-            .run_borrowed(
-                "Write",
-                crate::queue::Dir::ToCtrl,
-                &mut DataRef::Write(buf),
-                &mut cmds,
-            )
+            .run_borrowed("Write", Dir::ToCtrl, &mut DataRef::Write(buf), &mut cmds)
             .map(|_| ())
     }
 
@@ -1092,12 +1026,7 @@ impl Namespace {
             )
         });
         self.queue
-            .run_borrowed(
-                "Write Zeroes",
-                crate::queue::Dir::None,
-                &mut DataRef::None,
-                &mut cmds,
-            )
+            .run_borrowed("Write Zeroes", Dir::None, &mut DataRef::None, &mut cmds)
             .map(|_| ())
     }
 
@@ -1137,119 +1066,10 @@ impl Namespace {
     }
 }
 
-/// The SQE and data of a Read into `buf` (`io::READ`) or a Write of `buf` (`io::WRITE`) at block
-/// `slba` of `ns`; an invalid length or range gives the buffer back in the error.
-pub(crate) fn rw_cmd<B: std::ops::Deref<Target = [u8]> + std::fmt::Debug>(
-    opcode: u8,
-    ns: &NsInfo,
-    slba: u64,
-    buf: B,
-) -> Result<(Sqe, Data<B>), SubmitError<B>> {
-    match blocks_of(ns, slba, buf.len()) {
-        Ok(nlb) => {
-            let sqe = rw_sqe(opcode, ns.nsid, slba, nlb);
-            let data = if opcode == io::READ {
-                Data::FromController(buf)
-            } else {
-                Data::ToController(buf)
-            };
-            Ok((sqe, data))
-        }
-        Err(error) => Err(SubmitError {
-            error,
-            buf: Some(buf),
-        }),
-    }
-}
-
-/// A Write Zeroes SQE for `nlb` blocks (1..=65536) at `slba` of `ns`.
-pub(crate) fn write_zeroes_sqe(ns: &NsInfo, slba: u64, nlb: u32) -> Result<Sqe, Error> {
-    if nlb == 0 || nlb > 1 << 16 || slba.checked_add(nlb as u64).is_none_or(|e| e > ns.blocks) {
-        return Err(Error::InvalidArgument(format!(
-            "Write Zeroes of {nlb} blocks at {slba}"
-        )));
-    }
-    Ok(rw_sqe(io::WRITE_ZEROES, ns.nsid, slba, nlb))
-}
-
-/// A Flush SQE for `nsid`.
-pub(crate) fn flush_sqe(nsid: u32) -> Sqe {
-    let mut sqe = Sqe::new(io::FLUSH, 0);
-    sqe.nsid = nsid.into();
-    sqe
-}
-
-/// `submit_read`, `submit_write` and `submit_flush` over a queue's `submit(sqe, data,
-/// user_data)`, which returns `Result<$id, SubmitError<$buf>>`: the `Queue`
-/// trait's provided methods and the inherent ones of `IoQueue` and `ReconnectingQueue`.
-macro_rules! rw_submit_methods {
-    ($vis:vis, $buf:ty, $id:ty) => {
-        $crate::controller::rw_submit_methods!(@rw $vis, $buf, $id, submit_read, READ,
-            "Submit a Read of `buf.len()` bytes at block `slba` of `ns` (the length must be a \
-             whole number of blocks, at most the controller's MDTS).");
-        $crate::controller::rw_submit_methods!(@rw $vis, $buf, $id, submit_write, WRITE,
-            "Submit a Write of `buf` at block `slba` of `ns`.");
-
-        /// Submit a Flush of `nsid`.
-        $vis fn submit_flush(
-            &mut self,
-            nsid: u32,
-            user_data: u64,
-        ) -> Result<$id, $crate::queue::SubmitError<$buf>> {
-            self.submit(
-                $crate::controller::flush_sqe(nsid),
-                $crate::queue::Data::None,
-                user_data,
-            )
-        }
-    };
-    (@rw $vis:vis, $buf:ty, $id:ty, $name:ident, $opcode:ident, $doc:literal) => {
-        #[doc = $doc]
-        $vis fn $name(
-            &mut self,
-            ns: &$crate::controller::NsInfo,
-            slba: u64,
-            buf: $buf,
-            user_data: u64,
-        ) -> Result<$id, $crate::queue::SubmitError<$buf>> {
-            let (sqe, data) =
-                $crate::controller::rw_cmd(::nvme::opcode::io::$opcode, ns, slba, buf)?;
-            self.submit(sqe, data, user_data)
-        }
-    };
-}
-pub(crate) use rw_submit_methods;
-
-/// A Read/Write/Write Zeroes SQE (CID and data pointer are the queue's business).
-pub(crate) fn rw_sqe(opcode: u8, nsid: u32, slba: u64, nlb: u32) -> Sqe {
-    let mut sqe = Sqe::new(opcode, 0);
-    sqe.nsid = nsid.into();
-    sqe.cdw10 = (slba as u32).into();
-    sqe.cdw11 = ((slba >> 32) as u32).into();
-    sqe.cdw12 = (nlb - 1).into();
-    sqe
-}
-
-pub(crate) fn blocks_of(ns: &NsInfo, slba: u64, len: usize) -> Result<u32, Error> {
-    let bs = ns.block_size as usize;
-    if len == 0 || len % bs != 0 || len / bs > 1 << 16 {
-        return Err(Error::InvalidArgument(format!(
-            "{len} bytes is not 1..=65536 blocks of {bs}"
-        )));
-    }
-    let nlb = (len / bs) as u32;
-    if slba.checked_add(nlb as u64).is_none_or(|e| e > ns.blocks) {
-        return Err(Error::InvalidArgument(format!(
-            "blocks {slba}+{nlb} beyond the namespace ({} blocks)",
-            ns.blocks
-        )));
-    }
-    Ok(nlb)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cmd::blocks_of;
     use zerocopy::FromZeros;
 
     #[test]

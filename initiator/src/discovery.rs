@@ -6,11 +6,11 @@ use std::time::Duration;
 use nvme::fabrics::{self, reg, PropSize};
 use nvme::log::{lid, DiscoveryLogEntry, DiscoveryLogHeader};
 
+use crate::cmd::DataRef;
 use crate::controller::{
     connect_admin, enable, get_log, resolve, shutdown_ctrl, text, ConnectOptions,
 };
 use crate::error::Error;
-use crate::queue::DataRef;
 
 /// Attempts at reading a stable log (the generation counter changed in between).
 const MAX_RETRIES: usize = 10;

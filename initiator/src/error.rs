@@ -105,3 +105,9 @@ pub enum CmdError {
     #[error("command timed out")]
     Timeout,
 }
+
+impl From<rdma::Error> for Error {
+    fn from(e: rdma::Error) -> Error {
+        Error::Rdma(crate::rdma::RdmaError::Verbs(e))
+    }
+}

@@ -103,6 +103,7 @@
 //! ```
 
 mod any_queue;
+mod cmd;
 mod controller;
 mod discovery;
 mod error;
@@ -113,22 +114,15 @@ mod spin;
 mod state;
 mod tcp;
 
-pub use any_queue::{AnyBuf, AnyLink, TypedQueue};
-pub use controller::{
-    hostnqn_for, ConnectOptions, Controller, ControllerInfo, Namespace, NsInfo, Transport,
-};
+pub use any_queue::{AnyBuf, AnyLink, AnyQueue, IoQueue, RdmaQueue, TypedQueue};
+pub use cmd::{Completion, Data, DataRef, NsInfo, Stats, SubmitError, Transport};
+pub use controller::{hostnqn_for, ConnectOptions, Controller, ControllerInfo, Namespace};
 pub use discovery::{discover, discover_with, DiscoveryEntry};
 pub use error::{CmdError, Error};
-pub use queue::{Buf, Completion, Data, DataRef, Link, Queue, Stats, SubmitError};
+pub use queue::{Buf, Link, Queue};
 pub use rdma::{RdmaBuf, RdmaLink};
 pub use tcp::TcpLink;
 
-/// An NVMe/TCP queue (`Vec<u8>` buffers).
-pub type IoQueue = Queue<TcpLink>;
-/// An NVMe/RDMA queue (registered [`RdmaBuf`]s from [`Queue::alloc_buf`]: zero-copy).
-pub type RdmaQueue = Queue<RdmaLink>;
-/// A queue of either transport ([`AnyBuf`]s), as [`Controller::take_queue`] hands it out.
-pub type AnyQueue = Queue<AnyLink>;
 pub use reconnect::{ReconnectPolicy, ReconnectStats, ReconnectingNamespace, ReconnectingQueue};
 pub use spin::DEFAULT_SPIN;
 

@@ -24,143 +24,22 @@ use std::time::{Duration, Instant};
 use nvme::cmd::{PSDT_MASK, PSDT_SGL};
 use nvme::Sqe;
 
+use crate::cmd::{Completion, Data, DataRef, Dir, Stats, SubmitError};
 use crate::error::{CmdError, Error};
-use crate::rdma::RdmaBuf;
 use crate::spin::{Spin, SpinWindow};
 use crate::state::{next, CmdEvent, CmdState};
 
-/// Which way a command's data moves.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub(crate) enum Dir {
-    #[default]
-    None,
-    /// Host to controller (Write).
-    ToCtrl,
-    /// Controller to host (Read).
-    FromCtrl,
-}
-
-/// A command's data buffer, owned by the caller of [`Queue::submit`] and returned in its
-/// [`Completion`]. `B` is the queue's buffer type ([`Link::Buf`]).
-#[derive(Debug)]
-pub enum Data<B = Vec<u8>> {
-    /// No data.
-    None,
-    /// Data sent to the controller (the whole buffer).
-    ToController(B),
-    /// Data received from the controller (fills the whole buffer).
-    FromController(B),
-}
-
-/// The end of one command submitted with [`Queue::submit`].
-#[derive(Debug)]
-pub struct Completion<B = Vec<u8>> {
-    /// The tag [`Queue::submit`] returned (it is also the command identifier).
-    pub tag: u16,
-    /// The caller's value from the submission.
-    pub user_data: u64,
-    /// CQE DW0..1 on success.
-    pub result: Result<u64, CmdError>,
-    /// The buffer given at submission, back to the caller.
-    pub buf: Option<B>,
-}
-
-/// A submission that did not go out; the buffer comes back.
-#[derive(Debug, thiserror::Error)]
-#[error("{error}")]
-pub struct SubmitError<B: Debug = Vec<u8>> {
-    pub error: Error,
-    pub buf: Option<B>,
-}
-
-/// Counters of one queue. Copy accounting: every payload byte that crosses a socket counts as
-/// one copy (the kernel copies it between its socket buffers and ours), and every payload byte
-/// moved by `memcpy` in user space as one more; data the RDMA device places costs none.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Stats {
-    /// Commands submitted.
-    pub commands: u64,
-    /// Commands completed (successfully or not).
-    pub completed: u64,
-    /// Payload bytes of completed commands.
-    pub payload_bytes: u64,
-    /// Payload bytes that crossed the socket (each is one kernel copy).
-    pub socket_payload_bytes: u64,
-    /// Payload bytes copied in user space.
-    pub memcpy_bytes: u64,
-    /// System calls: `read`/`readv`/`writev`/`poll` over TCP; completion-channel sleeps and
-    /// event reads over RDMA (posting is the provider's doorbell and not counted).
-    pub syscalls: u64,
-}
-
-impl Stats {
-    /// Average number of CPU copies per payload byte (socket crossings plus memcpy).
-    pub fn copies_per_byte(&self) -> f64 {
-        if self.socket_payload_bytes == 0 && self.memcpy_bytes == 0 {
-            return 0.0;
-        }
-        (self.socket_payload_bytes + self.memcpy_bytes) as f64 / self.payload_bytes.max(1) as f64
-    }
-
-    /// Add another queue's counters.
-    pub fn merge(&mut self, o: &Stats) {
-        self.commands += o.commands;
-        self.completed += o.completed;
-        self.payload_bytes += o.payload_bytes;
-        self.socket_payload_bytes += o.socket_payload_bytes;
-        self.memcpy_bytes += o.memcpy_bytes;
-        self.syscalls += o.syscalls;
-    }
-}
-
-/// A borrowed data buffer for a command run to completion (admin commands, the synchronous
-/// [`crate::Namespace`] calls). Its length is the transfer length.
-#[derive(Debug)]
-pub enum DataRef<'a> {
-    /// No data.
-    None,
-    /// Data from the controller lands here.
-    Read(&'a mut [u8]),
-    /// Data sent to the controller.
-    Write(&'a [u8]),
-}
-
-/// A data buffer a queue can carry: `Vec<u8>` (NVMe/TCP), [`RdmaBuf`] (registered memory of an
-/// NVMe/RDMA queue's pool) or [`AnyBuf`](crate::AnyBuf) (either, for an
-/// [`AnyQueue`](crate::AnyQueue)).
+/// A data buffer a queue can carry: `Vec<u8>` (NVMe/TCP), [`crate::RdmaBuf`] (registered memory
+/// of an NVMe/RDMA queue's pool) or [`crate::AnyBuf`] (either, for an [`crate::AnyQueue`]).
 pub trait Buf: Deref<Target = [u8]> + DerefMut + Send + Debug + Sized + 'static {
-    /// The registered buffer inside, if this is one.
-    #[doc(hidden)]
-    fn as_rdma(&self) -> Option<&RdmaBuf>;
     /// This buffer type made from a plain vector, if it can hold one.
     #[doc(hidden)]
     fn from_vec(v: Vec<u8>) -> Option<Self>;
-    /// This buffer type made from a registered buffer, if it can hold one.
-    #[doc(hidden)]
-    fn from_rdma(b: RdmaBuf) -> Option<Self>;
 }
 
 impl Buf for Vec<u8> {
-    fn as_rdma(&self) -> Option<&RdmaBuf> {
-        None
-    }
     fn from_vec(v: Vec<u8>) -> Option<Self> {
         Some(v)
-    }
-    fn from_rdma(_: RdmaBuf) -> Option<Self> {
-        None
-    }
-}
-
-impl Buf for RdmaBuf {
-    fn as_rdma(&self) -> Option<&RdmaBuf> {
-        Some(self)
-    }
-    fn from_vec(_: Vec<u8>) -> Option<Self> {
-        None
-    }
-    fn from_rdma(b: RdmaBuf) -> Option<Self> {
-        Some(b)
     }
 }
 
@@ -271,7 +150,7 @@ impl<B> Default for Slot<B> {
     }
 }
 
-impl<B: Buf> Slot<B> {
+impl<B> Slot<B> {
     /// The buffer the link moves data through, if the slot owns one.
     pub fn own_buf(&self) -> Option<&B> {
         match &self.buf {
@@ -409,7 +288,7 @@ fn deadline_for(sqe: &Sqe, qid: u16, timeout: Duration) -> Option<Instant> {
 /// threads: give each thread its own.
 ///
 /// [`IoQueue`](crate::IoQueue) is the NVMe/TCP queue (`Vec<u8>` buffers),
-/// [`RdmaQueue`](crate::RdmaQueue) the NVMe/RDMA one (registered [`RdmaBuf`]s from
+/// [`RdmaQueue`](crate::RdmaQueue) the NVMe/RDMA one (registered [`crate::RdmaBuf`]s from
 /// [`Queue::alloc_buf`]: zero-copy), [`AnyQueue`](crate::AnyQueue) either (what
 /// [`crate::Controller::take_queue`] hands out). Code for any of them is generic over the link:
 ///
@@ -827,11 +706,10 @@ impl<L: Link> Queue<L> {
         off: usize,
         len: u32,
     ) -> Result<SlotBuf<L::Buf>, Error> {
-        if !self.link.stages_borrowed() {
+        // Without data there is nothing to stage; `Ext` still marks the command as one of
+        // `run_borrowed`'s (its completion goes to `ext_done`).
+        if !self.link.stages_borrowed() || len == 0 {
             return Ok(SlotBuf::Ext(off));
-        }
-        if len == 0 {
-            return Ok(SlotBuf::None);
         }
         let mut b = self.link.alloc_buf(len as usize)?;
         if dir == Dir::ToCtrl {
@@ -969,17 +847,17 @@ impl<L: Link> Queue<L> {
         Ok(out.into_iter().map(|c| c.result).collect())
     }
 
-    crate::controller::rw_submit_methods!(pub, L::Buf, u16);
+    crate::cmd::rw_submit_methods!(pub, L::Buf, u16);
 
     /// Submit a Write Zeroes of `nlb` blocks (1..=65536) at `slba`.
     pub fn submit_write_zeroes(
         &mut self,
-        ns: &crate::NsInfo,
+        ns: &crate::cmd::NsInfo,
         slba: u64,
         nlb: u32,
         user_data: u64,
     ) -> Result<u16, SubmitError<L::Buf>> {
-        match crate::controller::write_zeroes_sqe(ns, slba, nlb) {
+        match crate::cmd::write_zeroes_sqe(ns, slba, nlb) {
             Ok(sqe) => self.submit(sqe, Data::None, user_data),
             Err(error) => Err(SubmitError { error, buf: None }),
         }

@@ -7,14 +7,11 @@ use std::time::{Duration, Instant};
 
 use nvme::Sqe;
 
-use crate::any_queue::{AnyBuf, AnyLink};
-use crate::controller::{
-    rw_submit_methods, ConnectOptions, Controller, ControllerInfo, Namespace, NsInfo, Transport,
-};
+use crate::any_queue::{AnyBuf, AnyLink, AnyQueue};
+use crate::cmd::{rw_submit_methods, Completion, Data, Dir, NsInfo, SubmitError, Transport};
+use crate::controller::{ConnectOptions, Controller, ControllerInfo, Namespace};
 use crate::error::{CmdError, Error};
-use crate::queue::{Completion, Data, Dir, SubmitError};
 use crate::rdma::MAX_BUF;
-use crate::AnyQueue;
 
 /// How a [`ReconnectingNamespace`] or [`ReconnectingQueue`] reconnects: exponential backoff
 /// between attempts, bounded by a number of attempts and a total time per failure.

@@ -47,8 +47,9 @@ use nvme::tcp::{
 };
 use nvme::{Cqe, Sqe};
 
+use crate::cmd::Dir;
 use crate::error::{CmdError, Error};
-use crate::queue::{sealed, Buf, Dir, Io, Link, PostError, Queue, QueueParams};
+use crate::queue::{sealed, Buf, Io, Link, PostError, Queue, QueueParams};
 use crate::state::CmdEvent;
 
 /// Size of the receive buffer for headers (and data that arrives with them).
@@ -769,7 +770,7 @@ impl<B: Buf> Link for TcpLink<B> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::queue::{Completion, Data, DataRef};
+    use crate::cmd::{Completion, Data, DataRef};
     use crate::spin::Spin;
     use crate::IoQueue;
     use nvme::tcp::{IcResp, OwnedPdu, PduCollector, TxConfig};

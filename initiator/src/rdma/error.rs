@@ -1,9 +1,6 @@
 //! What can go wrong on an NVMe/RDMA queue, beyond what [`crate::Error`] already names.
 
-use std::time::Duration;
-
 use nvme::rdma::{CmReject, CmStatus};
-use rdma::active::ConnectError;
 use rdma::{CmEventType, WcStatus};
 
 /// An NVMe/RDMA failure: a verbs call, the connection manager, a work completion, or a target
@@ -47,37 +44,6 @@ pub enum RdmaError {
     Protocol { qid: u16, msg: String },
 }
 
-impl From<rdma::Error> for crate::Error {
-    fn from(e: rdma::Error) -> crate::Error {
-        crate::Error::Rdma(RdmaError::Verbs(e))
-    }
-}
-
-/// Turns a failed connection setup ([`rdma::active`]) of queue `qid` into the library's error:
-/// a timeout names the step it waited for (`timeout` is the connect timeout), an unexpected
-/// event becomes [`RdmaError::Cm`] and a reject is decoded by [`rejected`].
-pub(crate) fn connect_error(qid: u16, timeout: Duration, e: ConnectError) -> crate::Error {
-    match e {
-        ConnectError::Timeout { step } => crate::Error::Timeout(timeout, step.as_str()),
-        ConnectError::Event {
-            step,
-            event,
-            status,
-        } => RdmaError::Cm {
-            qid,
-            during: step.as_str(),
-            event,
-            status,
-        }
-        .into(),
-        ConnectError::Rejected {
-            status,
-            private_data,
-        } => rejected(qid, status, &private_data).into(),
-        ConnectError::Verbs(e) => e.into(),
-    }
-}
-
 /// rdma_cm's reject reason for "consumer defined" on IB/RoCE (`IB_CM_REJ_CONSUMER_DEFINED`).
 const IB_REJ_CONSUMER_DEFINED: i32 = 28;
 /// rdma_cm's reject reason for "no listener on that service ID" on IB/RoCE
@@ -114,6 +80,9 @@ pub(crate) fn rejected(qid: u16, cm_status: i32, private_data: &[u8]) -> RdmaErr
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::rdma::queue::connect_error;
+    use rdma::active::ConnectError;
+    use std::time::Duration;
 
     #[test]
     fn reject_reasons_are_decoded() {

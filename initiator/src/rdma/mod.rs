@@ -67,7 +67,7 @@ mod queue;
 pub mod raw;
 
 pub use error::RdmaError;
-pub use pool::{RdmaBuf, MAX_BUF};
+pub use pool::{RdmaBuf, RegisteredBuf, MAX_BUF};
 pub use queue::RdmaLink;
 
 /// Fail early and clearly when the machine has no RDMA device (librdmacm would otherwise

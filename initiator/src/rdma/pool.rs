@@ -17,6 +17,7 @@ use std::sync::{Arc, Mutex};
 use rdma::{AccessFlags, Mr, Pd, RemoteBuf, Sge};
 
 use crate::error::Error;
+use crate::queue::Buf;
 
 /// Smallest chunk (one page).
 const MIN_CHUNK_SHIFT: u32 = 12;
@@ -237,6 +238,32 @@ impl Drop for RdmaBuf {
             off: self.off,
         };
         self.pool.lock_free()[self.class as usize].push(chunk);
+    }
+}
+
+impl Buf for RdmaBuf {
+    fn from_vec(_: Vec<u8>) -> Option<Self> {
+        None
+    }
+}
+
+/// A queue buffer type that can hold registered memory ([`RdmaBuf`], [`crate::AnyBuf`]): what an
+/// NVMe/RDMA link carries.
+pub trait RegisteredBuf: Buf {
+    /// The registered buffer inside, if this is one.
+    #[doc(hidden)]
+    fn as_rdma(&self) -> Option<&RdmaBuf>;
+    /// This buffer type made from a registered buffer.
+    #[doc(hidden)]
+    fn from_rdma(b: RdmaBuf) -> Option<Self>;
+}
+
+impl RegisteredBuf for RdmaBuf {
+    fn as_rdma(&self) -> Option<&RdmaBuf> {
+        Some(self)
+    }
+    fn from_rdma(b: RdmaBuf) -> Option<Self> {
+        Some(b)
     }
 }
 

@@ -18,11 +18,13 @@ use rdma::{
     SendWr, WorkCompletion,
 };
 
-use super::error::{connect_error, RdmaError};
-use super::pool::{Pool, RdmaBuf};
+use super::error::{rejected, RdmaError};
+use super::pool::{Pool, RdmaBuf, RegisteredBuf};
+use crate::cmd::Dir;
 use crate::error::{CmdError, Error};
-use crate::queue::{sealed, Buf, Dir, Io, Link, PostError, Queue, QueueParams};
+use crate::queue::{sealed, Io, Link, PostError, Queue, QueueParams};
 use crate::state::CmdEvent;
+use rdma::active::ConnectError;
 
 /// Bytes of one SQE slot and of one CQE RECV buffer.
 pub(super) const SQE_LEN: usize = 64;
@@ -102,7 +104,7 @@ fn limit_error(what: &str, want: u32, have: u32, depth: u16) -> Error {
     ))
 }
 
-impl<B: Buf> Queue<RdmaLink<B>> {
+impl<B: RegisteredBuf> Queue<RdmaLink<B>> {
     /// The RDMA device the queue runs on (e.g. `rxe0`).
     pub fn device(&self) -> &str {
         self.link().device()
@@ -114,7 +116,7 @@ impl<B: Buf> Queue<RdmaLink<B>> {
     }
 }
 
-impl<B: Buf> RdmaLink<B> {
+impl<B: RegisteredBuf> RdmaLink<B> {
     /// Connect one queue to `dst` the way the Linux host does (`nvme_rdma_route_resolved`):
     /// resolve address and route, create the QP and post one RECV per response the queue can
     /// receive, then `rdma_connect` with the NVMe/RDMA CM request (qid, hrqsize = depth + 1,
@@ -230,7 +232,7 @@ impl<B: Buf> RdmaLink<B> {
     }
 
     /// The same link for another buffer type (its pool hands out [`RdmaBuf`]s either way).
-    pub(crate) fn retype<C: Buf>(self) -> RdmaLink<C> {
+    pub(crate) fn retype<C: RegisteredBuf>(self) -> RdmaLink<C> {
         RdmaLink {
             qid: self.qid,
             conn: self.conn,
@@ -371,9 +373,34 @@ impl<B: Buf> RdmaLink<B> {
     }
 }
 
+/// Turns a failed connection setup ([`rdma::active`]) of queue `qid` into the library's error:
+/// a timeout names the step it waited for (`timeout` is the connect timeout), an unexpected
+/// event becomes [`RdmaError::Cm`] and a reject is decoded by [`rejected`].
+pub(super) fn connect_error(qid: u16, timeout: Duration, e: ConnectError) -> Error {
+    match e {
+        ConnectError::Timeout { step } => Error::Timeout(timeout, step.as_str()),
+        ConnectError::Event {
+            step,
+            event,
+            status,
+        } => RdmaError::Cm {
+            qid,
+            during: step.as_str(),
+            event,
+            status,
+        }
+        .into(),
+        ConnectError::Rejected {
+            status,
+            private_data,
+        } => rejected(qid, status, &private_data).into(),
+        ConnectError::Verbs(e) => e.into(),
+    }
+}
+
 impl<B> sealed::Sealed for RdmaLink<B> {}
 
-impl<B: Buf> Link for RdmaLink<B> {
+impl<B: RegisteredBuf> Link for RdmaLink<B> {
     type Buf = B;
 
     fn qid(&self) -> u16 {
@@ -426,7 +453,7 @@ impl<B: Buf> Link for RdmaLink<B> {
         }
         let slot = io.slot(tag).expect("the queue posts its own tags");
         let (dir, len) = (slot.dir, slot.len);
-        let buf = slot.own_buf().and_then(Buf::as_rdma);
+        let buf = slot.own_buf().and_then(RegisteredBuf::as_rdma);
         let incapsule = dir == Dir::ToCtrl && len > 0 && len <= self.icd_max;
         let (sgl, rkey) = match buf {
             // No data: keyed, all zero (nvme_rdma_set_sg_null).

@@ -22,7 +22,8 @@ use rdma::{
     WcStatus, WorkCompletion,
 };
 
-use super::error::{connect_error, rejected};
+use super::error::rejected;
+use super::queue::connect_error;
 use super::queue::{CQE_LEN, RECV_FLAG, SQE_LEN};
 use crate::error::Error;
 
