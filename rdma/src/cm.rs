@@ -13,7 +13,7 @@
 use std::fmt;
 use std::mem;
 use std::net::SocketAddr;
-use std::os::fd::RawFd;
+use std::os::fd::{AsFd, BorrowedFd, RawFd};
 use std::ptr;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -62,6 +62,15 @@ impl fmt::Debug for EventChannel {
         f.debug_struct("EventChannel")
             .field("fd", &self.fd())
             .finish()
+    }
+}
+
+/// The channel's descriptor, borrowed for as long as the channel lives (to poll or epoll it).
+impl AsFd for EventChannel {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        // SAFETY: the descriptor belongs to the channel, which stays open while `self` is
+        // borrowed; the caller cannot close it through a BorrowedFd.
+        unsafe { BorrowedFd::borrow_raw(self.fd()) }
     }
 }
 

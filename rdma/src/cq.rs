@@ -2,7 +2,7 @@
 
 use std::fmt;
 use std::mem;
-use std::os::fd::RawFd;
+use std::os::fd::{AsFd, BorrowedFd, RawFd};
 use std::ptr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -31,6 +31,15 @@ impl fmt::Debug for CompChannel {
         f.debug_struct("CompChannel")
             .field("fd", &self.fd())
             .finish()
+    }
+}
+
+/// The channel's descriptor, borrowed for as long as the channel lives (to poll or epoll it).
+impl AsFd for CompChannel {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        // SAFETY: the descriptor belongs to the channel, which stays open while `self` is
+        // borrowed; the caller cannot close it through a BorrowedFd.
+        unsafe { BorrowedFd::borrow_raw(self.fd()) }
     }
 }
 

@@ -5,7 +5,7 @@
 use std::fmt;
 use std::marker::PhantomData;
 use std::net::SocketAddr;
-use std::os::fd::BorrowedFd;
+use std::os::fd::AsFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -526,18 +526,9 @@ impl<B: RegisteredBuf> Link for RdmaLink<B> {
             .saturating_duration_since(Instant::now())
             .as_millis()
             .clamp(1, i32::MAX as u128) as i32;
-        let (comp_fd, cm_fd) = (self.conn.comp.fd(), self.conn.ch.fd());
-        // SAFETY: both descriptors belong to channels owned by this link, open until it drops;
-        // they are only borrowed for this poll call.
-        let (comp_fd, cm_fd) = unsafe {
-            (
-                BorrowedFd::borrow_raw(comp_fd),
-                BorrowedFd::borrow_raw(cm_fd),
-            )
-        };
         let mut fds = [
-            PollFd::new(comp_fd, PollFlags::POLLIN),
-            PollFd::new(cm_fd, PollFlags::POLLIN),
+            PollFd::new(self.conn.comp.as_fd(), PollFlags::POLLIN),
+            PollFd::new(self.conn.ch.as_fd(), PollFlags::POLLIN),
         ];
         io.stats().syscalls += 1;
         match poll(

@@ -4,7 +4,7 @@
 //! traffic and sleeps in epoll (completion channels, a wake eventfd) after `idle_poll`.
 
 use std::collections::{HashMap, VecDeque};
-use std::os::fd::BorrowedFd;
+use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -551,11 +551,8 @@ impl Poller {
             Some(SharedRecv::new(&pd, depth, self.cfg.caps.in_capsule_data)?)
         };
         let i = self.devs.len();
-        // SAFETY: the descriptor belongs to `chan`, which lives in self.devs until the poller
-        // is dropped; epoll only records the number.
-        let fd = unsafe { BorrowedFd::borrow_raw(chan.fd()) };
         self.epoll
-            .add(fd, EpollEvent::new(EpollFlags::EPOLLIN, i as u64))
+            .add(chan.as_fd(), EpollEvent::new(EpollFlags::EPOLLIN, i as u64))
             .map_err(|e| ::rdma::Error::Verbs {
                 call: "epoll_ctl",
                 errno: e as i32,
@@ -818,9 +815,7 @@ impl Poller {
         self.publish();
         // Unregister the devices' descriptors before the channels close.
         for d in &self.devs {
-            // SAFETY: the descriptor is still open (the channel lives in self.devs).
-            let fd = unsafe { BorrowedFd::borrow_raw(d.chan.fd()) };
-            let _ = self.epoll.delete(fd);
+            let _ = self.epoll.delete(d.chan.as_fd());
         }
         info!(poller = self.cfg.id, "RDMA poller stopped");
     }
