@@ -10,7 +10,7 @@ use nvme::Sqe;
 
 use crate::cmd::Transport;
 use crate::error::Error;
-use crate::queue::{sealed, Buf, Io, Link, PostError, Queue};
+use crate::queue::{sealed, Buf, Carry, Io, Link, PostError, Queue};
 use crate::rdma::{RdmaBuf, RdmaLink, RegisteredBuf};
 use crate::tcp::TcpLink;
 
@@ -107,7 +107,7 @@ impl Link for AnyLink {
     fn alloc_buf(&self, len: usize) -> Result<AnyBuf, Error> {
         each!(self, l => l.alloc_buf(len))
     }
-    fn check_buf(&self, buf: &AnyBuf) -> Result<(), Error> {
+    fn check_buf(&self, buf: &AnyBuf) -> Result<Carry, Error> {
         each!(self, l => l.check_buf(buf))
     }
     fn stages_borrowed(&self) -> bool {
@@ -119,7 +119,12 @@ impl Link for AnyLink {
     fn set_icd_max(&mut self, bytes: u32) {
         each!(self, l => l.set_icd_max(bytes))
     }
-    fn post(&mut self, io: &mut Io<'_, '_, AnyBuf>, tag: u16, sqe: Sqe) -> Result<(), PostError> {
+    fn post(
+        &mut self,
+        io: &mut Io<'_, '_, AnyBuf>,
+        tag: u16,
+        sqe: &mut Sqe,
+    ) -> Result<(), PostError> {
         each!(self, l => l.post(io, tag, sqe))
     }
     fn pump(&mut self, io: &mut Io<'_, '_, AnyBuf>, read: bool) -> Result<(), Error> {

@@ -933,6 +933,10 @@ impl Namespace {
         self.info.block_size
     }
 
+    pub(crate) fn queue_ref(&self) -> &AnyQueue {
+        &self.queue
+    }
+
     /// The I/O queue, for the asynchronous API (it stays bound to this handle).
     pub fn queue(&mut self) -> &mut AnyQueue {
         &mut self.queue

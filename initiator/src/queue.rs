@@ -48,6 +48,16 @@ pub(crate) mod sealed {
     pub trait Sealed {}
 }
 
+/// How a link carries a caller's buffer ([`Link::check_buf`]).
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Carry {
+    /// As it is.
+    Direct,
+    /// Through a link buffer: one copy per byte (in for a write, out for a read).
+    Staged,
+}
+
 /// Why a link did not post a command.
 #[derive(Debug)]
 pub enum PostError {
@@ -73,9 +83,10 @@ pub trait Link: Send + Debug + sealed::Sealed {
     /// A buffer of `len` bytes suited to this link.
     #[doc(hidden)]
     fn alloc_buf(&self, len: usize) -> Result<Self::Buf, Error>;
-    /// Whether `buf` can carry data on this link.
+    /// Whether `buf` can carry data on this link as it is, or must be staged in one of
+    /// [`Link::alloc_buf`]'s buffers (a plain vector on RDMA), or is refused.
     #[doc(hidden)]
-    fn check_buf(&self, buf: &Self::Buf) -> Result<(), Error>;
+    fn check_buf(&self, buf: &Self::Buf) -> Result<Carry, Error>;
     /// Whether borrowed data ([`DataRef`]) must be staged in one of [`Link::alloc_buf`]'s
     /// buffers (RDMA: the device reaches registered memory only).
     #[doc(hidden)]
@@ -86,10 +97,14 @@ pub trait Link: Send + Debug + sealed::Sealed {
     #[doc(hidden)]
     fn set_icd_max(&mut self, bytes: u32);
     /// Send (or queue) the capsule of command `tag`, whose slot is filled in; `sqe` has its CID
-    /// and PSDT set, the link sets the data pointer.
+    /// and PSDT set, the link sets the data pointer (the queue keeps the SQE as posted).
     #[doc(hidden)]
-    fn post(&mut self, io: &mut Io<'_, '_, Self::Buf>, tag: u16, sqe: Sqe)
-        -> Result<(), PostError>;
+    fn post(
+        &mut self,
+        io: &mut Io<'_, '_, Self::Buf>,
+        tag: u16,
+        sqe: &mut Sqe,
+    ) -> Result<(), PostError>;
     /// Make progress without blocking: send what is queued and, with `read`, process what
     /// arrived.
     #[doc(hidden)]
@@ -121,12 +136,19 @@ pub(crate) enum SlotBuf<B> {
     /// A link buffer holding (writes) or receiving (reads) the piece of the borrowed buffer at
     /// this offset, for links that stage borrowed data.
     Staged(B, usize),
+    /// The caller's buffer (`caller`) and the link buffer carrying its data (`link`), for a
+    /// submitted buffer the link cannot reach (a plain vector on RDMA).
+    Copied { caller: B, link: B },
 }
 
 /// Per-tag state.
 #[derive(Debug)]
 pub(crate) struct Slot<B> {
     pub state: CmdState,
+    /// The command as posted (CID, PSDT and data pointer included).
+    pub sqe: Sqe,
+    /// Submission number on this queue.
+    pub seq: u64,
     pub user_data: u64,
     pub buf: SlotBuf<B>,
     pub dir: Dir,
@@ -140,6 +162,8 @@ impl<B> Default for Slot<B> {
     fn default() -> Slot<B> {
         Slot {
             state: CmdState::Free,
+            sqe: Sqe::new(0, 0),
+            seq: 0,
             user_data: 0,
             buf: SlotBuf::None,
             dir: Dir::None,
@@ -154,7 +178,7 @@ impl<B> Slot<B> {
     /// The buffer the link moves data through, if the slot owns one.
     pub fn own_buf(&self) -> Option<&B> {
         match &self.buf {
-            SlotBuf::Owned(b) | SlotBuf::Staged(b, _) => Some(b),
+            SlotBuf::Owned(b) | SlotBuf::Staged(b, _) | SlotBuf::Copied { link: b, .. } => Some(b),
             _ => None,
         }
     }
@@ -214,7 +238,9 @@ impl<B: Buf> Io<'_, '_, B> {
         let slot = &self.core.slots[tag as usize];
         let (off, len) = (off as usize, len as usize);
         match (&slot.buf, &*self.ext) {
-            (SlotBuf::Owned(v) | SlotBuf::Staged(v, _), _) => &v[off..off + len],
+            (SlotBuf::Owned(v) | SlotBuf::Staged(v, _) | SlotBuf::Copied { link: v, .. }, _) => {
+                &v[off..off + len]
+            }
             (SlotBuf::Ext(base), DataRef::Write(b)) => &b[base + off..base + off + len],
             // Only write slots have transmit data, and borrowed-buffer slots exist only inside
             // `run_borrowed`, which passes its buffer to every pump.
@@ -227,7 +253,9 @@ impl<B: Buf> Io<'_, '_, B> {
         let slot = &mut self.core.slots[tag as usize];
         let len = slot.len as usize;
         match (&mut slot.buf, &mut *self.ext) {
-            (SlotBuf::Owned(v) | SlotBuf::Staged(v, _), _) => &mut v[..len],
+            (SlotBuf::Owned(v) | SlotBuf::Staged(v, _) | SlotBuf::Copied { link: v, .. }, _) => {
+                &mut v[..len]
+            }
             (SlotBuf::Ext(base), DataRef::Read(b)) => &mut b[*base..*base + len],
             // Read data is accepted only for read slots, and borrowed-buffer slots exist only
             // inside `run_borrowed`, which passes its buffer to every pump.
@@ -323,6 +351,8 @@ pub struct Queue<L: Link> {
     timeout: Duration,
     spin: Spin,
     spins: u32,
+    /// Commands submitted so far (numbers them in [`Slot::seq`]).
+    submitted: u64,
 }
 
 impl<L: Link> Queue<L> {
@@ -345,6 +375,7 @@ impl<L: Link> Queue<L> {
             timeout,
             spin,
             spins: 0,
+            submitted: 0,
         }
     }
 
@@ -362,6 +393,7 @@ impl<L: Link> Queue<L> {
             timeout,
             spin,
             spins,
+            submitted,
         } = self;
         let n = core.slots.len();
         Queue {
@@ -379,6 +411,7 @@ impl<L: Link> Queue<L> {
             timeout,
             spin,
             spins,
+            submitted,
         }
     }
 
@@ -455,7 +488,9 @@ impl<L: Link> Queue<L> {
     /// Submit a command. The queue sets the command identifier (the returned tag), PSDT and
     /// the data pointer (in-capsule data for a write that fits; otherwise a transport SGL over
     /// TCP, a keyed SGL naming the buffer over RDMA). The buffer comes back in the
-    /// [`Completion`]; over RDMA it must come from this queue's [`Queue::alloc_buf`].
+    /// [`Completion`]. Over RDMA a buffer from this queue's [`Queue::alloc_buf`] is used in
+    /// place (zero-copy); a plain vector of an [`crate::AnyQueue`] is carried in a pool buffer
+    /// (one copy per byte); a registered buffer of another queue is refused.
     pub fn submit(
         &mut self,
         sqe: Sqe,
@@ -475,24 +510,41 @@ impl<L: Link> Queue<L> {
         if let Some(error) = self.failed_error() {
             return Err(SubmitError { error, buf });
         }
-        if let Some(Err(error)) = buf.as_ref().map(|b| self.link.check_buf(b)) {
-            return Err(SubmitError { error, buf });
-        }
+        let carry = match buf.as_ref().map(|b| self.link.check_buf(b)) {
+            Some(Err(error)) => return Err(SubmitError { error, buf }),
+            Some(Ok(c)) => c,
+            None => Carry::Direct,
+        };
         if self.free.is_empty() {
             return Err(SubmitError {
                 error: Error::QueueFull,
                 buf,
             });
         }
-        let sb = match buf {
-            Some(v) => SlotBuf::Owned(v),
-            None => SlotBuf::None,
+        let sb = match (buf, carry) {
+            (None, _) => SlotBuf::None,
+            (Some(v), Carry::Direct) => SlotBuf::Owned(v),
+            (Some(caller), Carry::Staged) => match self.link.alloc_buf(caller.len()) {
+                Ok(mut link) => {
+                    if dir == Dir::ToCtrl {
+                        link.copy_from_slice(&caller);
+                        self.core.stats.memcpy_bytes += caller.len() as u64;
+                    }
+                    SlotBuf::Copied { caller, link }
+                }
+                Err(error) => {
+                    return Err(SubmitError {
+                        error,
+                        buf: Some(caller),
+                    })
+                }
+            },
         };
         self.start(sqe, dir, len, sb, user_data, &mut DataRef::None)
             .map_err(|(error, sb)| SubmitError {
                 error,
                 buf: match sb {
-                    SlotBuf::Owned(b) => Some(b),
+                    SlotBuf::Owned(b) | SlotBuf::Copied { caller: b, .. } => Some(b),
                     _ => None,
                 },
             })
@@ -511,8 +563,11 @@ impl<L: Link> Queue<L> {
         let tag = self.free.pop().expect("caller checked for a free tag");
         sqe.cid = tag.into();
         sqe.flags = (sqe.flags & !PSDT_MASK) | PSDT_SGL;
+        self.submitted += 1;
         self.core.slots[tag as usize] = Slot {
             state: next(CmdState::Free, CmdEvent::Posted).expect("a free tag can be posted"),
+            sqe,
+            seq: self.submitted,
             user_data,
             buf,
             dir,
@@ -526,10 +581,11 @@ impl<L: Link> Queue<L> {
                 ext,
             },
             tag,
-            sqe,
+            &mut sqe,
         );
         match posted {
             Ok(()) => {
+                self.core.slots[tag as usize].sqe = sqe;
                 self.inflight += 1;
                 self.core.stats.commands += 1;
                 Ok(tag)
@@ -567,11 +623,13 @@ impl<L: Link> Queue<L> {
             } else {
                 CmdError::QueueFailed
             };
-            for tag in 0..self.core.slots.len() as u16 {
+            // In submission order, so a caller that submits them again keeps it.
+            let mut live: Vec<u16> = (0..self.core.slots.len() as u16)
+                .filter(|&t| self.core.slots[t as usize].state.in_flight())
+                .collect();
+            live.sort_by_key(|&t| self.core.slots[t as usize].seq);
+            for tag in live {
                 let s = &mut self.core.slots[tag as usize];
-                if !s.state.in_flight() {
-                    continue;
-                }
                 s.result.get_or_insert(Err(err));
                 s.state = next(s.state, CmdEvent::QueueFailed).expect("in flight");
                 self.core.finish(tag);
@@ -645,6 +703,17 @@ impl<L: Link> Queue<L> {
         min: usize,
         timeout: Option<Duration>,
     ) -> Result<usize, Error> {
+        self.reap_with(min, timeout, &mut |c, _| out.push(c))
+    }
+
+    /// [`Queue::reap`], handing each completion to `each` with the command as it was posted
+    /// (what a caller needs to submit it again: [`crate::ReconnectingQueue`]).
+    pub(crate) fn reap_with(
+        &mut self,
+        min: usize,
+        timeout: Option<Duration>,
+        each: &mut dyn FnMut(Completion<L::Buf>, &Sqe),
+    ) -> Result<usize, Error> {
         let until = timeout.map(|t| Instant::now() + t);
         let want = min.min(self.inflight);
         let mut got = 0;
@@ -663,15 +732,28 @@ impl<L: Link> Queue<L> {
             let pumped = self.pump(&mut DataRef::None, !skipped);
             while let Some(tag) = self.core.done.pop_front() {
                 let s = self.release(tag);
-                out.push(Completion {
+                let result = s.result.unwrap_or(Err(CmdError::QueueFailed));
+                let buf = match s.buf {
+                    SlotBuf::Owned(b) => Some(b),
+                    SlotBuf::Copied {
+                        mut caller,
+                        link: b,
+                    } => {
+                        if s.dir == Dir::FromCtrl && result.is_ok() {
+                            caller.copy_from_slice(&b);
+                            self.core.stats.memcpy_bytes += b.len() as u64;
+                        }
+                        Some(caller)
+                    }
+                    _ => None,
+                };
+                let c = Completion {
                     tag,
                     user_data: s.user_data,
-                    result: s.result.unwrap_or(Err(CmdError::QueueFailed)),
-                    buf: match s.buf {
-                        SlotBuf::Owned(b) => Some(b),
-                        _ => None,
-                    },
-                });
+                    result,
+                    buf,
+                };
+                each(c, &s.sqe);
                 got += 1;
             }
             if let Err(e) = pumped {

@@ -1,13 +1,13 @@
 //! I/O that survives the loss of its connection: [`ReconnectingNamespace`] (synchronous)
 //! and [`ReconnectingQueue`] (asynchronous, NVMe/TCP and NVMe/RDMA).
 
-use std::collections::BTreeMap;
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use nvme::Sqe;
 
-use crate::any_queue::{AnyBuf, AnyLink, AnyQueue};
+use crate::any_queue::{AnyBuf, AnyQueue};
 use crate::cmd::{rw_submit_methods, Completion, Data, Dir, NsInfo, SubmitError, Transport};
 use crate::controller::{ConnectOptions, Controller, ControllerInfo, Namespace};
 use crate::error::{CmdError, Error};
@@ -304,6 +304,11 @@ impl Link {
 }
 
 impl Conn {
+    /// Tags of the connection's queue.
+    fn ns_queue_depth(&self) -> usize {
+        self.ns.queue_ref().depth()
+    }
+
     /// Drop a broken connection without a shutdown handshake (the target frees its side
     /// when its keep-alive timer fires, or has already, with the connection).
     fn abandon(self) {
@@ -440,8 +445,10 @@ impl ReconnectingNamespace {
 }
 
 /// The asynchronous counterpart of [`ReconnectingNamespace`]: up to a queue depth of
-/// commands in flight ([`crate::IoQueue`]'s `submit` / `reap` API, `Vec<u8>` buffers),
-/// each kept (SQE, direction, caller's value) until it completes. When the connection fails,
+/// commands in flight ([`crate::Queue`]'s `submit` / `reap` API, `Vec<u8>` buffers). A
+/// command on the connection is kept by the connection's queue itself (its slot holds the SQE,
+/// the buffer and the caller's value); only commands waiting for a connection are held here.
+/// When the connection fails,
 /// every command it took down comes back with its buffer; after the reconnect they are
 /// submitted again in the order they were first submitted, ahead of anything submitted
 /// since, and complete as if nothing had happened. Completions carry the caller's
@@ -458,8 +465,9 @@ impl ReconnectingNamespace {
 /// `timeout`, up to the policy's bound.
 ///
 /// Over NVMe/RDMA the caller's `Vec<u8>` stays with the queue while its command runs, and
-/// the data goes through a buffer of the current connection's registered pool: one copy per
-/// byte (into the pool for a write at submission, out of it for a read at completion).
+/// the queue carries the data in a buffer of the current connection's registered pool: one
+/// copy per byte (into the pool for a write at submission, out of it for a read at
+/// completion).
 /// Registered buffers belong to their
 /// connection's protection domain and die with it; the caller's `Vec` is what survives a
 /// reconnect and is sent again. (Zero-copy I/O without reconnects: [`crate::RdmaQueue`].)
@@ -489,28 +497,24 @@ pub struct ReconnectingQueue {
     /// Commands in flight at most (the first connection's queue depth).
     depth: usize,
     next_seq: u64,
-    /// Every command submitted and not yet handed back, by submission order. `held` is
-    /// `Some` while the command is on no connection, waiting for one.
-    pending: BTreeMap<u64, Pending>,
-    /// Commands in `pending` that are held.
-    held: usize,
+    /// Commands on no connection, waiting for one, in the order they go out. Commands on the
+    /// connection are the connection's queue's own (its slots keep each command's SQE, buffer
+    /// and value, and a failed queue hands them back in submission order).
+    held: VecDeque<Held>,
+    /// Per tag of the current connection's queue: how often the command on it was submitted
+    /// again on the same connection (after a data digest error).
+    tries: Box<[u32]>,
     budget: Option<Budget>,
-    scratch: Vec<Completion>,
-    /// Completions of the connection's queue, before their data goes back to `scratch`.
-    link_scratch: Vec<Completion<AnyBuf>>,
+    /// Completions of the connection's queue with their SQEs (reused: no allocation per I/O).
+    scratch: Vec<(Completion<AnyBuf>, Sqe)>,
 }
 
-/// A command as submitted, to submit it again.
-struct Pending {
+/// A command waiting for a connection.
+struct Held {
     sqe: Sqe,
-    dir: Dir,
+    data: Data,
     user_data: u64,
-    /// The buffer (if any) while the command is on no connection.
-    held: Option<Option<Vec<u8>>>,
-    /// Resubmissions on the same connection (after a data digest error).
     tries: u32,
-    /// NVMe/RDMA: the caller's buffer while a pool buffer carries its data on a connection.
-    shadow: Option<Vec<u8>>,
 }
 
 impl std::fmt::Debug for ReconnectingQueue {
@@ -518,17 +522,37 @@ impl std::fmt::Debug for ReconnectingQueue {
         f.debug_struct("ReconnectingQueue")
             .field("link", &self.link)
             .field("connected", &self.conn.is_some())
-            .field("in_flight", &self.pending.len())
-            .field("held", &self.held)
+            .field("in_flight", &self.in_flight())
+            .field("held", &self.held.len())
             .finish()
     }
 }
 
+/// A command's direction and the caller's buffer.
 fn split(data: Data) -> (Dir, Option<Vec<u8>>) {
     match data {
         Data::None => (Dir::None, None),
         Data::ToController(b) => (Dir::ToCtrl, Some(b)),
         Data::FromController(b) => (Dir::FromCtrl, Some(b)),
+    }
+}
+
+/// The direction of a posted command's data, from its SQE (what the queue hands back).
+fn dir_of(sqe: &Sqe) -> Dir {
+    // NVMe opcodes: bits 1:0 give the data direction (01b host to controller, 10b controller
+    // to host).
+    match sqe.opcode & 0x3 {
+        1 => Dir::ToCtrl,
+        2 => Dir::FromCtrl,
+        _ => Dir::None,
+    }
+}
+
+fn join(dir: Dir, buf: Option<Vec<u8>>) -> Data {
+    match (dir, buf) {
+        (Dir::ToCtrl, Some(b)) => Data::ToController(b),
+        (Dir::FromCtrl, Some(b)) => Data::FromController(b),
+        _ => Data::None,
     }
 }
 
@@ -542,17 +566,17 @@ impl ReconnectingQueue {
     ) -> Result<ReconnectingQueue, Error> {
         let (link, conn) = Link::first(opts, nsid, policy)?;
         let depth = conn.ctrl.info().io_queue_depth as usize;
+        let tags = conn.ns_queue_depth();
         Ok(ReconnectingQueue {
             link,
             conn: Some(conn),
             broken: false,
             depth,
             next_seq: 0,
-            pending: BTreeMap::new(),
-            held: 0,
+            held: VecDeque::with_capacity(depth),
+            tries: vec![0; tags].into_boxed_slice(),
             budget: None,
-            scratch: Vec::new(),
-            link_scratch: Vec::new(),
+            scratch: Vec::with_capacity(depth),
         })
     }
 
@@ -573,7 +597,11 @@ impl ReconnectingQueue {
 
     /// Commands submitted and not yet reaped (including those waiting for a reconnect).
     pub fn in_flight(&self) -> usize {
-        self.pending.len()
+        self.held.len()
+            + self
+                .conn
+                .as_ref()
+                .map_or(0, |c| c.ns.queue_ref().in_flight())
     }
 
     /// Commands in flight at most.
@@ -595,91 +623,52 @@ impl ReconnectingQueue {
         conn.ns.queue()
     }
 
-    /// Put command `seq` on the connection's queue. Over NVMe/RDMA the data goes through a
-    /// pool buffer of this connection and `shadow` keeps the caller's buffer meanwhile; on
-    /// failure the caller's buffer comes back.
-    fn put(
-        q: &mut AnyQueue,
-        sqe: Sqe,
-        dir: Dir,
-        buf: Option<Vec<u8>>,
-        seq: u64,
-        shadow: &mut Option<Vec<u8>>,
-    ) -> Result<(), SubmitError> {
-        let staged = match (&buf, q.link()) {
-            (None, _) => None,
-            (Some(_), AnyLink::Tcp(_)) => None,
-            (Some(v), AnyLink::Rdma(_)) => match q.alloc_buf(v.len()) {
-                Ok(mut b) => {
-                    if dir == Dir::ToCtrl {
-                        b.copy_from_slice(v);
-                    }
-                    Some(b)
+    /// Put a command on the connection's queue (a plain vector: over NVMe/RDMA the queue
+    /// carries its data in a pool buffer). On failure the caller's buffer comes back.
+    // The command comes back on failure (rare: the connection broke); no boxing for it.
+    #[allow(clippy::result_large_err)]
+    fn put(q: &mut AnyQueue, tries: &mut [u32], h: Held) -> Result<(), (Error, Held)> {
+        let (dir, buf) = split(h.data);
+        let data = match (dir, buf) {
+            (Dir::ToCtrl, Some(b)) => crate::Data::ToController(AnyBuf::Vec(b)),
+            (Dir::FromCtrl, Some(b)) => crate::Data::FromController(AnyBuf::Vec(b)),
+            _ => crate::Data::None,
+        };
+        match q.submit(h.sqe, data, h.user_data) {
+            Ok(tag) => {
+                if let Some(t) = tries.get_mut(tag as usize) {
+                    *t = h.tries;
                 }
-                Err(error) => return Err(SubmitError { error, buf }),
-            },
-        };
-        let (carrier, kept) = match staged {
-            Some(b) => (Some(b), buf),
-            None => (buf.map(AnyBuf::Vec), None),
-        };
-        let data = match (dir, carrier) {
-            (Dir::ToCtrl, Some(b)) => Data::ToController(b),
-            (Dir::FromCtrl, Some(b)) => Data::FromController(b),
-            _ => Data::None,
-        };
-        match q.submit(sqe, data, seq) {
-            Ok(_) => {
-                *shadow = kept;
                 Ok(())
             }
-            Err(SubmitError { error, buf: back }) => {
-                let buf = match (kept, back) {
-                    (Some(v), _) => Some(v),
-                    (None, Some(AnyBuf::Vec(v))) => Some(v),
+            Err(SubmitError { error, buf }) => {
+                let buf = match buf {
+                    Some(AnyBuf::Vec(v)) => Some(v),
                     _ => None,
                 };
-                Err(SubmitError { error, buf })
+                Err((
+                    error,
+                    Held {
+                        data: join(dir, buf),
+                        ..h
+                    },
+                ))
             }
         }
     }
 
-    /// Collect completions of the connection's queue into `scratch` ([`crate::Queue::reap`]),
-    /// with the data of staged (NVMe/RDMA) commands copied back into the caller's buffers.
+    /// Collect completions of the connection's queue into `scratch`.
     fn take(&mut self, min: usize, wait: Option<Duration>) -> Result<usize, Error> {
         let conn = self.conn.as_mut().expect("connected");
-        let r = Self::queue(conn).reap(&mut self.link_scratch, min, wait);
-        for c in self.link_scratch.drain(..) {
-            let buf = match c.buf {
-                Some(AnyBuf::Vec(v)) => Some(v),
-                staged => {
-                    let (dir, mut shadow) = match self.pending.get_mut(&c.user_data) {
-                        Some(p) => (p.dir, p.shadow.take()),
-                        None => (Dir::None, None),
-                    };
-                    if let (Dir::FromCtrl, Ok(_), Some(v), Some(b)) =
-                        (dir, &c.result, &mut shadow, &staged)
-                    {
-                        v.copy_from_slice(b);
-                    }
-                    shadow
-                }
-            };
-            self.scratch.push(Completion {
-                tag: c.tag,
-                user_data: c.user_data,
-                result: c.result,
-                buf,
-            });
-        }
-        r
+        let scratch = &mut self.scratch;
+        Self::queue(conn).reap_with(min, wait, &mut |c, sqe| scratch.push((c, *sqe)))
     }
 
-    /// Submit a command ([`crate::IoQueue::submit`]); returns its sequence number. While the
+    /// Submit a command ([`crate::Queue::submit`]); returns its sequence number. While the
     /// connection is down, or older commands wait for it, the command waits too and goes out
     /// after them.
     pub fn submit(&mut self, sqe: Sqe, data: Data, user_data: u64) -> Result<u64, SubmitError> {
-        if self.pending.len() >= self.depth {
+        if self.in_flight() >= self.depth {
             let (_, buf) = split(data);
             return Err(SubmitError {
                 error: Error::QueueFull,
@@ -687,46 +676,44 @@ impl ReconnectingQueue {
             });
         }
         let seq = self.next_seq;
-        let (dir, buf) = split(data);
-        if self.link.opts.transport == Transport::Rdma
-            && buf
-                .as_ref()
-                .is_some_and(|b| b.is_empty() || b.len() > MAX_BUF)
-        {
-            let len = buf.as_ref().map_or(0, |b| b.len());
-            return Err(SubmitError {
-                error: Error::InvalidArgument(format!(
-                    "RDMA buffer of {len} bytes (1..={MAX_BUF} bytes)"
-                )),
-                buf,
-            });
+        if self.link.opts.transport == Transport::Rdma {
+            let len = match &data {
+                Data::ToController(b) | Data::FromController(b) => Some(b.len()),
+                Data::None => None,
+            };
+            if let Some(len) = len.filter(|&l| l == 0 || l > MAX_BUF) {
+                let (_, buf) = split(data);
+                return Err(SubmitError {
+                    error: Error::InvalidArgument(format!(
+                        "RDMA buffer of {len} bytes (1..={MAX_BUF} bytes)"
+                    )),
+                    buf,
+                });
+            }
         }
-        let mut p = Pending {
+        let h = Held {
             sqe,
-            dir,
+            data,
             user_data,
-            held: None,
             tries: 0,
-            shadow: None,
         };
         match &mut self.conn {
-            Some(c) if !self.broken && self.held == 0 => {
-                match Self::put(Self::queue(c), sqe, dir, buf, seq, &mut p.shadow) {
+            Some(c) if !self.broken && self.held.is_empty() => {
+                match Self::put(Self::queue(c), &mut self.tries, h) {
                     Ok(()) => {}
-                    Err(SubmitError { error, buf }) if is_transport_failure(&error) => {
+                    Err((error, h)) if is_transport_failure(&error) => {
                         self.broken = true;
                         self.budget.get_or_insert_with(|| Budget::start(error));
-                        p.held = Some(buf);
+                        self.held.push_back(h);
                     }
-                    Err(e) => return Err(e),
+                    Err((error, h)) => {
+                        let (_, buf) = split(h.data);
+                        return Err(SubmitError { error, buf });
+                    }
                 }
             }
-            _ => p.held = Some(buf),
+            _ => self.held.push_back(h),
         }
-        if p.held.is_some() {
-            self.held += 1;
-        }
-        self.pending.insert(seq, p);
         self.next_seq += 1;
         Ok(seq)
     }
@@ -748,7 +735,7 @@ impl ReconnectingQueue {
         timeout: Option<Duration>,
     ) -> Result<usize, Error> {
         let until = timeout.map(|t| Instant::now() + t);
-        let want = min.min(self.pending.len());
+        let want = min.min(self.in_flight());
         let mut got = 0;
         loop {
             if self.broken {
@@ -792,20 +779,32 @@ impl ReconnectingQueue {
 
     /// Sort the completions in `scratch`: answers (success or NVMe status) go to `out`;
     /// commands the transport failed are held for resubmission, on a new connection if the
-    /// queue `failed`, else on the same one (a data digest error), at most `max_attempts`
-    /// times each. Returns how many went to `out`.
+    /// queue `failed` (ahead of anything submitted since, in their submission order), else on
+    /// the same one (a data digest error), at most `max_attempts` times each. Returns how many
+    /// went to `out`.
     fn absorb(&mut self, out: &mut Vec<Completion>, failed: bool) -> usize {
         let mut got = 0;
         let mut scratch = std::mem::take(&mut self.scratch);
-        for c in scratch.drain(..) {
-            let Some(mut p) = self.pending.remove(&c.user_data) else {
-                continue;
+        // A failed queue completes its commands in submission order: they go back to the
+        // front of the held list in that order.
+        let mut front = 0;
+        for (c, sqe) in scratch.drain(..) {
+            let buf = match c.buf {
+                Some(AnyBuf::Vec(v)) => Some(v),
+                _ => None,
             };
+            let tries = self.tries.get(c.tag as usize).copied().unwrap_or(0);
             match c.result {
                 Err(e)
                     if !matches!(e, CmdError::Status(_))
-                        && (failed || p.tries < self.link.policy.max_attempts) =>
+                        && (failed || tries < self.link.policy.max_attempts) =>
                 {
+                    let h = Held {
+                        sqe,
+                        data: join(dir_of(&sqe), buf),
+                        user_data: c.user_data,
+                        tries: if failed { tries } else { tries + 1 },
+                    };
                     if failed {
                         // Taken down with the connection: keep it for the next one.
                         self.broken = true;
@@ -815,12 +814,11 @@ impl ReconnectingQueue {
                                 err: e,
                             })
                         });
+                        self.held.insert(front, h);
+                        front += 1;
                     } else {
-                        p.tries += 1;
+                        self.held.push_back(h);
                     }
-                    p.held = Some(c.buf);
-                    self.held += 1;
-                    self.pending.insert(c.user_data, p);
                 }
                 result => {
                     if result.is_ok() {
@@ -828,9 +826,9 @@ impl ReconnectingQueue {
                     }
                     out.push(Completion {
                         tag: c.tag,
-                        user_data: p.user_data,
+                        user_data: c.user_data,
                         result,
-                        buf: c.buf,
+                        buf,
                     });
                     got += 1;
                 }
@@ -845,7 +843,7 @@ impl ReconnectingQueue {
         if let Some(c) = self.conn.take() {
             tracing::warn!(
                 cntlid = c.ctrl.info().cntlid,
-                in_flight = self.pending.len(),
+                in_flight = self.held.len(),
                 "connection failed; reconnecting to submit the in-flight commands again"
             );
             c.abandon();
@@ -855,34 +853,32 @@ impl ReconnectingQueue {
             .budget
             .get_or_insert_with(|| Budget::start(Error::Closed));
         let conn = self.link.reconnect(b)?;
+        let tags = conn.ns_queue_depth();
+        if self.tries.len() != tags {
+            self.tries = vec![0; tags].into_boxed_slice();
+        }
         self.conn = Some(conn);
         Ok(())
     }
 
-    /// Submit held commands in their original order while there are free tags.
+    /// Submit held commands in their order while there are free tags.
     fn submit_held(&mut self) {
-        if self.held == 0 || self.broken {
+        if self.held.is_empty() || self.broken {
             return;
         }
         let Some(c) = self.conn.as_mut() else {
             return;
         };
         let q = Self::queue(c);
-        for (&seq, p) in self.pending.iter_mut() {
-            if q.free_slots() == 0 {
+        while q.free_slots() > 0 {
+            let Some(h) = self.held.pop_front() else {
                 break;
-            }
-            let Some(buf) = p.held.take() else {
-                continue;
             };
-            match Self::put(q, p.sqe, p.dir, buf, seq, &mut p.shadow) {
-                Ok(()) => {
-                    self.held -= 1;
-                    self.link.stats.retries += 1;
-                }
-                Err(SubmitError { buf, .. }) => {
+            match Self::put(q, &mut self.tries, h) {
+                Ok(()) => self.link.stats.retries += 1,
+                Err((_, h)) => {
                     // The new connection failed already.
-                    p.held = Some(buf);
+                    self.held.push_front(h);
                     self.broken = true;
                     break;
                 }
@@ -892,22 +888,14 @@ impl ReconnectingQueue {
 
     /// Hand every held command back as failed.
     fn fail_held(&mut self, out: &mut Vec<Completion>) {
-        let seqs: Vec<u64> = self
-            .pending
-            .iter()
-            .filter(|(_, p)| p.held.is_some())
-            .map(|(&s, _)| s)
-            .collect();
-        for seq in seqs {
-            let p = self.pending.remove(&seq).expect("listed");
+        for h in self.held.drain(..) {
             out.push(Completion {
                 tag: 0,
-                user_data: p.user_data,
+                user_data: h.user_data,
                 result: Err(CmdError::QueueFailed),
-                buf: p.held.expect("held"),
+                buf: split(h.data).1,
             });
         }
-        self.held = 0;
     }
 
     /// Shut the controller down (CC.SHN) if connected; commands still in flight are dropped.

@@ -49,7 +49,7 @@ use nvme::{Cqe, Sqe};
 
 use crate::cmd::Dir;
 use crate::error::{CmdError, Error};
-use crate::queue::{sealed, Buf, Io, Link, PostError, Queue, QueueParams};
+use crate::queue::{sealed, Buf, Carry, Io, Link, PostError, Queue, QueueParams};
 use crate::state::CmdEvent;
 
 /// Size of the receive buffer for headers (and data that arrives with them).
@@ -670,8 +670,8 @@ impl<B: Buf> Link for TcpLink<B> {
             .ok_or_else(|| Error::InvalidArgument("this queue's buffers are not vectors".into()))
     }
 
-    fn check_buf(&self, _: &B) -> Result<(), Error> {
-        Ok(())
+    fn check_buf(&self, _: &B) -> Result<Carry, Error> {
+        Ok(Carry::Direct)
     }
 
     fn stages_borrowed(&self) -> bool {
@@ -686,7 +686,7 @@ impl<B: Buf> Link for TcpLink<B> {
         self.icd_max = bytes;
     }
 
-    fn post(&mut self, io: &mut Io<'_, '_, B>, tag: u16, mut sqe: Sqe) -> Result<(), PostError> {
+    fn post(&mut self, io: &mut Io<'_, '_, B>, tag: u16, sqe: &mut Sqe) -> Result<(), PostError> {
         let slot = io.slot(tag).expect("the queue posts its own tags");
         let (dir, len) = (slot.dir, slot.len);
         let incapsule = dir == Dir::ToCtrl && len > 0 && len <= self.icd_max;
@@ -701,7 +701,7 @@ impl<B: Buf> Link for TcpLink<B> {
             digest_error: false,
         };
         let data_len = if incapsule { len } else { 0 };
-        let hdr = TxHeader::capsule_cmd(&self.tx, &sqe, data_len);
+        let hdr = TxHeader::capsule_cmd(&self.tx, sqe, data_len);
         let ddgst = if hdr.has_ddgst() {
             Some(tcp::data_digest(io.data(tag, 0, data_len)).to_le_bytes())
         } else {

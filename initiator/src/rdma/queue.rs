@@ -22,7 +22,7 @@ use super::error::{rejected, RdmaError};
 use super::pool::{Pool, RdmaBuf, RegisteredBuf};
 use crate::cmd::Dir;
 use crate::error::{CmdError, Error};
-use crate::queue::{sealed, Io, Link, PostError, Queue, QueueParams};
+use crate::queue::{sealed, Carry, Io, Link, PostError, Queue, QueueParams};
 use crate::state::CmdEvent;
 use rdma::active::ConnectError;
 
@@ -417,10 +417,12 @@ impl<B: RegisteredBuf> Link for RdmaLink<B> {
         })
     }
 
-    fn check_buf(&self, buf: &B) -> Result<(), Error> {
+    fn check_buf(&self, buf: &B) -> Result<Carry, Error> {
         match buf.as_rdma() {
-            Some(b) if self.pool.owns(b) => Ok(()),
-            _ => Err(Error::InvalidArgument(format!(
+            Some(b) if self.pool.owns(b) => Ok(Carry::Direct),
+            // Plain memory: carried in a pool buffer.
+            None => Ok(Carry::Staged),
+            Some(_) => Err(Error::InvalidArgument(format!(
                 "the buffer does not come from this queue's pool (queue {} takes its own \
                  alloc_buf)",
                 self.qid
@@ -445,7 +447,7 @@ impl<B: RegisteredBuf> Link for RdmaLink<B> {
         };
     }
 
-    fn post(&mut self, io: &mut Io<'_, '_, B>, tag: u16, mut sqe: Sqe) -> Result<(), PostError> {
+    fn post(&mut self, io: &mut Io<'_, '_, B>, tag: u16, sqe: &mut Sqe) -> Result<(), PostError> {
         if self.conn.sq_free == 0 {
             // Cannot happen while every tag holds at most one send WR; refuse rather than
             // overflow the SQ.
