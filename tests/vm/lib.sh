@@ -583,7 +583,8 @@ soak_randrw() {
   step "nvmf-bench rdma randrw 4k qd16 x2 ${secs}s verify" timeout $((secs + 240)) "$b" \
     --transport rdma --traddr "$addr" --trsvcid "$PORT" --subnqn "$nqn" --rw=randrw \
     --bs=4k --iodepth=16 --numjobs=2 --size=16M --offset_increment=16M --time_based \
-    --runtime="$secs" --verify=crc32c || { fail "$label" "$REASON;$(net_report)"; return; }
+    --runtime="$secs" --verify=crc32c ${NVMF_VM_SOAK_BENCH_ARGS:-} ||
+    { fail "$label" "$REASON;$(net_report)"; return; }
   cp "$WORK/step.out" "$OUT/soak.txt"
   { grep -E '^[[:space:]]+(read|write|verify):' "$WORK/step.out"; net_report; } | tee "$OUT/report.txt"
   grep -qE 'verify: [1-9][0-9]* blocks checked, 0 mismatches' "$WORK/step.out" ||

@@ -120,6 +120,11 @@ pub struct Args {
     #[arg(long)]
     pub hipri: bool,
 
+    /// How long a wait spins while I/O is in flight before it sleeps in the kernel (the
+    /// initiator's ConnectOptions::poll_spin; default 50us; 0: always sleep).
+    #[arg(long = "poll_spin", alias = "poll-spin", value_parser = parse_duration)]
+    pub poll_spin: Option<Duration>,
+
     /// Fail an I/O (and the run) that takes longer than this.
     #[arg(long = "io_timeout", alias = "io-timeout", value_parser = parse_duration, default_value = "30")]
     pub io_timeout: Duration,

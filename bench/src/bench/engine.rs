@@ -176,6 +176,8 @@ pub struct TargetSpec {
     pub hdr_digest: bool,
     pub data_digest: bool,
     pub busy_poll: bool,
+    /// The initiator's spin budget before a wait sleeps (`None`: its default).
+    pub poll_spin: Option<Duration>,
     pub io_timeout: Duration,
     /// The target's control socket, to read its CPU time and command count around each run.
     pub stats_socket: Option<std::path::PathBuf>,
@@ -233,6 +235,9 @@ pub fn open(
     o.hdr_digest = t.hdr_digest;
     o.data_digest = t.data_digest;
     o.busy_poll = t.busy_poll;
+    if let Some(s) = t.poll_spin {
+        o.poll_spin = s;
+    }
     o.timeout = t.io_timeout;
     let no_device = match kind {
         TransportKind::Rdma => rdma_device_missing(),

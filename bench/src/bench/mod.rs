@@ -64,6 +64,7 @@ fn target_spec(a: &Args) -> TargetSpec {
         hdr_digest: a.hdr_digest,
         data_digest: a.data_digest,
         busy_poll: a.hipri,
+        poll_spin: a.poll_spin,
         io_timeout: a.io_timeout,
         stats_socket: a.target_stats.clone(),
     }

@@ -259,6 +259,7 @@ fn run_in(o: &SuiteOpts, file: &Path) -> Result<(String, bool), String> {
             hdr_digest: false,
             data_digest: false,
             busy_poll: o.busy_poll,
+            poll_spin: None,
             io_timeout: o.io_timeout,
             stats_socket: Some(t.control.clone()),
         };
