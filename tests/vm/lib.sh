@@ -580,6 +580,15 @@ soak_randrw() {
   fi
   b=$(bench_bin)
   net_mark
+  # NVMF_VM_SIW_DEBUG=1: siw's own debug messages for its receive path, QP state changes and
+  # TERMINATE handling go to the kernel log (dmesg.txt of a failed run), to tell which side
+  # ended a dropped connection and why.
+  if [ -n "${NVMF_VM_SIW_DEBUG:-}" ]; then
+    mountpoint -q /sys/kernel/debug || mount -t debugfs none /sys/kernel/debug 2>/dev/null
+    for f in siw_qp_rx.c siw_qp.c siw_cm.c; do
+      echo "file $f +p" >/sys/kernel/debug/dynamic_debug/control 2>/dev/null || log "siw debug for $f: not available"
+    done
+  fi
   step "nvmf-bench rdma randrw 4k qd16 x2 ${secs}s verify" timeout $((secs + 240)) "$b" \
     --transport rdma --traddr "$addr" --trsvcid "$PORT" --subnqn "$nqn" --rw=randrw \
     --bs=4k --iodepth=16 --numjobs=2 --size=16M --offset_increment=16M --time_based \
