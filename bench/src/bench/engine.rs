@@ -9,8 +9,7 @@
 use std::time::Duration;
 
 use initiator::{
-    CmdError, Completion, ConnectOptions, Controller, Error, Link, NsInfo, Queue, Transport,
-    TypedQueue,
+    CmdError, Completion, ConnectOptions, Controller, Error, Link, NsInfo, Queue, TypedQueue,
 };
 
 use super::args::TransportKind;
@@ -222,10 +221,10 @@ pub fn open(
         TransportKind::Rdma => t.rdma_traddr.as_deref().unwrap_or(&t.traddr),
         TransportKind::Tcp => &t.traddr,
     };
-    let mut o = ConnectOptions::tcp(traddr, t.trsvcid, &t.subnqn);
-    o.transport = match kind {
-        TransportKind::Tcp => Transport::Tcp,
-        TransportKind::Rdma => Transport::Rdma,
+    // Each transport's own defaults (the spin budget differs).
+    let mut o = match kind {
+        TransportKind::Tcp => ConnectOptions::tcp(traddr, t.trsvcid, &t.subnqn),
+        TransportKind::Rdma => ConnectOptions::rdma(traddr, t.trsvcid, &t.subnqn),
     };
     if let Some(h) = &t.hostnqn {
         o.hostnqn = h.clone();
