@@ -596,33 +596,28 @@ impl Controller {
     /// taken or the controller is connected over another transport ([`Controller::take_queue`]
     /// serves both).
     pub fn take_io_queue(&mut self) -> Option<IoQueue> {
-        match self.io.pop()?.into_typed() {
-            Ok(TypedQueue::Tcp(q)) => Some(q),
-            Ok(TypedQueue::Rdma(q)) => {
-                self.io.push(q.map_link(|l| AnyLink::Rdma(l.retype())));
-                None
-            }
-            Err(q) => {
-                self.io.push(q);
-                None
-            }
+        match self.take_typed(Transport::Tcp)? {
+            TypedQueue::Tcp(q) => Some(q),
+            TypedQueue::Rdma(_) => None,
         }
     }
 
     /// Take one of the NVMe/RDMA I/O queues. `None` when all are taken or the controller is
     /// connected over another transport.
     pub fn take_rdma_queue(&mut self) -> Option<RdmaQueue> {
-        match self.io.pop()?.into_typed() {
-            Ok(TypedQueue::Rdma(q)) => Some(q),
-            Ok(TypedQueue::Tcp(q)) => {
-                self.io.push(q.map_link(|l| AnyLink::Tcp(l.retype())));
-                None
-            }
-            Err(q) => {
-                self.io.push(q);
-                None
-            }
+        match self.take_typed(Transport::Rdma)? {
+            TypedQueue::Rdma(q) => Some(q),
+            TypedQueue::Tcp(_) => None,
         }
+    }
+
+    /// One of the I/O queues (all of one transport) as its transport's queue type, if they
+    /// are of transport `t`. A queue not yet handed out has nothing in flight.
+    fn take_typed(&mut self, t: Transport) -> Option<TypedQueue> {
+        if self.io.last()?.transport() != t {
+            return None;
+        }
+        self.io.pop()?.into_typed().ok()
     }
 
     /// Take one of the I/O queues, of whichever transport. `None` when all are taken.

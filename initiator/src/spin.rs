@@ -12,6 +12,8 @@
 
 use std::time::{Duration, Instant};
 
+use nix::poll::PollTimeout;
+
 /// Default spin budget of an I/O queue ([`crate::ConnectOptions::poll_spin`]): the Linux
 /// default of `net.core.busy_poll`.
 pub const DEFAULT_SPIN: Duration = Duration::from_micros(50);
@@ -56,6 +58,16 @@ impl SpinWindow {
             false
         }
     }
+}
+
+/// The `poll(2)` timeout of a sleep until `wake`: whole milliseconds, at least 1 (a sleep that
+/// returned at once would make the caller spin).
+pub(crate) fn poll_timeout(wake: Instant) -> PollTimeout {
+    let ms = wake
+        .saturating_duration_since(Instant::now())
+        .as_millis()
+        .clamp(1, i32::MAX as u128) as i32;
+    PollTimeout::try_from(ms).unwrap_or(PollTimeout::MAX)
 }
 
 #[cfg(test)]

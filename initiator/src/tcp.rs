@@ -39,7 +39,7 @@ use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::os::fd::AsFd;
 use std::time::Instant;
 
-use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+use nix::poll::{poll, PollFd, PollFlags};
 use nvme::sgl::Sgl;
 use nvme::tcp::{
     self, DataPdu, Deframer, Event, Fes, IcReq, Need, Pdu, R2t, RxConfig, TcpError, TermReq,
@@ -50,6 +50,7 @@ use nvme::{Cqe, Sqe};
 use crate::cmd::Dir;
 use crate::error::{CmdError, Error};
 use crate::queue::{sealed, Buf, Carry, Io, Link, PostError, Queue, QueueParams};
+use crate::spin::poll_timeout;
 use crate::state::CmdEvent;
 
 /// Size of the receive buffer for headers (and data that arrives with them).
@@ -734,20 +735,13 @@ impl<B: Buf> Link for TcpLink<B> {
     }
 
     fn sleep(&mut self, io: &mut Io<'_, '_, B>, wake: Instant) -> Result<(), Error> {
-        let ms = wake
-            .saturating_duration_since(Instant::now())
-            .as_millis()
-            .clamp(1, i32::MAX as u128) as i32;
         let mut ev = PollFlags::POLLIN;
         if !self.txq.is_empty() {
             ev |= PollFlags::POLLOUT;
         }
         io.stats().syscalls += 1;
         let mut fds = [PollFd::new(self.sock.as_fd(), ev)];
-        match poll(
-            &mut fds,
-            PollTimeout::try_from(ms).unwrap_or(PollTimeout::MAX),
-        ) {
+        match poll(&mut fds, poll_timeout(wake)) {
             Ok(_) | Err(nix::errno::Errno::EINTR) => Ok(()),
             Err(e) => Err(Error::Io(io::Error::from(e))),
         }

@@ -9,7 +9,7 @@ use std::os::fd::AsFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+use nix::poll::{poll, PollFd, PollFlags};
 use nvme::rdma::{CmReply, CmRequest};
 use nvme::sgl::Sgl;
 use nvme::{Cqe, Sqe};
@@ -23,6 +23,7 @@ use super::pool::{Pool, RdmaBuf, RegisteredBuf};
 use crate::cmd::Dir;
 use crate::error::{CmdError, Error};
 use crate::queue::{sealed, Carry, Io, Link, PostError, Queue, QueueParams};
+use crate::spin::poll_timeout;
 use crate::state::CmdEvent;
 use rdma::active::ConnectError;
 
@@ -524,19 +525,12 @@ impl<B: RegisteredBuf> Link for RdmaLink<B> {
         if self.process_cq(io)? > 0 {
             return Ok(());
         }
-        let ms = wake
-            .saturating_duration_since(Instant::now())
-            .as_millis()
-            .clamp(1, i32::MAX as u128) as i32;
         let mut fds = [
             PollFd::new(self.conn.comp.as_fd(), PollFlags::POLLIN),
             PollFd::new(self.conn.ch.as_fd(), PollFlags::POLLIN),
         ];
         io.stats().syscalls += 1;
-        match poll(
-            &mut fds,
-            PollTimeout::try_from(ms).unwrap_or(PollTimeout::MAX),
-        ) {
+        match poll(&mut fds, poll_timeout(wake)) {
             Ok(_) | Err(nix::errno::Errno::EINTR) => {}
             Err(e) => return Err(Error::Io(std::io::Error::from(e))),
         }
