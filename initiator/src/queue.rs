@@ -196,6 +196,16 @@ pub(crate) struct Core<B> {
 }
 
 impl<B> Core<B> {
+    /// `tags` free slots and room for as many completions (no allocation once running).
+    fn new(tags: usize, stats: Stats) -> Core<B> {
+        Core {
+            slots: (0..tags).map(|_| Slot::default()).collect(),
+            done: VecDeque::with_capacity(tags),
+            ext_done: Vec::with_capacity(tags),
+            stats,
+        }
+    }
+
     fn finish(&mut self, tag: u16) {
         let slot = &mut self.slots[tag as usize];
         slot.deadline = None;
@@ -289,6 +299,10 @@ impl<B: Buf> Io<'_, '_, B> {
     }
 }
 
+/// What [`Queue::reap_with`] hands each completion to, with the command as posted and its data
+/// direction.
+pub(crate) type OnCompletion<'a, B> = dyn FnMut(Completion<B>, &Sqe, Dir) + 'a;
+
 /// Parameters of one queue.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct QueueParams {
@@ -363,12 +377,7 @@ impl<L: Link> Queue<L> {
         Queue {
             qid: link.qid(),
             link,
-            core: Core {
-                slots: (0..tags).map(|_| Slot::default()).collect(),
-                done: VecDeque::with_capacity(tags as usize),
-                ext_done: Vec::with_capacity(tags as usize),
-                stats: Stats::default(),
-            },
+            core: Core::new(tags as usize, Stats::default()),
             free: (0..usable.clamp(1, tags)).rev().collect(),
             inflight: 0,
             failed: None,
@@ -395,15 +404,9 @@ impl<L: Link> Queue<L> {
             spins,
             submitted,
         } = self;
-        let n = core.slots.len();
         Queue {
             link: f(link),
-            core: Core {
-                slots: (0..n).map(|_| Slot::default()).collect(),
-                done: VecDeque::with_capacity(n),
-                ext_done: Vec::with_capacity(n),
-                stats: core.stats,
-            },
+            core: Core::new(core.slots.len(), core.stats),
             qid,
             free,
             inflight,
@@ -703,16 +706,16 @@ impl<L: Link> Queue<L> {
         min: usize,
         timeout: Option<Duration>,
     ) -> Result<usize, Error> {
-        self.reap_with(min, timeout, &mut |c, _| out.push(c))
+        self.reap_with(min, timeout, &mut |c, _, _| out.push(c))
     }
 
-    /// [`Queue::reap`], handing each completion to `each` with the command as it was posted
-    /// (what a caller needs to submit it again: [`crate::ReconnectingQueue`]).
+    /// [`Queue::reap`], handing each completion to `each` with the command as it was posted and
+    /// its data direction (what a caller needs to submit it again: [`crate::ReconnectingQueue`]).
     pub(crate) fn reap_with(
         &mut self,
         min: usize,
         timeout: Option<Duration>,
-        each: &mut dyn FnMut(Completion<L::Buf>, &Sqe),
+        each: &mut OnCompletion<'_, L::Buf>,
     ) -> Result<usize, Error> {
         let until = timeout.map(|t| Instant::now() + t);
         let want = min.min(self.inflight);
@@ -753,7 +756,7 @@ impl<L: Link> Queue<L> {
                     result,
                     buf,
                 };
-                each(c, &s.sqe);
+                each(c, &s.sqe, s.dir);
                 got += 1;
             }
             if let Err(e) = pumped {

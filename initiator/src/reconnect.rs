@@ -505,8 +505,9 @@ pub struct ReconnectingQueue {
     /// again on the same connection (after a data digest error).
     tries: Box<[u32]>,
     budget: Option<Budget>,
-    /// Completions of the connection's queue with their SQEs (reused: no allocation per I/O).
-    scratch: Vec<(Completion<AnyBuf>, Sqe)>,
+    /// Completions of the connection's queue with their SQEs and data directions (reused: no
+    /// allocation per I/O).
+    scratch: Vec<(Completion<AnyBuf>, Sqe, Dir)>,
 }
 
 /// A command waiting for a connection.
@@ -534,17 +535,6 @@ fn split(data: Data) -> (Dir, Option<Vec<u8>>) {
         Data::None => (Dir::None, None),
         Data::ToController(b) => (Dir::ToCtrl, Some(b)),
         Data::FromController(b) => (Dir::FromCtrl, Some(b)),
-    }
-}
-
-/// The direction of a posted command's data, from its SQE (what the queue hands back).
-fn dir_of(sqe: &Sqe) -> Dir {
-    // NVMe opcodes: bits 1:0 give the data direction (01b host to controller, 10b controller
-    // to host).
-    match sqe.opcode & 0x3 {
-        1 => Dir::ToCtrl,
-        2 => Dir::FromCtrl,
-        _ => Dir::None,
     }
 }
 
@@ -661,7 +651,7 @@ impl ReconnectingQueue {
     fn take(&mut self, min: usize, wait: Option<Duration>) -> Result<usize, Error> {
         let conn = self.conn.as_mut().expect("connected");
         let scratch = &mut self.scratch;
-        Self::queue(conn).reap_with(min, wait, &mut |c, sqe| scratch.push((c, *sqe)))
+        Self::queue(conn).reap_with(min, wait, &mut |c, sqe, dir| scratch.push((c, *sqe, dir)))
     }
 
     /// Submit a command ([`crate::Queue::submit`]); returns its sequence number. While the
@@ -788,7 +778,7 @@ impl ReconnectingQueue {
         // A failed queue completes its commands in submission order: they go back to the
         // front of the held list in that order.
         let mut front = 0;
-        for (c, sqe) in scratch.drain(..) {
+        for (c, sqe, dir) in scratch.drain(..) {
             let buf = match c.buf {
                 Some(AnyBuf::Vec(v)) => Some(v),
                 _ => None,
@@ -801,7 +791,7 @@ impl ReconnectingQueue {
                 {
                     let h = Held {
                         sqe,
-                        data: join(dir_of(&sqe), buf),
+                        data: join(dir, buf),
                         user_data: c.user_data,
                         tries: if failed { tries } else { tries + 1 },
                     };
