@@ -22,7 +22,7 @@ use nvme::tcp::{Pdu, PduCollector, RxConfig};
 use nvmf_fuzz::{admin_controller, fuzz_caps, fuzz_target_core, Chunker, MemStore, StreamInput};
 use nvmf_target::core::{Target, Waker};
 use nvmf_target::transport::tcp::{Conn, Wants, ADMIN_INCAPSULE};
-use nvmf_target::transport::Store;
+use nvmf_target::transport::{Kind, ReqRef, Store};
 
 fn listener() -> &'static TcpListener {
     static L: OnceLock<TcpListener> = OnceLock::new();
@@ -122,8 +122,13 @@ impl Pump {
         store.reap(&mut self.done);
         moved |= !self.done.is_empty();
         for &(ud, res) in &self.done {
-            assert_eq!(ud >> 16, 1, "user_data carries the connection key");
-            conn.backend_done((ud & 0xffff) as u16, res, store);
+            let r = ReqRef::from_user_data(ud);
+            assert_eq!(
+                (r.kind, r.conn),
+                (Kind::Tcp, 1),
+                "user_data carries the transport and the connection key"
+            );
+            conn.backend_done(r.slot as u16, res, store);
         }
         while let Some(&slot) = self.need_buf.front() {
             if conn.is_closing() {

@@ -18,8 +18,7 @@ use crate::core::{
 use crate::store::RingStore;
 use crate::transport::poller::{self, PollerConfig, PollerHandle, PollerStats};
 use crate::transport::rdma::{
-    ListenError, RdmaConfig, RdmaListeners, RdmaOptions, RdmaPollerStats, RdmaTransport,
-    SendWithInvalidate,
+    ListenError, RdmaListeners, RdmaOptions, RdmaTransport, SendWithInvalidate,
 };
 use crate::transport::DeviceUpdate;
 
@@ -369,44 +368,31 @@ impl Daemon {
             );
             Ok(RingStore::new(ring))
         };
-        let rdma = match rdma_bind {
-            Some(listeners) => {
-                let rcfg = RdmaConfig {
-                    caps: TransportCaps {
-                        trtype: TrType::Rdma,
-                        ..caps.clone()
-                    },
-                    threads: t.threads as usize,
-                    idle_poll,
-                    options: rdma_options,
-                    stop: stop.clone(),
-                };
-                Some(
-                    RdmaTransport::start(listeners, target.clone(), rcfg, make_store.clone())
-                        .map_err(StartError::Poller)?,
-                )
-            }
-            None => None,
-        };
+        // One poller per thread, each serving both transports.
+        let rdma_prep = rdma_bind
+            .as_ref()
+            .map(|_| RdmaTransport::prepare(rdma_options));
         let mut pollers = Vec::new();
-        // TCP pollers serve only TCP connections: none without a TCP listener.
-        let tcp_threads = if tcp.is_empty() {
-            0
-        } else {
-            t.threads as usize
-        };
-        for id in 0..tcp_threads {
+        for id in 0..t.threads as usize {
             let pc = PollerConfig {
                 id,
                 caps: caps.clone(),
                 idle_poll,
                 stop: stop.clone(),
+                rdma: rdma_prep.as_ref().map(|p| p.setup.clone()),
             };
             let h = poller::spawn(target.clone(), pc, make_store.clone())
                 .map_err(StartError::Poller)?;
             pollers.push(h);
         }
         let pollers = Arc::new(pollers);
+        let rdma = match (rdma_bind, rdma_prep) {
+            (Some(listeners), Some(prep)) => Some(
+                RdmaTransport::start(listeners, pollers.clone(), prep, stop.clone())
+                    .map_err(StartError::Poller)?,
+            ),
+            _ => None,
+        };
         let mut runs = Vec::new();
         for (l, sock, bound) in tcp {
             runs.push(spawn_acceptor(l, sock, bound, &pollers).map_err(StartError::Poller)?);
@@ -434,14 +420,14 @@ impl Daemon {
         &self.target
     }
 
-    /// Per-poller counters.
+    /// Per-poller counters (each poller serves both transports).
     pub fn poller_stats(&self) -> Vec<Arc<PollerStats>> {
         self.pollers.iter().map(|p| p.stats().clone()).collect()
     }
 
-    /// Per-RDMA-poller counters (empty without RDMA listeners).
-    pub fn rdma_stats(&self) -> Vec<Arc<RdmaPollerStats>> {
-        self.rdma.as_ref().map(|r| r.stats()).unwrap_or_default()
+    /// Whether the target serves NVMe/RDMA (it started with an RDMA listener).
+    pub fn has_rdma(&self) -> bool {
+        self.rdma.is_some()
     }
 
     /// The number of running listeners (TCP and RDMA).
@@ -480,14 +466,13 @@ impl Daemon {
             "NVMe/RDMA listeners: this target started without one, so it has no RDMA transport",
             &mut report,
         );
+        // TCP needs nothing but the pollers, which serve every transport.
         let tcp_new = listeners_of(&new, Transport::Tcp);
-        let to_bind = listeners_to_add(
-            &tcp_new,
-            |l| self.tcp.iter().any(|r| &r.listener == l),
-            !self.pollers.is_empty(),
-            "NVMe/TCP listeners: this target started without one, so it has no TCP pollers",
-            &mut report,
-        );
+        let to_bind: Vec<config::Listener> = tcp_new
+            .iter()
+            .filter(|l| !self.tcp.iter().any(|r| &r.listener == *l))
+            .cloned()
+            .collect();
 
         // 1. Open storage for new and changed namespaces.
         let plan = plan_namespaces(&self.ns_slots, &new, |slot| self.file_resized(slot));
@@ -644,7 +629,7 @@ impl Daemon {
             .is_some_and(|m| m.len() != d.size_bytes())
     }
 
-    /// Send a device slot change to every poller (TCP and RDMA) and wait for all of them.
+    /// Send a device slot change to every poller and wait for all of them.
     fn update_pollers(&self, index: u32, device: Option<Arc<Device>>) -> Result<(), String> {
         let (tx, rx) = mpsc::channel();
         let u = DeviceUpdate {
@@ -661,9 +646,6 @@ impl Daemon {
             }) {
                 expected += 1;
             }
-        }
-        if let Some(r) = &self.rdma {
-            expected += r.update_device(&u);
         }
         drop(u);
         let deadline = Instant::now() + REGISTER_LIMIT;
@@ -688,6 +670,7 @@ impl Daemon {
         for r in self.tcp.iter_mut() {
             r.stop();
         }
+        // The rdma_cm thread first: no connection is routed to a poller that is stopping.
         if let Some(r) = self.rdma.take() {
             r.join();
         }

@@ -171,17 +171,8 @@ fn main() -> ExitCode {
     let stop_aux = Arc::new(AtomicBool::new(false));
     let src = metrics::Source {
         target: daemon.target().clone(),
-        pollers: daemon
-            .poller_stats()
-            .into_iter()
-            .map(metrics::PollerCounters::Tcp)
-            .chain(
-                daemon
-                    .rdma_stats()
-                    .into_iter()
-                    .map(metrics::PollerCounters::Rdma),
-            )
-            .collect(),
+        pollers: daemon.poller_stats(),
+        rdma: daemon.has_rdma(),
     };
     if let Err(e) =
         metrics::serve_control(args.control_socket.clone(), src.clone(), stop_aux.clone())

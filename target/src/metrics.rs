@@ -13,16 +13,7 @@ use crate::core::stats::{
     ControllerMetrics, IoTotals, NsTotals, SubsystemMetrics, LAT_BUCKETS, LAT_FIRST_US, NSID_OTHER,
 };
 use crate::core::Target;
-use crate::transport::poller::PollerStats;
-use crate::transport::rdma::RdmaPollerStats;
-
-/// Name, type, help text and getter of one per-poller metric.
-type MetricDef = (
-    &'static str,
-    &'static str,
-    &'static str,
-    fn(&PollerSample) -> u64,
-);
+use crate::transport::poller::{PollerStats, TransportStats};
 
 /// CPU time (user + system) this process has used so far, in nanoseconds.
 pub fn process_cpu_ns() -> u64 {
@@ -38,81 +29,89 @@ pub fn process_cpu_ns() -> u64 {
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
-/// One poller thread's live counters.
-#[derive(Clone)]
-pub enum PollerCounters {
-    Tcp(Arc<PollerStats>),
-    Rdma(Arc<RdmaPollerStats>),
-}
-
-impl PollerCounters {
-    fn sample(&self, poller: usize) -> PollerSample {
-        // The two stats types share these fields by name (not by type).
-        macro_rules! sample {
-            ($s:expr, $transport:literal, $mrs_registered:expr) => {
-                PollerSample {
-                    transport: $transport.into(),
-                    poller,
-                    connections: $s.connections.load(Ordering::Relaxed) as u64,
-                    commands: $s.commands.load(Ordering::Relaxed),
-                    errors: $s.errors.load(Ordering::Relaxed),
-                    rx_bytes: $s.rx_bytes.load(Ordering::Relaxed),
-                    tx_payload: $s.tx_payload.load(Ordering::Relaxed),
-                    copied_bytes: $s.copied_bytes.load(Ordering::Relaxed),
-                    buffers_in_use: $s.buffers_in_use.load(Ordering::Relaxed) as u64,
-                    ring_enters: $s.ring_enters.load(Ordering::Relaxed),
-                    mrs_registered: $mrs_registered,
-                }
-            };
-        }
-        match self {
-            PollerCounters::Tcp(s) => sample!(s, "tcp", 0),
-            PollerCounters::Rdma(s) => {
-                sample!(s, "rdma", s.mrs_registered.load(Ordering::Relaxed) as u64)
-            }
-        }
-    }
-}
-
 /// Where the numbers come from.
 #[derive(Clone)]
 pub struct Source {
     pub target: Arc<Target>,
-    /// Every poller thread, TCP first; numbered per transport.
-    pub pollers: Vec<PollerCounters>,
+    /// Every poller thread's counters (each serves both transports).
+    pub pollers: Vec<Arc<PollerStats>>,
+    /// Whether the target serves NVMe/RDMA (its counters are reported then).
+    pub rdma: bool,
 }
 
-/// One poller's counters at one instant.
+/// One transport's connection counters on one poller, at one instant.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct PollerSample {
-    pub transport: String,
-    pub poller: usize,
+pub struct TransportSample {
+    pub transport: &'static str,
     pub connections: u64,
     pub commands: u64,
     pub errors: u64,
     pub rx_bytes: u64,
     pub tx_payload: u64,
     pub copied_bytes: u64,
+}
+
+impl TransportSample {
+    fn of(transport: &'static str, s: &TransportStats) -> TransportSample {
+        TransportSample {
+            transport,
+            connections: s.connections.load(Ordering::Relaxed) as u64,
+            commands: s.commands.load(Ordering::Relaxed),
+            errors: s.errors.load(Ordering::Relaxed),
+            rx_bytes: s.rx_bytes.load(Ordering::Relaxed),
+            tx_payload: s.tx_payload.load(Ordering::Relaxed),
+            copied_bytes: s.copied_bytes.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// One poller's counters at one instant.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PollerSample {
+    pub poller: usize,
     pub buffers_in_use: u64,
     /// io_uring_enter system calls of the poller's backend ring so far.
     pub ring_enters: u64,
-    /// RDMA memory regions registered now (0 on TCP).
+    /// RDMA memory regions registered now (0 without RDMA).
     pub mrs_registered: u64,
+    /// TCP, then RDMA when the target serves it.
+    pub transports: Vec<TransportSample>,
 }
+
+/// Name, type, help text and getter of one per-transport, per-poller metric.
+type TransportMetric = (
+    &'static str,
+    &'static str,
+    &'static str,
+    fn(&TransportSample) -> u64,
+);
+
+/// Name, type, help text and getter of one per-poller metric.
+type PollerMetric = (
+    &'static str,
+    &'static str,
+    &'static str,
+    fn(&PollerSample) -> u64,
+);
 
 impl Source {
     pub fn sample(&self) -> (u64, Vec<PollerSample>) {
-        let (mut tcp, mut rdma) = (0, 0);
         let ps = self
             .pollers
             .iter()
-            .map(|c| {
-                let n = match c {
-                    PollerCounters::Tcp(_) => &mut tcp,
-                    PollerCounters::Rdma(_) => &mut rdma,
-                };
-                *n += 1;
-                c.sample(*n - 1)
+            .enumerate()
+            .map(|(poller, s)| {
+                let mut transports = vec![TransportSample::of("tcp", &s.tcp)];
+                if self.rdma {
+                    transports.push(TransportSample::of("rdma", &s.rdma));
+                }
+                PollerSample {
+                    poller,
+                    buffers_in_use: s.buffers_in_use.load(Ordering::Relaxed) as u64,
+                    ring_enters: s.ring_enters.load(Ordering::Relaxed),
+                    mrs_registered: s.verbs.mrs_registered.load(Ordering::Relaxed) as u64,
+                    transports,
+                }
             })
             .collect();
         (self.target.controller_count() as u64, ps)
@@ -131,43 +130,58 @@ impl Source {
             "process_cpu_seconds_total {:.6}\n",
             process_cpu_ns() as f64 / 1e9
         ));
-        let metrics: [MetricDef; 9] = [
+        let per_transport: [TransportMetric; 6] = [
             (
                 "nvmf_connections",
                 "gauge",
                 "Open queue connections.",
-                |p| p.connections,
+                |t| t.connections,
             ),
             (
                 "nvmf_commands_total",
                 "counter",
                 "Commands received.",
-                |p| p.commands,
+                |t| t.commands,
             ),
             (
                 "nvmf_errors_total",
                 "counter",
                 "Commands completed with an error status, and protocol errors.",
-                |p| p.errors,
+                |t| t.errors,
             ),
             (
                 "nvmf_rx_bytes_total",
                 "counter",
                 "Bytes received from hosts.",
-                |p| p.rx_bytes,
+                |t| t.rx_bytes,
             ),
             (
                 "nvmf_read_payload_bytes_total",
                 "counter",
                 "Read data bytes sent to hosts.",
-                |p| p.tx_payload,
+                |t| t.tx_payload,
             ),
             (
                 "nvmf_copied_bytes_total",
                 "counter",
                 "Payload bytes copied by the CPU in user space.",
-                |p| p.copied_bytes,
+                |t| t.copied_bytes,
             ),
+        ];
+        for (name, kind, help, get) in per_transport {
+            o.push_str(&format!("# HELP {name} {help}\n# TYPE {name} {kind}\n"));
+            for p in &ps {
+                for t in &p.transports {
+                    o.push_str(&format!(
+                        "{name}{{transport=\"{}\",poller=\"{}\"}} {}\n",
+                        t.transport,
+                        p.poller,
+                        get(t)
+                    ));
+                }
+            }
+        }
+        let mut per_poller: Vec<PollerMetric> = vec![
             (
                 "nvmf_io_uring_enters_total",
                 "counter",
@@ -180,22 +194,19 @@ impl Source {
                 "Registered I/O buffers held by commands.",
                 |p| p.buffers_in_use,
             ),
-            (
+        ];
+        if self.rdma {
+            per_poller.push((
                 "nvmf_rdma_mrs_registered",
                 "gauge",
                 "RDMA memory regions registered now (pool, per-connection rings, per-I/O READ sinks).",
                 |p| p.mrs_registered,
-            ),
-        ];
-        for (name, kind, help, get) in metrics {
+            ));
+        }
+        for (name, kind, help, get) in per_poller {
             o.push_str(&format!("# HELP {name} {help}\n# TYPE {name} {kind}\n"));
             for p in &ps {
-                o.push_str(&format!(
-                    "{name}{{transport=\"{}\",poller=\"{}\"}} {}\n",
-                    p.transport,
-                    p.poller,
-                    get(p)
-                ));
+                o.push_str(&format!("{name}{{poller=\"{}\"}} {}\n", p.poller, get(p)));
             }
         }
         io_prometheus(&mut o, &self.target.io_metrics());
@@ -210,48 +221,81 @@ impl Source {
             process_cpu_ns() as f64 / 1e9
         );
         o.push_str(&format!(
-            "{:<9} {:>6} {:>6} {:>12} {:>8} {:>14} {:>14} {:>12} {:>8} {:>5}\n",
-            "transport",
+            "{:>6} {:>8} {:>6} {:>5} {:>16} {:<9} {:>6} {:>12} {:>8} {:>14} {:>14} {:>12}\n",
             "poller",
+            "buffers",
+            "mrs",
+            "",
+            "io_uring enters",
+            "transport",
             "conns",
             "commands",
             "errors",
             "rx bytes",
             "read bytes",
-            "copied",
-            "buffers",
-            "mrs"
+            "copied"
         ));
         for p in &ps {
-            o.push_str(&format!(
-                "{:<9} {:>6} {:>6} {:>12} {:>8} {:>14} {:>14} {:>12} {:>8} {:>5}\n",
-                p.transport,
-                p.poller,
-                p.connections,
-                p.commands,
-                p.errors,
-                p.rx_bytes,
-                p.tx_payload,
-                p.copied_bytes,
-                p.buffers_in_use,
-                p.mrs_registered
-            ));
+            for (i, t) in p.transports.iter().enumerate() {
+                // The poller's own counters on its first line only.
+                let (poller, buffers, mrs, enters) = if i == 0 {
+                    (
+                        p.poller.to_string(),
+                        p.buffers_in_use.to_string(),
+                        p.mrs_registered.to_string(),
+                        p.ring_enters.to_string(),
+                    )
+                } else {
+                    Default::default()
+                };
+                o.push_str(&format!(
+                    "{:>6} {:>8} {:>6} {:>5} {:>16} {:<9} {:>6} {:>12} {:>8} {:>14} {:>14} {:>12}\n",
+                    poller,
+                    buffers,
+                    mrs,
+                    "",
+                    enters,
+                    t.transport,
+                    t.connections,
+                    t.commands,
+                    t.errors,
+                    t.rx_bytes,
+                    t.tx_payload,
+                    t.copied_bytes
+                ));
+            }
         }
         io_table(&mut o, &self.target.io_metrics());
         o
     }
 
     /// JSON (for `nvmf-target stats --json`):
-    /// `{"controllers":N,"cpu_ns":N,"pollers":[{...}]}` (`cpu_ns`: the daemon's user + system
-    /// CPU time so far).
+    /// `{"controllers":N,"cpu_ns":N,"pollers":[{"poller":0,"buffers_in_use":N,
+    /// "io_uring_enters":N,"mrs_registered":N,"tcp":{...},"rdma":{...}}],"subsystems":[...]}`
+    /// (`cpu_ns`: the daemon's user + system CPU time so far; `rdma` only on a target that
+    /// serves it).
     pub fn json(&self) -> String {
         let (ctrls, ps) = self.sample();
         let items: Vec<String> = ps
             .iter()
             .map(|p| {
+                let transports: Vec<String> = p
+                    .transports
+                    .iter()
+                    .map(|t| {
+                        format!(
+                            "\"{}\":{{\"connections\":{},\"commands\":{},\"errors\":{},\"rx_bytes\":{},\"read_payload_bytes\":{},\"copied_bytes\":{}}}",
+                            t.transport, t.connections, t.commands, t.errors, t.rx_bytes, t.tx_payload, t.copied_bytes
+                        )
+                    })
+                    .collect();
                 format!(
-                    "{{\"transport\":\"{}\",\"poller\":{},\"connections\":{},\"commands\":{},\"errors\":{},\"rx_bytes\":{},\"read_payload_bytes\":{},\"copied_bytes\":{},\"buffers_in_use\":{},\"mrs_registered\":{},\"io_uring_enters\":{}}}",
-                    p.transport, p.poller, p.connections, p.commands, p.errors, p.rx_bytes, p.tx_payload, p.copied_bytes, p.buffers_in_use, p.mrs_registered, p.ring_enters
+                    "{{\"poller\":{},\"buffers_in_use\":{},\"io_uring_enters\":{},\"mrs_registered\":{},{}}}",
+                    p.poller,
+                    p.buffers_in_use,
+                    p.ring_enters,
+                    p.mrs_registered,
+                    transports.join(",")
                 )
             })
             .collect();

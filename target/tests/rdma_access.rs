@@ -148,8 +148,8 @@ fn target_bytes(addr: u64, len: usize) -> Vec<u8> {
 fn regions_with(d: &Daemon, conns: usize) -> Vec<RegionInfo> {
     let deadline = Instant::now() + TIMEOUT;
     loop {
-        let st = d.rdma_stats();
-        let regions: Vec<RegionInfo> = st.iter().flat_map(|s| s.regions()).collect();
+        let st = d.poller_stats();
+        let regions: Vec<RegionInfo> = st.iter().flat_map(|s| s.verbs.regions()).collect();
         let count = |k: RegionKind| regions.iter().filter(|r| r.kind == k).count();
         let recvs = if count(RegionKind::SrqRecv) > 0 {
             0
@@ -397,7 +397,7 @@ fn iwarp_read_sink_key_is_valid_only_while_in_flight() {
     let (daemon, dir) = start(ip, 4441, "sink", &open_subsystem());
     let addr = SocketAddr::new(ip, 4441);
     let iwarp = device_is_iwarp(addr);
-    let stats = daemon.rdma_stats();
+    let stats = daemon.poller_stats();
     assert_eq!(stats.len(), 1);
     let st = &stats[0];
 
@@ -406,7 +406,7 @@ fn iwarp_read_sink_key_is_valid_only_while_in_flight() {
         // The admin queue's Connect data came by RDMA READ too (a 1 KiB sink, published by the
         // poller every 50 ms): take that one first, so it cannot be taken for the write's below.
         let deadline = Instant::now() + TIMEOUT;
-        while st.take_last_read_sink().is_none() {
+        while st.verbs.take_last_read_sink().is_none() {
             assert!(
                 Instant::now() < deadline,
                 "the admin Connect's RDMA READ sink was never published"
@@ -420,7 +420,7 @@ fn iwarp_read_sink_key_is_valid_only_while_in_flight() {
     // Published every 50 ms.
     let deadline = Instant::now() + TIMEOUT;
     let sink = loop {
-        let s = st.take_last_read_sink();
+        let s = st.verbs.take_last_read_sink();
         if s.is_some() || !iwarp || Instant::now() > deadline {
             break s;
         }
@@ -429,7 +429,7 @@ fn iwarp_read_sink_key_is_valid_only_while_in_flight() {
     if !iwarp {
         std::thread::sleep(Duration::from_millis(200));
         assert_eq!(sink, None, "RoCE registered a per-I/O READ sink");
-        assert_eq!(st.io_mrs_total.load(Ordering::Relaxed), 0);
+        assert_eq!(st.verbs.io_mrs_total.load(Ordering::Relaxed), 0);
         eprintln!("RoCE: READ sinks use the pool region (LOCAL_WRITE): no per-I/O key exists");
     } else {
         let sink = sink.expect("the write registered an RDMA READ sink");
@@ -448,12 +448,17 @@ fn iwarp_read_sink_key_is_valid_only_while_in_flight() {
         );
         // Completed: deregistered (pool region + RECV and response regions of 2 queues; with
         // a shared receive queue its area instead of the queues' RECV regions).
-        let srq = st.regions().iter().any(|r| r.kind == RegionKind::SrqRecv);
+        let srq = st
+            .verbs
+            .regions()
+            .iter()
+            .any(|r| r.kind == RegionKind::SrqRecv);
         let idle_mrs = if srq { 2 + 2 } else { 1 + 2 * 2 };
         let deadline = Instant::now() + TIMEOUT;
         loop {
-            let mrs = st.mrs_registered.load(Ordering::Relaxed);
+            let mrs = st.verbs.mrs_registered.load(Ordering::Relaxed);
             let sinks = st
+                .verbs
                 .regions()
                 .iter()
                 .filter(|r| r.kind == RegionKind::ReadSink)
@@ -468,7 +473,7 @@ fn iwarp_read_sink_key_is_valid_only_while_in_flight() {
             );
             std::thread::sleep(Duration::from_millis(20));
         }
-        assert!(st.io_mrs_total.load(Ordering::Relaxed) >= 1);
+        assert!(st.verbs.io_mrs_total.load(Ordering::Relaxed) >= 1);
 
         // The stale key, from another connection on the same protection domain.
         let before = target_bytes(sink.addr, sink.len);
@@ -643,8 +648,12 @@ fn shared_receive_queue_serves_all_queues_and_refills() {
         &format!("  rdma_srq_depth: {DEPTH}\n"),
     );
     let addr = SocketAddr::new(ip, 4444);
-    let st = daemon.rdma_stats();
-    let posted = || sum(&st, |s| s.srq_recvs_posted.load(Ordering::Relaxed) as u64);
+    let st = daemon.poller_stats();
+    let posted = || {
+        sum(&st, |s| {
+            s.verbs.srq_recvs_posted.load(Ordering::Relaxed) as u64
+        })
+    };
     let mut hosts = [honest_host(addr), honest_host(addr)];
     let regions = regions_with(&daemon, 4);
     let shared: Vec<_> = regions
@@ -728,8 +737,10 @@ fn shared_receive_queue_serves_all_queues_and_refills() {
     }
     let deadline = Instant::now() + TIMEOUT;
     loop {
-        let conns = sum(&st, |s| s.connections.load(Ordering::Relaxed) as u64);
-        let mrs = sum(&st, |s| s.mrs_registered.load(Ordering::Relaxed) as u64);
+        let conns = sum(&st, |s| s.rdma.connections.load(Ordering::Relaxed) as u64);
+        let mrs = sum(&st, |s| {
+            s.verbs.mrs_registered.load(Ordering::Relaxed) as u64
+        });
         if conns == 0 && mrs == 2 && posted() == DEPTH as u64 {
             break;
         }

@@ -196,8 +196,8 @@ fn nvme_rdma_wire_protocol_against_the_daemon() {
     };
     let mut q = connect(addr, io);
     assert_eq!(CmReply::decode(&q.reply).unwrap().crqsize, 32);
-    let copied0 = sum(&daemon.rdma_stats(), |s| {
-        s.copied_bytes.load(Ordering::Relaxed)
+    let copied0 = sum(&daemon.poller_stats(), |s| {
+        s.rdma.copied_bytes.load(Ordering::Relaxed)
     });
     let data = ConnectData::new([7; 16], cntlid, NQN, HOSTNQN).encode();
     let cid = q.cid();
@@ -230,16 +230,16 @@ fn nvme_rdma_wire_protocol_against_the_daemon() {
         len: 4096,
     };
     q.ok(&io_sqe(nvme::opcode::io::WRITE, cid, 100, 1, sgl), &w2);
-    let copied = sum(&daemon.rdma_stats(), |s| {
-        s.copied_bytes.load(Ordering::Relaxed)
+    let copied = sum(&daemon.poller_stats(), |s| {
+        s.rdma.copied_bytes.load(Ordering::Relaxed)
     }) - copied0;
     // Stats are published every 50 ms: wait for them to include both in-capsule copies.
     let deadline = Instant::now() + TIMEOUT;
     let mut copied = copied;
     while copied < 1024 + 4096 && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(20));
-        copied = sum(&daemon.rdma_stats(), |s| {
-            s.copied_bytes.load(Ordering::Relaxed)
+        copied = sum(&daemon.poller_stats(), |s| {
+            s.rdma.copied_bytes.load(Ordering::Relaxed)
         }) - copied0;
     }
     assert_eq!(copied, 1024 + 4096, "in-capsule bytes copied");
@@ -301,8 +301,8 @@ fn nvme_rdma_wire_protocol_against_the_daemon() {
     drop(a);
 
     wait_released(&daemon);
-    let st = daemon.rdma_stats();
-    assert!(sum(&st, |s| s.commands.load(Ordering::Relaxed)) >= 14);
+    let st = daemon.poller_stats();
+    assert!(sum(&st, |s| s.rdma.commands.load(Ordering::Relaxed)) >= 14);
     daemon.shutdown();
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -96,11 +96,13 @@ impl Daemon {
         });
         let pollers = v["pollers"].as_array().expect("pollers");
         let sum = |k: &str| pollers.iter().map(|p| p[k].as_u64().expect(k)).sum();
+        // Connection counters are per transport within each poller.
+        let sum_tcp = |k: &str| pollers.iter().map(|p| p["tcp"][k].as_u64().expect(k)).sum();
         Some(Counters {
             controllers: v["controllers"].as_u64().expect("controllers"),
-            connections: sum("connections"),
+            connections: sum_tcp("connections"),
             buffers_in_use: sum("buffers_in_use"),
-            commands: sum("commands"),
+            commands: sum_tcp("commands"),
         })
     }
 

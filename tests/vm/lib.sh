@@ -252,24 +252,74 @@ cleanup() { teardown; cd / && rm -rf "$WORK"; }
 trap cleanup EXIT
 
 # ---------------- whole cases ----------------
-# kernel_host_vs_our_target LABEL TRTYPE ADDR: the Linux host against our target on a 64 MiB ramdisk:
-# discover, connect, size check, fio verify 4k then 128k, disconnect, SIGTERM, clean log.
+# kernel_host_vs_our_target LABEL TRTYPE ADDR [MORE_TRTYPE...]: the Linux host against our target on
+# a 64 MiB ramdisk: discover, connect, size check, fio verify 4k then 128k, disconnect, SIGTERM,
+# clean log. With MORE_TRTYPEs the target also listens on those, runs `threads: 2`, and must show
+# exactly 2 poller threads serving every transport (check_pollers); after the Linux host,
+# nvmf-bench writes and verifies over each further transport on the same pollers, and the
+# target's counters must show commands on every transport.
 kernel_host_vs_our_target() {
-  local label=$1 tr=$2 addr=$3 dev rc
+  local label=$1 tr=$2 addr=$3 dev rc t more=("${@:4}")
   teardown
-  log "case $label: $tr $addr:$PORT"
+  log "case $label: $tr ${more[*]} $addr:$PORT"
   dev=$(vm_ramdisk $RAMDISK_MB) || { fail "$label" "vm_ramdisk $RAMDISK_MB failed"; return; }
-  start_our_target "$tr" "$addr" "$dev"; rc=$?
+  if [ ${#more[@]} -gt 0 ]; then
+    TARGET_YAML="target: { threads: 2 }" start_our_target "$tr" "$addr" "$dev" "${more[@]}"; rc=$?
+  else
+    start_our_target "$tr" "$addr" "$dev"; rc=$?
+  fi
   [ $rc = 3 ] && { skip "$label" "$REASON"; return; }
   [ $rc = 0 ] || { fail "$label" "$REASON"; return; }
+  if [ ${#more[@]} -gt 0 ]; then
+    check_pollers 2 || { fail "$label" "$REASON"; return; }
+  fi
   host_connect "$tr" "$addr" "$PORT" "$OUR_NQN" || { fail "$label" "$REASON"; return; }
   check_size "$DEV" $((RAMDISK_MB * 1048576)) || { fail "$label" "$REASON"; return; }
   fio_verify "$DEV" 4k "$FIO_SIZE_OUR" || { fail "$label" "$REASON"; return; }
   fio_verify "$DEV" 128k "$FIO_SIZE_OUR" || { fail "$label" "$REASON"; return; }
   host_disconnect "$OUR_NQN" || { fail "$label" "$REASON"; return; }
+  for t in "${more[@]}"; do
+    run_bench "$t" "$addr" "$OUR_NQN" || { fail "$label" "nvmf-bench over $t: ${REASON:-failed}"; return; }
+  done
+  if [ ${#more[@]} -gt 0 ]; then
+    check_transport_commands "$tr" "${more[@]}" || { fail "$label" "$REASON"; return; }
+  fi
   stop_our_target || { fail "$label" "$REASON"; return; }
   check_target_log || { fail "$label" "$REASON"; return; }
   pass "$label"
+}
+
+# check_pollers N: the running target ($TARGET_PID) has exactly N poller threads
+# (nvmf-poller-0..N-1, each serving every transport), no per-transport poller threads, and N
+# backend rings (one "io_uring backend ring ready" line per poller in its log; each poller also
+# keeps the small readiness-watch ring, so 2N io_uring descriptors). Thread names and descriptor
+# counts go to report.txt.
+check_pollers() {
+  local want=$1 names pollers old rings backend
+  names=$(cat /proc/"$TARGET_PID"/task/*/comm 2>/dev/null | sort)
+  pollers=$(grep -c '^nvmf-poller-[0-9][0-9]*$' <<<"$names")
+  old=$(grep -c '^nvmf-rdma-[0-9][0-9]*$' <<<"$names")
+  rings=$(find /proc/"$TARGET_PID"/fd -maxdepth 1 -lname 'anon_inode:\[io_uring\]' 2>/dev/null | wc -l)
+  backend=$(grep -c 'io_uring backend ring ready' "$OUT/target.log")
+  { echo "target threads: $(tr '\n' ' ' <<<"$names")"
+    echo "poller threads: $pollers, io_uring descriptors: $rings, backend rings: $backend (want $want pollers)"; } |
+    tee -a "$OUT/report.txt"
+  [ "$pollers" = "$want" ] || { REASON="$pollers poller threads, want $want: $(tr '\n' ' ' <<<"$names")"; return 1; }
+  [ "$old" = 0 ] || { REASON="$old per-transport RDMA poller threads besides the pollers"; return 1; }
+  [ "$backend" = "$want" ] || { REASON="$backend backend rings set up, want one per poller ($want)"; return 1; }
+  [ "$rings" = $((2 * want)) ] || { REASON="$rings io_uring descriptors, want $((2 * want)) (backend + watch per poller)"; return 1; }
+}
+
+# check_transport_commands TRTYPE...: the target's counters show commands on each transport.
+check_transport_commands() {
+  local j t c
+  j=$(stat_json) || { REASON="nvmf-target stats failed"; return 1; }
+  for t in "$@"; do
+    c=$(grep -o "\"$t\":{[^}]*}" <<<"$j" | awk -F'[,:{}]' '
+      { for (i = 1; i < NF; i++) if ($i == "\"commands\"") c += $(i + 1) } END { printf "%d\n", c }')
+    echo "commands over $t: $c" | tee -a "$OUT/report.txt"
+    [ "$c" -gt 0 ] || { REASON="no commands counted over $t: $j"; return 1; }
+  done
 }
 
 # kernel_target_up TRTYPE ADDR DEV: export DEV as $KERNEL_NQN on the Linux kernel target (nvmet)
@@ -381,12 +431,15 @@ bench_vs_our_target() { # LABEL TRTYPE ADDR
 # stat_json: the daemon's `nvmf-target stats --json` (one line) on stdout.
 stat_json() { "$NVMF_TARGET_BIN" stats --json --control-socket "$CTL"; }
 
-# rdma_gauges: "connections buffers_in_use mrs_registered" summed over the RDMA pollers.
+# rdma_gauges: "connections buffers_in_use mrs_registered": RDMA connections, and the buffers and
+# memory regions the pollers hold (each poller serves both transports; these scenarios run no TCP
+# host at the same time), summed over the pollers.
 # (awk, not python: a cold python start in the emulated guest can take a minute.)
 rdma_gauges() {
   local j
   j=$(stat_json) || return 1
-  grep -o '{"transport":"rdma"[^}]*}' <<<"$j" | awk -F'[,:}]' '
+  { grep -o '"rdma":{[^}]*}' <<<"$j"; grep -o '"\(buffers_in_use\|mrs_registered\)":[0-9]*' <<<"$j"; } |
+    awk -F'[,:{}]' '
     { for (i = 1; i < NF; i++) {
         if ($i == "\"connections\"") c += $(i + 1)
         if ($i == "\"buffers_in_use\"") b += $(i + 1)
@@ -863,7 +916,7 @@ rc_stop() {
 
 # rdma_commands: commands served by the RDMA pollers (a counter).
 rdma_commands() {
-  stat_json | grep -o '{"transport":"rdma"[^}]*}' | awk -F'[,:}]' '
+  stat_json | grep -o '"rdma":{[^}]*}' | awk -F'[,:{}]' '
     { for (i = 1; i < NF; i++) if ($i == "\"commands\"") c += $(i + 1) } END { printf "%d\n", c }'
 }
 

@@ -58,12 +58,23 @@ pub fn parse(json: &str) -> Result<Sample, String> {
         .get("pollers")
         .and_then(|p| p.as_array())
         .ok_or("target stats: no \"pollers\" list")?;
+    // Each poller counts the commands of each transport it serves.
     let mut commands = 0u64;
     for p in pollers {
-        commands += p
-            .get("commands")
-            .and_then(|c| c.as_u64())
-            .ok_or("target stats: a poller without \"commands\"")?;
+        let mut any = false;
+        for t in ["tcp", "rdma"] {
+            if let Some(c) = p.get(t).and_then(|t| t.get("commands")) {
+                commands += c
+                    .as_u64()
+                    .ok_or("target stats: \"commands\" is not a count")?;
+                any = true;
+            }
+        }
+        if !any {
+            return Err(
+                "target stats: a poller without \"commands\" (an older nvmf-target?)".into(),
+            );
+        }
     }
     Ok(Sample { cpu_ns, commands })
 }
@@ -86,7 +97,8 @@ mod tests {
 
     #[test]
     fn parses_the_daemons_answer() {
-        let j = r#"{"controllers":1,"cpu_ns":123456789,"pollers":[{"transport":"tcp","poller":0,"connections":2,"commands":10,"errors":0,"rx_bytes":1,"read_payload_bytes":2,"copied_bytes":0,"buffers_in_use":0,"mrs_registered":0},{"transport":"tcp","poller":1,"connections":0,"commands":5,"errors":0,"rx_bytes":0,"read_payload_bytes":0,"copied_bytes":0,"buffers_in_use":0,"mrs_registered":0}]}"#;
+        // Two pollers, each serving both transports (the daemon's `stats --json` shape).
+        let j = r#"{"controllers":1,"cpu_ns":123456789,"pollers":[{"poller":0,"buffers_in_use":0,"io_uring_enters":7,"mrs_registered":1,"tcp":{"connections":2,"commands":10,"errors":0,"rx_bytes":1,"read_payload_bytes":2,"copied_bytes":0},"rdma":{"connections":1,"commands":3,"errors":0,"rx_bytes":1,"read_payload_bytes":2,"copied_bytes":0}},{"poller":1,"buffers_in_use":0,"io_uring_enters":0,"mrs_registered":0,"tcp":{"connections":0,"commands":2,"errors":0,"rx_bytes":0,"read_payload_bytes":0,"copied_bytes":0}}],"subsystems":[]}"#;
         let s = parse(j).unwrap();
         assert_eq!(
             s,
@@ -108,6 +120,11 @@ mod tests {
         assert_eq!(t.commands, 100);
         assert!((t.usec_per_io().unwrap() - 20.0).abs() < 1e-9);
         assert!(parse(r#"{"controllers":0,"pollers":[]}"#).is_err());
+        // The flat per-transport entries of nvmf-target before one poller served both.
+        assert!(
+            parse(r#"{"cpu_ns":1,"pollers":[{"transport":"tcp","poller":0,"commands":1}]}"#)
+                .is_err()
+        );
         assert!(parse("controllers: 1").is_err());
     }
 }

@@ -5,6 +5,7 @@ pub mod poller;
 pub mod rdma;
 pub mod sendq;
 pub mod tcp;
+mod tcp_conns;
 pub mod thread;
 
 use std::sync::{mpsc, Arc};
@@ -60,6 +61,67 @@ impl DeviceUpdate {
     }
 }
 
+/// The transport of a poller's connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Tcp,
+    Rdma,
+}
+
+/// One request of one connection of a poller: what a backend operation's `user_data` names,
+/// and what waits in the poller's buffer FIFO.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReqRef {
+    pub kind: Kind,
+    /// The connection's key in its transport's table on the poller.
+    pub conn: u32,
+    /// The request slot (TCP transfer tag, RDMA work-request slot).
+    pub slot: u32,
+}
+
+/// `user_data` bit 63: the operation belongs to an NVMe/RDMA connection.
+const RDMA_BIT: u64 = 1 << 63;
+
+impl ReqRef {
+    pub fn tcp(conn: u32, slot: u32) -> ReqRef {
+        ReqRef {
+            kind: Kind::Tcp,
+            conn,
+            slot,
+        }
+    }
+
+    pub fn rdma(conn: u32, slot: u32) -> ReqRef {
+        ReqRef {
+            kind: Kind::Rdma,
+            conn,
+            slot,
+        }
+    }
+
+    /// The backend `user_data` naming this request: the kind in bit 63, the connection key in
+    /// bits 32..63, the slot in the low half.
+    pub fn user_data(self) -> u64 {
+        let k = match self.kind {
+            Kind::Tcp => 0,
+            Kind::Rdma => RDMA_BIT,
+        };
+        k | u64::from(self.conn & 0x7fff_ffff) << 32 | u64::from(self.slot)
+    }
+
+    pub fn from_user_data(ud: u64) -> ReqRef {
+        ReqRef {
+            kind: if ud & RDMA_BIT != 0 {
+                Kind::Rdma
+            } else {
+                Kind::Tcp
+            },
+            conn: ((ud & !RDMA_BIT) >> 32) as u32,
+            slot: ud as u32,
+        }
+    }
+}
+
 /// Per-connection counters.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct ConnStats {
@@ -83,5 +145,27 @@ impl ConnStats {
         self.tx_bytes += o.tx_bytes;
         self.tx_payload += o.tx_payload;
         self.copied_bytes += o.copied_bytes;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn user_data_round_trips_kind_connection_and_slot() {
+        for r in [
+            ReqRef::tcp(0, 0),
+            ReqRef::tcp(7, 65535),
+            ReqRef::rdma(0, 0),
+            ReqRef::rdma(0x7fff_ffff, u32::MAX),
+            ReqRef::tcp(12, 3),
+        ] {
+            assert_eq!(ReqRef::from_user_data(r.user_data()), r);
+        }
+        assert_ne!(
+            ReqRef::tcp(1, 2).user_data(),
+            ReqRef::rdma(1, 2).user_data()
+        );
     }
 }

@@ -1,55 +1,119 @@
-//! Poller threads: run-to-completion loops that own their connections, their backend ring and
-//! their buffer pool. They busy-poll while there is traffic and block in epoll after
+//! Poller threads, one per core (`target.threads`), each serving connections of every
+//! transport: run-to-completion loops that own their connections, one io_uring backend ring
+//! and one registered buffer pool. A pass reads socket readiness from epoll, polls the RDMA
+//! completion queues, reaps the backend ring, grants waiting requests their buffers (FIFO over
+//! both transports), then sends what is queued. They busy-poll while there is traffic and
+//! block in epoll (sockets, RDMA completion channels armed just before, a wake eventfd) after
 //! `idle_poll` without any.
+//!
+//! Each transport's connections sit behind [`Conns`] (`tcp_conns::TcpConns`,
+//! `rdma::poller::RdmaConns`); the loop knows nothing of sockets or queue pairs.
 
 use std::collections::VecDeque;
 use std::net::{TcpListener, TcpStream};
 use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::mpsc;
-use std::sync::Arc;
+use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags, EpollTimeout};
 use nix::sys::eventfd::EventFd;
 use tracing::{debug, error, info, warn};
 
-use super::tcp::{Conn, Wants};
+use super::rdma::poller::{RdmaConns, RdmaMsg, RdmaSetup, VerbsStats};
+use super::tcp_conns::TcpConns;
 use super::thread::PollerThread;
-use super::{ConnStats, DeviceUpdate, Store};
+use super::{ConnStats, DeviceUpdate, Kind, ReqRef, Store};
 use crate::backend::ReadyWatch;
-use crate::core::{Target, TransportCaps};
+use crate::core::{Target, TrType, TransportCaps};
+use crate::store::RingStore;
 
+/// Epoll key of the wake eventfd.
 const WAKE_KEY: u64 = u64::MAX;
-/// Timer granularity for keep-alive checks and core events.
+/// Epoll key bit of an RDMA completion channel (the low bits name the device); a key without
+/// it is a TCP connection's.
+const RDMA_KEY: u64 = 1 << 62;
+/// Timer granularity for keep-alive checks, core events and RDMA drain deadlines.
 const TICK: Duration = Duration::from_millis(50);
+/// How long shutdown waits for flushes and backend operations.
+const SHUTDOWN_LIMIT: Duration = Duration::from_secs(5);
 
-/// Counters a poller publishes (read by stats/metrics and tests).
+/// The epoll key under which a transport registers its descriptor `index` (a TCP connection's
+/// key, an RDMA device's index).
+pub(crate) fn epoll_key(kind: Kind, index: u32) -> u64 {
+    match kind {
+        Kind::Tcp => u64::from(index),
+        Kind::Rdma => RDMA_KEY | u64::from(index),
+    }
+}
+
+/// Counters of one transport's connections on a poller.
+#[derive(Debug, Default)]
+pub struct TransportStats {
+    /// Live connections (queues).
+    pub connections: AtomicUsize,
+    /// Commands received.
+    pub commands: AtomicU64,
+    /// Completions with an error status, protocol errors, failed work requests.
+    pub errors: AtomicU64,
+    /// Payload bytes the CPU copied in user space (in-capsule write data into pool buffers).
+    pub copied_bytes: AtomicU64,
+    /// Bytes received from hosts (PDUs; RDMA: capsules plus bytes RDMA READ).
+    pub rx_bytes: AtomicU64,
+    /// Bytes sent to hosts (PDUs; RDMA: responses plus bytes RDMA WRITTEN).
+    pub tx_bytes: AtomicU64,
+    /// Read payload bytes sent to hosts.
+    pub tx_payload: AtomicU64,
+}
+
+impl TransportStats {
+    pub(crate) fn store(&self, connections: usize, t: &ConnStats) {
+        self.connections.store(connections, Ordering::Relaxed);
+        self.commands.store(t.commands, Ordering::Relaxed);
+        self.errors.store(t.errors, Ordering::Relaxed);
+        self.copied_bytes.store(t.copied_bytes, Ordering::Relaxed);
+        self.rx_bytes.store(t.rx_bytes, Ordering::Relaxed);
+        self.tx_bytes.store(t.tx_bytes, Ordering::Relaxed);
+        self.tx_payload.store(t.tx_payload, Ordering::Relaxed);
+    }
+}
+
+/// Counters a poller publishes every tick and when connections come and go (read by
+/// stats/metrics and tests).
 #[derive(Debug, Default)]
 pub struct PollerStats {
-    pub connections: AtomicUsize,
-    pub commands: AtomicU64,
-    pub errors: AtomicU64,
-    /// Payload bytes copied by the CPU in user space.
-    pub copied_bytes: AtomicU64,
-    /// Payload bytes received from / sent to hosts.
-    pub rx_bytes: AtomicU64,
-    pub tx_payload: AtomicU64,
+    pub tcp: TransportStats,
+    pub rdma: TransportStats,
     /// Registered I/O buffers held by commands (returns to 0 when idle).
     pub buffers_in_use: AtomicUsize,
     /// io_uring_enter system calls of this poller's backend ring so far.
     pub ring_enters: AtomicU64,
+    /// Memory regions, shared receive queues and request states of the RDMA connections.
+    pub verbs: VerbsStats,
 }
 
-/// The handle the acceptor uses to give a poller new connections.
+/// What a poller takes on its channel (each send also wakes it).
+pub(crate) enum ToPoller {
+    /// A new NVMe/TCP connection from an acceptor.
+    Tcp(TcpStream),
+    /// From the rdma_cm thread.
+    Rdma(RdmaMsg),
+    /// A backend device slot changed (configuration reload).
+    Device(DeviceUpdate),
+}
+
+/// The handle acceptors, the rdma_cm thread and the daemon use to reach a poller.
 pub struct PollerHandle {
-    thread: PollerThread<TcpStream, PollerStats>,
-    devices: mpsc::Sender<DeviceUpdate>,
+    pub(crate) thread: PollerThread<ToPoller, PollerStats>,
 }
 
 impl PollerHandle {
     pub fn give(&self, s: TcpStream) {
-        self.thread.send(s);
+        self.thread.send(ToPoller::Tcp(s));
+    }
+
+    pub(crate) fn send_rdma(&self, m: RdmaMsg) -> bool {
+        self.thread.send(ToPoller::Rdma(m))
     }
 
     pub fn wake(&self) {
@@ -58,9 +122,7 @@ impl PollerHandle {
 
     /// Hand the poller a device slot change (configuration reload); false if it is gone.
     pub fn update_device(&self, u: DeviceUpdate) -> bool {
-        let ok = self.devices.send(u).is_ok();
-        self.thread.wake();
-        ok
+        self.thread.send(ToPoller::Device(u))
     }
 
     pub fn stats(&self) -> &Arc<PollerStats> {
@@ -76,32 +138,81 @@ impl PollerHandle {
 #[derive(Clone)]
 pub struct PollerConfig {
     pub id: usize,
+    /// The NVMe/TCP limits (`trtype` TCP); RDMA connections get the same with `trtype` RDMA.
     pub caps: TransportCaps,
     pub idle_poll: Duration,
     pub stop: Arc<AtomicBool>,
+    /// Set when the target has RDMA listeners.
+    pub(crate) rdma: Option<RdmaSetup>,
 }
 
-/// Start a poller thread. `make_store` runs on the new thread (rings are per thread).
-pub fn spawn<S, F>(
+/// Start poller thread `nvmf-poller-<id>`. `make_store` runs on the new thread (rings are per
+/// thread).
+pub fn spawn<F>(
     target: Arc<Target>,
     cfg: PollerConfig,
     make_store: F,
 ) -> std::io::Result<PollerHandle>
 where
-    S: Store + 'static,
-    F: FnOnce() -> std::io::Result<S> + Send + 'static,
+    F: FnOnce() -> std::io::Result<RingStore> + Send + 'static,
 {
-    let (devices, devices_rx) = mpsc::channel();
     let thread = PollerThread::spawn(
         format!("nvmf-poller-{}", cfg.id),
         "poller",
         move |rx, wake, stats| {
             let store = make_store()?;
-            let mut p = Poller::new(target, cfg, store, (rx, devices_rx), wake, stats)?;
+            let mut p = Poller::new(target, cfg, store, rx, wake, stats)?;
             Ok(move || p.run())
         },
     )?;
-    Ok(PollerHandle { thread, devices })
+    Ok(PollerHandle { thread })
+}
+
+/// What a transport's connections borrow from their poller while they handle an event.
+pub(crate) struct Cx<'a> {
+    pub store: &'a mut RingStore,
+    /// The poller's FIFO of requests waiting for a pool buffer.
+    pub need_buf: &'a mut VecDeque<ReqRef>,
+    pub epoll: &'a Epoll,
+    pub now: Instant,
+}
+
+/// The connections of one transport on a poller: all the loop asks of a transport.
+pub(crate) trait Conns {
+    /// The descriptor this transport registered under epoll key `key` (see [`epoll_key`]) is
+    /// ready. False if nothing is registered there any more.
+    fn ready(&mut self, key: u32, flags: EpollFlags, cx: &mut Cx<'_>) -> bool;
+    /// Look for work that epoll does not report (RDMA completion queues). True on progress.
+    fn poll(&mut self, cx: &mut Cx<'_>) -> bool;
+    /// A backend operation of request `slot` of connection `conn` finished. False if the
+    /// connection is gone.
+    fn backend_done(
+        &mut self,
+        conn: u32,
+        slot: u32,
+        res: Result<u32, i32>,
+        cx: &mut Cx<'_>,
+    ) -> bool;
+    /// Whether connection `conn` still takes a buffer it waited for.
+    fn takes_buffer(&self, conn: u32) -> bool;
+    fn buffer_granted(&mut self, conn: u32, slot: u32, buf: u32, cx: &mut Cx<'_>);
+    /// Timers: keep-alive, core events, drain deadlines.
+    fn tick(&mut self, cx: &mut Cx<'_>);
+    /// The poller was woken (a core event may wait).
+    fn woken(&mut self, cx: &mut Cx<'_>);
+    /// Send what is queued; release finished connections. True if anything was sent that no
+    /// readiness event accounts for (RDMA responses staged by this pass).
+    fn flush(&mut self, cx: &mut Cx<'_>) -> bool;
+    /// The poller is about to block in epoll: arm what must wake it, then look once more.
+    /// True if there was work after all.
+    fn prepare_sleep(&mut self, cx: &mut Cx<'_>) -> bool;
+    /// Tear every connection down (shutdown).
+    fn close_all(&mut self, reason: &str, cx: &mut Cx<'_>);
+    /// Release every connection, finished or not (the end of shutdown).
+    fn remove_all(&mut self, cx: &mut Cx<'_>);
+    /// Connections held.
+    fn live(&self) -> usize;
+    fn publish(&mut self, stats: &PollerStats, cx: &mut Cx<'_>);
 }
 
 /// Where a busy-polling poller stands with its [`ReadyWatch`] (a pass without progress moves it
@@ -118,33 +229,42 @@ enum Spin {
     Quiet,
 }
 
-struct Poller<S: Store> {
-    target: Arc<Target>,
+struct Poller {
+    // Field order is drop order: the connections (QPs and memory regions over the pool) before
+    // the store, which owns the pool memory.
+    rdma: Option<RdmaConns>,
+    tcp: TcpConns,
+    store: RingStore,
     cfg: PollerConfig,
-    store: S,
-    rx: mpsc::Receiver<TcpStream>,
-    /// Device slot changes from a configuration reload.
-    devices: mpsc::Receiver<DeviceUpdate>,
+    rx: mpsc::Receiver<ToPoller>,
     wake: Arc<EventFd>,
     stats: Arc<PollerStats>,
     epoll: Epoll,
     /// Readiness of `epoll` without a system call (None: the kernel lacks it, or it failed).
     watch: Option<ReadyWatch>,
-    conns: Vec<Option<Conn>>,
-    /// Whether EPOLLOUT is armed, per connection.
-    out_armed: Vec<bool>,
-    free_keys: Vec<u32>,
-    need_buf: VecDeque<(u32, u16)>,
+    need_buf: VecDeque<ReqRef>,
     done: Vec<(u64, Result<u32, i32>)>,
-    closed_totals: ConnStats,
 }
 
-impl<S: Store> Poller<S> {
+/// Borrows the poller's parts for a transport call: `cx!(self, now)` is a [`Cx`] and leaves
+/// `self.tcp`, `self.rdma` and `self.stats` free.
+macro_rules! cx {
+    ($p:ident, $now:expr) => {
+        &mut Cx {
+            store: &mut $p.store,
+            need_buf: &mut $p.need_buf,
+            epoll: &$p.epoll,
+            now: $now,
+        }
+    };
+}
+
+impl Poller {
     fn new(
         target: Arc<Target>,
         cfg: PollerConfig,
-        store: S,
-        (rx, devices): (mpsc::Receiver<TcpStream>, mpsc::Receiver<DeviceUpdate>),
+        store: RingStore,
+        rx: mpsc::Receiver<ToPoller>,
         wake: Arc<EventFd>,
         stats: Arc<PollerStats>,
     ) -> std::io::Result<Self> {
@@ -157,33 +277,39 @@ impl<S: Store> Poller<S> {
                 None
             }
         };
+        let rdma = cfg.rdma.clone().map(|setup| {
+            let caps = TransportCaps {
+                trtype: TrType::Rdma,
+                ..cfg.caps.clone()
+            };
+            RdmaConns::new(cfg.id, target.clone(), caps, setup, stats.clone())
+        });
         Ok(Poller {
-            target,
-            cfg,
+            rdma,
+            tcp: TcpConns::new(cfg.id, target, cfg.caps.clone()),
             store,
+            cfg,
             rx,
-            devices,
             wake,
             stats,
             epoll,
             watch,
-            conns: Vec::new(),
-            out_armed: Vec::new(),
-            free_keys: Vec::new(),
             need_buf: VecDeque::with_capacity(1024),
             done: Vec::with_capacity(1024),
-            closed_totals: ConnStats::default(),
         })
+    }
+
+    fn live(&self) -> usize {
+        self.tcp.live() + self.rdma.as_ref().map_or(0, |r| r.live())
     }
 
     fn run(&mut self) {
         let mut events = vec![EpollEvent::empty(); 64];
         let mut last_work = Instant::now();
         let mut next_tick = Instant::now() + TICK;
-        let mut wants = Wants::default();
-        // One clock read per pass (a busy-polling pass is little more than an epoll_wait and
-        // this read): deciding whether to block uses the previous pass's time, a few
-        // microseconds old, against a window of `idle_poll`.
+        // One clock read per pass (a busy-polling pass is little more than an epoll_wait or a
+        // CQ poll and this read): deciding whether to block uses the previous pass's time, a
+        // few microseconds old, against a window of `idle_poll`.
         let mut now = Instant::now();
         let mut spin = Spin::Polling;
         loop {
@@ -191,9 +317,19 @@ impl<S: Store> Poller<S> {
                 self.shutdown();
                 return;
             }
-            let busy = now.saturating_duration_since(last_work) < self.cfg.idle_poll
+            let mut busy = now.saturating_duration_since(last_work) < self.cfg.idle_poll
                 || self.store.inflight() > 0
                 || !self.need_buf.is_empty();
+            let mut progress = false;
+            if !busy {
+                // Going to block: RDMA arms its completion queues and polls them once more.
+                if let Some(r) = self.rdma.as_mut() {
+                    if r.prepare_sleep(cx!(self, now)) {
+                        busy = true;
+                        progress = true;
+                    }
+                }
+            }
             let timeout = if busy {
                 EpollTimeout::ZERO
             } else {
@@ -203,9 +339,17 @@ impl<S: Store> Poller<S> {
                     .clamp(1, 1000) as u16;
                 EpollTimeout::from(ms)
             };
-            // Busy and quiet: skip the epoll_wait unless the watch saw a socket signalled.
-            let skip =
-                busy && spin == Spin::Quiet && self.watch.as_mut().is_some_and(|w| !w.fired());
+            // Busy and quiet: skip the epoll_wait unless the watch saw a descriptor signalled.
+            // Without sockets nothing needs epoll's level-triggered report again, so a pass
+            // also skips it while `Polling` if the watch saw nothing (nothing was consumed
+            // since the last re-arm); `Confirm` always asks epoll. RDMA completion queues are
+            // polled below either way.
+            let quiet = match spin {
+                Spin::Quiet => true,
+                Spin::Polling => self.tcp.live() == 0,
+                Spin::Confirm => false,
+            };
+            let skip = busy && quiet && self.watch.as_mut().is_some_and(|w| !w.fired());
             let n = if skip {
                 // A spin-wait hint between checks (frees the core's pipeline for an SMT
                 // sibling; the check itself is a load).
@@ -222,108 +366,53 @@ impl<S: Store> Poller<S> {
                 }
             };
             now = Instant::now();
-            let mut progress = n > 0;
+            let live = self.live();
+            progress |= n > 0;
             for ev in &events[..n] {
                 let key = ev.data();
                 if key == WAKE_KEY {
                     let _ = self.wake.read();
-                    while let Ok(u) = self.devices.try_recv() {
-                        u.apply(&mut self.store);
+                    self.drain_messages(now);
+                    self.tcp.woken(cx!(self, now));
+                    if let Some(r) = self.rdma.as_mut() {
+                        r.woken(cx!(self, now));
                     }
-                    self.accept_new();
-                    // Core events (AER completions, controller resets, keep-alive expiry on
-                    // another thread) wake us through the same eventfd.
-                    for c in self.conns.iter_mut().flatten() {
-                        c.tick(&mut self.store, now);
+                } else if key & RDMA_KEY != 0 {
+                    if let Some(r) = self.rdma.as_mut() {
+                        r.ready(key as u32, ev.events(), cx!(self, now));
                     }
-                    continue;
-                }
-                let k = key as usize;
-                let Some(Some(c)) = self.conns.get_mut(k) else {
-                    continue;
-                };
-                let f = ev.events();
-                if f.intersects(EpollFlags::EPOLLOUT) {
-                    c.flush(&mut self.store);
-                }
-                if f.intersects(
-                    EpollFlags::EPOLLIN
-                        | EpollFlags::EPOLLERR
-                        | EpollFlags::EPOLLHUP
-                        | EpollFlags::EPOLLRDHUP,
-                ) {
-                    c.on_readable(&mut self.store, now, &mut wants);
-                    for slot in wants.need_buffer.drain(..) {
-                        self.need_buf.push_back((k as u32, slot));
-                    }
+                } else {
+                    self.tcp.ready(key as u32, ev.events(), cx!(self, now));
                 }
             }
-            // Backend completions.
-            self.done.clear();
-            self.store.reap(&mut self.done);
-            progress |= !self.done.is_empty();
-            for i in 0..self.done.len() {
-                let (ud, res) = self.done[i];
-                let k = (ud >> 16) as usize;
-                match self.conns.get_mut(k) {
-                    Some(Some(c)) => c.backend_done((ud & 0xffff) as u16, res, &mut self.store),
-                    _ => warn!(
-                        user_data = ud,
-                        "backend completion for a connection that is gone"
-                    ),
-                }
+            if let Some(r) = self.rdma.as_mut() {
+                progress |= r.poll(cx!(self, now));
             }
-            // Buffers for waiting commands, FIFO.
-            while let Some(&(k, slot)) = self.need_buf.front() {
-                let live = matches!(self.conns.get(k as usize), Some(Some(c)) if !c.is_closing());
-                if !live {
-                    self.need_buf.pop_front();
-                    continue;
-                }
-                let Some(b) = self.store.alloc_buf() else {
-                    break;
-                };
-                self.need_buf.pop_front();
-                let c = self.conns[k as usize].as_mut().expect("live connection");
-                c.buffer_granted(slot, b, &mut self.store, now);
-                if !c.is_stalled() {
-                    // Staged bytes may be waiting behind the stalled capsule.
-                    c.on_readable(&mut self.store, now, &mut wants);
-                    for slot in wants.need_buffer.drain(..) {
-                        self.need_buf.push_back((k, slot));
-                    }
-                }
-                progress = true;
-            }
-            // Timers.
+            progress |= self.reap_backend(now);
+            progress |= self.grant_buffers(now);
             if now >= next_tick {
                 next_tick = now + TICK;
-                for c in self.conns.iter_mut().flatten() {
-                    c.tick(&mut self.store, now);
+                self.tcp.tick(cx!(self, now));
+                if let Some(r) = self.rdma.as_mut() {
+                    r.tick(cx!(self, now));
                 }
-                self.publish();
+                self.publish(now);
             }
-            // Send what is queued; arm EPOLLOUT where the socket is full.
-            for k in 0..self.conns.len() {
-                let Some(c) = self.conns[k].as_mut() else {
-                    continue;
-                };
-                let drained = c.flush(&mut self.store);
-                if drained == self.out_armed[k] && !c.is_closing() {
-                    let mut f = EpollFlags::EPOLLIN | EpollFlags::EPOLLRDHUP;
-                    if !drained {
-                        f |= EpollFlags::EPOLLOUT;
-                    }
-                    let _ = self.epoll.modify(c.fd(), &mut EpollEvent::new(f, k as u64));
-                    self.out_armed[k] = !drained;
-                }
-                if c.is_finished() {
-                    self.remove(k);
-                }
+            // Last in the pass: everything above may have queued PDUs or staged responses.
+            progress |= self.tcp.flush(cx!(self, now));
+            if let Some(r) = self.rdma.as_mut() {
+                progress |= r.flush(cx!(self, now));
+            }
+            if self.live() != live {
+                self.publish(now);
             }
             // The watch's state for the next pass (see `Spin`).
+            let fired = self.watch.as_mut().is_some_and(|w| w.fired());
             spin = match spin {
                 _ if progress || !busy || self.watch.is_none() => Spin::Polling,
+                // Nothing signalled since the last re-arm and this pass found nothing (its
+                // epoll_wait, if it made one, reported nothing still ready): no re-arm needed.
+                Spin::Polling if !fired => Spin::Quiet,
                 Spin::Polling => match self.watch.as_mut().map(|w| w.rearm()) {
                     Some(Err(e)) => {
                         warn!(error = %e, "readiness watch failed; polling with epoll_wait");
@@ -352,94 +441,129 @@ impl<S: Store> Poller<S> {
         }
     }
 
-    fn accept_new(&mut self) {
-        while let Ok(sock) = self.rx.try_recv() {
-            let wake = self.wake.clone();
-            let waker: crate::core::Waker = Arc::new(move || {
-                let _ = wake.write(1);
-            });
-            let mut conn = match Conn::new(sock, self.target.clone(), self.cfg.caps.clone(), waker)
-            {
-                Ok(c) => c,
-                Err(e) => {
-                    warn!(error = %e, "cannot set up a new connection");
-                    continue;
+    /// New connections, rdma_cm events and device slot changes.
+    fn drain_messages(&mut self, now: Instant) {
+        while let Ok(m) = self.rx.try_recv() {
+            match m {
+                ToPoller::Device(u) => u.apply(&mut self.store),
+                ToPoller::Tcp(sock) => {
+                    let wake = self.wake.clone();
+                    let waker: crate::core::Waker = Arc::new(move || {
+                        let _ = wake.write(1);
+                    });
+                    self.tcp.add(sock, waker, cx!(self, now));
                 }
+                ToPoller::Rdma(m) => match self.rdma.as_mut() {
+                    Some(r) => r.message(m, cx!(self, now)),
+                    None => warn!("an rdma_cm message for a poller without RDMA"),
+                },
+            }
+        }
+    }
+
+    /// Backend completions, each to its connection. True if there were any.
+    fn reap_backend(&mut self, now: Instant) -> bool {
+        self.done.clear();
+        self.store.reap(&mut self.done);
+        let any = !self.done.is_empty();
+        for i in 0..self.done.len() {
+            let (ud, res) = self.done[i];
+            let r = ReqRef::from_user_data(ud);
+            let found = match r.kind {
+                Kind::Tcp => self.tcp.backend_done(r.conn, r.slot, res, cx!(self, now)),
+                Kind::Rdma => self
+                    .rdma
+                    .as_mut()
+                    .is_some_and(|c| c.backend_done(r.conn, r.slot, res, cx!(self, now))),
             };
-            let k = match self.free_keys.pop() {
-                Some(k) => k as usize,
-                None => {
-                    self.conns.push(None);
-                    self.out_armed.push(false);
-                    self.conns.len() - 1
-                }
+            if !found {
+                warn!(
+                    user_data = ud,
+                    "backend completion for a connection that is gone"
+                );
+            }
+        }
+        any
+    }
+
+    /// Serves requests waiting for a pool buffer, FIFO over all connections of both
+    /// transports. True if any got one.
+    fn grant_buffers(&mut self, now: Instant) -> bool {
+        let mut any = false;
+        while let Some(&r) = self.need_buf.front() {
+            let live = match r.kind {
+                Kind::Tcp => self.tcp.takes_buffer(r.conn),
+                Kind::Rdma => self.rdma.as_ref().is_some_and(|c| c.takes_buffer(r.conn)),
             };
-            let ev = EpollEvent::new(EpollFlags::EPOLLIN | EpollFlags::EPOLLRDHUP, k as u64);
-            if let Err(e) = self.epoll.add(conn.fd(), ev) {
-                warn!(error = %e, "epoll add failed");
-                self.free_keys.push(k as u32);
+            if !live {
+                self.need_buf.pop_front();
                 continue;
             }
-            debug!(poller = self.cfg.id, peer = %conn.peer, "new NVMe/TCP connection");
-            conn.conn_key = k as u32;
-            self.out_armed[k] = false;
-            self.conns[k] = Some(conn);
-            self.stats.connections.fetch_add(1, Ordering::Relaxed);
+            let Some(b) = self.store.alloc_buf() else {
+                break;
+            };
+            self.need_buf.pop_front();
+            match r.kind {
+                Kind::Tcp => self.tcp.buffer_granted(r.conn, r.slot, b, cx!(self, now)),
+                Kind::Rdma => {
+                    if let Some(c) = self.rdma.as_mut() {
+                        c.buffer_granted(r.conn, r.slot, b, cx!(self, now));
+                    }
+                }
+            }
+            any = true;
         }
+        any
     }
 
-    fn remove(&mut self, k: usize) {
-        if let Some(c) = self.conns[k].take() {
-            let _ = self.epoll.delete(c.fd());
-            self.closed_totals.add(&c.stats);
-            self.free_keys.push(k as u32);
-            self.stats.connections.fetch_sub(1, Ordering::Relaxed);
-            debug!(poller = self.cfg.id, peer = %c.peer, "connection released");
+    fn publish(&mut self, now: Instant) {
+        let stats = self.stats.clone();
+        self.tcp.publish(&stats, cx!(self, now));
+        if let Some(r) = self.rdma.as_mut() {
+            r.publish(&stats, cx!(self, now));
         }
-    }
-
-    fn publish(&self) {
-        let mut t = self.closed_totals;
-        for c in self.conns.iter().flatten() {
-            t.add(&c.stats);
-        }
-        self.stats.commands.store(t.commands, Ordering::Relaxed);
-        self.stats.errors.store(t.errors, Ordering::Relaxed);
-        self.stats
-            .copied_bytes
-            .store(t.copied_bytes, Ordering::Relaxed);
-        self.stats.rx_bytes.store(t.rx_bytes, Ordering::Relaxed);
-        self.stats.tx_payload.store(t.tx_payload, Ordering::Relaxed);
-        self.stats
+        stats
             .buffers_in_use
             .store(self.store.buffers_in_use(), Ordering::Relaxed);
-        self.stats
+        stats
             .ring_enters
             .store(self.store.ring_enters(), Ordering::Relaxed);
     }
 
-    /// Close every connection and wait (bounded) for in-flight backend operations.
+    /// Close every connection, wait (bounded) for flushes and in-flight backend operations,
+    /// release everything.
     fn shutdown(&mut self) {
-        for c in self.conns.iter_mut().flatten() {
-            c.flush(&mut self.store);
-            c.close(&mut self.store, "target shutting down");
+        let now = Instant::now();
+        self.tcp.close_all("target shutting down", cx!(self, now));
+        if let Some(r) = self.rdma.as_mut() {
+            r.close_all("target shutting down", cx!(self, now));
         }
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while self.store.inflight() > 0 && Instant::now() < deadline {
-            self.done.clear();
-            self.store.reap(&mut self.done);
-            for i in 0..self.done.len() {
-                let (ud, res) = self.done[i];
-                if let Some(Some(c)) = self.conns.get_mut((ud >> 16) as usize) {
-                    c.backend_done((ud & 0xffff) as u16, res, &mut self.store);
-                }
+        let deadline = now + SHUTDOWN_LIMIT;
+        loop {
+            let now = Instant::now();
+            if let Some(r) = self.rdma.as_mut() {
+                r.poll(cx!(self, now));
+            }
+            self.reap_backend(now);
+            if let Some(r) = self.rdma.as_mut() {
+                // Past the drain limit this destroys QPs whose flushes never came.
+                r.tick(cx!(self, now));
+            }
+            self.tcp.flush(cx!(self, now));
+            if let Some(r) = self.rdma.as_mut() {
+                r.flush(cx!(self, now));
+            }
+            if (self.live() == 0 && self.store.inflight() == 0) || now >= deadline {
+                break;
             }
             std::thread::sleep(Duration::from_millis(1));
         }
-        for k in 0..self.conns.len() {
-            self.remove(k);
+        let now = Instant::now();
+        self.tcp.remove_all(cx!(self, now));
+        if let Some(r) = self.rdma.as_mut() {
+            r.remove_all(cx!(self, now));
         }
-        self.publish();
+        self.publish(now);
         info!(poller = self.cfg.id, "poller stopped");
     }
 }

@@ -22,7 +22,7 @@ use nvme::{Cqe, Sqe, Status};
 use tracing::{debug, info, warn};
 
 use super::sendq::SendQueue;
-use super::{ConnStats, Store};
+use super::{ConnStats, ReqRef, Store};
 use crate::core::{self, Cmd, Exec, Queue, QueueEvent, TransportCaps, Xfer};
 
 /// Size of the receive staging buffer: small PDUs (capsules, small in-capsule data) are read
@@ -128,7 +128,7 @@ pub struct Conn {
     /// Backend operations in flight.
     pub inflight: u32,
     pub stats: ConnStats,
-    /// This connection's key in its poller (upper bits of backend user_data).
+    /// This connection's key in its poller's TCP table (see [`ReqRef`]).
     pub conn_key: u32,
     /// The host disabled SQ flow control at Connect (CATTR bit 2): read data may complete the
     /// command with the C2HData SUCCESS flag and no CapsuleResp.
@@ -707,7 +707,7 @@ impl Conn {
             Exec::Io(op) => {
                 self.slots[s].state = SlotState::Executing;
                 self.inflight += 1;
-                let ud = (self.conn_key as u64) << 16 | slot as u64;
+                let ud = ReqRef::tcp(self.conn_key, u32::from(slot)).user_data();
                 store.submit(&op, self.slots[s].buf, ud);
             }
             Exec::Deferred => {

@@ -1,7 +1,7 @@
 //! Shared by the allocation tests: a global allocator that counts the allocations made by the
 //! current thread (the test harness's threads are unaffected), and those made by the daemon's
-//! poller threads (`nvmf-poller-N` for NVMe/TCP, `nvmf-rdma-N` for NVMe/RDMA), wherever the
-//! daemon runs in this process.
+//! poller threads (`nvmf-poller-N`, serving both transports), wherever the daemon runs in this
+//! process.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
@@ -39,7 +39,7 @@ fn named_poller() -> bool {
         name.strip_prefix(prefix)
             .is_some_and(|n| !n.is_empty() && n.iter().all(u8::is_ascii_digit))
     };
-    numbered(b"nvmf-poller-") || numbered(b"nvmf-rdma-")
+    numbered(b"nvmf-poller-")
 }
 
 fn bump() {

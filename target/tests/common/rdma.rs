@@ -16,7 +16,8 @@ use nvme::rdma::CmRequest;
 use nvme::sgl::Sgl;
 use nvme::{Cqe, Sqe};
 use nvmf_target::daemon::Daemon;
-use nvmf_target::transport::rdma::{RdmaPollerStats, RegionKind};
+use nvmf_target::transport::poller::PollerStats;
+use nvmf_target::transport::rdma::RegionKind;
 use rdma::active::{self, ConnectError};
 use rdma::{
     AccessFlags, CmEventType, CmId, ConnParam, Cq, EventChannel, Mr, Pd, Qp, QpInitAttr, RecvWr,
@@ -310,7 +311,7 @@ pub fn pattern(seed: u8, len: usize) -> Vec<u8> {
         .collect()
 }
 
-pub fn sum<F: Fn(&RdmaPollerStats) -> u64>(stats: &[Arc<RdmaPollerStats>], f: F) -> u64 {
+pub fn sum<F: Fn(&PollerStats) -> u64>(stats: &[Arc<PollerStats>], f: F) -> u64 {
     stats.iter().map(|s| f(s)).sum()
 }
 
@@ -328,13 +329,15 @@ pub fn srq_yaml() -> String {
 pub fn wait_released(d: &Daemon) {
     let deadline = Instant::now() + TIMEOUT;
     loop {
-        let st = d.rdma_stats();
-        let conns = sum(&st, |s| s.connections.load(Ordering::Relaxed) as u64);
+        let st = d.poller_stats();
+        let conns = sum(&st, |s| s.rdma.connections.load(Ordering::Relaxed) as u64);
         let bufs = sum(&st, |s| s.buffers_in_use.load(Ordering::Relaxed) as u64);
         // One pool region (and shared receive area) per poller that has served a connection.
-        let mrs = sum(&st, |s| s.mrs_registered.load(Ordering::Relaxed) as u64);
+        let mrs = sum(&st, |s| {
+            s.verbs.mrs_registered.load(Ordering::Relaxed) as u64
+        });
         let per_dev = sum(&st, |s| {
-            let r = s.regions();
+            let r = s.verbs.regions();
             r.iter()
                 .filter(|r| matches!(r.kind, RegionKind::Pool | RegionKind::SrqRecv))
                 .count() as u64

@@ -17,8 +17,9 @@ use nix::poll::{PollFd, PollFlags, PollTimeout};
 use nvme::rdma::{CmReject, CmRequest};
 use tracing::{debug, info, warn};
 
-use super::poller::{RdmaPollerHandle, ToPoller};
+use super::poller::RdmaMsg;
 use super::CmNote;
+use crate::transport::poller::PollerHandle;
 
 /// Tags of listening ids have this bit set; connection tags count up from 1 below it.
 pub(super) const LISTENER_TAG: u64 = 1 << 62;
@@ -41,7 +42,7 @@ struct Entry {
 pub(super) struct CmThread {
     pub ch: EventChannel,
     pub listeners: Vec<Listener>,
-    pub pollers: Arc<Vec<RdmaPollerHandle>>,
+    pub pollers: Arc<Vec<PollerHandle>>,
     pub notes: mpsc::Receiver<CmNote>,
     pub stop: Arc<AtomicBool>,
     conns: HashMap<u64, Entry>,
@@ -56,7 +57,7 @@ impl CmThread {
     pub fn new(
         ch: EventChannel,
         listeners: Vec<Listener>,
-        pollers: Arc<Vec<RdmaPollerHandle>>,
+        pollers: Arc<Vec<PollerHandle>>,
         notes: mpsc::Receiver<CmNote>,
         stop: Arc<AtomicBool>,
     ) -> CmThread {
@@ -174,7 +175,7 @@ impl CmThread {
             | CmEventType::ConnectError
             | CmEventType::Unreachable
             | CmEventType::Rejected => {
-                self.pollers[e.poller].send(ToPoller::Event {
+                self.pollers[e.poller].send_rdma(RdmaMsg::Event {
                     tag,
                     kind,
                     status: ev.status(),
@@ -230,7 +231,7 @@ impl CmThread {
             },
         );
         debug!(tag, peer = ?id.peer_addr(), qid = req.qid, poller = p, "NVMe/RDMA connect request");
-        let sent = self.pollers[p].send(ToPoller::Connect {
+        let sent = self.pollers[p].send_rdma(RdmaMsg::Connect {
             tag,
             id,
             private_data: pdata.to_vec(),
@@ -312,13 +313,13 @@ impl CmThread {
                             AsyncEventType::QpReqErr => "invalid request on the queue pair",
                             _ => "access error on the queue pair",
                         };
-                        self.pollers[e.poller].send(ToPoller::QpFatal { tag, what });
+                        self.pollers[e.poller].send_rdma(RdmaMsg::QpFatal { tag, what });
                     }
                     AsyncEventType::QpLastWqeReached => {
                         // A QP on a shared receive queue is in the error state and will take
                         // no more RECVs from it: its poller may destroy it once its CQ is
                         // reaped.
-                        self.pollers[e.poller].send(ToPoller::LastWqeReached { tag });
+                        self.pollers[e.poller].send_rdma(RdmaMsg::LastWqeReached { tag });
                     }
                     k => debug!(tag, kind = ?k, "QP async event"),
                 }

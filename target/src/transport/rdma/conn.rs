@@ -56,7 +56,7 @@ use super::request::{Req, ReqState, StagedSend, StateCounts};
 use crate::backend::BufId;
 use crate::core::{Cmd, Exec, Queue, QueueEvent, Target, TransportCaps, Xfer};
 use crate::store::RingStore;
-use crate::transport::{ConnStats, Store};
+use crate::transport::{ConnStats, ReqRef, Store};
 
 /// How long a closing connection waits for the flush completions of its posted work requests
 /// before it destroys the QP anyway (which ends any DMA) and releases their buffers.
@@ -74,8 +74,8 @@ const LAST_WQE_WAIT: Duration = Duration::from_secs(1);
 pub(super) struct Env<'a> {
     pub store: &'a mut RingStore,
     pub dev: &'a DevRes,
-    /// The poller's FIFO of (connection key, slot) waiting for a pool buffer.
-    pub need_buf: &'a mut VecDeque<(u32, u32)>,
+    /// The poller's FIFO of requests (of every transport) waiting for a pool buffer.
+    pub need_buf: &'a mut VecDeque<ReqRef>,
     pub now: Instant,
 }
 
@@ -719,7 +719,7 @@ impl Conn {
             match self.state(slot) {
                 ReqState::NeedBuffer => {
                     let Some(b) = env.store.alloc_buf() else {
-                        env.need_buf.push_back((self.key, slot));
+                        env.need_buf.push_back(ReqRef::rdma(self.key, slot));
                         return;
                     };
                     self.slots[s].buf = Some(b);
@@ -938,7 +938,7 @@ impl Conn {
             Exec::Io(op) => {
                 self.set(slot, ReqState::Executing);
                 self.io_inflight += 1;
-                let ud = u64::from(self.key) << 32 | u64::from(slot);
+                let ud = ReqRef::rdma(self.key, slot).user_data();
                 env.store.submit(&op, self.slots[s].buf, ud);
             }
             Exec::Deferred => {

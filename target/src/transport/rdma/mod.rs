@@ -1,5 +1,5 @@
-//! NVMe/RDMA transport (NVMe-oF 1.1 RDMA binding): rdma_cm listeners, RDMA poller threads
-//! and the per-request state machine that moves capsules and data between hosts and
+//! NVMe/RDMA transport (NVMe-oF 1.1 RDMA binding): rdma_cm listeners, the RDMA half of the
+//! poller threads and the per-request state machine that moves capsules and data between hosts and
 //! [`core::Queue`](crate::core::Queue)s.
 //!
 //! # Threads
@@ -8,11 +8,12 @@
 //!   queues round robin); later CM events of the connection (ESTABLISHED, DISCONNECTED,
 //!   TIMEWAIT_EXIT, DEVICE_REMOVAL, ADDR_CHANGE, errors) are forwarded to that poller. It also
 //!   forwards COMM_EST to rdma_cm (`rdma_notify`) and fatal QP async events to the poller.
-//! - **RDMA pollers** (`poller.rs`) own everything of a connection: its QP and CQ (one CQ per
-//!   connection, sized for every RECV and send WR, so a CQ never overruns and a connection is
-//!   drained by reaping its own CQ), its RECV and response buffers, a `core::Queue`, and the
-//!   poller's io_uring ring and buffer pool (the same backend as TCP). The pool is registered
-//!   once per device as one memory region with `LOCAL_WRITE` only.
+//! - The **pollers** (`transport::poller`, one per core for both transports) own everything of
+//!   a connection; their RDMA half (`poller.rs` here, `RdmaConns`) holds its QP and CQ (one CQ
+//!   per connection, sized for every RECV and send WR, so a CQ never overruns and a connection
+//!   is drained by reaping its own CQ), its RECV and response buffers and a `core::Queue`; the
+//!   poller's io_uring ring and buffer pool are the ones its TCP connections use. The pool is
+//!   registered once per device as one memory region with `LOCAL_WRITE` only.
 //!
 //! # Connection set-up (passive side)
 //! The poller checks the CM request private data (recfmt, qid, hrqsize, hsqsize; rejects carry
@@ -60,12 +61,13 @@
 //! by the CM thread with the other async events and forwarded to the poller), and its CQ is
 //! reaped once more just before, so a RECV completion still in it goes back to the SRQ. A
 //! device that never raises the event (rxe and siw on Linux 6.1 raise none) gets 1 s after
-//! its send queue is flushed (`LAST_WQE_WAIT` in conn.rs). Every buffer and region returns (counted in [`RdmaPollerStats`]).
+//! its send queue is flushed (`LAST_WQE_WAIT` in conn.rs). Every buffer and region
+//! returns (counted in [`VerbsStats`]).
 
 mod cm;
 mod conn;
 pub mod params;
-mod poller;
+pub(crate) mod poller;
 pub mod request;
 mod srq;
 
@@ -78,12 +80,10 @@ use std::time::{Duration, Instant};
 use ::rdma::EventChannel;
 use tracing::{info, warn};
 
-pub use poller::{RdmaPollerStats, RegionInfo, RegionKind};
+pub use poller::{RegionInfo, RegionKind, VerbsStats};
 pub use request::ReqState;
 
-use crate::core::{Target, TransportCaps};
-use crate::store::RingStore;
-use poller::RdmaPollerHandle;
+use crate::transport::poller::PollerHandle;
 
 /// Environment variable that overrides [`SendWithInvalidate`]: `auto`, `on` or `off`.
 pub const SEND_WITH_INV_ENV: &str = "NVMF_RDMA_SEND_WITH_INV";
@@ -244,74 +244,54 @@ impl RdmaListeners {
 // Which local addresses an NVMe/RDMA listener can use: shared with the initiator's bench.
 pub use ::rdma::{local_rdma_ipv4, RdmaAddress};
 
-/// How the RDMA side runs.
-#[derive(Clone)]
-pub struct RdmaConfig {
-    /// `trtype` must be [`TrType::Rdma`](crate::core::TrType::Rdma).
-    pub caps: TransportCaps,
-    /// RDMA poller threads.
-    pub threads: usize,
-    /// Busy-poll this long after the last work before sleeping.
-    pub idle_poll: Duration,
-    pub options: RdmaOptions,
-    /// Set to stop (then call [`RdmaTransport::join`]).
-    pub stop: Arc<AtomicBool>,
-}
-
-/// The running RDMA transport: the CM thread and the RDMA pollers.
+/// The running RDMA transport: the rdma_cm thread (listeners, connection requests routed to
+/// the pollers, which serve the connections).
 pub struct RdmaTransport {
-    pollers: Arc<Vec<RdmaPollerHandle>>,
     cm: Option<JoinHandle<()>>,
     addrs: Vec<SocketAddr>,
     /// To the CM thread (listeners added and removed by a reload).
     notes: mpsc::Sender<CmNote>,
 }
 
+/// What the pollers need before the rdma_cm thread starts ([`RdmaTransport::prepare`]).
+pub(crate) struct RdmaPrepared {
+    /// For every poller's [`PollerConfig`](crate::transport::poller::PollerConfig).
+    pub setup: poller::RdmaSetup,
+    notes: mpsc::Receiver<CmNote>,
+}
+
 impl RdmaTransport {
-    /// Starts `cfg.threads` RDMA pollers (`make_store` builds each one's ring and pool, on its
-    /// thread) and the CM thread serving `listeners`.
-    pub fn start<F>(
-        listeners: RdmaListeners,
-        target: Arc<Target>,
-        cfg: RdmaConfig,
-        make_store: F,
-    ) -> std::io::Result<RdmaTransport>
-    where
-        F: Fn() -> std::io::Result<RingStore> + Clone + Send + 'static,
-    {
-        let (notes_tx, notes_rx) = mpsc::channel();
-        let mut pollers = Vec::new();
-        for id in 0..cfg.threads.max(1) {
-            let pc = poller::PollerCfg {
-                id,
-                caps: cfg.caps.clone(),
-                idle_poll: cfg.idle_poll,
-                options: cfg.options,
-                stop: cfg.stop.clone(),
-            };
-            let h = poller::spawn(target.clone(), pc, notes_tx.clone(), make_store.clone())?;
-            pollers.push(h);
+    /// The channel the pollers' RDMA halves report on: hand `setup` to every poller, then
+    /// [`RdmaTransport::start`] the rdma_cm thread with the rest.
+    pub(crate) fn prepare(options: RdmaOptions) -> RdmaPrepared {
+        let (tx, rx) = mpsc::channel();
+        RdmaPrepared {
+            setup: poller::RdmaSetup { options, notes: tx },
+            notes: rx,
         }
-        let pollers = Arc::new(pollers);
+    }
+
+    /// Starts the rdma_cm thread serving `listeners`, routing connections to `pollers` (set
+    /// up with `prep.setup`), until `stop`.
+    pub(crate) fn start(
+        listeners: RdmaListeners,
+        pollers: Arc<Vec<PollerHandle>>,
+        prep: RdmaPrepared,
+        stop: Arc<AtomicBool>,
+    ) -> std::io::Result<RdmaTransport> {
         let addrs = listeners.local_addrs();
         for a in &addrs {
             info!(address = %a, "NVMe/RDMA listener up");
         }
-        let t = cm::CmThread::new(
-            listeners.ch,
-            listeners.listeners,
-            pollers.clone(),
-            notes_rx,
-            cfg.stop.clone(),
-        );
+        let notes = prep.setup.notes.clone();
+        let t = cm::CmThread::new(listeners.ch, listeners.listeners, pollers, prep.notes, stop);
         let cm = std::thread::Builder::new()
             .name("nvmf-rdma-cm".into())
             .spawn(move || t.run())?;
         Ok(RdmaTransport {
-            pollers,
             cm: Some(cm),
             addrs,
-            notes: notes_tx,
+            notes,
         })
     }
 
@@ -347,38 +327,11 @@ impl RdmaTransport {
         self.addrs.retain(|a| *a != bound);
     }
 
-    /// Hand every RDMA poller a device slot change; the number of pollers reached (each
-    /// answers on the update's channel).
-    pub fn update_device(&self, u: &crate::transport::DeviceUpdate) -> usize {
-        self.pollers
-            .iter()
-            .filter(|p| {
-                p.send(poller::ToPoller::Device(crate::transport::DeviceUpdate {
-                    index: u.index,
-                    device: u.device.clone(),
-                    done: u.done.clone(),
-                }))
-            })
-            .count()
-    }
-
-    /// Per-poller counters.
-    pub fn stats(&self) -> Vec<Arc<RdmaPollerStats>> {
-        self.pollers.iter().map(|p| p.stats.clone()).collect()
-    }
-
-    /// After the stop flag is set: wakes the pollers, joins the CM thread (closing the
-    /// listeners), then the pollers (closing every connection).
+    /// After the stop flag is set: joins the CM thread (closing the listeners). The pollers
+    /// close the connections when they are joined.
     pub fn join(mut self) {
-        for p in self.pollers.iter() {
-            p.wake();
-        }
         if let Some(t) = self.cm.take() {
             let _ = t.join();
-        }
-        match Arc::try_unwrap(self.pollers) {
-            Ok(mut ps) => ps.iter_mut().for_each(|p| p.join()),
-            Err(_) => tracing::warn!("RDMA poller handles still shared at shutdown"),
         }
     }
 }

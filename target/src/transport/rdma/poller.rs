@@ -1,21 +1,18 @@
-//! RDMA poller threads: each owns its connections (QPs and their CQs), its io_uring ring and
-//! buffer pool, and per RDMA device a protection domain, a completion channel and the pool's
-//! memory region. Run-to-completion, no locks on the I/O path; busy-polls while there is
-//! traffic and sleeps in epoll (completion channels, a wake eventfd) after `idle_poll`.
+//! The NVMe/RDMA half of a poller: its connections (QPs and their CQs) and, per RDMA device,
+//! a protection domain, a completion channel (in the poller's epoll, armed only before the
+//! poller sleeps) and the memory region over the poller's buffer pool.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::os::fd::AsFd;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
-use std::time::{Duration, Instant};
 
 use ::rdma::{
     AccessFlags, CmEventType, CmId, CompChannel, Context, Mr, Pd, Transport, WorkCompletion,
 };
-use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags, EpollTimeout};
-use nix::sys::eventfd::EventFd;
+use nix::sys::epoll::{EpollEvent, EpollFlags};
 use nvme::rdma::CmReject;
-use tracing::{debug, error, info, warn};
+use tracing::{debug, info, warn};
 
 use super::conn::{Conn, Env, Setup};
 use super::params::{check_connect, size_queue, DeviceLimits};
@@ -23,39 +20,17 @@ use super::request::{ReqState, STATE_COUNT};
 use super::srq::SharedRecv;
 use super::{CmNote, RdmaOptions};
 use crate::core::{Target, TransportCaps};
-use crate::store::RingStore;
-use crate::transport::thread::PollerThread;
-use crate::transport::{ConnStats, DeviceUpdate, Store};
+use crate::transport::poller::{epoll_key, Conns, Cx, PollerStats};
+use crate::transport::{ConnStats, Kind};
 
-const WAKE_KEY: u64 = u64::MAX;
-/// Timer granularity for keep-alive checks, core events and the drain deadline.
-const TICK: Duration = Duration::from_millis(50);
 /// Completions taken per CQ poll.
 const WC_BATCH: usize = 32;
-/// How long shutdown waits for flushes and backend operations.
-const SHUTDOWN_LIMIT: Duration = Duration::from_secs(5);
 
-/// Counters an RDMA poller publishes (every tick, and when connections go away).
+/// What only an RDMA poller half has to report (the connection counters are in
+/// [`TransportStats`](crate::transport::poller::TransportStats)); published every tick and
+/// when connections go away.
 #[derive(Debug, Default)]
-pub struct RdmaPollerStats {
-    /// Live NVMe/RDMA connections (queues).
-    pub connections: AtomicUsize,
-    /// Commands received.
-    pub commands: AtomicU64,
-    /// Completions with an error status, and failed work requests.
-    pub errors: AtomicU64,
-    /// Payload bytes the CPU copied (in-capsule write data into pool buffers).
-    pub copied_bytes: AtomicU64,
-    /// Capsule bytes received plus bytes RDMA READ from hosts.
-    pub rx_bytes: AtomicU64,
-    /// Response bytes sent plus bytes RDMA WRITTEN to hosts.
-    pub tx_bytes: AtomicU64,
-    /// Read payload bytes RDMA WRITTEN to hosts.
-    pub tx_payload: AtomicU64,
-    /// Pool buffers currently handed out.
-    pub buffers_in_use: AtomicUsize,
-    /// io_uring_enter system calls of this poller's backend ring so far.
-    pub ring_enters: AtomicU64,
+pub struct VerbsStats {
     /// Memory regions registered now: one pool region per device in use (plus its shared
     /// receive area with `rdma_srq_depth`), two per connection (RECV and response buffers;
     /// only the response buffers on a shared receive queue), one per iWARP RDMA READ in flight.
@@ -68,7 +43,7 @@ pub struct RdmaPollerStats {
     /// Requests in each [`ReqState`] over all connections (index = state).
     pub requests: [AtomicU32; STATE_COUNT],
     /// For diagnostics and tests: every memory region the poller holds, as of the last publish
-    /// (read with [`RdmaPollerStats::regions`]).
+    /// (read with [`VerbsStats::regions`]).
     regions: Mutex<Vec<RegionInfo>>,
     /// For tests: the last iWARP RDMA READ sink registered (its key and rights), kept after the
     /// sink is deregistered so a test can check that the key no longer works.
@@ -115,7 +90,7 @@ impl RegionInfo {
     }
 }
 
-impl RdmaPollerStats {
+impl VerbsStats {
     /// Requests currently in `state`.
     pub fn requests_in(&self, state: ReqState) -> u32 {
         self.requests[state as usize].load(Ordering::Relaxed)
@@ -143,8 +118,8 @@ impl RdmaPollerStats {
     }
 }
 
-/// What the CM thread hands a poller.
-pub(super) enum ToPoller {
+/// What the CM thread hands a poller (inside [`ToPoller::Rdma`]).
+pub(crate) enum RdmaMsg {
     /// A CONNECT_REQUEST routed to this poller (the id is tagged `tag` already).
     Connect {
         tag: u64,
@@ -163,42 +138,14 @@ pub(super) enum ToPoller {
     QpFatal { tag: u64, what: &'static str },
     /// IBV_EVENT_QP_LAST_WQE_REACHED for one of this poller's connections (on an SRQ).
     LastWqeReached { tag: u64 },
-    /// A backend device slot changed (configuration reload).
-    Device(DeviceUpdate),
 }
 
-/// The CM thread's handle on a poller.
-pub(super) type RdmaPollerHandle = PollerThread<ToPoller, RdmaPollerStats>;
-
-/// Settings of one RDMA poller.
+/// What a poller needs to serve NVMe/RDMA connections (the target has RDMA listeners).
 #[derive(Clone)]
-pub(super) struct PollerCfg {
-    pub id: usize,
-    pub caps: TransportCaps,
-    pub idle_poll: Duration,
+pub(crate) struct RdmaSetup {
     pub options: RdmaOptions,
-    pub stop: Arc<AtomicBool>,
-}
-
-/// Starts a poller thread; `make_store` runs on it (rings are per thread).
-pub(super) fn spawn<F>(
-    target: Arc<Target>,
-    cfg: PollerCfg,
-    notes: mpsc::Sender<CmNote>,
-    make_store: F,
-) -> std::io::Result<RdmaPollerHandle>
-where
-    F: FnOnce() -> std::io::Result<RingStore> + Send + 'static,
-{
-    PollerThread::spawn(
-        format!("nvmf-rdma-{}", cfg.id),
-        "RDMA poller",
-        move |rx, wake, stats| {
-            let store = make_store()?;
-            let mut p = Poller::new(target, cfg, store, rx, wake, stats, notes)?;
-            Ok(move || p.run())
-        },
-    )
+    /// To the CM thread: connections accepted and released.
+    pub notes: mpsc::Sender<CmNote>,
 }
 
 /// A device this poller serves connections on.
@@ -222,131 +169,50 @@ pub(super) struct DevRes {
     pub name: String,
 }
 
-struct Poller {
+/// A poller's NVMe/RDMA connections and the devices they run on.
+pub(crate) struct RdmaConns {
     // Field order is drop order: connections (QPs, CQs, their regions, per-I/O regions on pool
-    // memory), then the devices (pool regions), then the store, which owns the pool memory.
+    // memory), then the devices (pool regions). The poller drops its store (the pool memory)
+    // after this.
     conns: Vec<Option<Conn>>,
     devs: Vec<DevRes>,
-    store: RingStore,
+    poller: usize,
     target: Arc<Target>,
-    cfg: PollerCfg,
-    rx: mpsc::Receiver<ToPoller>,
-    wake: Arc<EventFd>,
-    notes: mpsc::Sender<CmNote>,
-    stats: Arc<RdmaPollerStats>,
-    epoll: Epoll,
+    caps: TransportCaps,
+    setup: RdmaSetup,
+    stats: Arc<PollerStats>,
     /// rdma_cm tag -> connection key.
     tags: HashMap<u64, u32>,
     free_keys: Vec<u32>,
-    need_buf: VecDeque<(u32, u32)>,
-    done: Vec<(u64, Result<u32, i32>)>,
+    live: usize,
     wcs: Vec<WorkCompletion>,
     closed_totals: ConnStats,
     closed_io_mrs: u64,
 }
 
-impl Poller {
-    fn new(
+impl RdmaConns {
+    /// `caps.trtype` must be RDMA.
+    pub fn new(
+        poller: usize,
         target: Arc<Target>,
-        cfg: PollerCfg,
-        store: RingStore,
-        rx: mpsc::Receiver<ToPoller>,
-        wake: Arc<EventFd>,
-        stats: Arc<RdmaPollerStats>,
-        notes: mpsc::Sender<CmNote>,
-    ) -> std::io::Result<Poller> {
-        let epoll = Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC)?;
-        epoll.add(&*wake, EpollEvent::new(EpollFlags::EPOLLIN, WAKE_KEY))?;
-        Ok(Poller {
+        caps: TransportCaps,
+        setup: RdmaSetup,
+        stats: Arc<PollerStats>,
+    ) -> RdmaConns {
+        RdmaConns {
             conns: Vec::new(),
             devs: Vec::new(),
-            store,
+            poller,
             target,
-            cfg,
-            rx,
-            wake,
-            notes,
+            caps,
+            setup,
             stats,
-            epoll,
             tags: HashMap::new(),
             free_keys: Vec::new(),
-            need_buf: VecDeque::with_capacity(1024),
-            done: Vec::with_capacity(1024),
+            live: 0,
             wcs: vec![WorkCompletion::default(); WC_BATCH],
             closed_totals: ConnStats::default(),
             closed_io_mrs: 0,
-        })
-    }
-
-    fn run(&mut self) {
-        let mut events = vec![EpollEvent::empty(); 16];
-        let mut last_work = Instant::now();
-        let mut next_tick = Instant::now() + TICK;
-        loop {
-            if self.cfg.stop.load(Ordering::Relaxed) {
-                self.shutdown();
-                return;
-            }
-            let now = Instant::now();
-            let mut progress = self.drain_control(now);
-            progress |= self.poll_cqs(now);
-            progress |= self.reap_backend(now);
-            progress |= self.grant_buffers(now);
-            if now >= next_tick {
-                next_tick = now + TICK;
-                self.tick(now);
-            }
-            // Last in the pass: everything above may have staged responses.
-            progress |= self.flush_sends(now);
-            self.remove_finished();
-            if progress {
-                last_work = now;
-                continue;
-            }
-            let busy = now.duration_since(last_work) < self.cfg.idle_poll
-                || self.store.inflight() > 0
-                || !self.need_buf.is_empty();
-            if busy {
-                continue;
-            }
-            // Going to sleep: arm every CQ, then look once more for completions that arrived
-            // before the arm.
-            if self.arm_cqs(now) {
-                last_work = now;
-                continue;
-            }
-            let ms = next_tick
-                .saturating_duration_since(Instant::now())
-                .as_millis()
-                .clamp(1, 1000) as u16;
-            let n = match self.epoll.wait(&mut events, EpollTimeout::from(ms)) {
-                Ok(n) => n,
-                Err(nix::errno::Errno::EINTR) => 0,
-                Err(e) => {
-                    error!(error = %e, "epoll_wait failed; RDMA poller exits");
-                    return;
-                }
-            };
-            for ev in &events[..n] {
-                if ev.data() == WAKE_KEY {
-                    let _ = self.wake.read();
-                } else if let Some(d) = self.devs.get(ev.data() as usize) {
-                    // Acknowledge the completion events; the CQs are polled next.
-                    loop {
-                        match d.chan.try_get_event() {
-                            Ok(Some(_)) => {}
-                            Ok(None) => break,
-                            Err(e) => {
-                                warn!(device = %d.name, error = %e, "reading the completion channel failed");
-                                break;
-                            }
-                        }
-                    }
-                }
-            }
-            if n > 0 {
-                last_work = Instant::now();
-            }
         }
     }
 
@@ -354,99 +220,96 @@ impl Poller {
     fn with_conn<R>(
         &mut self,
         k: usize,
-        now: Instant,
+        cx: &mut Cx<'_>,
         f: impl FnOnce(&mut Conn, &mut Env<'_>) -> R,
     ) -> Option<R> {
-        let Poller {
-            conns,
-            devs,
-            store,
-            need_buf,
-            ..
-        } = self;
+        let RdmaConns { conns, devs, .. } = self;
         let c = conns.get_mut(k)?.as_mut()?;
         let mut env = Env {
-            store,
+            store: cx.store,
             dev: &devs[c.dev],
-            need_buf,
-            now,
+            need_buf: cx.need_buf,
+            now: cx.now,
         };
         Some(f(c, &mut env))
     }
 
-    fn drain_control(&mut self, now: Instant) -> bool {
-        let mut any = false;
-        while let Ok(m) = self.rx.try_recv() {
-            any = true;
-            match m {
-                ToPoller::Connect {
-                    tag,
-                    id,
-                    private_data,
-                    peer_ird,
-                } => self.on_connect(tag, id, &private_data, peer_ird),
-                ToPoller::Event { tag, kind, status } => {
-                    let Some(&k) = self.tags.get(&tag) else {
-                        debug!(tag, event = %kind, "CM event for a connection already released");
-                        continue;
-                    };
-                    self.with_conn(k as usize, now, |c, env| match kind {
-                        CmEventType::Established => c.established(env),
-                        CmEventType::Disconnected => c.close("host disconnected", env),
-                        CmEventType::TimewaitExit => c.close("time-wait exit", env),
-                        CmEventType::DeviceRemoval => c.close("RDMA device removed", env),
-                        CmEventType::AddrChange => c.close("address changed", env),
-                        other => {
-                            if !c.is_closing() {
-                                warn!(peer = %c.peer, event = %other, status, "connection failed");
-                            }
-                            c.close("connection error", env)
+    /// A message from the CM thread.
+    pub fn message(&mut self, m: RdmaMsg, cx: &mut Cx<'_>) {
+        match m {
+            RdmaMsg::Connect {
+                tag,
+                id,
+                private_data,
+                peer_ird,
+            } => self.on_connect(tag, id, &private_data, peer_ird, cx),
+            RdmaMsg::Event { tag, kind, status } => {
+                let Some(&k) = self.tags.get(&tag) else {
+                    debug!(tag, event = %kind, "CM event for a connection already released");
+                    return;
+                };
+                self.with_conn(k as usize, cx, |c, env| match kind {
+                    CmEventType::Established => c.established(env),
+                    CmEventType::Disconnected => c.close("host disconnected", env),
+                    CmEventType::TimewaitExit => c.close("time-wait exit", env),
+                    CmEventType::DeviceRemoval => c.close("RDMA device removed", env),
+                    CmEventType::AddrChange => c.close("address changed", env),
+                    other => {
+                        if !c.is_closing() {
+                            warn!(peer = %c.peer, event = %other, status, "connection failed");
                         }
+                        c.close("connection error", env)
+                    }
+                });
+            }
+            RdmaMsg::LastWqeReached { tag } => {
+                if let Some(&k) = self.tags.get(&tag) {
+                    self.with_conn(k as usize, cx, |c, _| c.last_wqe_reached());
+                }
+            }
+            RdmaMsg::QpFatal { tag, what } => {
+                if let Some(&k) = self.tags.get(&tag) {
+                    self.with_conn(k as usize, cx, |c, env| {
+                        if !c.is_closing() {
+                            warn!(peer = %c.peer, event = what, "queue pair error");
+                        }
+                        c.close(what, env)
                     });
-                }
-                ToPoller::Device(u) => u.apply(&mut self.store),
-                ToPoller::LastWqeReached { tag } => {
-                    if let Some(&k) = self.tags.get(&tag) {
-                        self.with_conn(k as usize, now, |c, _| c.last_wqe_reached());
-                    }
-                }
-                ToPoller::QpFatal { tag, what } => {
-                    if let Some(&k) = self.tags.get(&tag) {
-                        self.with_conn(k as usize, now, |c, env| {
-                            if !c.is_closing() {
-                                warn!(peer = %c.peer, event = what, "queue pair error");
-                            }
-                            c.close(what, env)
-                        });
-                    }
                 }
             }
         }
-        any
     }
 
     /// A CONNECT_REQUEST: check it, set the queue pair up with every RECV posted, accept.
-    fn on_connect(&mut self, tag: u64, id: Arc<CmId>, private_data: &[u8], peer_ird: u8) {
+    fn on_connect(
+        &mut self,
+        tag: u64,
+        id: Arc<CmId>,
+        private_data: &[u8],
+        peer_ird: u8,
+        cx: &mut Cx<'_>,
+    ) {
         let peer = id
             .peer_addr()
             .map(|a| a.to_string())
             .unwrap_or_else(|| "?".into());
+        let notes = self.setup.notes.clone();
         let reject = |st: nvme::rdma::CmStatus| {
             if let Err(e) = id.reject(&CmReject::new(st).encode()) {
                 debug!(%peer, error = %e, "rdma_reject failed");
             }
+            let _ = notes.send(CmNote::Released { tag });
         };
-        let dev = match self.device_for(&id) {
+        let dev = match self.device_for(&id, cx) {
             Ok(d) => d,
             Err(e) => {
                 warn!(%peer, error = %e, "cannot use the RDMA device of a connect request");
                 reject(nvme::rdma::CmStatus::NoRsc);
-                let _ = self.notes.send(CmNote::Released { tag });
                 return;
             }
         };
         let d = &self.devs[dev];
-        let caps = &self.cfg.caps;
+        let caps = &self.caps;
         let checked = check_connect(
             private_data,
             u32::from(caps.max_queue_depth),
@@ -461,7 +324,6 @@ impl Poller {
             Err(st) => {
                 info!(%peer, status = %st, "rejecting NVMe/RDMA connect request");
                 reject(st);
-                let _ = self.notes.send(CmNote::Released { tag });
                 return;
             }
         };
@@ -490,25 +352,24 @@ impl Poller {
             Ok(c) => c,
             Err(e) => {
                 warn!(%peer, error = %e, "setting up an NVMe/RDMA queue failed");
-                reject(nvme::rdma::CmStatus::NoRsc);
                 self.free_keys.push(key);
-                let _ = self.notes.send(CmNote::Released { tag });
+                reject(nvme::rdma::CmStatus::NoRsc);
                 return;
             }
         };
-        debug!(poller = self.cfg.id, %peer, device = %d.name, qid = acc.req.qid,
+        debug!(poller = self.poller, %peer, device = %d.name, qid = acc.req.qid,
             depth = acc.depth, ord = acc.ord, in_capsule = sizing.in_capsule,
             send_wr = sizing.max_send_wr, "accepted NVMe/RDMA connection");
         if let Some(qp_num) = conn.qp_num() {
-            let _ = self.notes.send(CmNote::Accepted { tag, qp_num });
+            let _ = self.setup.notes.send(CmNote::Accepted { tag, qp_num });
         }
         self.tags.insert(tag, key);
         self.conns[key as usize] = Some(conn);
-        self.stats.connections.fetch_add(1, Ordering::Relaxed);
+        self.live += 1;
     }
 
     /// The device resources for the device `id` is bound to, created on first use.
-    fn device_for(&mut self, id: &CmId) -> Result<usize, ::rdma::Error> {
+    fn device_for(&mut self, id: &CmId, cx: &mut Cx<'_>) -> Result<usize, ::rdma::Error> {
         if let Some(i) = self.devs.iter().position(|d| id.is_on(&d.ctx)) {
             return Ok(i);
         }
@@ -518,11 +379,11 @@ impl Poller {
         let attr = ctx.query_device()?;
         let pd = Arc::new(Pd::new(&ctx)?);
         let chan = Arc::new(CompChannel::new(&ctx)?);
-        let pool = self.store.ring().pool();
-        // SAFETY: the region is the poller's whole buffer pool, owned by `self.store`, which
-        // is dropped after `self.devs` (field order) and never unmapped before; buffers are
-        // only reached by Rust code while no work request names them (the request state
-        // machine), and with LOCAL_WRITE only, no peer can write the region.
+        let pool = cx.store.ring().pool();
+        // SAFETY: the region is the poller's whole buffer pool, owned by the poller's store,
+        // which the poller drops after this connection table (field order) and never unmaps
+        // before; buffers are only reached by Rust code while no work request names them (the
+        // request state machine), and with LOCAL_WRITE only, no peer can write the region.
         let pool_mr = unsafe {
             Mr::register_external(
                 &pd,
@@ -532,32 +393,35 @@ impl Poller {
             )
         }?;
         let iwarp = ctx.transport() == Transport::Iwarp;
-        let send_with_inv = self.cfg.options.send_with_invalidate.enabled(iwarp);
+        let send_with_inv = self.setup.options.send_with_invalidate.enabled(iwarp);
         let name = ctx.name();
-        let want = self.cfg.options.srq_depth;
+        let want = self.setup.options.srq_depth;
         let srq = if want == 0 {
             None
         } else if attr.max_srq == 0 || attr.max_srq_wr == 0 {
-            warn!(poller = self.cfg.id, device = %name,
+            warn!(poller = self.poller, device = %name,
                 "the RDMA device has no shared receive queues: rdma_srq_depth ignored, each \
                  queue pair posts its own RECVs");
             None
         } else {
             let depth = want.min(attr.max_srq_wr);
             if depth < want {
-                info!(poller = self.cfg.id, device = %name, rdma_srq_depth = want,
+                info!(poller = self.poller, device = %name, rdma_srq_depth = want,
                     max_srq_wr = attr.max_srq_wr, "rdma_srq_depth lowered to the device's maximum");
             }
-            Some(SharedRecv::new(&pd, depth, self.cfg.caps.in_capsule_data)?)
+            Some(SharedRecv::new(&pd, depth, self.caps.in_capsule_data)?)
         };
         let i = self.devs.len();
-        self.epoll
-            .add(chan.as_fd(), EpollEvent::new(EpollFlags::EPOLLIN, i as u64))
+        cx.epoll
+            .add(
+                chan.as_fd(),
+                EpollEvent::new(EpollFlags::EPOLLIN, epoll_key(Kind::Rdma, i as u32)),
+            )
             .map_err(|e| ::rdma::Error::Verbs {
                 call: "epoll_ctl",
                 errno: e as i32,
             })?;
-        info!(poller = self.cfg.id, device = %name, transport = ?ctx.transport(),
+        info!(poller = self.poller, device = %name, transport = ?ctx.transport(),
             max_qp_wr = attr.max_qp_wr, max_qp_init_rd_atom = attr.max_qp_init_rd_atom,
             send_with_invalidate = send_with_inv, pool_bytes = pool.len(),
             srq_depth = srq.as_ref().map_or(0, |q| q.depth()),
@@ -581,13 +445,94 @@ impl Poller {
         Ok(i)
     }
 
-    fn poll_cqs(&mut self, now: Instant) -> bool {
+    fn remove(&mut self, k: usize, cx: &mut Cx<'_>) {
+        let Some(mut c) = self.conns[k].take() else {
+            return;
+        };
+        self.closed_totals.add(&c.stats);
+        self.closed_io_mrs += c.io_mrs_total;
+        self.tags.remove(&c.tag);
+        self.free_keys.push(k as u32);
+        self.live -= 1;
+        debug!(poller = self.poller, peer = %c.peer, qid = ?c.qid(), "NVMe/RDMA connection released");
+        if let Some(r) = c.last_read_sink {
+            *self
+                .stats
+                .verbs
+                .last_read_sink
+                .lock()
+                .unwrap_or_else(|e| e.into_inner()) = Some(r);
+        }
+        let tag = c.tag;
+        // Completions still in its CQ may name RECVs of a shared receive queue: give those back.
+        c.reclaim_srq_recvs(&self.devs[c.dev]);
+        // Destroys the QP, then (unless the CM thread still holds it) the CM id, the CQ and
+        // the connection's memory regions.
+        drop(c);
+        let _ = self.setup.notes.send(CmNote::Released { tag });
+        let stats = self.stats.clone();
+        self.publish(&stats, cx);
+    }
+
+    /// Publishes the regions held now and the last READ sink registered (for diagnostics and
+    /// tests). The list is sized for the most the connections can hold (every slot with a READ
+    /// sink), so it grows when a connection arrives, never with the number of writes in flight.
+    fn publish_regions(&mut self) {
+        let most = 2 * self.devs.len()
+            + self
+                .conns
+                .iter()
+                .flatten()
+                .map(|c| c.max_regions())
+                .sum::<usize>();
+        let v = &self.stats.verbs;
+        let mut regions = v.regions.lock().unwrap_or_else(|e| e.into_inner());
+        regions.clear();
+        regions.reserve(most);
+        for d in &self.devs {
+            regions.push(RegionInfo::of(RegionKind::Pool, &d.pool_mr));
+            if let Some(q) = &d.srq {
+                regions.push(q.region());
+            }
+        }
+        let mut last = None;
+        for c in self.conns.iter_mut().flatten() {
+            c.regions(&mut regions);
+            last = c.last_read_sink.take().or(last);
+        }
+        drop(regions);
+        if last.is_some() {
+            *v.last_read_sink.lock().unwrap_or_else(|e| e.into_inner()) = last;
+        }
+    }
+}
+
+impl Conns for RdmaConns {
+    fn ready(&mut self, key: u32, _flags: EpollFlags, _cx: &mut Cx<'_>) -> bool {
+        let Some(d) = self.devs.get(key as usize) else {
+            return false;
+        };
+        // Acknowledge the completion events; the CQs are polled in the same pass.
+        loop {
+            match d.chan.try_get_event() {
+                Ok(Some(_)) => {}
+                Ok(None) => break,
+                Err(e) => {
+                    warn!(device = %d.name, error = %e, "reading the completion channel failed");
+                    break;
+                }
+            }
+        }
+        true
+    }
+
+    fn poll(&mut self, cx: &mut Cx<'_>) -> bool {
         let mut any = false;
         let mut wcs = std::mem::take(&mut self.wcs);
         for k in 0..self.conns.len() {
             loop {
                 let n = self
-                    .with_conn(k, now, |c, env| c.poll(&mut wcs, env))
+                    .with_conn(k, cx, |c, env| c.poll(&mut wcs, env))
                     .unwrap_or(0);
                 any |= n > 0;
                 if n < wcs.len() {
@@ -599,58 +544,52 @@ impl Poller {
         any
     }
 
-    fn reap_backend(&mut self, now: Instant) -> bool {
-        self.done.clear();
-        self.store.reap(&mut self.done);
-        let any = !self.done.is_empty();
-        for i in 0..self.done.len() {
-            let (ud, res) = self.done[i];
-            let (k, slot) = ((ud >> 32) as usize, ud as u32);
-            if self
-                .with_conn(k, now, |c, env| c.backend_done(slot, res, env))
-                .is_none()
-            {
-                warn!(
-                    user_data = ud,
-                    "backend completion for a connection that is gone"
-                );
-            }
-        }
-        any
+    fn backend_done(
+        &mut self,
+        conn: u32,
+        slot: u32,
+        res: Result<u32, i32>,
+        cx: &mut Cx<'_>,
+    ) -> bool {
+        self.with_conn(conn as usize, cx, |c, env| c.backend_done(slot, res, env))
+            .is_some()
     }
 
-    /// Serves requests waiting for a pool buffer, FIFO over all connections.
-    fn grant_buffers(&mut self, now: Instant) -> bool {
-        let mut any = false;
-        while let Some(&(k, slot)) = self.need_buf.front() {
-            let live = matches!(self.conns.get(k as usize), Some(Some(c)) if !c.is_closing());
-            if !live {
-                self.need_buf.pop_front();
-                continue;
-            }
-            let Some(b) = self.store.alloc_buf() else {
-                break;
-            };
-            self.need_buf.pop_front();
-            self.with_conn(k as usize, now, |c, env| c.buffer_granted(slot, b, env));
-            any = true;
-        }
-        any
+    fn takes_buffer(&self, conn: u32) -> bool {
+        matches!(self.conns.get(conn as usize), Some(Some(c)) if !c.is_closing())
     }
 
-    /// Posts every connection's staged responses. True if any were staged.
-    fn flush_sends(&mut self, now: Instant) -> bool {
+    fn buffer_granted(&mut self, conn: u32, slot: u32, buf: u32, cx: &mut Cx<'_>) {
+        self.with_conn(conn as usize, cx, |c, env| c.buffer_granted(slot, buf, env));
+    }
+
+    fn tick(&mut self, cx: &mut Cx<'_>) {
+        for k in 0..self.conns.len() {
+            self.with_conn(k, cx, |c, env| c.tick(env));
+        }
+    }
+
+    fn woken(&mut self, _cx: &mut Cx<'_>) {
+        // Core events reach RDMA connections on the tick.
+    }
+
+    fn flush(&mut self, cx: &mut Cx<'_>) -> bool {
         let mut any = false;
         for k in 0..self.conns.len() {
             any |= self
-                .with_conn(k, now, |c, env| c.flush_sends(env))
+                .with_conn(k, cx, |c, env| c.flush_sends(env))
                 .unwrap_or(false);
+        }
+        for k in 0..self.conns.len() {
+            if matches!(&self.conns[k], Some(c) if c.is_finished()) {
+                self.remove(k, cx);
+            }
         }
         any
     }
 
-    /// Arms every CQ and polls once more. True if a completion arrived meanwhile.
-    fn arm_cqs(&mut self, now: Instant) -> bool {
+    fn prepare_sleep(&mut self, cx: &mut Cx<'_>) -> bool {
+        // Arm every CQ, then look once more for completions that arrived before the arm.
         for c in self.conns.iter().flatten() {
             if c.has_qp() {
                 if let Err(e) = c.cq().req_notify(false) {
@@ -658,53 +597,38 @@ impl Poller {
                 }
             }
         }
-        self.poll_cqs(now)
+        self.poll(cx)
     }
 
-    fn tick(&mut self, now: Instant) {
+    fn close_all(&mut self, reason: &str, cx: &mut Cx<'_>) {
         for k in 0..self.conns.len() {
-            self.with_conn(k, now, |c, env| c.tick(env));
+            self.with_conn(k, cx, |c, env| c.close(reason, env));
         }
-        self.publish();
     }
 
-    fn remove_finished(&mut self) {
+    fn remove_all(&mut self, cx: &mut Cx<'_>) {
+        let left = self.live;
+        if left > 0 {
+            warn!(
+                poller = self.poller,
+                connections = left,
+                "RDMA connections still busy at shutdown (backend operations in flight)"
+            );
+        }
         for k in 0..self.conns.len() {
-            if matches!(&self.conns[k], Some(c) if c.is_finished()) {
-                self.remove(k);
-            }
+            self.remove(k, cx);
+        }
+        // Unregister the devices' descriptors before the channels close.
+        for d in &self.devs {
+            let _ = cx.epoll.delete(d.chan.as_fd());
         }
     }
 
-    fn remove(&mut self, k: usize) {
-        let Some(c) = self.conns[k].take() else {
-            return;
-        };
-        self.closed_totals.add(&c.stats);
-        self.closed_io_mrs += c.io_mrs_total;
-        self.tags.remove(&c.tag);
-        self.free_keys.push(k as u32);
-        self.stats.connections.fetch_sub(1, Ordering::Relaxed);
-        debug!(poller = self.cfg.id, peer = %c.peer, qid = ?c.qid(), "NVMe/RDMA connection released");
-        if let Some(r) = c.last_read_sink {
-            *self
-                .stats
-                .last_read_sink
-                .lock()
-                .unwrap_or_else(|e| e.into_inner()) = Some(r);
-        }
-        let tag = c.tag;
-        // Completions still in its CQ may name RECVs of a shared receive queue: give those back.
-        let mut c = c;
-        c.reclaim_srq_recvs(&self.devs[c.dev]);
-        // Destroys the QP, then (unless the CM thread still holds it) the CM id, the CQ and
-        // the connection's memory regions.
-        drop(c);
-        let _ = self.notes.send(CmNote::Released { tag });
-        self.publish();
+    fn live(&self) -> usize {
+        self.live
     }
 
-    fn publish(&mut self) {
+    fn publish(&mut self, stats: &PollerStats, _cx: &mut Cx<'_>) {
         self.publish_regions();
         let mut t = self.closed_totals;
         let mut io_mrs_total = self.closed_io_mrs;
@@ -724,99 +648,14 @@ impl Poller {
                 *s += n;
             }
         }
-        let s = &self.stats;
-        s.commands.store(t.commands, Ordering::Relaxed);
-        s.errors.store(t.errors, Ordering::Relaxed);
-        s.copied_bytes.store(t.copied_bytes, Ordering::Relaxed);
-        s.rx_bytes.store(t.rx_bytes, Ordering::Relaxed);
-        s.tx_bytes.store(t.tx_bytes, Ordering::Relaxed);
-        s.tx_payload.store(t.tx_payload, Ordering::Relaxed);
-        s.buffers_in_use
-            .store(self.store.buffers_in_use(), Ordering::Relaxed);
-        s.ring_enters
-            .store(self.store.ring_enters(), Ordering::Relaxed);
-        s.mrs_registered.store(mrs, Ordering::Relaxed);
-        s.srq_recvs_posted
+        stats.rdma.store(self.live, &t);
+        let v = &stats.verbs;
+        v.mrs_registered.store(mrs, Ordering::Relaxed);
+        v.srq_recvs_posted
             .store(srq_posted as usize, Ordering::Relaxed);
-        s.io_mrs_total.store(io_mrs_total, Ordering::Relaxed);
-        for (a, n) in s.requests.iter().zip(states) {
+        v.io_mrs_total.store(io_mrs_total, Ordering::Relaxed);
+        for (a, n) in v.requests.iter().zip(states) {
             a.store(n, Ordering::Relaxed);
         }
-    }
-
-    /// Publishes the regions held now and the last READ sink registered (for diagnostics and
-    /// tests). The list is sized for the most the connections can hold (every slot with a READ
-    /// sink), so it grows when a connection arrives, never with the number of writes in flight.
-    fn publish_regions(&mut self) {
-        let most = 2 * self.devs.len()
-            + self
-                .conns
-                .iter()
-                .flatten()
-                .map(|c| c.max_regions())
-                .sum::<usize>();
-        let mut regions = self.stats.regions.lock().unwrap_or_else(|e| e.into_inner());
-        regions.clear();
-        regions.reserve(most);
-        for d in &self.devs {
-            regions.push(RegionInfo::of(RegionKind::Pool, &d.pool_mr));
-            if let Some(q) = &d.srq {
-                regions.push(q.region());
-            }
-        }
-        let mut last = None;
-        for c in self.conns.iter_mut().flatten() {
-            c.regions(&mut regions);
-            last = c.last_read_sink.take().or(last);
-        }
-        drop(regions);
-        if last.is_some() {
-            *self
-                .stats
-                .last_read_sink
-                .lock()
-                .unwrap_or_else(|e| e.into_inner()) = last;
-        }
-    }
-
-    /// Closes every connection, waits (bounded) for flushes and backend operations, releases
-    /// everything.
-    fn shutdown(&mut self) {
-        let now = Instant::now();
-        for k in 0..self.conns.len() {
-            self.with_conn(k, now, |c, env| c.close("target shutting down", env));
-        }
-        let deadline = now + SHUTDOWN_LIMIT;
-        loop {
-            let now = Instant::now();
-            self.poll_cqs(now);
-            self.reap_backend(now);
-            for k in 0..self.conns.len() {
-                // Past the drain limit this destroys QPs whose flushes never came.
-                self.with_conn(k, now, |c, env| c.tick(env));
-            }
-            self.remove_finished();
-            if self.conns.iter().all(Option::is_none) || now >= deadline {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        let left = self.conns.iter().flatten().count();
-        if left > 0 {
-            warn!(
-                poller = self.cfg.id,
-                connections = left,
-                "RDMA connections still busy at shutdown (backend operations in flight)"
-            );
-        }
-        for k in 0..self.conns.len() {
-            self.remove(k);
-        }
-        self.publish();
-        // Unregister the devices' descriptors before the channels close.
-        for d in &self.devs {
-            let _ = self.epoll.delete(d.chan.as_fd());
-        }
-        info!(poller = self.cfg.id, "RDMA poller stopped");
     }
 }
