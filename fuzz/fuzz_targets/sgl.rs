@@ -60,7 +60,7 @@ fuzz_target!(|data: &[u8]| {
         sqe.cdw12 = nlb0.into();
         sqe.dptr = d;
         let want = (nlb0 + 1) * 4096;
-        match q.parse(&sqe) {
+        match q.parse(&sqe, now) {
             Err(cqe) => assert!(!cqe.status().is_success()),
             Ok(cmd) => {
                 let sgl = cmd.sgl.expect("a Read/Write has an SGL");

@@ -20,8 +20,8 @@ use std::time::Instant;
 use libfuzzer_sys::fuzz_target;
 use nvme::tcp::{Pdu, PduCollector, RxConfig};
 use nvmf_fuzz::{admin_controller, fuzz_caps, fuzz_target_core, Chunker, MemStore, StreamInput};
-use nvmf_target::core::{Target, Waker};
-use nvmf_target::transport::tcp::{Conn, Wants, ADMIN_INCAPSULE};
+use nvmf_target::core::{QueueLimits, Target, Waker};
+use nvmf_target::transport::tcp::{Conn, Wants};
 use nvmf_target::transport::{Kind, ReqRef, Store};
 
 fn listener() -> &'static TcpListener {
@@ -128,7 +128,7 @@ impl Pump {
                 (Kind::Tcp, 1),
                 "user_data carries the transport and the connection key"
             );
-            conn.backend_done(r.slot as u16, res, store);
+            conn.backend_done(r.slot as u16, res, store, now);
         }
         while let Some(&slot) = self.need_buf.front() {
             if conn.is_closing() {
@@ -169,7 +169,7 @@ fn check_output(host_stream: &[u8], out: &[u8], caps: &nvmf_target::core::Transp
     // The commands the host sent, as the target's deframer saw them.
     let mut sent = PduCollector::new(RxConfig {
         max_data_pdu: caps.max_io_size,
-        max_incapsule: caps.in_capsule_data.max(ADMIN_INCAPSULE),
+        max_incapsule: QueueLimits::tcp(&caps).max_in_capsule(),
         ..RxConfig::controller()
     });
     let mut cids = HashSet::new();

@@ -241,7 +241,7 @@ pub fn run_core_cmd(
     now: std::time::Instant,
 ) -> (nvme::Cqe, Vec<u8>) {
     use nvmf_target::core::{Exec, Xfer};
-    let cmd = match q.parse(sqe) {
+    let cmd = match q.parse(sqe, now) {
         Ok(c) => c,
         Err(cqe) => return (cqe, Vec::new()),
     };
@@ -262,7 +262,7 @@ pub fn run_core_cmd(
             let to_host = matches!(cmd.xfer, Xfer::ToHost(_));
             (cqe, if to_host { buf } else { Vec::new() })
         }
-        Exec::Io(_) => (q.complete_io(&cmd, Ok(())), Vec::new()),
+        Exec::Io(_) => (q.complete_io(&cmd, Ok(()), now), Vec::new()),
         Exec::Deferred => panic!("setup command deferred"),
     }
 }

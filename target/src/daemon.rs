@@ -281,6 +281,8 @@ impl Daemon {
             .collect();
         let rdma_options = RdmaOptions {
             send_with_invalidate: SendWithInvalidate::from_env().map_err(StartError::RdmaOption)?,
+            inline_responses: crate::transport::rdma::inline_responses_from_env()
+                .map_err(StartError::RdmaOption)?,
             srq_depth: cfg.target.rdma_srq_depth,
         };
         let rdma_bind = if rdma_wanted.is_empty() {

@@ -403,14 +403,22 @@ fn iwarp_read_sink_key_is_valid_only_while_in_flight() {
 
     let (mut a, mut q) = honest_host(addr);
     if iwarp {
-        // The admin queue's Connect data came by RDMA READ too (a 1 KiB sink, published by the
-        // poller every 50 ms): take that one first, so it cannot be taken for the write's below.
+        // The Connects' data (admin and I/O queue) came by RDMA READ too (1 KiB sinks, published
+        // by the poller every 50 ms and when connections come and go): take those first, until
+        // none has come for 200 ms, so neither is taken for the write's below.
         let deadline = Instant::now() + TIMEOUT;
         while st.verbs.take_last_read_sink().is_none() {
             assert!(
                 Instant::now() < deadline,
                 "the admin Connect's RDMA READ sink was never published"
             );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let mut quiet_since = Instant::now();
+        while quiet_since.elapsed() < Duration::from_millis(200) {
+            if st.verbs.take_last_read_sink().is_some() {
+                quiet_since = Instant::now();
+            }
             std::thread::sleep(Duration::from_millis(20));
         }
     }

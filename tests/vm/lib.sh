@@ -117,7 +117,9 @@ subsystems:
         path: $dev
 EOF
   log "starting $bin --config $cfg"
-  RUST_LOG=${RUST_LOG:-info} NO_COLOR=1 "$bin" --config "$cfg" --control-socket "$CTL" >"$OUT/target.log" 2>&1 &
+  # NVMF_VM_TARGET_ENV: VAR=value words for the target's environment (e.g. NVMF_RDMA_INLINE_RSP=off).
+  # shellcheck disable=SC2086
+  env ${NVMF_VM_TARGET_ENV:-} RUST_LOG="${RUST_LOG:-info}" NO_COLOR=1 "$bin" --config "$cfg" --control-socket "$CTL" >"$OUT/target.log" 2>&1 &
   TARGET_PID=$!
   local end=$((SECONDS + 20))
   while [ $SECONDS -lt $end ]; do
@@ -634,7 +636,9 @@ soak_randrw() {
   b=$(bench_bin)
   net_mark
   # NVMF_VM_SIW_DEBUG=1: siw's own debug messages for QP state changes and TERMINATE handling
-  # (siw_qp.c; NVMF_VM_SIW_DEBUG_FILES names others, e.g. "siw_qp.c siw_qp_tx.c") go to the
+  # (siw_qp.c; NVMF_VM_SIW_DEBUG_FILES names others, e.g. "siw_qp.c siw_qp_tx.c"), and the transmit
+  # path's failure lines with their error code (NVMF_VM_SIW_DEBUG_FORMATS, one format substring a
+  # line; default "processing failed", "SQ task failed", "read.response failed") go to the
   # kernel log (dmesg.txt of a failed run), to tell which QP ended a dropped connection and in
   # which path. siw_qp.c alone still lets the drop happen; adding the receive or transmit path's
   # messages slowed it enough that it did not, in one run each.
@@ -643,6 +647,14 @@ soak_randrw() {
     for f in ${NVMF_VM_SIW_DEBUG_FILES:-siw_qp.c}; do
       echo "file $f +p" >/sys/kernel/debug/dynamic_debug/control 2>/dev/null || log "siw debug for $f: not available"
     done
+    # Single messages of other files by their format (no per-packet flood): by default the
+    # transmit path's failure lines, which carry the error code.
+    local fmt
+    while IFS= read -r fmt; do
+      [ -n "$fmt" ] || continue
+      echo "module siw format \"$fmt\" +p" >/sys/kernel/debug/dynamic_debug/control 2>/dev/null ||
+        log "siw debug for format '$fmt': not available"
+    done <<<"${NVMF_VM_SIW_DEBUG_FORMATS:-$'processing failed\nSQ task failed\nread.response failed'}"
   fi
   step "nvmf-bench rdma randrw 4k qd16 x2 ${secs}s verify" timeout $((secs + 240)) "$b" \
     --transport rdma --traddr "$addr" --trsvcid "$PORT" --subnqn "$nqn" --rw=randrw \

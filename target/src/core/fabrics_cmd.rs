@@ -119,6 +119,11 @@ impl Queue {
             .hostnqn_str()
             .filter(|h| !h.is_empty())
             .ok_or_else(|| invalid_param(InvalidAttr::Data, doff::HOSTNQN))?;
+        // The connection was set up for one queue (NVMe/RDMA: the CM request's qid and its
+        // RECVs sized for it): a Connect for another cannot be served on it.
+        if self.limits.qid.is_some_and(|q| q != c.qid.get()) {
+            return Err(invalid_param(InvalidAttr::Sqe, soff::QID));
+        }
         if c.qid.get() == 0 {
             self.admin_connect(&c, &d, subsys, hostnqn, now)
         } else {
@@ -126,8 +131,15 @@ impl Queue {
         }
     }
 
-    /// Check SQSIZE against `max_depth` and set up the queue's depth and SQ head.
-    fn check_sqsize(c: &ConnectCmd, max_depth: u16) -> Result<u16, Reject> {
+    /// Check SQSIZE against `max_depth` and what the connection was set up for (a larger
+    /// SQSIZE than the RECVs an NVMe/RDMA CM request posted would let the host keep more
+    /// capsules in flight than there are RECVs: RNR stalls on RoCE, a TERMINATE on iWARP; SPDK's
+    /// host sends `hsqsize = sqsize + 1`, Linux `hsqsize = sqsize`); the queue's depth.
+    fn check_sqsize(&self, c: &ConnectCmd, max_depth: u16) -> Result<u16, Reject> {
+        let max_depth = self
+            .limits
+            .max_depth
+            .map_or(max_depth, |m| m.min(max_depth));
         let sqsize = c.sqsize.get();
         if sqsize == 0 || sqsize as u32 + 1 > max_depth as u32 {
             return Err(invalid_param(InvalidAttr::Sqe, soff::SQSIZE));
@@ -169,7 +181,7 @@ impl Queue {
             );
         }
         // The admin queue holds at most NVME_AQ_DEPTH entries (the discovery log's ASQSZ).
-        let depth = Self::check_sqsize(c, LINUX_AQ_DEPTH.min(self.caps.max_queue_depth))?;
+        let depth = self.check_sqsize(c, LINUX_AQ_DEPTH.min(self.caps.max_queue_depth))?;
         let kato_ms = self.connect_kato(c, &subsys)?;
         let inner = self.target.inner();
         let caps = self.caps.clone();
@@ -256,7 +268,7 @@ impl Queue {
         if qid > ctrl.lock().io_queues {
             return Err(invalid_param(InvalidAttr::Sqe, soff::QID));
         }
-        let depth = Self::check_sqsize(c, self.caps.max_queue_depth)?;
+        let depth = self.check_sqsize(c, self.caps.max_queue_depth)?;
         let epoch = ctrl.io_epoch();
         // Not shared yet: the controller gets its reference in `attach_io`.
         if let Some(c) = Arc::get_mut(&mut self.counters) {

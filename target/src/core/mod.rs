@@ -60,6 +60,46 @@ pub struct TransportCaps {
     pub max_queue_depth: u16,
 }
 
+/// What one transport connection can carry, told to the core when its queue is created: the
+/// core validates Connect and every SGL against it, so no transport repeats those checks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QueueLimits {
+    /// In-capsule data bytes the connection takes while it is (or is not yet) an admin queue.
+    pub in_capsule_admin: u32,
+    /// In-capsule data bytes it takes as an I/O queue.
+    pub in_capsule_io: u32,
+    /// The deepest queue the connection was set up for (NVMe/RDMA: the RECVs posted for the CM
+    /// request, `hsqsize + 1`); `None`: up to `TransportCaps::max_queue_depth`. A Connect asking
+    /// for more gets Invalid Parameters at SQSIZE.
+    pub max_depth: Option<u16>,
+    /// The queue the connection was set up for (NVMe/RDMA: the CM request's qid); `None`: any.
+    /// A Connect naming another gets Invalid Parameters at QID.
+    pub qid: Option<u16>,
+}
+
+/// In-capsule data an NVMe/TCP admin queue always takes (Linux `NVME_TCP_ADMIN_CCSZ`), which
+/// covers Connect data.
+pub const TCP_ADMIN_IN_CAPSULE: u32 = 8192;
+
+impl QueueLimits {
+    /// NVMe/TCP: 8 KiB on the admin queue, the configured size on I/O queues, any qid and any
+    /// depth up to the caps.
+    pub fn tcp(caps: &TransportCaps) -> QueueLimits {
+        QueueLimits {
+            in_capsule_admin: TCP_ADMIN_IN_CAPSULE,
+            in_capsule_io: caps.in_capsule_data,
+            max_depth: None,
+            qid: None,
+        }
+    }
+
+    /// The most in-capsule data any command may carry on this connection (to size receive
+    /// paths before Connect says what the queue is).
+    pub fn max_in_capsule(&self) -> u32 {
+        self.in_capsule_admin.max(self.in_capsule_io)
+    }
+}
+
 /// A listener, as the discovery log reports it.
 #[derive(Debug, Clone)]
 pub struct ListenerInfo {
@@ -292,6 +332,7 @@ pub enum QueueEvent {
 pub struct Queue {
     target: Arc<Target>,
     caps: TransportCaps,
+    limits: QueueLimits,
     /// The remote address, for logs.
     peer: String,
     link: queue::Link,
@@ -319,9 +360,30 @@ pub struct Queue {
 }
 
 impl Queue {
-    /// A new, unconnected queue: the first command must be a Fabrics Connect.
+    /// A new, unconnected queue with NVMe/TCP's limits ([`QueueLimits::tcp`]): the first
+    /// command must be a Fabrics Connect.
     pub fn new(target: Arc<Target>, caps: TransportCaps, peer: String) -> Queue {
-        Queue::build(target, caps, peer)
+        let limits = QueueLimits::tcp(&caps);
+        Queue::build(target, caps, limits, peer)
+    }
+    /// A new, unconnected queue on a connection that can carry only `limits`.
+    pub fn with_limits(
+        target: Arc<Target>,
+        caps: TransportCaps,
+        limits: QueueLimits,
+        peer: String,
+    ) -> Queue {
+        Queue::build(target, caps, limits, peer)
+    }
+    /// The most in-capsule data a command may carry on this queue now (its limits as an admin
+    /// queue until an I/O Connect succeeded).
+    pub fn in_capsule_limit(&self) -> u32 {
+        self.in_capsule_now()
+    }
+    /// Whether the host disabled SQ flow control at Connect (CATTR bit 2): CQEs carry SQHD
+    /// FFFFh, and an NVMe/TCP C2HData PDU may then complete the command (SUCCESS flag).
+    pub fn sq_flow_control_disabled(&self) -> bool {
+        self.sqhd_disabled
     }
     /// Queue id, once connected.
     pub fn qid(&self) -> Option<u16> {
@@ -354,21 +416,22 @@ impl Queue {
     pub fn set_waker(&mut self, waker: Waker) {
         self.install_waker(waker)
     }
-    /// Parse a command: validate it, decide its data direction and length.
-    pub fn parse(&mut self, sqe: &Sqe) -> Result<Cmd, Cqe> {
-        self.parse_cmd(sqe)
+    /// Parse a command: validate it, decide its data direction and length. `now` (the
+    /// transport's clock, read once per pass) starts the command's latency.
+    pub fn parse(&mut self, sqe: &Sqe, now: Instant) -> Result<Cmd, Cqe> {
+        self.parse_cmd(sqe, now)
     }
     /// Execute a parsed command whose host data (if any) is in `buf`.
     pub fn execute(&mut self, cmd: &Cmd, buf: &mut [u8], now: Instant) -> Exec {
         self.execute_cmd(cmd, buf, now)
     }
-    /// Completion of a backend op: `Ok(())` or the errno it failed with.
-    pub fn complete_io(&mut self, cmd: &Cmd, res: Result<(), i32>) -> Cqe {
-        self.complete_io_cmd(cmd, res)
+    /// Completion of a backend op: `Ok(())` or the errno it failed with, at `now`.
+    pub fn complete_io(&mut self, cmd: &Cmd, res: Result<(), i32>, now: Instant) -> Cqe {
+        self.complete_io_cmd(cmd, res, now)
     }
-    /// Completion with a transport-detected status (e.g. a data transfer error).
-    pub fn complete_status(&mut self, cmd: &Cmd, status: Status) -> Cqe {
-        self.complete_with_status(cmd, status)
+    /// Completion with a transport-detected status (e.g. a data transfer error), at `now`.
+    pub fn complete_status(&mut self, cmd: &Cmd, status: Status, now: Instant) -> Cqe {
+        self.complete_with_status(cmd, status, now)
     }
     /// Next instant `handle_timeout` must be called at.
     pub fn poll_timeout(&self) -> Option<Instant> {

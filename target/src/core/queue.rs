@@ -17,8 +17,8 @@ use super::controller::{Controller, Gone};
 use super::stats::IoClass;
 use super::subsystem::NsTable;
 use super::{
-    Cmd, Exec, IoKind, IoOp, NamespaceSpec, Queue, QueueEvent, Target, TrType, TransportCaps,
-    Waker, Xfer,
+    Cmd, Exec, IoKind, IoOp, NamespaceSpec, Queue, QueueEvent, QueueLimits, Target, TrType,
+    TransportCaps, Waker, Xfer,
 };
 
 /// SQE byte offsets, for the Error Information log's Parameter Error Location.
@@ -34,10 +34,6 @@ pub(crate) mod loc {
     /// Not specific to a field.
     pub const NONE: u16 = 0xffff;
 }
-
-/// In-capsule data the admin queue accepts whatever the I/O setting: the NVMe/TCP admin queue
-/// always takes 8 KiB (Linux `NVME_TCP_ADMIN_CCSZ`), which covers Connect data.
-pub(crate) const ADMIN_IN_CAPSULE: u32 = 8192;
 
 /// A command rejection: the status, where the offending field is, and the result dword
 /// (Connect Invalid Parameters carries IATTR/IPO there).
@@ -214,7 +210,12 @@ pub(crate) fn mdts_for(max_io_size: u32) -> (u8, u32) {
 }
 
 impl Queue {
-    pub(super) fn build(target: Arc<Target>, caps: TransportCaps, peer: String) -> Queue {
+    pub(super) fn build(
+        target: Arc<Target>,
+        caps: TransportCaps,
+        limits: QueueLimits,
+        peer: String,
+    ) -> Queue {
         let (mdts, max_xfer) = mdts_for(caps.max_io_size);
         let token = target
             .inner()
@@ -223,6 +224,7 @@ impl Queue {
         Queue {
             target,
             caps,
+            limits,
             peer,
             link: Link::Unconnected,
             qid: 0,
@@ -257,10 +259,10 @@ impl Queue {
     }
 
     /// Largest in-capsule data this queue takes.
-    fn in_capsule_limit(&self) -> u32 {
+    pub(super) fn in_capsule_now(&self) -> u32 {
         match self.link {
-            Link::Io { .. } => self.caps.in_capsule_data,
-            _ => self.caps.in_capsule_data.max(ADMIN_IN_CAPSULE),
+            Link::Io { .. } => self.limits.in_capsule_io,
+            _ => self.limits.in_capsule_admin,
         }
     }
 
@@ -293,7 +295,7 @@ impl Queue {
 
     // ---- parse -------------------------------------------------------------------------
 
-    pub(super) fn parse_cmd(&mut self, sqe: &Sqe) -> Result<Cmd, Cqe> {
+    pub(super) fn parse_cmd(&mut self, sqe: &Sqe, now: Instant) -> Result<Cmd, Cqe> {
         bump(&self.counters.commands, 1);
         // The entry is consumed now, whatever becomes of it.
         if self.depth > 0 {
@@ -309,7 +311,7 @@ impl Queue {
         });
         match parsed {
             Ok(cmd) => {
-                if let Some(t) = self.io_clock(sqe) {
+                if let Some(t) = self.io_clock(sqe, now) {
                     self.counters.io.start(sqe.cid(), t);
                 }
                 Ok(cmd)
@@ -318,18 +320,18 @@ impl Queue {
         }
     }
 
-    /// For an I/O command on an I/O queue (what the per-namespace statistics count), the
-    /// time now in ns on the controller's clock.
-    fn io_clock(&self, sqe: &Sqe) -> Option<u64> {
+    /// For an I/O command on an I/O queue (what the per-namespace statistics count), `now` in
+    /// ns on the controller's clock. The core reads no clock: the transport passes its time in.
+    fn io_clock(&self, sqe: &Sqe, now: Instant) -> Option<u64> {
         match &self.link {
-            Link::Io { ctrl, .. } if !sqe.is_fabrics() => Some(ctrl.since_base(Instant::now())),
+            Link::Io { ctrl, .. } if !sqe.is_fabrics() => Some(ctrl.since_base(now)),
             _ => None,
         }
     }
 
     /// A parsed I/O command completed with `status`: per-namespace statistics.
-    fn io_done(&self, cmd: &Cmd, status: Status) {
-        let Some(t) = self.io_clock(&cmd.sqe) else {
+    fn io_done(&self, cmd: &Cmd, status: Status, now: Instant) {
+        let Some(t) = self.io_clock(&cmd.sqe, now) else {
             return;
         };
         let class = match cmd.sqe.opcode {
@@ -425,7 +427,7 @@ impl Queue {
                 if l != len {
                     return bad(Status::SGL_INVALID_DATA);
                 }
-                if l > self.in_capsule_limit() {
+                if l > self.in_capsule_now() {
                     // nvmet reports too much in-capsule data as an invalid offset.
                     return bad(Status::SGL_INVALID_OFFSET);
                 }
@@ -459,7 +461,7 @@ impl Queue {
         };
         match out {
             Ok(Outcome::Done { result, data_len }) => {
-                self.io_done(cmd, Status::SUCCESS);
+                self.io_done(cmd, Status::SUCCESS, now);
                 Exec::Done {
                     cqe: self.cqe(cmd.sqe.cid(), Status::SUCCESS, result),
                     data_len,
@@ -468,7 +470,7 @@ impl Queue {
             Ok(Outcome::Io(op)) => Exec::Io(op),
             Ok(Outcome::Deferred) => Exec::Deferred,
             Err(r) => {
-                self.io_done(cmd, r.status);
+                self.io_done(cmd, r.status, now);
                 Exec::Done {
                     cqe: self.reject_cqe(&cmd.sqe, r),
                     data_len: 0,
@@ -563,7 +565,7 @@ impl Queue {
         self.cqe(sqe.cid(), r.status, r.result)
     }
 
-    pub(super) fn complete_io_cmd(&mut self, cmd: &Cmd, res: Result<(), i32>) -> Cqe {
+    pub(super) fn complete_io_cmd(&mut self, cmd: &Cmd, res: Result<(), i32>, now: Instant) -> Cqe {
         let sqe = &cmd.sqe;
         match res {
             Ok(()) => {
@@ -578,19 +580,19 @@ impl Queue {
                     }
                     _ => {}
                 }
-                self.io_done(cmd, Status::SUCCESS);
+                self.io_done(cmd, Status::SUCCESS, now);
                 self.cqe(sqe.cid(), Status::SUCCESS, 0)
             }
             Err(errno) => {
                 let r = super::io::errno_to_status(sqe, errno);
-                self.io_done(cmd, r.status);
+                self.io_done(cmd, r.status, now);
                 self.reject_cqe(sqe, r)
             }
         }
     }
 
-    pub(super) fn complete_with_status(&mut self, cmd: &Cmd, status: Status) -> Cqe {
-        self.io_done(cmd, status);
+    pub(super) fn complete_with_status(&mut self, cmd: &Cmd, status: Status, now: Instant) -> Cqe {
+        self.io_done(cmd, status, now);
         if status.is_success() {
             self.cqe(cmd.sqe.cid(), status, 0)
         } else {

@@ -122,7 +122,10 @@ impl ReqRef {
     }
 }
 
-/// Per-connection counters.
+/// Per-connection counters. A connection keeps the byte counts and its transport-level
+/// failures (protocol errors, failed work requests) in `errors`; commands and NVMe error
+/// completions are the core queue's counts, merged in by [`ConnStats::with_queue`], so each is
+/// counted once.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct ConnStats {
     pub commands: u64,
@@ -137,6 +140,13 @@ pub struct ConnStats {
 }
 
 impl ConnStats {
+    /// These counters with the core queue's commands and error completions added.
+    pub fn with_queue(mut self, q: &crate::core::QueueStats) -> ConnStats {
+        self.commands += q.commands;
+        self.errors += q.errors;
+        self
+    }
+
     /// Add `o`'s counts to these.
     pub fn add(&mut self, o: &ConnStats) {
         self.commands += o.commands;

@@ -23,7 +23,7 @@ use tracing::{debug, info, warn};
 
 use super::sendq::SendQueue;
 use super::{ConnStats, ReqRef, Store};
-use crate::core::{self, Cmd, Exec, Queue, QueueEvent, TransportCaps, Xfer};
+use crate::core::{self, Cmd, Exec, Queue, QueueEvent, QueueLimits, TransportCaps, Xfer};
 
 /// Size of the receive staging buffer: small PDUs (capsules, small in-capsule data) are read
 /// in batches through it; larger data is read straight into the slot buffer.
@@ -32,10 +32,6 @@ const STAGE: usize = 64 * 1024;
 const READ_BUDGET: u32 = 16;
 /// Data still outstanding at or above this size is read directly into the slot's buffer.
 const DIRECT_READ_MIN: usize = 4096;
-
-/// In-capsule data the admin queue accepts (the Linux host sends Connect data, 1024 bytes,
-/// in-capsule on the admin queue; nvmet allows 8 KiB there, NVME_TCP_ADMIN_CCSZ).
-pub const ADMIN_INCAPSULE: u32 = 8192;
 
 /// What a request slot is doing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -130,9 +126,6 @@ pub struct Conn {
     pub stats: ConnStats,
     /// This connection's key in its poller's TCP table (see [`ReqRef`]).
     pub conn_key: u32,
-    /// The host disabled SQ flow control at Connect (CATTR bit 2): read data may complete the
-    /// command with the C2HData SUCCESS flag and no CapsuleResp.
-    sqflow_disabled: bool,
     /// Scratch list of slots released by one flush (kept to avoid allocating per flush).
     released: Vec<u16>,
 }
@@ -161,7 +154,8 @@ impl Conn {
             .unwrap_or_else(|_| "?".into());
         let rxcfg = RxConfig {
             max_data_pdu: caps.max_io_size,
-            max_incapsule: caps.in_capsule_data.max(ADMIN_INCAPSULE),
+            // Before Connect says what the queue is, the most any queue takes.
+            max_incapsule: QueueLimits::tcp(&caps).max_in_capsule(),
             ..RxConfig::controller()
         };
         // One slot per command the largest queue may hold; a host that exceeds its sqsize is
@@ -197,7 +191,6 @@ impl Conn {
             inflight: 0,
             stats: ConnStats::default(),
             conn_key: 0,
-            sqflow_disabled: false,
             released: Vec::with_capacity(n),
         })
     }
@@ -222,6 +215,11 @@ impl Conn {
 
     pub fn qid(&self) -> Option<u16> {
         self.queue.qid()
+    }
+
+    /// This connection's counters, with the core queue's commands and error completions.
+    pub fn stats_now(&self) -> ConnStats {
+        self.stats.with_queue(&self.queue.stats())
     }
 
     /// Read and process everything the socket has. Returns true if anything was read.
@@ -448,7 +446,6 @@ impl Conn {
         now: Instant,
         w: &mut Wants,
     ) -> Result<(), TcpError> {
-        self.stats.commands += 1;
         // A queue's commands in flight are bounded by its size (SQSIZE + 1), not by the slots
         // the largest queue would need. SQ entries free up when consumed, so a host that
         // follows SQHD may briefly exceed the size; like nvmet (which allocates twice the
@@ -473,7 +470,7 @@ impl Conn {
         self.slots[s].received = 0;
         self.slots[s].digest_error = false;
         self.slots[s].pending_status = None;
-        let cmd = match self.queue.parse(&sqe) {
+        let cmd = match self.queue.parse(&sqe, now) {
             Ok(cmd) => cmd,
             Err(cqe) => {
                 self.slots[s].cmd = Some(Cmd {
@@ -481,29 +478,22 @@ impl Conn {
                     xfer: Xfer::None,
                     sgl: None,
                 });
-                self.fail_early(slot, cqe.status(), data_len, Some(cqe));
+                self.fail_early(slot, cqe.status(), data_len, Some(cqe), now);
                 return Ok(());
             }
         };
-        // In-capsule data must be described by an offset-0 SGL of exactly its length, within
-        // what this queue accepts in a capsule; and an in-capsule SGL needs the data.
-        let limit = self.incapsule_limit();
+        // The core checked the in-capsule SGL against the queue's limit; the capsule must carry
+        // exactly the data it describes, and no data without one.
         let bad = match (cmd.xfer, cmd.sgl) {
-            (Xfer::FromHost(len), Some(Sgl::InCapsule { offset, len: l })) => {
-                if offset != 0 || l as u64 + offset > limit as u64 {
-                    Some(Status::SGL_INVALID_OFFSET.dnr())
-                } else if data_len != len || l != len {
-                    Some(Status::SGL_INVALID_DATA.dnr())
-                } else {
-                    None
-                }
+            (Xfer::FromHost(len), Some(Sgl::InCapsule { .. })) => {
+                (data_len != len).then_some(Status::SGL_INVALID_DATA.dnr())
             }
             _ if data_len > 0 => Some(Status::SGL_INVALID_DATA.dnr()),
             _ => None,
         };
         self.slots[s].cmd = Some(cmd);
         if let Some(st) = bad {
-            self.fail_early(slot, st, data_len, None);
+            self.fail_early(slot, st, data_len, None, now);
             return Ok(());
         }
         let xfer = self.slots[s].cmd.as_ref().map(|c| c.xfer);
@@ -526,7 +516,7 @@ impl Conn {
     }
 
     /// Complete a command that failed before execution; drop its in-capsule data first.
-    fn fail_early(&mut self, slot: u16, st: Status, data_len: u32, cqe: Option<Cqe>) {
+    fn fail_early(&mut self, slot: u16, st: Status, data_len: u32, cqe: Option<Cqe>, now: Instant) {
         let s = slot as usize;
         if data_len > 0 {
             self.slots[s].state = SlotState::Discarding;
@@ -534,17 +524,13 @@ impl Conn {
             self.dst = DataDst::Discard { slot };
         } else {
             let cqe = cqe.unwrap_or_else(|| {
-                self.queue
-                    .complete_status(self.slots[s].cmd.as_ref().expect("slot has a command"), st)
+                self.queue.complete_status(
+                    self.slots[s].cmd.as_ref().expect("slot has a command"),
+                    st,
+                    now,
+                )
             });
             self.send_cqe_only(slot, cqe);
-        }
-    }
-
-    fn incapsule_limit(&self) -> u32 {
-        match self.queue.qid() {
-            Some(q) if q > 0 => self.caps.in_capsule_data,
-            _ => ADMIN_INCAPSULE,
         }
     }
 
@@ -662,9 +648,11 @@ impl Conn {
                     .pending_status
                     .take()
                     .unwrap_or(Status::INTERNAL);
-                let cqe = self
-                    .queue
-                    .complete_status(self.slots[s].cmd.as_ref().expect("slot has a command"), st);
+                let cqe = self.queue.complete_status(
+                    self.slots[s].cmd.as_ref().expect("slot has a command"),
+                    st,
+                    now,
+                );
                 self.send_cqe_only(slot, cqe);
             }
             DataDst::Slot { slot, .. } => {
@@ -685,6 +673,7 @@ impl Conn {
                     let cqe = self.queue.complete_status(
                         self.slots[s].cmd.as_ref().expect("slot has a command"),
                         Status::TRANSIENT_TRANSPORT,
+                        now,
                     );
                     self.respond(slot, cqe, 0, store);
                     return;
@@ -720,7 +709,13 @@ impl Conn {
     }
 
     /// A backend op of this connection completed.
-    pub fn backend_done(&mut self, slot: u16, res: Result<u32, i32>, store: &mut dyn Store) {
+    pub fn backend_done(
+        &mut self,
+        slot: u16,
+        res: Result<u32, i32>,
+        store: &mut dyn Store,
+        now: Instant,
+    ) {
         self.inflight -= 1;
         if self.phase == Phase::Closing {
             self.release_slot(slot, store);
@@ -730,7 +725,7 @@ impl Conn {
             .cmd
             .as_ref()
             .expect("executing slot has a command");
-        let cqe = self.queue.complete_io(cmd, res.map(|_| ()));
+        let cqe = self.queue.complete_io(cmd, res.map(|_| ()), now);
         let data_len = match cmd.xfer {
             Xfer::ToHost(len) if cqe.status().is_success() => len,
             _ => 0,
@@ -742,23 +737,15 @@ impl Conn {
     /// makes it implicit), then release the slot once sent.
     fn respond(&mut self, slot: u16, cqe: Cqe, data_len: u32, store: &mut dyn Store) {
         let s = slot as usize;
-        if let Some(cmd) = &self.slots[s].cmd {
-            if cmd.sqe.is_fabrics()
-                && cmd.sqe.fctype() == nvme::opcode::fctype::CONNECT
-                && cqe.status().is_success()
-            {
-                // Connect CATTR (SQE byte 46) bit 2: SQ flow control disable (NVMe-oF 1.1
-                // Figure 20). Only then may C2HData carry SUCCESS (NVMe/TCP 1.0, 3.6.2.7).
-                self.sqflow_disabled = (cmd.sqe.cdw11.get() >> 16) & 0x4 != 0;
-            }
-        }
         self.slots[s].state = SlotState::Sending;
         if data_len > 0 {
             let b = self.slots[s]
                 .buf
                 .expect("data to host comes from the slot buffer");
             let data = store.payload(b, data_len as usize);
-            let success = cqe.status().is_success() && self.sqflow_disabled;
+            // Only with SQ flow control disabled may C2HData carry SUCCESS (NVMe/TCP 1.0,
+            // 3.6.2.7).
+            let success = cqe.status().is_success() && self.queue.sq_flow_control_disabled();
             let d = DataPdu {
                 cccid: cqe.cid(),
                 ttag: 0,
@@ -784,9 +771,6 @@ impl Conn {
         } else {
             self.push_cqe(&cqe);
         }
-        if !cqe.status().is_success() {
-            self.stats.errors += 1;
-        }
         self.tx.push_release(slot as u32);
     }
 
@@ -798,9 +782,6 @@ impl Conn {
     fn send_cqe_only(&mut self, slot: u16, cqe: Cqe) {
         self.slots[slot as usize].state = SlotState::Sending;
         self.push_cqe(&cqe);
-        if !cqe.status().is_success() {
-            self.stats.errors += 1;
-        }
         self.tx.push_release(slot as u32);
     }
 

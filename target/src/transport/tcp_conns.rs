@@ -81,7 +81,7 @@ impl TcpConns {
     fn remove(&mut self, k: usize, cx: &mut Cx<'_>) {
         if let Some(c) = self.conns[k].take() {
             let _ = cx.epoll.delete(c.fd());
-            self.closed_totals.add(&c.stats);
+            self.closed_totals.add(&c.stats_now());
             self.free_keys.push(k as u32);
             self.live -= 1;
             debug!(poller = self.poller, peer = %c.peer, "connection released");
@@ -123,7 +123,7 @@ impl Conns for TcpConns {
     ) -> bool {
         match self.conns.get_mut(conn as usize) {
             Some(Some(c)) => {
-                c.backend_done(slot as u16, res, cx.store);
+                c.backend_done(slot as u16, res, cx.store, cx.now);
                 true
             }
             _ => false,
@@ -204,7 +204,7 @@ impl Conns for TcpConns {
     fn publish(&mut self, stats: &PollerStats, _cx: &mut Cx<'_>) {
         let mut t = self.closed_totals;
         for c in self.conns.iter().flatten() {
-            t.add(&c.stats);
+            t.add(&c.stats_now());
         }
         stats.tcp.store(self.live, &t);
     }

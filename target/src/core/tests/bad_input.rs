@@ -644,7 +644,7 @@ fn errno_mapping() {
     for (errno, status) in cases {
         match q.rw(io::READ, 1, 3, 1, 12) {
             Reply::Io(_, cmd) => {
-                let c = q.q.complete_io(&cmd, Err(errno));
+                let c = q.q.complete_io(&cmd, Err(errno), q.now);
                 assert_eq!(c.status(), status, "errno {errno}");
                 assert_eq!(c.cid(), cmd.sqe.cid());
             }
@@ -653,11 +653,101 @@ fn errno_mapping() {
     }
     match q.rw(io::WRITE, 1, 3, 1, 12) {
         Reply::Io(_, cmd) => {
-            let c = q.q.complete_status(&cmd, Status::DATA_XFER_ERROR);
+            let c = q.q.complete_status(&cmd, Status::DATA_XFER_ERROR, q.now);
             assert_eq!(c.status(), Status::DATA_XFER_ERROR);
         }
         r => panic!("{r:?}"),
     }
     let st = q.q.stats();
     assert_eq!((st.errors, st.read_cmds, st.bytes_written), (10, 0, 0));
+}
+
+/// What an NVMe/RDMA connection was set up for (its CM request's qid and RECVs, and what its
+/// RECVs hold) bounds the Connect on it and its in-capsule data; the core answers, with the
+/// parameter's place, before anything is created.
+#[test]
+fn connect_and_in_capsule_data_within_the_connections_limits() {
+    let t = test_target();
+    let mut a = Host::new(&t, rdma_caps(), Instant::now());
+    let cntlid = a.bring_up(SUBNQN, HOSTNQN);
+    a.set_features(feat::NUM_QUEUES, 1 | 1 << 16, &[])
+        .ok_result();
+    let good = ConnectData::new(HOSTID, cntlid, SUBNQN, HOSTNQN);
+    // An I/O connection set up for qid 1 with 32 RECVs of 4 KiB in-capsule data.
+    let limited = |t: &Arc<Target>| {
+        let mut h = Host::new(t, rdma_caps(), Instant::now());
+        h.q = Queue::with_limits(
+            t.clone(),
+            rdma_caps(),
+            QueueLimits {
+                in_capsule_admin: 0,
+                in_capsule_io: 4096,
+                max_depth: Some(32),
+                qid: Some(1),
+            },
+            "192.0.2.100:51234".into(),
+        );
+        h
+    };
+    // Connect for another queue than the connection's: Invalid Parameters at QID.
+    let mut h = limited(&t);
+    let keyed = Sgl::Keyed {
+        addr: 0x1000,
+        len: 1024,
+        key: 0x55,
+        invalidate: false,
+    };
+    let cid = h.next_cid();
+    let r = h.submit(connect_sqe(cid, 2, 31, 0, 0, keyed), &good.encode());
+    expect_param(r, InvalidAttr::Sqe, soff::QID);
+    assert_eq!(h.q.qid(), None);
+    // More entries than the connection has RECVs: Invalid Parameters at SQSIZE.
+    let cid = h.next_cid();
+    let r = h.submit(connect_sqe(cid, 1, 32, 0, 0, keyed), &good.encode());
+    expect_param(r, InvalidAttr::Sqe, soff::SQSIZE);
+    // In-capsule Connect data on a connection whose admin-stage RECVs hold none.
+    let cid = h.next_cid();
+    let r = h.submit(
+        connect_sqe(
+            cid,
+            1,
+            31,
+            0,
+            0,
+            Sgl::InCapsule {
+                offset: 0,
+                len: 1024,
+            },
+        ),
+        &good.encode(),
+    );
+    expect(r, Status::SGL_INVALID_OFFSET.dnr());
+    // The Connect that fits: 32 entries, qid 1.
+    let cid = h.next_cid();
+    h.submit(connect_sqe(cid, 1, 31, 0, 0, keyed), &good.encode())
+        .ok_result();
+    assert_eq!((h.q.qid(), h.q.in_capsule_limit()), (Some(1), 4096));
+    // A write with 4 KiB in the capsule passes, 8 KiB (more than the RECVs hold) does not.
+    let cid = h.next_cid();
+    let mut w = nvme::Sqe::new(io::WRITE, cid);
+    w.nsid = 1.into();
+    w.cdw12 = 0.into(); // 1 block of 4 KiB
+    w.dptr = Sgl::InCapsule {
+        offset: 0,
+        len: 4096,
+    }
+    .encode();
+    assert!(matches!(h.submit(w, &[0; 4096]), Reply::Io(..)));
+    let cid = h.next_cid();
+    let mut w = nvme::Sqe::new(io::WRITE, cid);
+    w.nsid = 1.into();
+    w.cdw12 = 1.into();
+    w.dptr = Sgl::InCapsule {
+        offset: 0,
+        len: 8192,
+    }
+    .encode();
+    expect(h.submit(w, &[0; 8192]), Status::SGL_INVALID_OFFSET.dnr());
+    // Without limits (NVMe/TCP) the same Connects pass the transport checks.
+    assert_eq!(QueueLimits::tcp(&tcp_caps()).max_in_capsule(), 8192);
 }

@@ -9,7 +9,7 @@ use super::*;
 /// Feed `sqe` through parse/execute/complete like a transport would; returns every CQE the
 /// command produced (none while it is held).
 fn drive(h: &mut Host, sqe: Sqe, payload_byte: u8) -> Vec<Cqe> {
-    let cmd = match h.q.parse(&sqe) {
+    let cmd = match h.q.parse(&sqe, h.now) {
         Err(c) => return vec![c],
         Ok(cmd) => cmd,
     };
@@ -41,7 +41,7 @@ fn drive(h: &mut Host, sqe: Sqe, payload_byte: u8) -> Vec<Cqe> {
             } else {
                 Err(-(payload_byte as i32))
             };
-            vec![h.q.complete_io(&cmd, res)]
+            vec![h.q.complete_io(&cmd, res, h.now)]
         }
         Exec::Deferred => Vec::new(),
     }
@@ -125,7 +125,7 @@ proptest! {
         let t = test_target();
         let mut h = Host::new(&t, tcp_caps(), Instant::now());
         let sqe = Sqe::decode(&raw).unwrap();
-        match h.q.parse(&sqe) {
+        match h.q.parse(&sqe, h.now) {
             Err(c) => prop_assert_eq!(c.cid(), sqe.cid()),
             Ok(cmd) => {
                 let mut buf = data.clone();

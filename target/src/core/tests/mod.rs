@@ -218,7 +218,7 @@ impl Host {
 
     /// Parse and execute `sqe` with `data` as the host's payload.
     pub fn submit(&mut self, sqe: Sqe, data: &[u8]) -> Reply {
-        let cmd = match self.q.parse(&sqe) {
+        let cmd = match self.q.parse(&sqe, self.now) {
             Err(c) => return Reply::Rejected(c),
             Ok(cmd) => cmd,
         };
@@ -251,7 +251,7 @@ impl Host {
     /// Run a backend op "successfully" and complete it.
     pub fn finish_io(&mut self, r: Reply) -> Cqe {
         match r {
-            Reply::Io(_, cmd) => self.q.complete_io(&cmd, Ok(())),
+            Reply::Io(_, cmd) => self.q.complete_io(&cmd, Ok(()), self.now),
             r => panic!("expected an I/O, got {r:?}"),
         }
     }

@@ -42,19 +42,16 @@ use ::rdma::{
     AccessFlags, CmId, ConnParam, Cq, Mr, Qp, QpInitAttr, RemoteBuf, SendWr, WcStatus,
     WorkCompletion, MAX_CHAIN,
 };
-use nvme::fabrics::{connect_sqe_off, ConnectCmd, ConnectResult, InvalidAttr};
 use nvme::rdma::CmReply;
 use nvme::sgl::Sgl;
 use nvme::{Sqe, Status};
 use tracing::{debug, info, warn};
 
-use super::params::{
-    connect_sqsize_fits, split_wr_id, wr_id, QueueSizing, WrKind, CQE_BYTES, SQE_BYTES,
-};
+use super::params::{split_wr_id, wr_id, QueueSizing, WrKind, CQE_BYTES, SQE_BYTES};
 use super::poller::{DevRes, RegionInfo, RegionKind};
 use super::request::{Req, ReqState, StagedSend, StateCounts};
 use crate::backend::BufId;
-use crate::core::{Cmd, Exec, Queue, QueueEvent, Target, TransportCaps, Xfer};
+use crate::core::{Cmd, Exec, Queue, QueueEvent, QueueLimits, Target, TransportCaps, Xfer};
 use crate::store::RingStore;
 use crate::transport::{ConnStats, ReqRef, Store};
 
@@ -103,6 +100,8 @@ pub(super) struct Setup<'a> {
     pub target: Arc<Target>,
     pub caps: TransportCaps,
     pub send_with_inv: bool,
+    /// Response SENDs inline where the device allows it (see [`Conn`]'s `inline_rsp`).
+    pub inline_rsp: bool,
 }
 
 /// One NVMe/RDMA connection (one NVMe queue).
@@ -112,6 +111,16 @@ pub(super) struct Conn {
     qp: Option<Qp>,
     id: Arc<CmId>,
     cq: Arc<Cq>,
+    /// Response SENDs carry the 16-byte CQE inline (copied into the work request at post
+    /// time). Besides sparing the device a memory lookup, this avoids a soft-iWARP race: siw
+    /// copies a SEND of at most a header's worth of bytes from the sender's memory when it
+    /// builds the frame, with `copy_from_user` while `in_syscall` is set by a thread posting in
+    /// `ibv_post_send`; its transmit kthread, woken by socket write space, can build the same
+    /// queue pair's frame meanwhile and then fails that copy (no user memory in a kthread):
+    /// "wqe type 3 processing failed: -14", a catastrophic TERMINATE, the connection gone. An
+    /// inline SEND is copied from the work request, never from user memory. (The kernel target
+    /// posts from kernel memory and never takes that path.)
+    inline_rsp: bool,
     /// The connection's own RECV buffers; None on a shared receive queue.
     recv_mr: Option<Mr>,
     rsp_mr: Mr,
@@ -175,21 +184,32 @@ impl Conn {
             &dev.chan,
             s.key as u64,
         )?);
-        let qp = Qp::create(
+        let attr = |max_inline_data| QpInitAttr {
+            send_cq: &cq,
+            recv_cq: &cq,
+            srq: dev.srq.as_ref().map(|q| q.srq()),
+            max_send_wr: z.max_send_wr,
+            max_recv_wr: z.recvs,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data,
+            sq_sig_all: false,
+        };
+        // Responses go inline (see `inline_rsp`); a device without inline sends gets a QP
+        // without.
+        let qp = match Qp::create(
             &s.id,
             &dev.pd,
-            &QpInitAttr {
-                send_cq: &cq,
-                recv_cq: &cq,
-                srq: dev.srq.as_ref().map(|q| q.srq()),
-                max_send_wr: z.max_send_wr,
-                max_recv_wr: z.recvs,
-                max_send_sge: 1,
-                max_recv_sge: 1,
-                max_inline_data: 0,
-                sq_sig_all: false,
-            },
-        )?;
+            &attr(if s.inline_rsp { CQE_BYTES as u32 } else { 0 }),
+        ) {
+            Ok(qp) => qp,
+            Err(e) if s.inline_rsp => {
+                debug!(device = %dev.name, error = %e, "no inline sends: responses SEND from their buffer");
+                Qp::create(&s.id, &dev.pd, &attr(0))?
+            }
+            Err(e) => return Err(e),
+        };
+        let inline_rsp = qp.caps().max_inline_data >= CQE_BYTES as u32;
         let srq = dev.srq.is_some();
         let recv_mr = if srq {
             None
@@ -208,6 +228,7 @@ impl Conn {
         let mut slots = Vec::with_capacity(z.slots as usize);
         slots.resize_with(z.slots as usize, Req::new);
         let mut c = Conn {
+            inline_rsp,
             // The provider may round the send queue up; credits use what was asked for.
             sq_free: z.max_send_wr.min(qp.caps().max_send_wr),
             qp: Some(qp),
@@ -219,7 +240,19 @@ impl Conn {
             tag: s.tag,
             key: s.key,
             dev: s.dev_index,
-            queue: Queue::new(s.target, s.caps, peer.clone()),
+            // The core validates Connect (qid, SQSIZE) and in-capsule SGLs against what this
+            // connection was set up for.
+            queue: Queue::with_limits(
+                s.target,
+                s.caps,
+                QueueLimits {
+                    in_capsule_admin: s.sizing.in_capsule,
+                    in_capsule_io: s.sizing.in_capsule,
+                    max_depth: Some(s.sizing.recvs.min(u32::from(u16::MAX)) as u16),
+                    qid: Some(s.cm_qid),
+                },
+                peer.clone(),
+            ),
             peer,
             cm_qid: s.cm_qid,
             sizing: z,
@@ -300,6 +333,11 @@ impl Conn {
 
     pub fn qid(&self) -> Option<u16> {
         self.queue.qid()
+    }
+
+    /// This connection's counters, with the core queue's commands and error completions.
+    pub fn stats_now(&self) -> ConnStats {
+        self.stats.with_queue(&self.queue.stats())
     }
 
     pub fn is_closing(&self) -> bool {
@@ -605,9 +643,8 @@ impl Conn {
                 return;
             }
         };
-        self.stats.commands += 1;
         let data_bytes = byte_len - SQE_BYTES as u32;
-        let cmd = match self.queue.parse(&sqe) {
+        let cmd = match self.queue.parse(&sqe, env.now) {
             Ok(cmd) => cmd,
             Err(cqe) => {
                 let r = &mut self.slots[slot as usize];
@@ -631,16 +668,14 @@ impl Conn {
         };
         let no_data = cmd.xfer == Xfer::None;
         self.slots[slot as usize].cmd = Some(cmd);
+        // The core checked the SGL against what this queue's RECVs hold (its limits); the capsule
+        // must carry the data it describes.
         let bad = match in_capsule {
-            // More than this queue's RECV buffers hold (admin RECVs hold none): nvmet answers
-            // SGL Offset Invalid.
-            Some(len) if len > self.sizing.in_capsule => Some(Status::SGL_INVALID_OFFSET),
-            // The capsule is shorter than its SGL says.
             Some(len) if len > data_bytes => Some(Status::SGL_INVALID_DATA),
             _ => None,
         };
         if let Some(st) = bad {
-            self.fail(slot, st.dnr());
+            self.fail(slot, st.dnr(), env.now);
             if self.repost(recv, env) {
                 self.advance(slot, env);
             }
@@ -666,10 +701,10 @@ impl Conn {
     }
 
     /// Completes a request with a transport-detected status (before any data moved).
-    fn fail(&mut self, slot: u32, st: Status) {
+    fn fail(&mut self, slot: u32, st: Status, now: Instant) {
         let r = &mut self.slots[slot as usize];
         let cmd = r.cmd.as_ref().expect("a failing request has its command");
-        r.cqe = Some(self.queue.complete_status(cmd, st));
+        r.cqe = Some(self.queue.complete_status(cmd, st, now));
         r.data_len = 0;
         self.set(slot, ReqState::ReadyToComplete);
     }
@@ -781,7 +816,7 @@ impl Conn {
                 // The RECV buffer's bounds were checked against the capsule length at parse time.
                 if let Err(e) = self.read_recv(env.dev, recv, SQE_BYTES, dst) {
                     warn!(peer = %self.peer, error = %e, "in-capsule data out of range");
-                    self.fail(slot, Status::INTERNAL);
+                    self.fail(slot, Status::INTERNAL, env.now);
                 } else {
                     self.stats.copied_bytes += u64::from(len);
                     self.set(slot, ReqState::ReadyToExecute);
@@ -805,7 +840,7 @@ impl Conn {
         let r = &self.slots[s];
         let b = r.buf.expect("reading request has a buffer");
         let Some(Sgl::Keyed { addr, len, key, .. }) = r.cmd.as_ref().and_then(|c| c.sgl) else {
-            self.fail(slot, Status::INTERNAL);
+            self.fail(slot, Status::INTERNAL, env.now);
             return;
         };
         let remote = RemoteBuf {
@@ -819,7 +854,7 @@ impl Conn {
                 Ok(p) => p.as_ptr(),
                 Err(e) => {
                     warn!(peer = %self.peer, error = %e, "pool buffer lookup failed");
-                    self.fail(slot, Status::INTERNAL);
+                    self.fail(slot, Status::INTERNAL, env.now);
                     return;
                 }
             };
@@ -842,7 +877,7 @@ impl Conn {
                 Err(e) => {
                     warn!(peer = %self.peer, error = %e,
                         "registering an RDMA READ sink failed: failing the command");
-                    self.fail(slot, Status::DATA_XFER_ERROR);
+                    self.fail(slot, Status::DATA_XFER_ERROR, env.now);
                     return;
                 }
             }
@@ -851,7 +886,7 @@ impl Conn {
                 Ok(sge) => (sge, None),
                 Err(e) => {
                     warn!(peer = %self.peer, error = %e, "pool SGE out of range");
-                    self.fail(slot, Status::INTERNAL);
+                    self.fail(slot, Status::INTERNAL, env.now);
                     return;
                 }
             }
@@ -890,31 +925,6 @@ impl Conn {
     fn execute(&mut self, slot: u32, env: &mut Env<'_>) {
         let s = slot as usize;
         let cmd = self.slots[s].cmd.take().expect("request has its command");
-        let connect = cmd.sqe.is_fabrics() && cmd.sqe.fctype() == nvme::opcode::fctype::CONNECT;
-        if connect
-            && !connect_sqsize_fits(
-                ConnectCmd::from_sqe(&cmd.sqe).sqsize.get(),
-                self.sizing.recvs,
-            )
-        {
-            let mut cqe = self
-                .queue
-                .complete_status(&cmd, Status::CONNECT_INVALID_PARAM.dnr());
-            cqe.result = ConnectResult::InvalidParam {
-                attr: InvalidAttr::Sqe,
-                offset: connect_sqe_off::SQSIZE,
-            }
-            .encode()
-            .into();
-            debug!(peer = %self.peer, recvs = self.sizing.recvs,
-                "Connect SQSIZE exceeds the RDMA CM request's queue: Invalid Parameters");
-            let r = &mut self.slots[s];
-            r.cmd = Some(cmd);
-            r.cqe = Some(cqe);
-            r.data_len = 0;
-            self.set(slot, ReqState::ReadyToComplete);
-            return;
-        }
         let ex = match self.slots[s].buf {
             Some(b) => self.queue.execute(&cmd, env.store.buf(b), env.now),
             None => self.queue.execute(&cmd, &mut [], env.now),
@@ -922,18 +932,10 @@ impl Conn {
         self.slots[s].cmd = Some(cmd);
         match ex {
             Exec::Done { cqe, data_len } => {
-                let ok = cqe.status().is_success();
                 let r = &mut self.slots[s];
                 r.cqe = Some(cqe);
                 r.data_len = data_len;
                 self.set(slot, ReqState::ReadyToComplete);
-                if connect && ok && self.queue.qid() != Some(self.cm_qid) {
-                    // The RECVs were sized for the CM request's queue (admin: no in-capsule
-                    // data), so a Connect for another queue cannot be served here.
-                    warn!(peer = %self.peer, cm_qid = self.cm_qid, connect_qid = ?self.queue.qid(),
-                        "Connect names another queue than the RDMA CM request: closing");
-                    self.close("Connect qid differs from the CM request qid", env);
-                }
             }
             Exec::Io(op) => {
                 self.set(slot, ReqState::Executing);
@@ -963,7 +965,7 @@ impl Conn {
         }
         let r = &mut self.slots[slot as usize];
         let cmd = r.cmd.as_ref().expect("executing request has its command");
-        let cqe = self.queue.complete_io(cmd, res.map(|_| ()));
+        let cqe = self.queue.complete_io(cmd, res.map(|_| ()), env.now);
         r.data_len = match cmd.xfer {
             Xfer::ToHost(len) if cqe.status().is_success() => len,
             _ => 0,
@@ -997,14 +999,11 @@ impl Conn {
         if self.slots[s].data_len > 0 && keyed.is_none() {
             // parse only hands out ToHost transfers with a keyed SGL on RDMA.
             warn!(peer = %self.peer, "read data without a keyed SGL: failing the command");
-            self.fail(slot, Status::INTERNAL);
+            self.fail(slot, Status::INTERNAL, env.now);
         }
         let r = &mut self.slots[s];
         let cqe = r.cqe.take().expect("a completing request has its CQE");
         let data_len = r.data_len;
-        if !cqe.status().is_success() {
-            self.stats.errors += 1;
-        }
         let off = s * CQE_BYTES;
         let rsp = match self
             .rsp_mr
@@ -1097,11 +1096,12 @@ impl Conn {
                     }
                     let id = wr_id(WrKind::Send, slot);
                     let rsp = std::slice::from_ref(&st.rsp);
-                    wrs[n] = match st.inv {
+                    let send = match st.inv {
                         Some(k) => SendWr::send_with_inv(id, rsp, k),
                         None => SendWr::send(id, rsp),
                     }
                     .signaled();
+                    wrs[n] = if self.inline_rsp { send.inline() } else { send };
                     n += 1;
                     end += 1;
                 }

@@ -143,10 +143,28 @@ impl SendWithInvalidate {
     }
 }
 
+/// Environment variable that turns inline response SENDs off (`off`; default `on`): for
+/// diagnosing the soft-iWARP transmit race they avoid (see `Conn::inline_rsp`), not for use.
+pub const INLINE_RSP_ENV: &str = "NVMF_RDMA_INLINE_RSP";
+
+/// Whether response SENDs go inline: [`INLINE_RSP_ENV`], on when unset.
+pub fn inline_responses_from_env() -> Result<bool, String> {
+    match std::env::var(INLINE_RSP_ENV) {
+        Err(_) => Ok(true),
+        Ok(v) => match v.trim().to_ascii_lowercase().as_str() {
+            "on" | "1" | "true" | "yes" | "" => Ok(true),
+            "off" | "0" | "false" | "no" => Ok(false),
+            other => Err(format!("{INLINE_RSP_ENV}={other:?}: expected on or off")),
+        },
+    }
+}
+
 /// RDMA-specific settings.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy)]
 pub struct RdmaOptions {
     pub send_with_invalidate: SendWithInvalidate,
+    /// Response SENDs carry the CQE inline where the device allows it ([`INLINE_RSP_ENV`]).
+    pub inline_responses: bool,
     /// `target.rdma_srq_depth`: RECVs of each poller's shared receive queue per device, 0 for
     /// a receive queue per queue pair (see `srq.rs`).
     pub srq_depth: u32,

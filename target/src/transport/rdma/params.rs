@@ -64,15 +64,6 @@ pub fn check_connect(
     Ok(Accepted { req, depth, ord })
 }
 
-/// Whether a Fabrics Connect's SQSIZE (0's based) fits the RECVs the CM request made this queue
-/// post (`recvs` = `hsqsize + 1`). A larger SQSIZE would let the host keep more capsules in
-/// flight than there are RECVs: RNR stalls on RoCE, a TERMINATE on iWARP. nvmet does not check
-/// this; SPDK's host sends `hsqsize = sqsize + 1` and Linux `hsqsize = sqsize`, so only a larger
-/// SQSIZE is refused (Connect Invalid Parameters at SQSIZE).
-pub fn connect_sqsize_fits(sqsize: u16, recvs: u32) -> bool {
-    u32::from(sqsize) < recvs
-}
-
 /// Device limits that bound a queue pair.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DeviceLimits {
@@ -253,21 +244,6 @@ mod tests {
         max_qp_wr: 1 << 20,
         max_cqe: 1 << 20,
     };
-
-    #[test]
-    fn connect_sqsize_must_fit_the_cm_queue() {
-        // Linux: hsqsize = sqsize (admin 31/31, I/O 127/127); SPDK: hsqsize = sqsize + 1.
-        for (hsqsize, sqsize) in [(31u16, 31u16), (127, 127), (128, 127), (7, 1)] {
-            let recvs = check_connect(&req(1, hsqsize + 1, hsqsize), 1024, 1, 1)
-                .unwrap()
-                .depth;
-            assert!(connect_sqsize_fits(sqsize, recvs), "{hsqsize} {sqsize}");
-        }
-        // A Connect asking for more entries than the CM request's RECVs.
-        let recvs = check_connect(&req(1, 8, 7), 128, 1, 1).unwrap().depth;
-        assert!(!connect_sqsize_fits(8, recvs));
-        assert!(!connect_sqsize_fits(u16::MAX, recvs));
-    }
 
     #[test]
     fn sizing_follows_the_queue_and_the_device() {

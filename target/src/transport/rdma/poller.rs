@@ -346,6 +346,7 @@ impl RdmaConns {
             target: self.target.clone(),
             caps: caps.clone(),
             send_with_inv: d.send_with_inv,
+            inline_rsp: self.setup.options.inline_responses,
         };
         let conn = Conn::new(setup).and_then(|c| c.accept().map(|()| c));
         let conn = match conn {
@@ -449,7 +450,7 @@ impl RdmaConns {
         let Some(mut c) = self.conns[k].take() else {
             return;
         };
-        self.closed_totals.add(&c.stats);
+        self.closed_totals.add(&c.stats_now());
         self.closed_io_mrs += c.io_mrs_total;
         self.tags.remove(&c.tag);
         self.free_keys.push(k as u32);
@@ -641,7 +642,7 @@ impl Conns for RdmaConns {
             .sum();
         let mut states = [0u32; STATE_COUNT];
         for c in self.conns.iter().flatten() {
-            t.add(&c.stats);
+            t.add(&c.stats_now());
             io_mrs_total += c.io_mrs_total;
             mrs += c.regions_held() + c.io_mrs;
             for (s, n) in states.iter_mut().zip(c.counts().0) {
