@@ -21,7 +21,7 @@ use libfuzzer_sys::fuzz_target;
 use nvme::tcp::{Pdu, PduCollector, RxConfig};
 use nvmf_fuzz::{admin_controller, fuzz_caps, fuzz_target_core, Chunker, MemStore, StreamInput};
 use nvmf_target::core::{QueueLimits, Target, Waker};
-use nvmf_target::transport::tcp::{Conn, Wants};
+use nvmf_target::transport::tcp::{Conn, SlotState, Wants};
 use nvmf_target::transport::{Kind, ReqRef, Store};
 
 fn listener() -> &'static TcpListener {
@@ -94,6 +94,13 @@ fuzz_target!(|data: &[u8]| {
         pump.run(&mut conn, &mut store);
     }
     assert!(conn.is_finished());
+    // Closed and drained: no slot holds a command any more.
+    let counts = conn.state_counts();
+    assert_eq!(
+        counts[SlotState::Free as usize],
+        fuzz_caps().max_queue_depth as u32,
+        "slots not released at close: {counts:?}"
+    );
     assert_eq!(
         store.buffers_in_use(),
         0,
@@ -145,6 +152,13 @@ impl Pump {
         }
         conn.tick(store, now);
         conn.flush(store);
+        // Every slot is in exactly one state, whatever the input did.
+        let counts = conn.state_counts();
+        assert_eq!(
+            counts.iter().sum::<u32>(),
+            fuzz_caps().max_queue_depth as u32,
+            "slot state counts {counts:?}"
+        );
         moved
     }
 }

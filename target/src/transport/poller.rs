@@ -12,7 +12,7 @@
 use std::collections::VecDeque;
 use std::net::{TcpListener, TcpStream};
 use std::os::fd::AsFd;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
@@ -90,6 +90,9 @@ pub struct PollerStats {
     pub ring_enters: AtomicU64,
     /// Memory regions, shared receive queues and request states of the RDMA connections.
     pub verbs: VerbsStats,
+    /// NVMe/TCP request slots in each [`SlotState`](super::tcp::SlotState) over all
+    /// connections (index = state).
+    pub tcp_requests: [AtomicU32; super::tcp::SLOT_STATES],
 }
 
 /// What a poller takes on its channel (each send also wakes it).

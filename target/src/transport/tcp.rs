@@ -33,9 +33,11 @@ const READ_BUDGET: u32 = 16;
 /// Data still outstanding at or above this size is read directly into the slot's buffer.
 const DIRECT_READ_MIN: usize = 4096;
 
-/// What a request slot is doing.
+/// What a request slot is doing. Changed only through `Conn::set`, which keeps the per-state
+/// counts (`Conn::state_counts`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum SlotState {
+pub enum SlotState {
+    /// No command.
     Free,
     /// Waiting for a buffer from the pool.
     NeedBuffer,
@@ -51,6 +53,22 @@ enum SlotState {
     Sending,
     /// Command failed before execution; its in-capsule data is being read and dropped.
     Discarding,
+}
+
+/// Number of [`SlotState`]s (index = `state as usize`).
+pub const SLOT_STATES: usize = 8;
+
+impl SlotState {
+    pub const ALL: [SlotState; SLOT_STATES] = [
+        SlotState::Free,
+        SlotState::NeedBuffer,
+        SlotState::RecvInCapsule,
+        SlotState::RecvH2C,
+        SlotState::Executing,
+        SlotState::Deferred,
+        SlotState::Sending,
+        SlotState::Discarding,
+    ];
 }
 
 struct Slot {
@@ -120,6 +138,8 @@ pub struct Conn {
     queue: Queue,
     caps: TransportCaps,
     slots: Vec<Slot>,
+    /// Slots per [`SlotState`] (see `Conn::set`).
+    counts: [u32; SLOT_STATES],
     free_slots: Vec<u16>,
     /// Backend operations in flight.
     pub inflight: u32,
@@ -187,6 +207,11 @@ impl Conn {
             txcfg: TxConfig::default(),
             caps,
             slots,
+            counts: {
+                let mut c = [0; SLOT_STATES];
+                c[SlotState::Free as usize] = n as u32;
+                c
+            },
             free_slots,
             inflight: 0,
             stats: ConnStats::default(),
@@ -501,7 +526,7 @@ impl Conn {
             match store.alloc_buf() {
                 Some(b) => self.slots[s].buf = Some(b),
                 None => {
-                    self.slots[s].state = SlotState::NeedBuffer;
+                    self.set(s as u16, SlotState::NeedBuffer);
                     if data_len > 0 {
                         // The data follows on the stream: stop reading until a buffer frees up.
                         self.stalled = Some((sqe, data_len));
@@ -519,7 +544,7 @@ impl Conn {
     fn fail_early(&mut self, slot: u16, st: Status, data_len: u32, cqe: Option<Cqe>, now: Instant) {
         let s = slot as usize;
         if data_len > 0 {
-            self.slots[s].state = SlotState::Discarding;
+            self.set(s as u16, SlotState::Discarding);
             self.slots[s].pending_status = Some(st);
             self.dst = DataDst::Discard { slot };
         } else {
@@ -540,7 +565,7 @@ impl Conn {
         let cmd = self.slots[s].cmd.as_ref().expect("slot has a command");
         match cmd.xfer {
             Xfer::FromHost(_) if data_len > 0 => {
-                self.slots[s].state = SlotState::RecvInCapsule;
+                self.set(s as u16, SlotState::RecvInCapsule);
                 self.dst = DataDst::Slot { slot, base: 0 };
             }
             Xfer::FromHost(len) if len > 0 => {
@@ -550,7 +575,7 @@ impl Conn {
                     r2to: 0,
                     r2tl: len,
                 };
-                self.slots[s].state = SlotState::RecvH2C;
+                self.set(s as u16, SlotState::RecvH2C);
                 let h = TxHeader::r2t(&self.txcfg, &r);
                 self.tx.push_inline(h.as_bytes());
             }
@@ -694,13 +719,13 @@ impl Conn {
         match ex {
             Exec::Done { cqe, data_len } => self.respond(slot, cqe, data_len, store),
             Exec::Io(op) => {
-                self.slots[s].state = SlotState::Executing;
+                self.set(s as u16, SlotState::Executing);
                 self.inflight += 1;
                 let ud = ReqRef::tcp(self.conn_key, u32::from(slot)).user_data();
                 store.submit(&op, self.slots[s].buf, ud);
             }
             Exec::Deferred => {
-                self.slots[s].state = SlotState::Deferred;
+                self.set(s as u16, SlotState::Deferred);
                 if let Some(b) = self.slots[s].buf.take() {
                     store.free_buf(b);
                 }
@@ -737,7 +762,7 @@ impl Conn {
     /// makes it implicit), then release the slot once sent.
     fn respond(&mut self, slot: u16, cqe: Cqe, data_len: u32, store: &mut dyn Store) {
         let s = slot as usize;
-        self.slots[s].state = SlotState::Sending;
+        self.set(s as u16, SlotState::Sending);
         if data_len > 0 {
             let b = self.slots[s]
                 .buf
@@ -780,7 +805,7 @@ impl Conn {
     }
 
     fn send_cqe_only(&mut self, slot: u16, cqe: Cqe) {
-        self.slots[slot as usize].state = SlotState::Sending;
+        self.set(slot, SlotState::Sending);
         self.push_cqe(&cqe);
         self.tx.push_release(slot as u32);
     }
@@ -794,8 +819,28 @@ impl Conn {
             store.free_buf(b);
         }
         s.cmd = None;
-        s.state = SlotState::Free;
+        self.set(slot, SlotState::Free);
         self.free_slots.push(slot);
+    }
+
+    /// The one setter of a slot's state: keeps the per-state counts.
+    fn set(&mut self, slot: u16, to: SlotState) {
+        let s = &mut self.slots[slot as usize];
+        let from = s.state;
+        if from == to {
+            return;
+        }
+        debug_assert!(self.counts[from as usize] > 0, "slot state count underflow");
+        self.counts[from as usize] = self.counts[from as usize].saturating_sub(1);
+        self.counts[to as usize] += 1;
+        s.state = to;
+    }
+
+    /// How many slots are in each [`SlotState`] (index = `state as usize`); they sum to the
+    /// slot count, and a connection with nothing in flight has them all `Free` (or `Deferred`:
+    /// AERs parked in the core).
+    pub fn state_counts(&self) -> [u32; SLOT_STATES] {
+        self.counts
     }
 
     /// Send what is queued. Returns true when everything went out.

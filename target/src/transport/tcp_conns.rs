@@ -2,13 +2,14 @@
 //! connection key) and their [`Conn`]s.
 
 use std::net::TcpStream;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use nix::sys::epoll::{EpollEvent, EpollFlags};
 use tracing::{debug, warn};
 
 use super::poller::{Conns, Cx, PollerStats};
-use super::tcp::{Conn, Wants};
+use super::tcp::{Conn, Wants, SLOT_STATES};
 use super::{ConnStats, ReqRef};
 use crate::core::{Target, TransportCaps, Waker};
 
@@ -203,9 +204,16 @@ impl Conns for TcpConns {
 
     fn publish(&mut self, stats: &PollerStats, _cx: &mut Cx<'_>) {
         let mut t = self.closed_totals;
+        let mut states = [0u32; SLOT_STATES];
         for c in self.conns.iter().flatten() {
             t.add(&c.stats_now());
+            for (s, n) in states.iter_mut().zip(c.state_counts()) {
+                *s += n;
+            }
         }
         stats.tcp.store(self.live, &t);
+        for (a, n) in stats.tcp_requests.iter().zip(states) {
+            a.store(n, Ordering::Relaxed);
+        }
     }
 }
