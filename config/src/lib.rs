@@ -59,7 +59,7 @@ pub use model::{
     default_serial, Backing, Config, InvalidUuid, Listener, Metrics, Namespace, Polling, Subsystem,
     TargetSettings, Transport, Uuid, DEFAULT_BLOCK_SIZE, DEFAULT_MODEL, DEFAULT_PORT,
 };
-pub use nqn::{validate_nqn, InvalidNqn, DISCOVERY_NQN, NQN_MAX_BYTES};
+pub use nqn::{check_name_text, validate_nqn, InvalidNqn, DISCOVERY_NQN, NQN_MAX_BYTES};
 pub use size::{Size, SizeError};
 pub use validate::{MAX_IN_CAPSULE_DATA, MAX_IO_SIZE, MAX_SRQ_DEPTH, MIN_IO_SIZE, MIN_SRQ_DEPTH};
 

@@ -14,7 +14,7 @@ use crate::error::{join, Report};
 use crate::model::{
     Backing, Config, Namespace, Subsystem, TargetSettings, Uuid, DEFAULT_BLOCK_SIZE,
 };
-use crate::nqn::{validate_nqn, DISCOVERY_NQN};
+use crate::nqn::{check_name_text, validate_nqn, DISCOVERY_NQN};
 use crate::size::Size;
 
 /// Smallest non-zero `rdma_srq_depth`: one full admin queue (32 commands).
@@ -185,8 +185,14 @@ fn subsystem(s: &Subsystem, path: &str, ns_paths: &[String], r: &mut Report) {
             &nqn_path,
             "this is the discovery subsystem's NQN; choose another name",
         );
-    } else if let Err(e) = validate_nqn(&s.nqn) {
+    } else if let Err(e) = check_name_text(&s.nqn) {
         r.error(&nqn_path, e.to_string());
+    } else if let Err(e) = validate_nqn(&s.nqn) {
+        // nvmet takes any subsystem name; hosts connect with exactly this one.
+        r.warn(
+            &nqn_path,
+            format!("`{}` is not an NVMe Qualified Name ({e}); it is served as it is, as nvmet does, and hosts must connect with exactly this name", s.nqn),
+        );
     }
     ascii_field(&s.serial, 20, "serial", &join(path, "serial"), r);
     ascii_field(&s.model, 40, "model", &join(path, "model"), r);

@@ -279,15 +279,22 @@ fn semantic_rules() {
             "t.yaml:5:12: subsystems[1].nqn:",
             "duplicate subsystem NQN `nqn.2026-11.io.example:a` (first used at line 4)",
         ),
+        // A subsystem name that is no NQN is served with a warning (nvmet takes any name);
+        // hosts must be NQNs.
         case(
-            format!("{L}subsystems:\n  - {{ nqn: nqn.2026-13.io.example:a, allow_any_host: true }}\n"),
-            "t.yaml:4:12: subsystems[0].nqn:",
+            subsys("    hosts: [ nqn.2026-13.io.example:h ]\n"),
+            "t.yaml:5:14: subsystems[0].hosts[0]:",
             "date `yyyy-mm.`",
         ),
         case(
-            format!("{L}subsystems:\n  - {{ nqn: nqn.2026-11.io.example, allow_any_host: true }}\n"),
-            "t.yaml:4:12: subsystems[0].nqn:",
+            subsys("    hosts: [ nqn.2026-11.io.example ]\n"),
+            "t.yaml:5:14: subsystems[0].hosts[0]:",
             "no `:` found",
+        ),
+        case(
+            format!("{L}subsystems:\n  - {{ nqn: \"a\\tb\", allow_any_host: true }}\n"),
+            "t.yaml:4:12: subsystems[0].nqn:",
+            "control character",
         ),
         case(
             format!("{L}subsystems:\n  - {{ nqn: nqn.2014-08.org.nvmexpress.discovery, allow_any_host: true }}\n"),
@@ -486,7 +493,7 @@ listeners:
   - { transport: tcp, address: 127.0.0.1, port: 0, bogus: 1 }
   - { transport: quic, address: 10.0.0.1 }
 subsystems:
-  - nqn: not-an-nqn
+  - nqn: \"\"
     allow_any_host: maybe
     namespaces:
       - { nsid: 0, null: 1GiB }
@@ -500,7 +507,7 @@ metrics: { listen: nowhere }
         "t.yaml:2:49: listeners[0].port: port 0 is not allowed",
         "t.yaml:2:52: listeners[0].bogus: unknown key `bogus`; expected one of: transport, address, port",
         "t.yaml:3:18: listeners[1].transport: unknown transport `quic` (expected tcp or rdma)",
-        "t.yaml:5:10: subsystems[0].nqn: NQN must start with `nqn.`",
+        "t.yaml:5:10: subsystems[0].nqn: the name is empty",
         "t.yaml:6:21: subsystems[0].allow_any_host: expected true or false, found the value `maybe`",
         "t.yaml:8:17: subsystems[0].namespaces[0].nsid: nsid 0 is reserved (valid namespace IDs are 1 to 0xfffffffe)",
         "t.yaml:9:26: subsystems[0].namespaces[1].null: 1000 bytes is not a multiple of the block size (4096)",
@@ -537,6 +544,10 @@ fn warnings_do_not_reject() {
         (
             format!("{L}subsystems: []\n"),
             "t.yaml:3:13: warning: subsystems: no subsystems are configured: the target serves discovery only",
+        ),
+        (
+            format!("{L}subsystems:\n  - nqn: testnqn\n    allow_any_host: true\n"),
+            "t.yaml:4:10: warning: subsystems[0].nqn: `testnqn` is not an NVMe Qualified Name (NQN must start with `nqn.`); it is served as it is, as nvmet does, and hosts must connect with exactly this name",
         ),
         (
             format!("{L}target: {{ max_io_size: 96KiB }}\n"),

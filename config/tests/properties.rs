@@ -162,7 +162,8 @@ fn config() -> impl Strategy<Value = Config> {
                 .map(|(i, (transport, address, port))| Listener {
                     transport,
                     address,
-                    port: port.saturating_sub(i as u16 * 4).max(1) / 4 * 4 + i as u16,
+                    // A multiple of 4 (never 0) plus the index: ports 1-3 used to come out 0.
+                    port: (port.saturating_sub(i as u16 * 4) / 4 * 4).max(4) + i as u16,
                 })
                 .collect::<Vec<_>>();
             let metrics = metrics.map(|(ip, port)| Metrics {

@@ -105,6 +105,7 @@ pub fn fuzz_target_core() -> Arc<Target> {
         device: nsid - 1,
         nguid: [nsid as u8; 16],
         uuid: [0xa0 | nsid as u8; 16],
+        read_only: false,
     };
     Target::new(
         vec![SubsystemSpec {

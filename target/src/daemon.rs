@@ -179,6 +179,7 @@ fn subsystem_specs(
                         device: slot,
                         nguid: ns.uuid.0,
                         uuid: ns.uuid.0,
+                        read_only: ns.read_only,
                     })
                 })
                 .collect(),

@@ -58,6 +58,7 @@ fn no_heap_allocation_per_io_command_in_the_core() {
                 device: 0,
                 nguid: [1; 16],
                 uuid: [1; 16],
+                read_only: false,
             }],
         }],
         vec![],

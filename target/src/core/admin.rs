@@ -17,7 +17,7 @@ use zerocopy::{FromZeros, IntoBytes};
 use super::controller::{Controller, ERROR_LOG_SLOTS, KAS_100MS, MAX_AERS, MAX_IO_QUEUES};
 use super::fabrics_cmd::NVME_VERSION;
 use super::queue::{loc, Outcome, Parsed, Reject};
-use super::{Cmd, Queue, TrType};
+use super::{Cmd, NamespaceSpec, Queue, TrType};
 
 /// NSID meaning "all namespaces".
 pub(crate) const NSID_ALL: u32 = 0xffff_ffff;
@@ -230,6 +230,7 @@ impl Queue {
                     id.nmic = NMIC_SHARED;
                     id.nguid = ns.nguid;
                     id.lbaf[0].ds = ns.lba_shift;
+                    id.nsattr = nsattr(ns);
                 }
                 buf.copy_from_slice(id.as_bytes());
             }
@@ -274,8 +275,9 @@ impl Queue {
                 buf.copy_from_slice(IdentifyCtrlNvm::new_zeroed().as_bytes());
             }
             cns::NS_CS_INDEP => {
-                active()?;
+                let ns = active()?;
                 let mut id = IdentifyNsCsIndep::new_zeroed();
+                id.nsattr = nsattr(ns);
                 id.nmic = NMIC_SHARED;
                 id.nstat = NSTAT_READY;
                 buf.copy_from_slice(id.as_bytes());
@@ -519,4 +521,9 @@ impl Queue {
         ctrl.touch(now, true);
         Ok(Outcome::ok())
     }
+}
+
+/// Namespace Attributes (Identify Namespace byte 99, CNS 08h byte 8): bit 0, Write Protected.
+fn nsattr(ns: &NamespaceSpec) -> u8 {
+    u8::from(ns.read_only)
 }

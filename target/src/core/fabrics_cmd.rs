@@ -117,8 +117,14 @@ impl Queue {
             .ok_or_else(|| invalid_param(InvalidAttr::Data, doff::SUBNQN))?;
         let hostnqn = d
             .hostnqn_str()
-            .filter(|h| !h.is_empty())
             .ok_or_else(|| invalid_param(InvalidAttr::Data, doff::HOSTNQN))?;
+        // An empty Host NQN (SPDK's perf tool sends one by default) names no host: only a
+        // subsystem open to any host takes it, as nvmet and SPDK's target do.
+        if hostnqn.is_empty() && !subsys.host_allowed("") {
+            tracing::info!(subsys = %subsys.nqn, peer = %self.peer,
+                "connect refused: empty Host NQN, and the subsystem allows listed hosts only");
+            return Err(invalid_param(InvalidAttr::Data, doff::HOSTNQN));
+        }
         // The connection was set up for one queue (NVMe/RDMA: the CM request's qid and its
         // RECVs sized for it): a Connect for another cannot be served on it.
         if self.limits.qid.is_some_and(|q| q != c.qid.get()) {

@@ -89,6 +89,11 @@ impl Queue {
         // NSID 0 and FFFFFFFFh never name a namespace here: a broadcast Flush is not supported
         // (Identify VWC bits 2:1 = 10b).
         let ns = self.namespace(sqe.nsid.get())?;
+        // A write-protected namespace takes reads and flushes only (nvmet's
+        // `nvmet_io_cmd_check_access`), refused here before any data moves.
+        if ns.read_only && !matches!(sqe.opcode, io::READ | io::FLUSH) {
+            return Err(Reject::dnr(Status::NS_WRITE_PROTECTED, loc::NSID));
+        }
         Ok(match sqe.opcode {
             io::READ => Parsed::to_host(rw_extent(sqe, &ns)?.1, loc::CDW12),
             io::WRITE => Parsed::from_host(rw_extent(sqe, &ns)?.1, loc::CDW12),

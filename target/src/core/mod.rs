@@ -121,6 +121,10 @@ pub struct NamespaceSpec {
     pub device: u32,
     pub nguid: [u8; 16],
     pub uuid: [u8; 16],
+    /// Write protected (`read_only` in the configuration): Identify reports it (NSATTR bit 0,
+    /// so the Linux host marks the disk read-only) and writes fail with Namespace Is Write
+    /// Protected before they reach the backend.
+    pub read_only: bool,
 }
 
 /// A subsystem as configured.

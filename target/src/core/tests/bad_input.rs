@@ -751,3 +751,62 @@ fn connect_and_in_capsule_data_within_the_connections_limits() {
     // Without limits (NVMe/TCP) the same Connects pass the transport checks.
     assert_eq!(QueueLimits::tcp(&tcp_caps()).max_in_capsule(), 8192);
 }
+
+/// A `read_only` namespace: Identify says so (NSATTR bit 0, which makes the Linux host mark the
+/// disk read-only), and everything but Read and Flush fails with Namespace Is Write Protected
+/// before it reaches the backend (nvmet's rule).
+#[test]
+fn read_only_namespace_is_write_protected() {
+    let (t, mut a, mut q) = ready(tcp_caps());
+    let mut ro = ns(1, 2048, 12, 7);
+    ro.read_only = true;
+    assert!(t.set_namespaces(SUBNQN, vec![ro, ns(3, 1 << 20, 9, 8)]));
+    let r = a.identify(cns::NS, 1, csi::NVM);
+    let id = nvme::identify::IdentifyNamespace::decode(r.ok_data()).unwrap();
+    assert_eq!(id.nsattr & 1, 1, "NSATTR write protected");
+    let r = a.identify(cns::NS_CS_INDEP, 1, csi::NVM);
+    let ind = nvme::identify::IdentifyNsCsIndep::decode(r.ok_data()).unwrap();
+    assert_eq!(ind.nsattr & 1, 1, "CS-independent NSATTR write protected");
+    // The writable namespace next to it is not.
+    let r = a.identify(cns::NS, 3, csi::NVM);
+    let id = nvme::identify::IdentifyNamespace::decode(r.ok_data()).unwrap();
+    assert_eq!(id.nsattr, 0);
+    for op in [io::WRITE, io::WRITE_ZEROES, io::DSM] {
+        expect(q.rw(op, 1, 0, 1, 12), Status::NS_WRITE_PROTECTED.dnr());
+    }
+    assert!(matches!(q.rw(io::READ, 1, 0, 1, 12), Reply::Io(..)));
+    assert!(matches!(q.rw(io::FLUSH, 1, 0, 1, 12), Reply::Io(..)));
+    // Writes to namespace 3 still reach the backend.
+    assert!(matches!(q.rw(io::WRITE, 3, 0, 8, 9), Reply::Io(..)));
+}
+
+/// An empty Host NQN (what SPDK's perf sends by default) is a host only a subsystem open to
+/// any host takes; a subsystem with a host list refuses it (Invalid Parameters at HOSTNQN).
+#[test]
+fn empty_host_nqn_only_where_any_host_is_allowed() {
+    let t = test_target();
+    let mut h = Host::new(&t, tcp_caps(), Instant::now());
+    expect_param(
+        h.connect_admin(SUBNQN, "", 5000),
+        InvalidAttr::Data,
+        doff::HOSTNQN,
+    );
+    assert_eq!(t.controller_count(), 0);
+    let mut open = test_subsystems();
+    open[0].allow_any_host = true;
+    t.reconfigure(open, test_listeners());
+    let mut a = Host::new(&t, tcp_caps(), Instant::now());
+    let cntlid = a.bring_up(SUBNQN, "");
+    a.set_features(feat::NUM_QUEUES, 0, &[]).ok_result();
+    let mut q = Host::new(&t, tcp_caps(), a.now);
+    q.connect(1, 31, 0, &ConnectData::new(HOSTID, cntlid, SUBNQN, ""))
+        .ok_result();
+    assert!(matches!(q.rw(io::READ, 1, 0, 1, 12), Reply::Io(..)));
+    // The same controller cannot be joined under a name.
+    let mut other = Host::new(&t, tcp_caps(), a.now);
+    expect_param(
+        other.connect(1, 31, 0, &ConnectData::new(HOSTID, cntlid, SUBNQN, HOSTNQN)),
+        InvalidAttr::Data,
+        doff::HOSTNQN,
+    );
+}

@@ -43,6 +43,7 @@ pub(super) fn ns(nsid: u32, blocks: u64, lba_shift: u8, device: u32) -> Namespac
         device,
         nguid,
         uuid,
+        read_only: false,
     }
 }
 
