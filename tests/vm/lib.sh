@@ -116,6 +116,8 @@ subsystems:
       - nsid: 1
         path: $dev
 EOF
+  # EXTRA_NAMESPACES: more namespace entries (YAML list items, 6 spaces in) for this start.
+  [ -n "${EXTRA_NAMESPACES:-}" ] && echo "$EXTRA_NAMESPACES" >>"$cfg"
   log "starting $bin --config $cfg"
   # NVMF_VM_TARGET_ENV: VAR=value words for the target's environment (e.g. NVMF_RDMA_INLINE_RSP=off).
   # shellcheck disable=SC2086
@@ -267,6 +269,8 @@ kernel_host_vs_our_target() {
   dev=$(vm_ramdisk $RAMDISK_MB) || { fail "$label" "vm_ramdisk $RAMDISK_MB failed"; return; }
   if [ ${#more[@]} -gt 0 ]; then
     TARGET_YAML="target: { threads: 2 }" start_our_target "$tr" "$addr" "$dev" "${more[@]}"; rc=$?
+  elif [ -n "${RO_NS:-}" ]; then
+    EXTRA_NAMESPACES="      - { nsid: 2, null: 16MiB, read_only: true }" start_our_target "$tr" "$addr" "$dev"; rc=$?
   else
     start_our_target "$tr" "$addr" "$dev"; rc=$?
   fi
@@ -277,6 +281,9 @@ kernel_host_vs_our_target() {
   fi
   host_connect "$tr" "$addr" "$PORT" "$OUR_NQN" || { fail "$label" "$REASON"; return; }
   check_size "$DEV" $((RAMDISK_MB * 1048576)) || { fail "$label" "$REASON"; return; }
+  if [ -n "${RO_NS:-}" ]; then
+    check_read_only_ns "$DEV" || { fail "$label" "$REASON"; return; }
+  fi
   fio_verify "$DEV" 4k "$FIO_SIZE_OUR" || { fail "$label" "$REASON"; return; }
   fio_verify "$DEV" 128k "$FIO_SIZE_OUR" || { fail "$label" "$REASON"; return; }
   host_disconnect "$OUR_NQN" || { fail "$label" "$REASON"; return; }
@@ -289,6 +296,27 @@ kernel_host_vs_our_target() {
   stop_our_target || { fail "$label" "$REASON"; return; }
   check_target_log || { fail "$label" "$REASON"; return; }
   pass "$label"
+}
+
+# check_read_only_ns DEV: namespace 2 of DEV's controller (read_only: true) is read-only to the
+# Linux host (its block device's `ro` is 1: NSATTR write protected) and a direct write to it
+# fails, while namespace 1 (DEV) stays writable.
+check_read_only_ns() {
+  local dev=$1 ro_dev ro rw end
+  ro_dev=${dev%n1}n2
+  end=$((SECONDS + 10))
+  until [ -b "$ro_dev" ]; do
+    [ $SECONDS -ge $end ] && { REASON="no $ro_dev (namespace 2) after connect"; return 1; }
+    sleep 0.5
+  done
+  ro=$(cat "/sys/block/$(basename "$ro_dev")/ro")
+  rw=$(cat "/sys/block/$(basename "$dev")/ro")
+  echo "read_only namespace: $ro_dev ro=$ro, $dev ro=$rw" | tee -a "$OUT/report.txt"
+  [ "$ro" = 1 ] || { REASON="$ro_dev (read_only: true) is writable to the host (ro=$ro)"; return 1; }
+  [ "$rw" = 0 ] || { REASON="$dev (writable) is read-only to the host"; return 1; }
+  if dd if=/dev/zero of="$ro_dev" bs=4k count=1 oflag=direct status=none 2>>"$STEPS"; then
+    REASON="a write to the read-only $ro_dev succeeded"; return 1
+  fi
 }
 
 # check_pollers N: the running target ($TARGET_PID) has exactly N poller threads

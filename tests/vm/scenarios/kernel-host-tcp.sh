@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # kernel-host-tcp: the Linux NVMe/TCP host against OUR target (nvmf-target) on a
 # 64 MiB brd ramdisk: discover, connect, size check, fio write+verify (4k, then 128k), disconnect,
-# SIGTERM, and no ERROR line in the target log. NVMF_TEST_BREAK=wrong-address connects to a
+# SIGTERM, and no ERROR line in the target log. A second namespace is `read_only: true`: the host
+# must see it read-only and fail a write to it (issue #19). NVMF_TEST_BREAK=wrong-address connects to a
 # wrong port on purpose (the check must then FAIL).
 # vm-needs: build
 # vm-timeout: 900
 source "$(dirname "$0")/../lib.sh"
-kernel_host_vs_our_target "$SCENARIO" tcp 127.0.0.1
+RO_NS=1 kernel_host_vs_our_target "$SCENARIO" tcp 127.0.0.1
