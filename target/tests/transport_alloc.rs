@@ -102,6 +102,24 @@ fn batch<L: Link>(
     n as u64
 }
 
+/// The names of this process's poller threads (`nvmf-poller-N`, and any `nvmf-rdma-N` a
+/// per-transport poller would have), sorted.
+fn poller_threads() -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir("/proc/self/task")
+        .expect("/proc/self/task")
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+        .map(|n| n.trim().to_string())
+        .filter(|n| {
+            ["nvmf-poller-", "nvmf-rdma-"].iter().any(|p| {
+                n.strip_prefix(p)
+                    .is_some_and(|d| !d.is_empty() && d.bytes().all(|b| b.is_ascii_digit()))
+            })
+        })
+        .collect();
+    names.sort();
+    names
+}
+
 /// A byte pattern that differs per block and per round.
 fn pattern(round: u64, lba: u64) -> u8 {
     (round.wrapping_mul(31) ^ lba.wrapping_mul(7)) as u8 | 1
@@ -349,6 +367,12 @@ fn no_heap_allocation_per_io_over_tcp() {
         &format!("{{ transport: tcp, address: 127.0.0.1, port: {port} }}"),
         "",
     );
+    // `threads: 2` is two poller threads in all (each would serve RDMA too).
+    assert_eq!(
+        poller_threads(),
+        vec!["nvmf-poller-0".to_string(), "nvmf-poller-1".to_string()]
+    );
+    assert_eq!(s.daemon.poller_stats().len(), 2);
     let addr = s.daemon.tcp_addrs[0];
     no_allocation_per_io(ConnectOptions::tcp(
         &addr.ip().to_string(),
@@ -368,6 +392,11 @@ fn no_heap_allocation_per_io_over_rdma() {
         &rdma_common::srq_yaml(),
     );
     assert_eq!(s.daemon.rdma_addrs, vec![SocketAddr::new(ip, 4435)]);
+    assert_eq!(
+        poller_threads(),
+        vec!["nvmf-poller-0".to_string(), "nvmf-poller-1".to_string()],
+        "RDMA runs on the same pollers, no threads of its own besides the rdma_cm thread"
+    );
     no_allocation_per_io(ConnectOptions::rdma(&ip.to_string(), 4435, SUBNQN));
     rdma_common::wait_released(&s.daemon);
     drop(s);
