@@ -18,7 +18,6 @@
 # hugetlbfs on /dev/hugepages when it is not there (root). Its own nvmf-bench flags: BENCH_FLAGS.
 NAME=bench-vs-spdk
 source "$(dirname "$0")/bench-lib.sh"
-SPDK_DIR=${SPDK_DIR:-/tmp/spdk-src}
 ROUNDS=${ROUNDS:-5}
 RUNTIME=${RUNTIME:-5}
 TARGETS=${TARGETS:-spdk ours}
@@ -28,59 +27,7 @@ NQN=nqn.2026-11.io.nvmf-rs:bench-vs-spdk
 HOSTNQN=nqn.2014-08.org.nvmexpress:uuid:6b1c2a52-2f4e-4f0e-9d1e-5e0f3c2a7b10
 TGT_CPU=0 CLIENT_CPU=1
 
-perf_bin=$SPDK_DIR/build/examples/perf
-tgt_bin=$SPDK_DIR/build/bin/nvmf_tgt
-for b in "$perf_bin" "$tgt_bin"; do
-    [ -x "$b" ] || { echo "$NAME: $b missing: build SPDK first (../shared/tools/build-spdk.sh)" >&2; exit 2; }
-done
-export LD_LIBRARY_PATH=$SPDK_DIR/build/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-[ "$(nproc)" -ge 2 ] || { echo "$NAME: needs 2 cores (target on one, client on the other)" >&2; exit 2; }
-
-# Hugepages for SPDK (DPDK's EAL).
-mountpoint -q /dev/hugepages || { mkdir -p /dev/hugepages && mount -t hugetlbfs nodev /dev/hugepages; }
-want=${HUGEPAGES:-1024}
-[ "$(cat /proc/sys/vm/nr_hugepages)" -ge "$want" ] || echo "$want" >/proc/sys/vm/nr_hugepages
-[ "$(cat /proc/sys/vm/nr_hugepages)" -ge "$want" ] ||
-    echo "$NAME: only $(cat /proc/sys/vm/nr_hugepages) hugepages could be reserved (wanted $want)" >&2
-
-bench_extra_cleanup() {
-    [ -z "${spdk_pid:-}" ] || kill "$spdk_pid" 2>/dev/null || true
-    rm -f /dev/hugepages/bench-vs-spdk* 2>/dev/null || true
-}
-spdk_pid=
-
-# start_spdk: nvmf_tgt on TGT_CPU with a TCP transport, a null bdev (1 GiB of 4 KiB blocks) as
-# namespace 1 of $NQN, any host allowed, listening on 127.0.0.1:$port.
-start_spdk() {
-    port=$(free_port)
-    cat >"$dir/spdk.json" <<EOF
-{ "subsystems": [
-  { "subsystem": "bdev", "config": [
-    { "method": "bdev_null_create", "params": { "name": "Null0", "num_blocks": 262144, "block_size": 4096 } } ] },
-  { "subsystem": "nvmf", "config": [
-    { "method": "nvmf_create_transport", "params": { "trtype": "TCP" } },
-    { "method": "nvmf_create_subsystem", "params": { "nqn": "$NQN", "allow_any_host": true, "serial_number": "SPDK00000000000001" } },
-    { "method": "nvmf_subsystem_add_ns", "params": { "nqn": "$NQN", "namespace": { "bdev_name": "Null0", "nsid": 1 } } },
-    { "method": "nvmf_subsystem_add_listener", "params": { "nqn": "$NQN",
-      "listen_address": { "trtype": "TCP", "adrfam": "IPv4", "traddr": "127.0.0.1", "trsvcid": "$port" } } } ] } ] }
-EOF
-    "$tgt_bin" -m "$((1 << TGT_CPU))" -s 512 -i 1 -r "$dir/spdk.sock" --json "$dir/spdk.json" \
-        >"$dir/spdk.log" 2>&1 &
-    spdk_pid=$!
-    for _ in $(seq 200); do
-        (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && return 0
-        kill -0 "$spdk_pid" 2>/dev/null || break
-        sleep 0.1
-    done
-    echo "$NAME: nvmf_tgt did not listen on 127.0.0.1:$port:" >&2
-    cat "$dir/spdk.log" >&2
-    exit 1
-}
-stop_spdk() {
-    kill "$spdk_pid"
-    wait "$spdk_pid" || true
-    spdk_pid=
-}
+source "$(dirname "$0")/spdk-lib.sh"
 
 # Children's CPU seconds (user + system) so far, from the shell's `times` (run in this shell:
 # in a pipeline or $(...) it would report a subshell's children). Sets CPU_NOW.
@@ -100,16 +47,11 @@ result() {
 
 # run_perf RW BS QD: sets IOPS and CPU
 run_perf() {
-    local rw=$1 bs=$2 qd=$3 c0 c1 iops
+    local c0 c1
     child_cpu; c0=$CPU_NOW
-    taskset -c "$CLIENT_CPU" "$perf_bin" -q "$qd" -o "$(numfmt --from=iec "${bs^^}")" -w "$rw" -t "$RUNTIME" \
-        -c "$((1 << CLIENT_CPU))" -s 512 -i 2 \
-        -r "trtype:TCP adrfam:IPv4 traddr:127.0.0.1 trsvcid:$port subnqn:$NQN hostnqn:$HOSTNQN" \
-        >"$dir/perf.out" 2>&1 || { echo "$NAME: spdk_nvme_perf failed:" >&2; cat "$dir/perf.out" >&2; exit 1; }
+    spdk_perf "$@"
     child_cpu; c1=$CPU_NOW
-    iops=$(awk '/^Total/ { print $3 }' "$dir/perf.out")
-    [ -n "$iops" ] || { echo "$NAME: no Total line from spdk_nvme_perf:" >&2; cat "$dir/perf.out" >&2; exit 1; }
-    result "$iops" "$c0" "$c1"
+    result "$IOPS" "$c0" "$c1"
 }
 
 # run_bench RW BS QD: sets IOPS and CPU
