@@ -52,8 +52,8 @@ pub struct ConnectOptions {
     pub timeout: Duration,
     /// How long a wait on an I/O queue spins (looks at the socket or completion queue again
     /// without sleeping) before it sleeps in the kernel, while commands are in flight: see
-    /// [`DEFAULT_SPIN`](crate::DEFAULT_SPIN) (50 us, the NVMe/TCP default; NVMe/RDMA defaults to
-    /// zero, see [`ConnectOptions::rdma`]) and the crate docs. `Duration::ZERO`: always sleep
+    /// [`DEFAULT_SPIN`](crate::DEFAULT_SPIN) (50 us, the default over both transports) and
+    /// the crate docs. `Duration::ZERO`: always sleep
     /// (fewest CPU cycles, a wake-up per completion).
     pub poll_spin: Duration,
     /// Spin without bound instead of sleeping while waiting on I/O queues (fio's `hipri`).
@@ -86,15 +86,11 @@ impl ConnectOptions {
 
     /// NVMe/RDMA to `addr:port` (an IP address of an RDMA device's netdev, or of a peer
     /// reachable through one) for `subnqn`; otherwise the same defaults as
-    /// [`ConnectOptions::tcp`] (digests do not apply), except `poll_spin`: zero, a wait sleeps
-    /// on the completion channel after one look at the CQ. Spinning RDMA hosts make our
-    /// target's queue pairs fail on soft-iWARP (siw) within a minute or two of a verified
-    /// random read/write load (the Linux target survives the same host); until that is found
-    /// and fixed the RDMA default does not spin (set `poll_spin` to spin).
+    /// [`ConnectOptions::tcp`] (digests do not apply): a wait polls the completion queue for
+    /// up to `poll_spin` before it sleeps on the completion channel.
     pub fn rdma(addr: &str, port: u16, subnqn: &str) -> ConnectOptions {
         ConnectOptions {
             transport: Transport::Rdma,
-            poll_spin: Duration::ZERO,
             ..ConnectOptions::tcp(addr, port, subnqn)
         }
     }

@@ -48,9 +48,9 @@
 //!
 //! # Waiting for completions
 //! A queue waiting for completions spins (reads the socket, or polls the RDMA completion queue,
-//! again without sleeping) for up to [`ConnectOptions::poll_spin`] (NVMe/TCP default
-//! [`DEFAULT_SPIN`], 50 us; NVMe/RDMA default zero, see [`ConnectOptions::rdma`]) while commands
-//! are in flight, and only then sleeps in `poll(2)`.
+//! again without sleeping) for up to [`ConnectOptions::poll_spin`] (default [`DEFAULT_SPIN`],
+//! 50 us, over both transports) while commands are in flight, and only then sleeps in `poll(2)`
+//! (NVMe/TCP) or on the completion channel (NVMe/RDMA).
 //! A loopback or fabric round trip fits in the budget, so at QD1 the completion is picked up
 //! without a sleep and a wake-up; at deep queue depths completions keep coming and the queue
 //! never sleeps; an idle or slow queue costs one budget of CPU per wait and then sleeps. No

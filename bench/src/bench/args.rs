@@ -115,14 +115,13 @@ pub struct Args {
     pub data_digest: bool,
 
     /// Busy-poll for completions without bound (fio's hipri). Without it the initiator's
-    /// default applies: over TCP spin up to 50 us while I/O is in flight, then sleep in the
-    /// kernel; over RDMA sleep at once (nvmf_initiator::ConnectOptions::poll_spin).
+    /// default applies: spin up to 50 us while I/O is in flight, then sleep in the kernel
+    /// (nvmf_initiator::ConnectOptions::poll_spin).
     #[arg(long)]
     pub hipri: bool,
 
     /// How long a wait spins while I/O is in flight before it sleeps in the kernel (the
-    /// initiator's ConnectOptions::poll_spin; default 50us over TCP, 0 over RDMA; 0: always
-    /// sleep).
+    /// initiator's ConnectOptions::poll_spin; default 50us; 0: always sleep).
     #[arg(long = "poll_spin", alias = "poll-spin", value_parser = parse_duration)]
     pub poll_spin: Option<Duration>,
 
