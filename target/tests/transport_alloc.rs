@@ -43,12 +43,22 @@ const WINDOW: Duration = Duration::from_secs(2);
 const MIN_ROUNDS: u64 = 20;
 
 struct Setup {
-    daemon: Daemon,
+    daemon: Option<Daemon>,
     dir: std::path::PathBuf,
+}
+
+impl Setup {
+    fn daemon(&self) -> &Daemon {
+        self.daemon.as_ref().expect("running")
+    }
 }
 
 impl Drop for Setup {
     fn drop(&mut self) {
+        // Stop the pollers: the next test counts this process's poller threads.
+        if let Some(d) = self.daemon.take() {
+            d.shutdown();
+        }
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
@@ -70,7 +80,10 @@ fn start(listener: &str, extra: &str) -> Setup {
         .unwrap()
         .config;
     let daemon = Daemon::start(&cfg).expect("daemon starts");
-    Setup { daemon, dir }
+    Setup {
+        daemon: Some(daemon),
+        dir,
+    }
 }
 
 /// Submit `n` commands made by `cmd(i, buf)` at once (queue depth `n`), wait for them all,
@@ -372,8 +385,8 @@ fn no_heap_allocation_per_io_over_tcp() {
         poller_threads(),
         vec!["nvmf-poller-0".to_string(), "nvmf-poller-1".to_string()]
     );
-    assert_eq!(s.daemon.poller_stats().len(), 2);
-    let addr = s.daemon.tcp_addrs[0];
+    assert_eq!(s.daemon().poller_stats().len(), 2);
+    let addr = s.daemon().tcp_addrs[0];
     no_allocation_per_io(ConnectOptions::tcp(
         &addr.ip().to_string(),
         addr.port(),
@@ -391,13 +404,13 @@ fn no_heap_allocation_per_io_over_rdma() {
         &format!("{{ transport: rdma, address: {ip}, port: 4435 }}"),
         &rdma_common::srq_yaml(),
     );
-    assert_eq!(s.daemon.rdma_addrs, vec![SocketAddr::new(ip, 4435)]);
+    assert_eq!(s.daemon().rdma_addrs, vec![SocketAddr::new(ip, 4435)]);
     assert_eq!(
         poller_threads(),
         vec!["nvmf-poller-0".to_string(), "nvmf-poller-1".to_string()],
         "RDMA runs on the same pollers, no threads of its own besides the rdma_cm thread"
     );
     no_allocation_per_io(ConnectOptions::rdma(&ip.to_string(), 4435, SUBNQN));
-    rdma_common::wait_released(&s.daemon);
+    rdma_common::wait_released(s.daemon());
     drop(s);
 }
