@@ -232,6 +232,41 @@ enum Spin {
     Quiet,
 }
 
+/// What one pass saw, for [`Spin::next`].
+#[derive(Debug, Clone, Copy)]
+struct Pass {
+    /// Anything was done (events, completions, buffers, responses).
+    progress: bool,
+    /// The poller was busy (it did not block).
+    busy: bool,
+    /// The poller has a readiness watch.
+    watched: bool,
+    /// The watch saw the epoll descriptor signalled since its last re-arm (read at the end of
+    /// the pass).
+    fired: bool,
+    /// Descriptors `epoll_wait` reported ready (0 when the pass skipped it).
+    ready: usize,
+    /// The pass skipped `epoll_wait`.
+    skipped: bool,
+}
+
+impl Spin {
+    /// The state for the next pass. Moving to `Confirm` means: re-arm the watch first.
+    fn next(self, p: Pass) -> Spin {
+        match self {
+            _ if p.progress || !p.busy || !p.watched => Spin::Polling,
+            // Nothing signalled since the last re-arm and this pass found nothing (its
+            // epoll_wait, if it made one, reported nothing still ready): no re-arm needed.
+            Spin::Polling if !p.fired => Spin::Quiet,
+            Spin::Polling => Spin::Confirm,
+            Spin::Confirm if p.ready == 0 => Spin::Quiet,
+            Spin::Confirm => Spin::Polling,
+            Spin::Quiet if p.skipped => Spin::Quiet,
+            Spin::Quiet => Spin::Polling,
+        }
+    }
+}
+
 struct Poller {
     // Field order is drop order: the connections (QPs and memory regions over the pool) before
     // the store, which owns the pool memory.
@@ -410,24 +445,26 @@ impl Poller {
                 self.publish(now);
             }
             // The watch's state for the next pass (see `Spin`).
-            let fired = self.watch.as_mut().is_some_and(|w| w.fired());
-            spin = match spin {
-                _ if progress || !busy || self.watch.is_none() => Spin::Polling,
-                // Nothing signalled since the last re-arm and this pass found nothing (its
-                // epoll_wait, if it made one, reported nothing still ready): no re-arm needed.
-                Spin::Polling if !fired => Spin::Quiet,
-                Spin::Polling => match self.watch.as_mut().map(|w| w.rearm()) {
-                    Some(Err(e)) => {
-                        warn!(error = %e, "readiness watch failed; polling with epoll_wait");
-                        self.watch = None;
-                        Spin::Polling
+            let pass = Pass {
+                progress,
+                busy,
+                watched: self.watch.is_some(),
+                fired: self.watch.as_mut().is_some_and(|w| w.fired()),
+                ready: n,
+                skipped: skip,
+            };
+            spin = match spin.next(pass) {
+                Spin::Confirm if spin != Spin::Confirm => {
+                    match self.watch.as_mut().map(|w| w.rearm()) {
+                        Some(Err(e)) => {
+                            warn!(error = %e, "readiness watch failed; polling with epoll_wait");
+                            self.watch = None;
+                            Spin::Polling
+                        }
+                        _ => Spin::Confirm,
                     }
-                    _ => Spin::Confirm,
-                },
-                Spin::Confirm if n == 0 => Spin::Quiet,
-                Spin::Confirm => Spin::Polling,
-                Spin::Quiet if skip => Spin::Quiet,
-                Spin::Quiet => Spin::Polling,
+                }
+                next => next,
             };
             if progress {
                 last_work = now;
@@ -598,5 +635,77 @@ pub fn run_acceptor(listener: TcpListener, pollers: Arc<Vec<PollerHandle>>, stop
                 std::thread::sleep(Duration::from_millis(100));
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const IDLE: Pass = Pass {
+        progress: false,
+        busy: true,
+        watched: true,
+        fired: false,
+        ready: 0,
+        skipped: false,
+    };
+
+    #[test]
+    fn spin_goes_quiet_only_when_nothing_is_unconfirmed() {
+        // Work, or blocking, or no watch: back to polling with epoll_wait every pass.
+        for s in [Spin::Polling, Spin::Confirm, Spin::Quiet] {
+            assert_eq!(
+                s.next(Pass {
+                    progress: true,
+                    ..IDLE
+                }),
+                Spin::Polling
+            );
+            assert_eq!(
+                s.next(Pass {
+                    busy: false,
+                    ..IDLE
+                }),
+                Spin::Polling
+            );
+            assert_eq!(
+                s.next(Pass {
+                    watched: false,
+                    ..IDLE
+                }),
+                Spin::Polling
+            );
+        }
+        // An empty pass with a signal since the last re-arm: re-arm, then confirm with one
+        // more epoll_wait before trusting the watch.
+        assert_eq!(
+            Spin::Polling.next(Pass {
+                fired: true,
+                ..IDLE
+            }),
+            Spin::Confirm
+        );
+        assert_eq!(Spin::Confirm.next(IDLE), Spin::Quiet);
+        assert_eq!(Spin::Confirm.next(Pass { ready: 1, ..IDLE }), Spin::Polling);
+        // No signal since the last re-arm and nothing found: nothing was consumed, quiet at
+        // once (no re-arm, no confirming system call).
+        assert_eq!(Spin::Polling.next(IDLE), Spin::Quiet);
+        // Quiet stays quiet while passes skip epoll_wait; a pass that called it (the watch
+        // fired) polls again.
+        assert_eq!(
+            Spin::Quiet.next(Pass {
+                skipped: true,
+                ..IDLE
+            }),
+            Spin::Quiet
+        );
+        assert_eq!(
+            Spin::Quiet.next(Pass {
+                fired: true,
+                ..IDLE
+            }),
+            Spin::Polling
+        );
     }
 }
