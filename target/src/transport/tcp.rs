@@ -58,19 +58,6 @@ pub enum SlotState {
 /// Number of [`SlotState`]s (index = `state as usize`).
 pub const SLOT_STATES: usize = 8;
 
-impl SlotState {
-    pub const ALL: [SlotState; SLOT_STATES] = [
-        SlotState::Free,
-        SlotState::NeedBuffer,
-        SlotState::RecvInCapsule,
-        SlotState::RecvH2C,
-        SlotState::Executing,
-        SlotState::Deferred,
-        SlotState::Sending,
-        SlotState::Discarding,
-    ];
-}
-
 struct Slot {
     state: SlotState,
     cmd: Option<Cmd>,

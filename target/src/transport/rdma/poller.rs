@@ -446,7 +446,7 @@ impl RdmaConns {
         Ok(i)
     }
 
-    fn remove(&mut self, k: usize, cx: &mut Cx<'_>) {
+    fn remove(&mut self, k: usize) {
         let Some(mut c) = self.conns[k].take() else {
             return;
         };
@@ -471,8 +471,7 @@ impl RdmaConns {
         // the connection's memory regions.
         drop(c);
         let _ = self.setup.notes.send(CmNote::Released { tag });
-        let stats = self.stats.clone();
-        self.publish(&stats, cx);
+        // The poller publishes the counters when its connection count changes.
     }
 
     /// Publishes the regions held now and the last READ sink registered (for diagnostics and
@@ -583,7 +582,7 @@ impl Conns for RdmaConns {
         }
         for k in 0..self.conns.len() {
             if matches!(&self.conns[k], Some(c) if c.is_finished()) {
-                self.remove(k, cx);
+                self.remove(k);
             }
         }
         any
@@ -617,7 +616,7 @@ impl Conns for RdmaConns {
             );
         }
         for k in 0..self.conns.len() {
-            self.remove(k, cx);
+            self.remove(k);
         }
         // Unregister the devices' descriptors before the channels close.
         for d in &self.devs {
