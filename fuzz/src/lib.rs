@@ -106,6 +106,7 @@ pub fn fuzz_target_core() -> Arc<Target> {
         nguid: [nsid as u8; 16],
         uuid: [0xa0 | nsid as u8; 16],
         read_only: false,
+        deallocate_zeroes: true,
     };
     Target::new(
         vec![SubsystemSpec {

@@ -10,7 +10,9 @@ use std::time::{Duration, Instant};
 use config::{Backing, Config, Transport};
 use tracing::{info, warn};
 
-use crate::backend::{BufPool, Device, DeviceSpec, Devices, FileSpec, Ring, RingConfig};
+use crate::backend::{
+    BufPool, Deallocate, Device, DeviceSpec, Devices, FileSpec, Ring, RingConfig,
+};
 use crate::core::{
     ListenerInfo, NamespaceSpec, Reconfigured, SubsystemSpec, Target, TargetParams, TrType,
     TransportCaps,
@@ -180,6 +182,7 @@ fn subsystem_specs(
                         nguid: ns.uuid.0,
                         uuid: ns.uuid.0,
                         read_only: ns.read_only,
+                        deallocate_zeroes: d.deallocate() == Deallocate::Zeroes,
                     })
                 })
                 .collect(),

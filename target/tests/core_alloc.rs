@@ -59,6 +59,7 @@ fn no_heap_allocation_per_io_command_in_the_core() {
                 nguid: [1; 16],
                 uuid: [1; 16],
                 read_only: false,
+                deallocate_zeroes: true,
             }],
         }],
         vec![],

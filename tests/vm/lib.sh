@@ -251,6 +251,7 @@ teardown() {
     wait "$TARGET_PID" 2>/dev/null; TARGET_PID=
   fi
   nvmet_clear >/dev/null 2>&1
+  nullb_discard_down
 }
 cleanup() { teardown; cd / && rm -rf "$WORK"; }
 trap cleanup EXIT
@@ -270,7 +271,12 @@ kernel_host_vs_our_target() {
   if [ ${#more[@]} -gt 0 ]; then
     TARGET_YAML="target: { threads: 2 }" start_our_target "$tr" "$addr" "$dev" "${more[@]}"; rc=$?
   elif [ -n "${RO_NS:-}" ]; then
-    EXTRA_NAMESPACES="      - { nsid: 2, null: 16MiB, read_only: true }" start_our_target "$tr" "$addr" "$dev"; rc=$?
+    # Namespace 2: read-only; 3: a block device that takes discards; 4: a file (tmpfs punches
+    # holes, so deallocated blocks read zeroes).
+    nullb_discard_up || { fail "$label" "$REASON"; return; }
+    EXTRA_NAMESPACES="      - { nsid: 2, null: 16MiB, read_only: true }
+      - { nsid: 3, path: $NULLB_DISCARD }
+      - { nsid: 4, path: $WORK/ns4.img, size: 16MiB }" start_our_target "$tr" "$addr" "$dev"; rc=$?
   else
     start_our_target "$tr" "$addr" "$dev"; rc=$?
   fi
@@ -283,6 +289,7 @@ kernel_host_vs_our_target() {
   check_size "$DEV" $((RAMDISK_MB * 1048576)) || { fail "$label" "$REASON"; return; }
   if [ -n "${RO_NS:-}" ]; then
     check_read_only_ns "$DEV" || { fail "$label" "$REASON"; return; }
+    check_deallocate "$DEV" || { fail "$label" "$REASON"; return; }
   fi
   fio_verify "$DEV" 4k "$FIO_SIZE_OUR" || { fail "$label" "$REASON"; return; }
   fio_verify "$DEV" 128k "$FIO_SIZE_OUR" || { fail "$label" "$REASON"; return; }
@@ -317,6 +324,58 @@ check_read_only_ns() {
   if dd if=/dev/zero of="$ro_dev" bs=4k count=1 oflag=direct status=none 2>>"$STEPS"; then
     REASON="a write to the read-only $ro_dev succeeded"; return 1
   fi
+}
+
+# nullb_discard_up: a 32 MiB memory-backed null_blk (configfs nullb6) that takes discards, in
+# NULLB_DISCARD; nullb_discard_down removes it (teardown does).
+NULLB_CFG=/sys/kernel/config/nullb/nullb6
+nullb_discard_up() {
+  modprobe null_blk nr_devices=0 poll_queues=2 || { REASON="modprobe null_blk failed"; return 1; }
+  [ -d /sys/kernel/config/nullb ] || mount -t configfs none /sys/kernel/config 2>/dev/null
+  [ -d "$NULLB_CFG" ] || mkdir "$NULLB_CFG" || { REASON="mkdir $NULLB_CFG failed"; return 1; }
+  echo 32 >"$NULLB_CFG/size" && echo 4096 >"$NULLB_CFG/blocksize" && echo 1 >"$NULLB_CFG/memory_backed" &&
+    echo 1 >"$NULLB_CFG/discard" && echo 1 >"$NULLB_CFG/power" || { REASON="configuring $NULLB_CFG failed"; return 1; }
+  local end=$((SECONDS + 10))
+  while [ ! -b /dev/nullb6 ] && [ $SECONDS -lt $end ]; do sleep 0.2; done
+  [ -b /dev/nullb6 ] || { REASON="/dev/nullb6 did not appear"; return 1; }
+  NULLB_DISCARD=/dev/nullb6
+  echo "nullb6: discard_max_bytes $(cat /sys/block/nullb6/queue/discard_max_bytes)" >>"$STEPS"
+}
+nullb_discard_down() {
+  [ -d "$NULLB_CFG" ] || return 0
+  echo 0 >"$NULLB_CFG/power" 2>/dev/null
+  rmdir "$NULLB_CFG" 2>/dev/null
+}
+
+# check_deallocate DEV: what Deallocate does is what Identify says, per backend: DLFEAT 001b
+# (reads zeroes) for the file namespace 4, 000b for the block devices (1: brd, which takes no
+# discards; 3: a null_blk that does) and for the read-only 2; and blkdiscard from the Linux
+# host on namespace 3 reaches the null_blk as discards (its sysfs discard counter grows), not
+# as writes of zeroes (its write counter stays).
+check_deallocate() {
+  local dev=$1 base n want got end st0 st1 d w
+  base=${dev%n1}
+  for n in 3 4; do
+    end=$((SECONDS + 10))
+    until [ -b "${base}n$n" ]; do
+      [ $SECONDS -ge $end ] && { REASON="no ${base}n$n (namespace $n) after connect"; return 1; }
+      sleep 0.5
+    done
+  done
+  for n in 1:0 2:0 3:0 4:1; do
+    want=${n#*:}; n=${n%:*}
+    got=$(nvme id-ns "${base}n$n" -o json 2>>"$STEPS" | sed -n 's/.*"dlfeat"[^0-9]*\([0-9]*\).*/\1/p')
+    echo "namespace $n: dlfeat $got (want $want)" | tee -a "$OUT/report.txt"
+    [ "$got" = "$want" ] || { REASON="namespace $n: DLFEAT '$got', want $want"; return 1; }
+  done
+  st0=$(cat /sys/block/nullb6/stat)
+  step "blkdiscard 1 MiB of namespace 3" blkdiscard -o 1048576 -l 1048576 "${base}n3" || return 1
+  st1=$(cat /sys/block/nullb6/stat)
+  d=$(( $(awk '{print $12}' <<<"$st1") - $(awk '{print $12}' <<<"$st0") ))
+  w=$(( $(awk '{print $5}' <<<"$st1") - $(awk '{print $5}' <<<"$st0") ))
+  echo "blkdiscard on namespace 3: nullb6 discards +$d, writes +$w" | tee -a "$OUT/report.txt"
+  [ "$d" -gt 0 ] || { REASON="blkdiscard through our target made no discard on the null_blk (writes +$w)"; return 1; }
+  [ "$w" = 0 ] || { REASON="blkdiscard through our target wrote $w times to the null_blk"; return 1; }
 }
 
 # check_pollers N: the running target ($TARGET_PID) has exactly N poller threads

@@ -59,6 +59,22 @@ pub enum DeviceKind {
     Null,
 }
 
+/// What Deallocate (Dataset Management, attribute AD) does on a backing store, decided when it
+/// is opened. Deallocation is advisory in NVMe: every answer is valid, but Identify Namespace
+/// reports which one applies (DLFEAT).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Deallocate {
+    /// The blocks are freed and read back as zeroes: the null device, and regular files whose
+    /// file system punches holes (FALLOC_FL_PUNCH_HOLE).
+    Zeroes,
+    /// The range is discarded on the block device (BLKDISCARD): the device may free it; what
+    /// reads return afterwards is the device's business (DLFEAT "not reported").
+    Discard,
+    /// Nothing is done and the blocks keep their data: read-only stores, block devices without
+    /// discard, files on file systems that cannot punch holes.
+    Ignored,
+}
+
 /// Failure to open or validate a backing store.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -106,6 +122,7 @@ pub struct Device {
     block_size: u32,
     read_only: bool,
     direct: bool,
+    dealloc: Deallocate,
     /// For an O_DIRECT block device whose queue polls for completions (sysfs `queue/io_poll`
     /// is 1: it has poll queues): the largest transfer the device takes as one request
     /// (see [`Device::poll_max_bytes`]). 0: cannot be polled.
@@ -128,6 +145,7 @@ impl Device {
                     block_size: *block_size,
                     read_only: false,
                     direct: false,
+                    dealloc: Deallocate::Zeroes,
                     poll_max: 0,
                 })
             }
@@ -164,6 +182,11 @@ impl Device {
         self.poll_max
     }
 
+    /// What Deallocate does here (see [`Deallocate`]).
+    pub fn deallocate(&self) -> Deallocate {
+        self.dealloc
+    }
+
     pub fn is_read_only(&self) -> bool {
         self.read_only
     }
@@ -175,6 +198,11 @@ impl Device {
     /// The path opened; `None` for the null device.
     pub fn path(&self) -> Option<&Path> {
         self.path.as_deref()
+    }
+
+    /// The open file (`None` for the null device).
+    pub(crate) fn file(&self) -> Option<&File> {
+        self.file.as_ref()
     }
 
     /// The open descriptor (`None` for the null device), for io_uring file registration.
@@ -323,6 +351,11 @@ fn open_file(spec: &FileSpec) -> Result<Device, DeviceError> {
         } else {
             0
         };
+        let dealloc = if !spec.read_only && block_queue_discards(&meta) {
+            Deallocate::Discard
+        } else {
+            Deallocate::Ignored
+        };
         return Ok(Device {
             file: Some(file),
             path: Some(path.to_owned()),
@@ -331,6 +364,7 @@ fn open_file(spec: &FileSpec) -> Result<Device, DeviceError> {
             block_size,
             read_only: spec.read_only,
             direct,
+            dealloc,
             poll_max,
         });
     }
@@ -384,6 +418,15 @@ fn open_file(spec: &FileSpec) -> Result<Device, DeviceError> {
         file
     };
 
+    // Punching a hole past the end of the file (KEEP_SIZE) touches no data and tells whether the
+    // file system can deallocate at all.
+    let dealloc =
+        if !spec.read_only && sys::punch_hole(file.as_fd(), size, u64::from(block_size)).is_ok() {
+            Deallocate::Zeroes
+        } else {
+            Deallocate::Ignored
+        };
+
     Ok(Device {
         file: Some(file),
         path: Some(path.to_owned()),
@@ -392,10 +435,30 @@ fn open_file(spec: &FileSpec) -> Result<Device, DeviceError> {
         block_size,
         read_only: spec.read_only,
         direct,
+        dealloc,
         // Files are not polled: whether their file system's direct I/O path polls depends on
         // the file system and the disk under it.
         poll_max: 0,
     })
+}
+
+/// The sysfs queue directory's attribute `attr` of the block device `meta` describes (a
+/// partition looks at its disk's queue), trimmed.
+fn block_queue_attr(meta: &std::fs::Metadata, attr: &str) -> Option<String> {
+    use std::os::unix::fs::MetadataExt;
+    let rdev = meta.rdev();
+    let base = format!("/sys/dev/block/{}:{}", libc::major(rdev), libc::minor(rdev));
+    std::fs::read_to_string(format!("{base}/queue/{attr}"))
+        .or_else(|_| std::fs::read_to_string(format!("{base}/../queue/{attr}")))
+        .ok()
+        .map(|v| v.trim().to_owned())
+}
+
+/// True if the block device takes discards (sysfs `queue/discard_max_bytes` is not 0).
+fn block_queue_discards(meta: &std::fs::Metadata) -> bool {
+    block_queue_attr(meta, "discard_max_bytes")
+        .and_then(|v| v.parse::<u64>().ok())
+        .is_some_and(|n| n > 0)
 }
 
 /// For a block device that polls for completions (sysfs `/sys/dev/block/MAJ:MIN/queue/io_poll`
@@ -403,16 +466,7 @@ fn open_file(spec: &FileSpec) -> Result<Device, DeviceError> {
 /// largest transfer it takes without splitting, in bytes; 0 otherwise. Partitions look at
 /// their disk's queue.
 fn block_queue_poll_max(meta: &std::fs::Metadata) -> u32 {
-    use std::os::unix::fs::MetadataExt;
-    let rdev = meta.rdev();
-    let (major, minor) = (libc::major(rdev), libc::minor(rdev));
-    let base = format!("/sys/dev/block/{major}:{minor}");
-    let queue = |attr: &str| {
-        std::fs::read_to_string(format!("{base}/queue/{attr}"))
-            .or_else(|_| std::fs::read_to_string(format!("{base}/../queue/{attr}")))
-            .ok()
-            .map(|v| v.trim().to_owned())
-    };
+    let queue = |attr: &str| block_queue_attr(meta, attr);
     if queue("io_poll").as_deref() != Some("1") {
         return 0;
     }

@@ -13,13 +13,15 @@
 //!   a busy-polling poller checks for socket activity with a memory load, not `epoll_wait`.
 
 mod device;
+mod discard;
 mod pool;
 mod ring;
 mod sys;
 mod watch;
 
 pub use device::{
-    Device, DeviceError, DeviceKind, DeviceSpec, Devices, FileSpec, MAX_BLOCK_SIZE, MIN_BLOCK_SIZE,
+    Deallocate, Device, DeviceError, DeviceKind, DeviceSpec, Devices, FileSpec, MAX_BLOCK_SIZE,
+    MIN_BLOCK_SIZE,
 };
 pub use pool::{BufId, BufPool, PoolError, BUF_ALIGN, MAX_BUFFERS, MAX_BUFFER_SIZE};
 pub use ring::{Ring, RingConfig, RingError, RingMode, RingStats, SubmitError};

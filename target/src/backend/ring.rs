@@ -16,6 +16,7 @@
 //! ```
 
 use std::collections::VecDeque;
+use std::fs::File;
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::sync::Arc;
@@ -23,7 +24,8 @@ use std::time::Duration;
 
 use io_uring::{opcode, types, IoUring};
 
-use super::device::{Device, DeviceKind, Devices};
+use super::device::{Deallocate, Device, DeviceKind, Devices};
+use super::discard::{Discarder, Job};
 use super::pool::{BufId, BufPool};
 use super::sys::{self, MmapRegion};
 use crate::core::{trim_ranges, IoKind, IoOp, TRIM_RANGE_SIZE};
@@ -31,6 +33,9 @@ use crate::core::{trim_ranges, IoKind, IoOp, TRIM_RANGE_SIZE};
 /// Bytes of the ring's zero buffer, the source of Write Zeroes when the device supports
 /// neither FALLOC_FL_ZERO_RANGE nor FALLOC_FL_PUNCH_HOLE. A multiple of every block size.
 const ZERO_BUF_LEN: usize = 256 * 1024;
+
+/// user_data of the POLL_ADD on the discard helper's eventfd (slots are u32).
+const DISCARD_WAKE: u64 = u64::MAX;
 
 /// IORING_ENTER_GETEVENTS.
 const ENTER_GETEVENTS: u32 = 1;
@@ -140,8 +145,9 @@ struct Dev {
     null: bool,
     /// How Write Zeroes is done; downgraded when the kernel answers EOPNOTSUPP.
     zero: ZeroMethod,
-    /// False once PUNCH_HOLE answered EOPNOTSUPP: Trim then completes without action.
-    trim: bool,
+    /// What Trim does; `Ignored` once the kernel answered EOPNOTSUPP (Trim then completes
+    /// without action).
+    dealloc: Deallocate,
     /// Reads and writes of at most this many bytes go to the polled ring (0: none).
     poll_max: u64,
 }
@@ -154,12 +160,20 @@ fn dev_of(d: &Device, iopoll: bool) -> Dev {
         read_only: d.is_read_only(),
         null: d.kind() == DeviceKind::Null,
         zero: ZeroMethod::ZeroRange,
-        trim: true,
+        dealloc: d.deallocate(),
         poll_max: if iopoll {
             u64::from(d.poll_max_bytes())
         } else {
             0
         },
+    }
+}
+
+/// The file the discard helper uses for `d` (a duplicate descriptor), if Trim discards there.
+fn discard_file(d: &Device) -> io::Result<Option<Arc<File>>> {
+    match (d.deallocate(), d.file()) {
+        (Deallocate::Discard, Some(f)) => Ok(Some(Arc::new(f.try_clone()?))),
+        _ => Ok(None),
     }
 }
 
@@ -170,7 +184,7 @@ const ABSENT_DEV: Dev = Dev {
     read_only: true,
     null: false,
     zero: ZeroMethod::ZeroRange,
-    trim: false,
+    dealloc: Deallocate::Ignored,
     poll_max: 0,
 };
 
@@ -210,7 +224,10 @@ enum SlotKind {
     Write,
     Flush,
     Zero(ZeroMethod),
+    /// Hole punches in flight (one SQE per range).
     Trim,
+    /// A job with the discard helper (`pending` is 1 until it reports).
+    Discard,
     /// Finished, on the ready queue.
     Done,
 }
@@ -277,6 +294,16 @@ pub struct Ring {
     slots: Vec<Slot>,
     free_slots: Vec<u32>,
     ready: VecDeque<u32>,
+    /// Per device slot, the block device's file for the discard helper (`Deallocate::Discard`).
+    discard_files: Vec<Option<Arc<File>>>,
+    /// Started on the first discard.
+    discarder: Option<Discarder>,
+    /// Jobs with the discard helper.
+    discards: u32,
+    /// A POLL_ADD on the helper's eventfd is in the ring.
+    discard_armed: bool,
+    /// Reused for the helper's finished jobs.
+    discard_done: Vec<(u32, Result<(), i32>)>,
     mode: RingMode,
     /// The kernel sets IORING_SQ_TASKRUN when deferred completions wait for an enter.
     taskrun_flag: bool,
@@ -412,6 +439,11 @@ impl Ring {
             None
         };
         let dev = devices.iter().map(|d| dev_of(d, cfg.iopoll)).collect();
+        let discard_files = devices
+            .iter()
+            .map(discard_file)
+            .collect::<io::Result<_>>()
+            .map_err(RingError::Setup)?;
         let file_slots = fds.len();
         let n = cfg.max_inflight as usize;
         Ok(Ring {
@@ -428,6 +460,11 @@ impl Ring {
             slots: vec![IDLE_SLOT; n],
             free_slots: (0..cfg.max_inflight).rev().collect(),
             ready: VecDeque::with_capacity(n),
+            discard_files,
+            discarder: None,
+            discards: 0,
+            discard_armed: false,
+            discard_done: Vec::new(),
             mode,
             taskrun_flag,
             enabled: false,
@@ -454,6 +491,11 @@ impl Ring {
         }
         let iopoll = self.poll.is_some();
         self.dev[i] = device.map(|d| dev_of(d, iopoll)).unwrap_or(ABSENT_DEV);
+        let file = device.map(discard_file).transpose()?.flatten();
+        if self.discard_files.len() <= i {
+            self.discard_files.resize(i + 1, None);
+        }
+        self.discard_files[i] = file;
         Ok(())
     }
 
@@ -633,9 +675,17 @@ impl Ring {
                 for (off, len) in trim_ranges(list, *ranges) {
                     check_range(&dev, off, len)?;
                 }
-                if dev.null || !dev.trim {
+                if dev.null || dev.dealloc == Deallocate::Ignored {
                     self.finish(s, Ok(0));
                     return Ok(());
+                }
+                if dev.dealloc == Deallocate::Discard {
+                    let list =
+                        &self.pool.payload(id, end).map_err(|_| libc::EINVAL)?[boff as usize..];
+                    let ranges: Vec<(u64, u64)> = trim_ranges(list, *ranges)
+                        .filter(|&(_, len)| len > 0)
+                        .collect();
+                    return self.discard(s, op.device, ranges);
                 }
                 self.slots[si].kind = SlotKind::Trim;
                 for i in 0..usize::from(*ranges) {
@@ -663,6 +713,102 @@ impl Ring {
                     self.finish(s, if err == 0 { Ok(0) } else { Err(err) });
                 }
                 Ok(())
+            }
+        }
+    }
+
+    /// Hands slot `s`'s ranges on `device` to the discard helper (starting it if needed) and
+    /// makes sure the ring polls the helper's eventfd.
+    fn discard(&mut self, s: u32, device: u32, ranges: Vec<(u64, u64)>) -> Result<(), i32> {
+        if ranges.is_empty() {
+            self.finish(s, Ok(0));
+            return Ok(());
+        }
+        let file = self
+            .discard_files
+            .get(device as usize)
+            .cloned()
+            .flatten()
+            .ok_or(libc::ENODEV)?;
+        if self.discarder.is_none() {
+            let d = Discarder::new().map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))?;
+            self.discarder = Some(d);
+        }
+        let d = self.discarder.as_ref().expect("started just above");
+        if !d.send(Job {
+            slot: s,
+            file,
+            ranges,
+        }) {
+            return Err(libc::EIO);
+        }
+        let slot = &mut self.slots[s as usize];
+        slot.kind = SlotKind::Discard;
+        slot.pending = 1;
+        self.discards += 1;
+        self.arm_discard()
+    }
+
+    /// Puts a POLL_ADD on the discard helper's eventfd into the ring, unless one is there.
+    fn arm_discard(&mut self) -> Result<(), i32> {
+        let Some(d) = &self.discarder else {
+            return Ok(());
+        };
+        if self.discard_armed {
+            return Ok(());
+        }
+        let e = opcode::PollAdd::new(types::Fd(d.eventfd().as_raw_fd()), libc::POLLIN as u32)
+            .build()
+            .user_data(DISCARD_WAKE);
+        self.push_entry(e)?;
+        self.discard_armed = true;
+        Ok(())
+    }
+
+    /// The discard helper's eventfd fired: finish the slots it reports, and poll again while
+    /// jobs remain.
+    fn on_discard_wake(&mut self) {
+        self.discard_armed = false;
+        let mut done = std::mem::take(&mut self.discard_done);
+        if let Some(d) = &self.discarder {
+            d.take_done(&mut done);
+        }
+        for (s, result) in done.drain(..) {
+            let Some(slot) = self.slots.get_mut(s as usize) else {
+                continue;
+            };
+            if slot.kind != SlotKind::Discard {
+                debug_assert!(
+                    false,
+                    "discard result for slot {s} in state {:?}",
+                    slot.kind
+                );
+                continue;
+            }
+            slot.pending = 0;
+            self.discards -= 1;
+            let dev = slot.dev;
+            let result = match result {
+                Err(libc::EOPNOTSUPP) => {
+                    // Advisory, as for hole punching (see on_cqe's Trim).
+                    if let Some(d) = self.dev.get_mut(dev as usize) {
+                        d.dealloc = Deallocate::Ignored;
+                        tracing::warn!(
+                            device = dev,
+                            "discard not supported; Deallocate becomes a no-op"
+                        );
+                    }
+                    Ok(0)
+                }
+                Err(errno) => Err(errno),
+                Ok(()) => Ok(0),
+            };
+            self.finish(s, result);
+        }
+        self.discard_done = done;
+        if self.discards > 0 {
+            if let Err(errno) = self.arm_discard() {
+                tracing::error!(errno, "cannot poll the discard helper");
             }
         }
     }
@@ -778,11 +924,18 @@ impl Ring {
 
     /// Pushes one SQE for slot `s`, submitting first if the SQ is full (never drops).
     fn push_one(&mut self, s: u32, e: io_uring::squeue::Entry) -> Result<(), i32> {
-        let e = e.user_data(u64::from(s));
+        self.push_entry(e.user_data(u64::from(s)))?;
+        self.slots[s as usize].pending += 1;
+        Ok(())
+    }
+
+    /// Pushes one SQE (its user_data set), submitting first if the SQ is full (never drops).
+    fn push_entry(&mut self, e: io_uring::squeue::Entry) -> Result<(), i32> {
         loop {
             // SAFETY: the entry references only memory the ring owns for its whole life (the
-            // registered pool buffers and the zero buffer) and registered files; the slot that
-            // owns the op stays allocated until this SQE's completion is processed.
+            // registered pool buffers and the zero buffer), registered files and the discard
+            // helper's eventfd (a field dropped after the ring); the slot that owns the op stays
+            // allocated until this SQE's completion is processed.
             if unsafe { self.ring.submission().push(&e) }.is_ok() {
                 break;
             }
@@ -798,7 +951,6 @@ impl Ring {
             };
             r.map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))?;
         }
-        self.slots[s as usize].pending += 1;
         self.stats.sqes += 1;
         Ok(())
     }
@@ -822,6 +974,9 @@ impl Ring {
 
     /// Handles one CQE.
     fn on_cqe(&mut self, user_data: u64, res: i32) {
+        if user_data == DISCARD_WAKE {
+            return self.on_discard_wake();
+        }
         let Some(slot) = usize::try_from(user_data)
             .ok()
             .and_then(|i| self.slots.get_mut(i))
@@ -914,8 +1069,8 @@ impl Ring {
                     // the controller may deallocate): not deallocating is a valid outcome, and
                     // the blocks keep reading their old data.
                     if let Some(d) = self.dev.get_mut(slot.dev as usize) {
-                        if d.trim {
-                            d.trim = false;
+                        if d.dealloc != Deallocate::Ignored {
+                            d.dealloc = Deallocate::Ignored;
                             tracing::warn!(
                                 device = slot.dev,
                                 "PUNCH_HOLE not supported; Deallocate becomes a no-op"
@@ -930,7 +1085,7 @@ impl Ring {
                     self.finish(s, if slot.err == 0 { Ok(0) } else { Err(slot.err) });
                 }
             }
-            SlotKind::Idle | SlotKind::Done => {
+            SlotKind::Idle | SlotKind::Done | SlotKind::Discard => {
                 debug_assert!(false, "CQE for slot {s} in state {:?}", slot.kind);
             }
         }

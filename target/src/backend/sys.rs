@@ -181,3 +181,47 @@ pub(crate) fn eventfd_drain(fd: BorrowedFd<'_>) -> u64 {
         0
     }
 }
+
+/// fallocate(FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE) of `len` bytes at `offset`.
+pub(crate) fn punch_hole(fd: BorrowedFd<'_>, offset: u64, len: u64) -> io::Result<()> {
+    let (Ok(off), Ok(len)) = (libc::off_t::try_from(offset), libc::off_t::try_from(len)) else {
+        return Err(io::Error::from_raw_os_error(libc::EINVAL));
+    };
+    // SAFETY: fallocate takes no pointers.
+    let r = unsafe {
+        libc::fallocate(
+            fd.as_raw_fd(),
+            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+            off,
+            len,
+        )
+    };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// `_IO(0x12, 119)`: BLKDISCARD (no size or direction bits).
+const BLKDISCARD: libc::c_ulong = (0x12 << 8) | 119;
+
+/// Discards `len` bytes at `offset` of the block device open (for writing) on `fd`
+/// (BLKDISCARD; both multiples of 512). Blocks until the device has done it; the errno on
+/// failure (EOPNOTSUPP: the device takes no discards).
+pub(crate) fn blkdiscard(fd: BorrowedFd<'_>, offset: u64, len: u64) -> Result<(), i32> {
+    let range: [u64; 2] = [offset, len];
+    // SAFETY: BLKDISCARD reads two u64 (start, length) through the pointer, which points to a
+    // live local array.
+    let r = unsafe { libc::ioctl(fd.as_raw_fd(), BLKDISCARD as _, range.as_ptr()) };
+    if r < 0 {
+        return Err(errno());
+    }
+    Ok(())
+}
+
+/// Adds 1 to an eventfd's counter (wakes its pollers).
+pub(crate) fn eventfd_signal(fd: BorrowedFd<'_>) {
+    let v: u64 = 1;
+    // SAFETY: writes 8 bytes from a live local u64.
+    let _ = unsafe { libc::write(fd.as_raw_fd(), (&v as *const u64).cast(), 8) };
+}

@@ -231,6 +231,7 @@ impl Queue {
                     id.nguid = ns.nguid;
                     id.lbaf[0].ds = ns.lba_shift;
                     id.nsattr = nsattr(ns);
+                    id.dlfeat = dlfeat(ns);
                 }
                 buf.copy_from_slice(id.as_bytes());
             }
@@ -524,6 +525,13 @@ impl Queue {
 }
 
 /// Namespace Attributes (Identify Namespace byte 99, CNS 08h byte 8): bit 0, Write Protected.
+/// DLFEAT (Identify Namespace byte 33) bits 2:0: 001b "deallocated blocks read as all
+/// zeroes", 000b "not reported". Bit 3 (Write Zeroes with Deallocate) stays clear: Write
+/// Zeroes never deallocates here.
+fn dlfeat(ns: &NamespaceSpec) -> u8 {
+    u8::from(ns.deallocate_zeroes && !ns.read_only)
+}
+
 fn nsattr(ns: &NamespaceSpec) -> u8 {
     u8::from(ns.read_only)
 }

@@ -125,6 +125,10 @@ pub struct NamespaceSpec {
     /// so the Linux host marks the disk read-only) and writes fail with Namespace Is Write
     /// Protected before they reach the backend.
     pub read_only: bool,
+    /// Deallocated blocks read back as zeroes (the backend frees them: null device, hole
+    /// punching in a file). Identify reports it in DLFEAT; otherwise DLFEAT says "not
+    /// reported" (block devices discard, and what they read afterwards is theirs to say).
+    pub deallocate_zeroes: bool,
 }
 
 /// A subsystem as configured.

@@ -810,3 +810,26 @@ fn empty_host_nqn_only_where_any_host_is_allowed() {
         doff::HOSTNQN,
     );
 }
+
+/// DLFEAT tells the host what a deallocated block reads: all zeroes (001b) only where the
+/// backend frees blocks to zeroes, "not reported" (000b) for a block device that discards and
+/// for a write-protected namespace; Write Zeroes never deallocates (bit 3 clear).
+#[test]
+fn dlfeat_follows_the_backend() {
+    let (t, mut a, _q) = ready(tcp_caps());
+    let zeroes = ns(1, 2048, 12, 7);
+    let mut discard = ns(2, 2048, 12, 8);
+    discard.deallocate_zeroes = false;
+    let mut ro = ns(3, 2048, 12, 9);
+    ro.read_only = true;
+    assert!(t.set_namespaces(SUBNQN, vec![zeroes, discard, ro]));
+    let dlfeat = |a: &mut Host, nsid| {
+        let r = a.identify(cns::NS, nsid, csi::NVM);
+        nvme::identify::IdentifyNamespace::decode(r.ok_data())
+            .unwrap()
+            .dlfeat
+    };
+    assert_eq!(dlfeat(&mut a, 1), 0b001);
+    assert_eq!(dlfeat(&mut a, 2), 0);
+    assert_eq!(dlfeat(&mut a, 3), 0);
+}

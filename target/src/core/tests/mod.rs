@@ -44,6 +44,7 @@ pub(super) fn ns(nsid: u32, blocks: u64, lba_shift: u8, device: u32) -> Namespac
         nguid,
         uuid,
         read_only: false,
+        deallocate_zeroes: true,
     }
 }
 
