@@ -807,7 +807,13 @@ impl Ring {
         }
         self.discard_done = done;
         if self.discards > 0 {
-            if let Err(errno) = self.arm_discard() {
+            // Submitted at once: this runs while reaping, and a caller that reaps and then
+            // sleeps would otherwise leave the poll unsubmitted and never hear of the rest.
+            let r = self.arm_discard().and_then(|()| {
+                self.enter(0, None, false)
+                    .map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))
+            });
+            if let Err(errno) = r {
                 tracing::error!(errno, "cannot poll the discard helper");
             }
         }

@@ -6,6 +6,7 @@
 //! namespace table may have been replaced in between.
 
 use nvme::opcode::io;
+use nvme::sgl::Sgl;
 use nvme::{Sqe, Status};
 
 use super::queue::{loc, Outcome, Parsed, Reject};
@@ -18,6 +19,13 @@ const DSM_AD: u32 = 1 << 2;
 /// One DSM range: context attributes, length in blocks, starting LBA.
 const DSM_RANGE_SIZE: usize = 16;
 const _: () = assert!(DSM_RANGE_SIZE == super::TRIM_RANGE_SIZE);
+/// The most DSM data a command may carry: 256 ranges (NR is 8 bits, 0's based).
+const DSM_MAX_DATA: usize = 256 * DSM_RANGE_SIZE;
+
+/// The number of ranges a DSM command lists (CDW10 NR, 0's based).
+fn dsm_ranges(sqe: &Sqe) -> usize {
+    (sqe.cdw10.get() & 0xff) as usize + 1
+}
 
 /// Byte offset and length of `nlb` blocks at `slba`, range-checked against the namespace
 /// without any arithmetic that could overflow.
@@ -102,8 +110,16 @@ impl Queue {
                 Parsed::none()
             }
             io::DSM => {
-                let nr = (sqe.cdw10.get() & 0xff) as usize + 1;
-                Parsed::from_host((nr * DSM_RANGE_SIZE) as u32, loc::CDW10)
+                // The ranges take NR x 16 bytes, but the Linux host always sends a whole
+                // page (nvme_setup_discard allocates and maps the maximum, 256 ranges, for
+                // devices that ignore NR), as nvmet accepts (`nvmet_check_data_len_lte`): a
+                // data length from NR x 16 up to 4 KiB is taken and the rest ignored.
+                let need = dsm_ranges(sqe) * DSM_RANGE_SIZE;
+                let len = match Sgl::decode(&sqe.dptr) {
+                    Ok(sgl) if (need..=DSM_MAX_DATA).contains(&(sgl.len() as usize)) => sgl.len(),
+                    _ => need as u32,
+                };
+                Parsed::from_host(len, loc::CDW10)
             }
             _ => Parsed::none(),
         })
@@ -165,7 +181,7 @@ impl Queue {
                 // `n` is written only after DSM range `i >= n` was read), so nothing is
                 // allocated.
                 let mut n = 0;
-                for i in 0..buf.len() / DSM_RANGE_SIZE {
+                for i in 0..dsm_ranges(sqe).min(buf.len() / DSM_RANGE_SIZE) {
                     let r = &buf[i * DSM_RANGE_SIZE..(i + 1) * DSM_RANGE_SIZE];
                     let nlb = u32::from_le_bytes([r[4], r[5], r[6], r[7]]) as u64;
                     let slba = u64::from_le_bytes(r[8..16].try_into().expect("8 bytes"));

@@ -344,6 +344,41 @@ fn linux_sequence(caps: TransportCaps) {
     sqe.cid = cid.into();
     sqe.cdw11 = 0.into();
     q1.submit(sqe, &ranges).ok_result();
+    // The Linux host sends one range in a whole page (nvme_setup_discard maps room for 256):
+    // taken, and what follows the NR ranges is ignored (here: stale ranges).
+    let mut page = vec![0u8; 4096];
+    page[..48].copy_from_slice(&ranges);
+    page[48..96].copy_from_slice(&ranges);
+    let cid = q1.next_cid();
+    sqe.cid = cid.into();
+    sqe.cdw10 = 0.into();
+    sqe.cdw11 = (1 << 2).into();
+    sqe.dptr = q1.sgl(4096, true).encode();
+    let r = q1.submit(sqe, &page);
+    match &r {
+        Reply::Io(op, _) => {
+            assert_eq!(op.kind, IoKind::Trim { ranges: 1 });
+            assert_eq!(
+                trim_ranges(&q1.io_buf, 1).collect::<Vec<_>>(),
+                [(100 * 4096, 8 * 4096)]
+            );
+        }
+        r => panic!("{r:?}"),
+    }
+    q1.finish_io(r);
+    // Less data than NR ranges, or more than a page, is still refused.
+    for (nr, len) in [(2u32, 32u32), (0, 4112)] {
+        let cid = q1.next_cid();
+        sqe.cid = cid.into();
+        sqe.cdw10 = nr.into();
+        sqe.dptr = q1.sgl(len, true).encode();
+        let data = vec![0u8; len as usize];
+        assert_eq!(
+            q1.submit(sqe, &data).status(),
+            Status::SGL_INVALID_DATA.dnr(),
+            "NR {nr}, {len} bytes"
+        );
+    }
 
     // Write Zeroes (no data) and Flush.
     let r = q1.rw(io::WRITE_ZEROES, 3, 8, 16, 9);
@@ -384,10 +419,10 @@ fn linux_sequence(caps: TransportCaps) {
     let st = q1.q.stats();
     assert_eq!(
         (st.bytes_written, st.bytes_read, st.errors),
-        (32768 + 512, 4096, 0)
+        (32768 + 512, 4096, 2)
     );
     assert_eq!((st.write_cmds, st.read_cmds), (2, 1));
-    assert_eq!(st.commands, 8, "Connect + 7 commands");
+    assert_eq!(st.commands, 11, "Connect + 10 commands (2 refused)");
 
     // SMART now counts the I/O: 33280 bytes written = 65 units of 512 -> 1 data unit.
     let r = a.get_log(lid::SMART, 0xffff_ffff, 512, 0, false);
