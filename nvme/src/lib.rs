@@ -12,6 +12,7 @@ pub mod identify;
 pub mod log;
 pub mod opcode;
 pub mod rdma;
+pub mod resv;
 pub mod sgl;
 pub mod status;
 pub mod tcp;

@@ -37,6 +37,10 @@ pub mod io {
     pub const WRITE_ZEROES: u8 = 0x08;
     pub const DSM: u8 = 0x09;
     pub const VERIFY: u8 = 0x0c;
+    pub const RESV_REGISTER: u8 = 0x0d;
+    pub const RESV_REPORT: u8 = 0x0e;
+    pub const RESV_ACQUIRE: u8 = 0x11;
+    pub const RESV_RELEASE: u8 = 0x15;
     pub const COPY: u8 = 0x19;
 }
 
