@@ -188,7 +188,9 @@ impl Queue {
         let nn = self.namespaces().map(|t| t.max_nsid()).unwrap_or(0);
         id.nn = nn.into();
         id.mnan = nn.into();
-        id.oncs = (idc::ONCS_DSM | idc::ONCS_WRITE_ZEROES | idc::ONCS_TIMESTAMP).into();
+        id.oncs =
+            (idc::ONCS_DSM | idc::ONCS_WRITE_ZEROES | idc::ONCS_TIMESTAMP | idc::ONCS_RESERVATIONS)
+                .into();
         // Flush is honoured per namespace; a broadcast Flush (NSID FFFFFFFFh) is not.
         id.vwc = idc::VWC_PRESENT | idc::VWC_FLUSH_BROADCAST_UNSUPPORTED;
         id.ioccsz = ((64 + caps.in_capsule_data) / 16).into();
@@ -232,6 +234,7 @@ impl Queue {
                     id.lbaf[0].ds = ns.lba_shift;
                     id.nsattr = nsattr(ns);
                     id.dlfeat = dlfeat(ns);
+                    id.rescap = RESCAP;
                 }
                 buf.copy_from_slice(id.as_bytes());
             }
@@ -281,6 +284,7 @@ impl Queue {
                 id.nsattr = nsattr(ns);
                 id.nmic = NMIC_SHARED;
                 id.nstat = NSTAT_READY;
+                id.rescap = RESCAP;
                 buf.copy_from_slice(id.as_bytes());
             }
             _ => return Err(Reject::dnr(Status::INVALID_FIELD, loc::CDW10)),
@@ -531,6 +535,10 @@ impl Queue {
 fn dlfeat(ns: &NamespaceSpec) -> u8 {
     u8::from(ns.deallocate_zeroes && !ns.read_only)
 }
+
+/// Reservation capabilities: all six types, IEKEY as NVMe 1.3 defines it; not Persist Through
+/// Power Loss.
+const RESCAP: u8 = nvme::resv::rescap::ALL_TYPES | nvme::resv::rescap::IEKEY13;
 
 fn nsattr(ns: &NamespaceSpec) -> u8 {
     u8::from(ns.read_only)

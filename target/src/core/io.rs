@@ -1,4 +1,6 @@
-//! NVM I/O commands: Read, Write, Flush, Write Zeroes, Dataset Management.
+//! NVM I/O commands: Read, Write, Flush, Write Zeroes, Dataset Management, and the four
+//! reservation commands (their rules are in `reservation`); every Read, Write, Flush, Write
+//! Zeroes and DSM is checked against the namespace's reservation at parse.
 //!
 //! A host Write is a backend write of data the host sent (`Xfer::FromHost`); a host Read is a
 //! backend read whose data goes to the host (`Xfer::ToHost`). Ranges are checked in `parse` so
@@ -9,7 +11,10 @@ use nvme::opcode::io;
 use nvme::sgl::Sgl;
 use nvme::{Sqe, Status};
 
-use super::queue::{loc, Outcome, Parsed, Reject};
+use nvme::resv::{AcquireCmd, BadField, RegisterCmd, ReleaseCmd, REPORT_EDS};
+
+use super::queue::{loc, Link, Outcome, Parsed, Reject};
+use super::reservation::{Access, HostId, ResvError, ResvState};
 use super::{put_trim_range, Cmd, IoKind, IoOp, NamespaceSpec, Queue, Xfer};
 
 /// Read/Write CDW12 bit 30: Force Unit Access.
@@ -88,19 +93,22 @@ impl Queue {
     }
 
     pub(super) fn parse_io(&mut self, sqe: &Sqe) -> Result<Parsed, Reject> {
-        if !matches!(
-            sqe.opcode,
-            io::READ | io::WRITE | io::FLUSH | io::WRITE_ZEROES | io::DSM
-        ) {
-            return Err(Reject::dnr(Status::INVALID_OPCODE, loc::OPCODE));
-        }
+        let access = match sqe.opcode {
+            io::READ => Some(Access::Read),
+            io::WRITE | io::FLUSH | io::WRITE_ZEROES | io::DSM => Some(Access::Write),
+            io::RESV_REGISTER | io::RESV_REPORT | io::RESV_ACQUIRE | io::RESV_RELEASE => None,
+            _ => return Err(Reject::dnr(Status::INVALID_OPCODE, loc::OPCODE)),
+        };
         // NSID 0 and FFFFFFFFh never name a namespace here: a broadcast Flush is not supported
         // (Identify VWC bits 2:1 = 10b).
         let ns = self.namespace(sqe.nsid.get())?;
         // A write-protected namespace takes reads and flushes only (nvmet's
         // `nvmet_io_cmd_check_access`), refused here before any data moves.
-        if ns.read_only && !matches!(sqe.opcode, io::READ | io::FLUSH) {
+        if ns.read_only && access == Some(Access::Write) && sqe.opcode != io::FLUSH {
             return Err(Reject::dnr(Status::NS_WRITE_PROTECTED, loc::NSID));
+        }
+        if let Some(a) = access {
+            self.check_reservation(ns.nsid, a)?;
         }
         Ok(match sqe.opcode {
             io::READ => Parsed::to_host(rw_extent(sqe, &ns)?.1, loc::CDW12),
@@ -121,8 +129,57 @@ impl Queue {
                 };
                 Parsed::from_host(len, loc::CDW10)
             }
+            io::RESV_REGISTER | io::RESV_ACQUIRE => {
+                Parsed::from_host(nvme::resv::KEYS_DATA_SIZE as u32, loc::DPTR)
+            }
+            io::RESV_RELEASE => Parsed::from_host(nvme::resv::RELEASE_DATA_SIZE as u32, loc::DPTR),
+            io::RESV_REPORT => {
+                // NUMD: dwords, 0's based.
+                let len = (u64::from(sqe.cdw10.get()) + 1) * 4;
+                Parsed::to_host(u32::try_from(len).unwrap_or(u32::MAX), loc::CDW10)
+            }
             _ => Parsed::none(),
         })
+    }
+
+    /// The Host Identifier of this queue's controller.
+    fn host_id(&self) -> Option<&HostId> {
+        match &self.link {
+            Link::Admin(c) | Link::Io { ctrl: c, .. } => Some(&c.hostid),
+            _ => None,
+        }
+    }
+
+    /// Reservation Conflict if the namespace's reservation keeps this host from `access`
+    /// (one relaxed load while no reservation is held).
+    fn check_reservation(&self, nsid: u32, access: Access) -> Result<(), Reject> {
+        let (Some(host), Some((_, table))) = (self.host_id(), &self.ns_cache) else {
+            return Ok(());
+        };
+        match table.reservation(nsid) {
+            Some(r) => r
+                .check(host, access)
+                .map_err(|e| Reject::dnr(e.status(), loc::NSID)),
+            None => Ok(()),
+        }
+    }
+
+    /// Runs a reservation command on the namespace's state.
+    fn reservation_cmd(
+        &mut self,
+        nsid: u32,
+        f: impl FnOnce(&mut ResvState, &HostId) -> Result<(), ResvError>,
+    ) -> Result<Outcome, Reject> {
+        self.refresh_ns_cache();
+        let (Some(host), Some((_, table))) = (self.host_id().copied(), &self.ns_cache) else {
+            return Err(Reject::dnr(Status::INVALID_NS, loc::NSID));
+        };
+        let r = table
+            .reservation(nsid)
+            .ok_or_else(|| Reject::dnr(Status::INVALID_NS, loc::NSID))?;
+        r.update(|s| f(s, &host))
+            .map_err(|e| Reject::dnr(e.status(), loc::CDW10))?;
+        Ok(Outcome::ok())
     }
 
     pub(super) fn exec_io(&mut self, cmd: &Cmd, buf: &mut [u8]) -> Result<Outcome, Reject> {
@@ -198,7 +255,43 @@ impl Queue {
                 // At most 256 (NR is 8 bits).
                 Ok(Outcome::Io(Queue::trim_op(device, n as u16)))
             }
+            io::RESV_REGISTER => {
+                let c = decoded(RegisterCmd::decode(sqe, buf))?;
+                self.reservation_cmd(ns.nsid, |s, h| s.register(h, &c, false))
+            }
+            io::RESV_ACQUIRE => {
+                let c = decoded(AcquireCmd::decode(sqe, buf))?;
+                self.reservation_cmd(ns.nsid, |s, h| s.acquire(h, &c))
+            }
+            io::RESV_RELEASE => {
+                let c = decoded(ReleaseCmd::decode(sqe, buf))?;
+                self.reservation_cmd(ns.nsid, |s, h| s.release(h, &c))
+            }
+            io::RESV_REPORT => {
+                // Fabrics hosts have 128-bit identifiers: only the extended format can carry
+                // them (nvmet answers the same).
+                if sqe.cdw11.get() & REPORT_EDS == 0 {
+                    return Err(Reject::dnr(Status::HOST_ID_INCONSISTENT, loc::CDW11));
+                }
+                let Some((_, table)) = &self.ns_cache else {
+                    return Err(Reject::dnr(Status::INVALID_NS, loc::NSID));
+                };
+                let r = table
+                    .reservation(ns.nsid)
+                    .ok_or_else(|| Reject::dnr(Status::INVALID_NS, loc::NSID))?;
+                r.update(|s| s.report()).encode_ext(buf);
+                Ok(Outcome::data(buf.len() as u32))
+            }
             _ => Err(Reject::dnr(Status::INVALID_OPCODE, loc::OPCODE)),
         }
+    }
+}
+
+/// A decoded reservation command, or Invalid Field at its CDW10 (or data too short).
+fn decoded<T>(r: Result<Result<T, BadField>, nvme::DecodeError>) -> Result<T, Reject> {
+    match r {
+        Ok(Ok(c)) => Ok(c),
+        Ok(Err(_)) => Err(Reject::dnr(Status::INVALID_FIELD, loc::CDW10)),
+        Err(_) => Err(Reject::dnr(Status::SGL_INVALID_DATA, loc::DPTR)),
     }
 }

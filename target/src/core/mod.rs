@@ -27,6 +27,7 @@ mod discovery;
 mod fabrics_cmd;
 mod io;
 mod queue;
+mod reservation;
 pub mod stats;
 mod subsystem;
 #[cfg(test)]

@@ -267,7 +267,7 @@ impl Queue {
     }
 
     /// Refresh the cached namespace table if the subsystem replaced it.
-    fn refresh_ns_cache(&mut self) {
+    pub(super) fn refresh_ns_cache(&mut self) {
         let subsys = match &self.link {
             Link::Admin(c) | Link::Io { ctrl: c, .. } => &c.subsys,
             _ => return,

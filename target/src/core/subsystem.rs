@@ -10,6 +10,7 @@ use nvme::DISCOVERY_NQN;
 
 use super::controller::Controller;
 use super::controller::Gone;
+use super::reservation::NsReservation;
 use super::stats::{ControllerMetrics, IoTotals, NsTotals, SubsystemMetrics};
 use super::{ListenerInfo, NamespaceSpec, Reconfigured, SubsystemSpec, Target, TargetParams};
 
@@ -17,25 +18,39 @@ use super::{ListenerInfo, NamespaceSpec, Reconfigured, SubsystemSpec, Target, Ta
 #[derive(Debug, Default)]
 pub(crate) struct NsTable {
     pub by_nsid: BTreeMap<u32, NamespaceSpec>,
+    /// Each namespace's reservations; a namespace that a reconfiguration keeps (same NSID,
+    /// same backing store and geometry) keeps its reservation state.
+    resv: BTreeMap<u32, Arc<NsReservation>>,
 }
 
 impl NsTable {
     /// A table from configured namespaces; NSIDs 0 and FFFFFFFFh cannot name a namespace and
-    /// are left out (the configuration layer rejects them first).
-    fn from_specs(specs: Vec<NamespaceSpec>) -> NsTable {
+    /// are left out (the configuration layer rejects them first). Reservation state is taken
+    /// from `old` for namespaces that stay the same.
+    fn from_specs(specs: Vec<NamespaceSpec>, old: Option<&NsTable>) -> NsTable {
         let mut by_nsid = BTreeMap::new();
+        let mut resv = BTreeMap::new();
         for n in specs {
             if n.nsid == 0 || n.nsid == u32::MAX {
                 tracing::warn!(nsid = n.nsid, "ignoring a namespace with a reserved NSID");
                 continue;
             }
+            let kept = old
+                .filter(|o| o.get(n.nsid).is_some_and(|o| same_namespace(o, &n)))
+                .and_then(|o| o.resv.get(&n.nsid).cloned());
+            resv.insert(n.nsid, kept.unwrap_or_default());
             by_nsid.insert(n.nsid, n);
         }
-        NsTable { by_nsid }
+        NsTable { by_nsid, resv }
     }
 
     pub fn get(&self, nsid: u32) -> Option<&NamespaceSpec> {
         self.by_nsid.get(&nsid)
+    }
+
+    /// The namespace's reservation state.
+    pub fn reservation(&self, nsid: u32) -> Option<&NsReservation> {
+        self.resv.get(&nsid).map(|r| &**r)
     }
     /// Highest NSID in use (Identify Controller NN).
     pub fn max_nsid(&self) -> u32 {
@@ -69,7 +84,7 @@ pub(crate) struct Subsystem {
 
 impl Subsystem {
     fn from_spec(spec: SubsystemSpec) -> Subsystem {
-        let table = NsTable::from_specs(spec.namespaces);
+        let table = NsTable::from_specs(spec.namespaces, None);
         Subsystem {
             nqn: spec.nqn,
             serial: spec.serial,
@@ -141,9 +156,9 @@ impl Subsystem {
 
     /// Replace the namespace table; returns the NSIDs that were added, removed or changed.
     fn replace_namespaces(&self, namespaces: Vec<NamespaceSpec>) -> Vec<u32> {
-        let new = NsTable::from_specs(namespaces);
         let mut slot = self.ns.write().unwrap_or_else(PoisonError::into_inner);
         let old = slot.clone();
+        let new = NsTable::from_specs(namespaces, Some(&old));
         let mut changed: Vec<u32> = Vec::new();
         for (nsid, n) in &new.by_nsid {
             match old.get(*nsid) {

@@ -7,6 +7,7 @@ mod fuzz;
 mod lifecycle;
 mod metrics;
 mod reload;
+mod reservations;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -376,7 +377,13 @@ impl Host {
 
     /// Bring up an admin queue the way Linux does up to CSTS.RDY; returns the cntlid.
     pub fn bring_up(&mut self, subnqn: &str, hostnqn: &str) -> u16 {
-        let cntlid = self.connect_admin(subnqn, hostnqn, 5000).ok_result() as u16;
+        self.bring_up_as(subnqn, hostnqn, HOSTID)
+    }
+
+    /// [`Host::bring_up`] with another Host Identifier.
+    pub fn bring_up_as(&mut self, subnqn: &str, hostnqn: &str, hostid: [u8; 16]) -> u16 {
+        let d = ConnectData::new(hostid, 0xffff, subnqn, hostnqn);
+        let cntlid = self.connect(0, 31, 5000, &d).ok_result() as u16;
         let cc = Cc::new(false, Cc::CSS_NVM, 0, 0, Cc::SHN_NONE, 6, 4);
         assert!(self.prop_set(reg::CC, cc.0 as u64).status().is_success());
         let cc = Cc::new(true, Cc::CSS_NVM, 0, 0, Cc::SHN_NONE, 6, 4);

@@ -1,0 +1,639 @@
+//! Persistent reservations of one namespace (NVMe Base 2.0, 8.19): registrants by host
+//! identifier, the reservation and its holder, the access rules every I/O command is checked
+//! against, and the Register/Acquire/Release/Report commands. Pure state: no I/O, no clock.
+//!
+//! Registrations belong to hosts, not controllers: every controller of a host (same Host
+//! Identifier from Connect) shares its registration, as the spec and nvmet have it.
+//!
+//! Not here yet: Reservation Notification log pages and their events (the mask feature 82h
+//! answers, nothing is logged), Persist Through Power Loss (RESCAP.PTPLC is clear and setting
+//! it is refused), and Preempt and Abort waits for nothing: it acts like Preempt.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, PoisonError};
+
+use nvme::resv::{
+    AcquireAction, AcquireCmd, ChangePtpl, RegisterAction, RegisterCmd, ReleaseAction, ReleaseCmd,
+    Report, ResvType,
+};
+use nvme::Status;
+
+/// A host's 128-bit Host Identifier (Connect HOSTID).
+pub type HostId = [u8; 16];
+
+/// What a command that failed a reservation rule gets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ResvError {
+    /// Reservation Conflict.
+    Conflict,
+    /// Invalid Field in Command (a type or action the rules do not allow here).
+    InvalidField,
+}
+
+impl ResvError {
+    pub fn status(self) -> Status {
+        match self {
+            ResvError::Conflict => Status::RESERVATION_CONFLICT,
+            ResvError::InvalidField => Status::INVALID_FIELD,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Registrant {
+    host: HostId,
+    key: u64,
+}
+
+/// The reservation, if any.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Held {
+    rtype: ResvType,
+    /// The holder; for the all-registrants types every registrant holds it and this is the
+    /// host that acquired it.
+    holder: HostId,
+}
+
+/// One namespace's reservation state.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct ResvState {
+    gen: u32,
+    registrants: Vec<Registrant>,
+    held: Option<Held>,
+    ptpl: bool,
+}
+
+/// Whether a command reads or writes (the two groups of the spec's "Command Behavior in the
+/// Presence of a Reservation"; Flush and Dataset Management count as writes, as in nvmet).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    Read,
+    Write,
+}
+
+impl ResvState {
+    fn key_of(&self, host: &HostId) -> Option<u64> {
+        self.registrants
+            .iter()
+            .find(|r| &r.host == host)
+            .map(|r| r.key)
+    }
+
+    fn holds(&self, host: &HostId) -> bool {
+        match self.held {
+            None => false,
+            Some(h) if h.rtype.all_registrants() => self.key_of(host).is_some(),
+            Some(h) => &h.holder == host,
+        }
+    }
+
+    /// The reservation's type, if one is held.
+    pub fn rtype(&self) -> Option<ResvType> {
+        self.held.map(|h| h.rtype)
+    }
+
+    /// May `host` run a command of this kind? The spec's access table: the holder may do
+    /// anything; registrants may too under types 3 to 6; everyone else may read under the
+    /// Write Exclusive types and nothing more.
+    pub fn check(&self, host: &HostId, access: Access) -> Result<(), ResvError> {
+        let Some(h) = self.held else { return Ok(()) };
+        if self.holds(host) {
+            return Ok(());
+        }
+        if h.rtype.registrants_have_access() && self.key_of(host).is_some() {
+            return Ok(());
+        }
+        if access == Access::Read && h.rtype.others_may_read() {
+            return Ok(());
+        }
+        Err(ResvError::Conflict)
+    }
+
+    /// The host's key must be `crkey` (or it may be ignored); it must be registered.
+    fn check_key(&self, host: &HostId, crkey: u64, ignore: bool) -> Result<(), ResvError> {
+        match self.key_of(host) {
+            Some(k) if ignore || k == crkey => Ok(()),
+            _ => Err(ResvError::Conflict),
+        }
+    }
+
+    /// Drops `host`'s registration; a reservation it alone held goes with it (for the
+    /// all-registrants types, with the last registrant).
+    fn unregister(&mut self, host: &HostId) {
+        self.registrants.retain(|r| &r.host != host);
+        if let Some(h) = self.held {
+            let gone = if h.rtype.all_registrants() {
+                self.registrants.is_empty()
+            } else {
+                &h.holder == host
+            };
+            if gone {
+                self.held = None;
+            }
+        }
+    }
+
+    /// Reservation Register. `ptpl_capable`: whether the namespace can persist the state.
+    pub fn register(
+        &mut self,
+        host: &HostId,
+        c: &RegisterCmd,
+        ptpl_capable: bool,
+    ) -> Result<(), ResvError> {
+        if c.ptpl != ChangePtpl::NoChange && !ptpl_capable {
+            return Err(ResvError::InvalidField);
+        }
+        match c.action {
+            RegisterAction::Register => match self.key_of(host) {
+                // Registering again with the same key changes nothing and succeeds.
+                Some(k) if k == c.nrkey => {}
+                Some(_) => return Err(ResvError::Conflict),
+                None => {
+                    self.registrants.push(Registrant {
+                        host: *host,
+                        key: c.nrkey,
+                    });
+                    self.gen = self.gen.wrapping_add(1);
+                }
+            },
+            RegisterAction::Unregister => {
+                self.check_key(host, c.crkey, c.ignore_key)?;
+                self.unregister(host);
+                self.gen = self.gen.wrapping_add(1);
+            }
+            RegisterAction::Replace => {
+                match self.registrants.iter_mut().find(|r| &r.host == host) {
+                    Some(r) if c.ignore_key || r.key == c.crkey => r.key = c.nrkey,
+                    Some(_) => return Err(ResvError::Conflict),
+                    // Not registered: with IEKEY, replacing "any" key registers the new one.
+                    None if c.ignore_key => self.registrants.push(Registrant {
+                        host: *host,
+                        key: c.nrkey,
+                    }),
+                    None => return Err(ResvError::Conflict),
+                }
+                self.gen = self.gen.wrapping_add(1);
+            }
+        }
+        match c.ptpl {
+            ChangePtpl::NoChange => {}
+            ChangePtpl::Clear => self.ptpl = false,
+            ChangePtpl::Set => self.ptpl = true,
+        }
+        Ok(())
+    }
+
+    /// Reservation Acquire (acquire, preempt, preempt and abort).
+    pub fn acquire(&mut self, host: &HostId, c: &AcquireCmd) -> Result<(), ResvError> {
+        // IEKEY is reserved in Acquire since NVMe 1.3 (RESCAP bit 7): nvmet and SPDK refuse it.
+        if c.ignore_key {
+            return Err(ResvError::InvalidField);
+        }
+        self.check_key(host, c.crkey, false)?;
+        match c.action {
+            AcquireAction::Acquire => match self.held {
+                None => {
+                    self.held = Some(Held {
+                        rtype: c.rtype,
+                        holder: *host,
+                    });
+                    Ok(())
+                }
+                Some(h) if h.rtype == c.rtype && self.holds(host) => Ok(()),
+                Some(_) => Err(ResvError::Conflict),
+            },
+            AcquireAction::Preempt | AcquireAction::PreemptAndAbort => self.preempt(host, c),
+        }
+    }
+
+    fn preempt(&mut self, host: &HostId, c: &AcquireCmd) -> Result<(), ResvError> {
+        // Unregisters every other registrant whose key is `key`; false if there was none.
+        let drop_key = |s: &mut ResvState, key: u64| {
+            let victims: Vec<HostId> = s
+                .registrants
+                .iter()
+                .filter(|r| r.key == key && &r.host != host)
+                .map(|r| r.host)
+                .collect();
+            for v in &victims {
+                s.unregister(v);
+            }
+            !victims.is_empty()
+        };
+        match self.held {
+            Some(h) if h.rtype.all_registrants() => {
+                if c.prkey == 0 {
+                    // Every other registrant goes; the preempting host holds a new reservation.
+                    self.registrants.retain(|r| &r.host == host);
+                    self.held = Some(Held {
+                        rtype: c.rtype,
+                        holder: *host,
+                    });
+                } else if !drop_key(self, c.prkey) {
+                    return Err(ResvError::Conflict);
+                }
+            }
+            Some(h) => {
+                let holder_key = self.key_of(&h.holder);
+                if holder_key == Some(c.prkey) {
+                    // The holder is preempted: its registration (and every other with that
+                    // key) goes, and the preempting host holds the reservation, of the type
+                    // it asks for.
+                    drop_key(self, c.prkey);
+                    self.held = Some(Held {
+                        rtype: c.rtype,
+                        holder: *host,
+                    });
+                } else if c.prkey == 0 {
+                    return Err(ResvError::InvalidField);
+                } else if !drop_key(self, c.prkey) {
+                    return Err(ResvError::Conflict);
+                }
+            }
+            None => {
+                if c.prkey == 0 {
+                    return Err(ResvError::InvalidField);
+                }
+                if !drop_key(self, c.prkey) {
+                    return Err(ResvError::Conflict);
+                }
+            }
+        }
+        self.gen = self.gen.wrapping_add(1);
+        Ok(())
+    }
+
+    /// Reservation Release (release, clear).
+    pub fn release(&mut self, host: &HostId, c: &ReleaseCmd) -> Result<(), ResvError> {
+        if c.ignore_key {
+            return Err(ResvError::InvalidField);
+        }
+        self.check_key(host, c.crkey, false)?;
+        match c.action {
+            ReleaseAction::Release => {
+                let Some(h) = self.held else { return Ok(()) };
+                if !self.holds(host) {
+                    // Releasing a reservation one does not hold succeeds and changes nothing.
+                    return Ok(());
+                }
+                if h.rtype as u8 != c.rtype {
+                    return Err(ResvError::InvalidField);
+                }
+                self.held = None;
+            }
+            ReleaseAction::Clear => {
+                self.held = None;
+                self.registrants.clear();
+                self.gen = self.gen.wrapping_add(1);
+            }
+        }
+        Ok(())
+    }
+
+    /// The Reservation Report contents.
+    pub fn report(&self) -> Report {
+        Report {
+            gen: self.gen,
+            rtype: self.rtype(),
+            ptpl: self.ptpl,
+            regctl: u16::try_from(self.registrants.len()).unwrap_or(u16::MAX),
+            registrants: self
+                .registrants
+                .iter()
+                .map(|r| (r.host, r.key, self.holds(&r.host)))
+                .collect(),
+        }
+    }
+}
+
+/// A namespace's reservation state as queues share it: the I/O path reads `held` (one relaxed
+/// load) and takes the lock only while a reservation exists.
+#[derive(Debug, Default)]
+pub struct NsReservation {
+    held: AtomicBool,
+    state: Mutex<ResvState>,
+}
+
+impl NsReservation {
+    /// Checks an I/O command of `host` against the reservation.
+    #[inline]
+    pub fn check(&self, host: &HostId, access: Access) -> Result<(), ResvError> {
+        if !self.held.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        self.lock().check(host, access)
+    }
+
+    /// Runs `f` on the state; keeps the I/O path's flag in step.
+    pub fn update<T>(&self, f: impl FnOnce(&mut ResvState) -> T) -> T {
+        let mut s = self.lock();
+        let r = f(&mut s);
+        self.held.store(s.held.is_some(), Ordering::Release);
+        r
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, ResvState> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use nvme::resv::{AcquireAction as A, RegisterAction as R, ReleaseAction as L};
+
+    const H1: HostId = [1; 16];
+    const H2: HostId = [2; 16];
+    const H3: HostId = [3; 16];
+
+    fn reg(s: &mut ResvState, h: &HostId, key: u64) -> Result<(), ResvError> {
+        s.register(
+            h,
+            &RegisterCmd {
+                action: R::Register,
+                ignore_key: false,
+                ptpl: ChangePtpl::NoChange,
+                crkey: 0,
+                nrkey: key,
+            },
+            false,
+        )
+    }
+
+    fn acq(
+        s: &mut ResvState,
+        h: &HostId,
+        action: A,
+        t: ResvType,
+        crkey: u64,
+        prkey: u64,
+    ) -> Result<(), ResvError> {
+        s.acquire(
+            h,
+            &AcquireCmd {
+                action,
+                ignore_key: false,
+                rtype: t,
+                crkey,
+                prkey,
+            },
+        )
+    }
+
+    fn rel(
+        s: &mut ResvState,
+        h: &HostId,
+        action: L,
+        t: ResvType,
+        crkey: u64,
+    ) -> Result<(), ResvError> {
+        s.release(
+            h,
+            &ReleaseCmd {
+                action,
+                ignore_key: false,
+                rtype: t as u8,
+                crkey,
+            },
+        )
+    }
+
+    /// The spec's access table, for every type: H1 holds (key 1), H2 is a registrant (key 2),
+    /// H3 is not registered. Columns: read and write by the holder, a registrant, a stranger.
+    #[test]
+    fn access_rules_per_type() {
+        use Access::{Read, Write};
+        use ResvType::*;
+        let ok = Ok(());
+        let no = Err(ResvError::Conflict);
+        #[rustfmt::skip]
+        let table = [
+            //                                 holder R/W   registrant R/W   other R/W
+            (WriteExclusive,                   [ok, ok,     ok, no,          ok, no]),
+            (ExclusiveAccess,                  [ok, ok,     no, no,          no, no]),
+            (WriteExclusiveRegistrantsOnly,    [ok, ok,     ok, ok,          ok, no]),
+            (ExclusiveAccessRegistrantsOnly,   [ok, ok,     ok, ok,          no, no]),
+            (WriteExclusiveAllRegistrants,     [ok, ok,     ok, ok,          ok, no]),
+            (ExclusiveAccessAllRegistrants,    [ok, ok,     ok, ok,          no, no]),
+        ];
+        for (t, want) in table {
+            let mut s = ResvState::default();
+            reg(&mut s, &H1, 1).unwrap();
+            reg(&mut s, &H2, 2).unwrap();
+            // Without a reservation, registered or not, everything is allowed.
+            for h in [&H1, &H2, &H3] {
+                assert_eq!(s.check(h, Write), ok);
+            }
+            acq(&mut s, &H1, A::Acquire, t, 1, 0).unwrap();
+            let got = [
+                s.check(&H1, Read),
+                s.check(&H1, Write),
+                s.check(&H2, Read),
+                s.check(&H2, Write),
+                s.check(&H3, Read),
+                s.check(&H3, Write),
+            ];
+            assert_eq!(got, want, "{t:?}");
+            // The registrant's view of who holds it (report RCSTS).
+            let holders: Vec<bool> = s.report().registrants.iter().map(|r| r.2).collect();
+            assert_eq!(holders, [true, t.all_registrants()], "{t:?}");
+        }
+    }
+
+    #[test]
+    fn register_rules() {
+        let mut s = ResvState::default();
+        reg(&mut s, &H1, 10).unwrap();
+        assert_eq!(s.gen, 1);
+        // Same key again: success, nothing changes; another key: conflict.
+        reg(&mut s, &H1, 10).unwrap();
+        assert_eq!(s.gen, 1);
+        assert_eq!(reg(&mut s, &H1, 11), Err(ResvError::Conflict));
+        let c = |action, ignore_key, crkey, nrkey| RegisterCmd {
+            action,
+            ignore_key,
+            ptpl: ChangePtpl::NoChange,
+            crkey,
+            nrkey,
+        };
+        // Replace needs the current key unless IEKEY.
+        assert_eq!(
+            s.register(&H1, &c(R::Replace, false, 9, 12), false),
+            Err(ResvError::Conflict)
+        );
+        s.register(&H1, &c(R::Replace, false, 10, 12), false)
+            .unwrap();
+        s.register(&H1, &c(R::Replace, true, 0, 13), false).unwrap();
+        assert_eq!(s.key_of(&H1), Some(13));
+        // Replace by an unregistered host: only with IEKEY (then it registers).
+        assert_eq!(
+            s.register(&H2, &c(R::Replace, false, 0, 5), false),
+            Err(ResvError::Conflict)
+        );
+        s.register(&H2, &c(R::Replace, true, 0, 5), false).unwrap();
+        // Unregister: key or IEKEY; an unregistered host gets a conflict.
+        assert_eq!(
+            s.register(&H2, &c(R::Unregister, false, 4, 0), false),
+            Err(ResvError::Conflict)
+        );
+        s.register(&H2, &c(R::Unregister, true, 0, 0), false)
+            .unwrap();
+        assert_eq!(
+            s.register(&H2, &c(R::Unregister, true, 0, 0), false),
+            Err(ResvError::Conflict)
+        );
+        // PTPL changes need a capable namespace.
+        let mut p = c(R::Register, false, 0, 13);
+        p.ptpl = ChangePtpl::Set;
+        assert_eq!(s.register(&H1, &p, false), Err(ResvError::InvalidField));
+        s.register(&H1, &p, true).unwrap();
+        assert!(s.report().ptpl);
+    }
+
+    #[test]
+    fn acquire_release_and_unregister() {
+        use ResvType::*;
+        let mut s = ResvState::default();
+        // Only registrants with the right key acquire.
+        assert_eq!(
+            acq(&mut s, &H1, A::Acquire, WriteExclusive, 1, 0),
+            Err(ResvError::Conflict)
+        );
+        reg(&mut s, &H1, 1).unwrap();
+        reg(&mut s, &H2, 2).unwrap();
+        assert_eq!(
+            acq(&mut s, &H1, A::Acquire, WriteExclusive, 9, 0),
+            Err(ResvError::Conflict)
+        );
+        acq(&mut s, &H1, A::Acquire, WriteExclusive, 1, 0).unwrap();
+        // Again, same type: fine; another type or another host: conflict.
+        acq(&mut s, &H1, A::Acquire, WriteExclusive, 1, 0).unwrap();
+        assert_eq!(
+            acq(&mut s, &H1, A::Acquire, ExclusiveAccess, 1, 0),
+            Err(ResvError::Conflict)
+        );
+        assert_eq!(
+            acq(&mut s, &H2, A::Acquire, WriteExclusive, 2, 0),
+            Err(ResvError::Conflict)
+        );
+        // A non-holder's release is a no-op success; the holder's needs the right type.
+        rel(&mut s, &H2, L::Release, WriteExclusive, 2).unwrap();
+        assert_eq!(s.rtype(), Some(WriteExclusive));
+        assert_eq!(
+            rel(&mut s, &H1, L::Release, ExclusiveAccess, 1),
+            Err(ResvError::InvalidField)
+        );
+        rel(&mut s, &H1, L::Release, WriteExclusive, 1).unwrap();
+        assert_eq!(s.rtype(), None);
+        // The holder unregistering takes the reservation with it.
+        acq(&mut s, &H1, A::Acquire, ExclusiveAccess, 1, 0).unwrap();
+        s.register(
+            &H1,
+            &RegisterCmd {
+                action: R::Unregister,
+                ignore_key: false,
+                ptpl: ChangePtpl::NoChange,
+                crkey: 1,
+                nrkey: 0,
+            },
+            false,
+        )
+        .unwrap();
+        assert_eq!(s.rtype(), None);
+        // All registrants: every registrant holds it; it lasts until the last one leaves or a
+        // holder releases it.
+        reg(&mut s, &H1, 1).unwrap();
+        acq(&mut s, &H2, A::Acquire, ExclusiveAccessAllRegistrants, 2, 0).unwrap();
+        acq(&mut s, &H1, A::Acquire, ExclusiveAccessAllRegistrants, 1, 0).unwrap();
+        rel(&mut s, &H1, L::Release, ExclusiveAccessAllRegistrants, 1).unwrap();
+        assert_eq!(s.rtype(), None);
+        // Clear drops everything and bumps the generation.
+        acq(&mut s, &H2, A::Acquire, WriteExclusive, 2, 0).unwrap();
+        let g = s.gen;
+        rel(&mut s, &H1, L::Clear, WriteExclusive, 1).unwrap();
+        assert_eq!((s.rtype(), s.registrants.len(), s.gen), (None, 0, g + 1));
+        // IEKEY in Acquire/Release is refused.
+        reg(&mut s, &H1, 1).unwrap();
+        let mut a = AcquireCmd {
+            action: A::Acquire,
+            ignore_key: true,
+            rtype: WriteExclusive,
+            crkey: 1,
+            prkey: 0,
+        };
+        assert_eq!(s.acquire(&H1, &a), Err(ResvError::InvalidField));
+        a.ignore_key = false;
+        s.acquire(&H1, &a).unwrap();
+    }
+
+    #[test]
+    fn preempt() {
+        use ResvType::*;
+        let mut s = ResvState::default();
+        reg(&mut s, &H1, 1).unwrap();
+        reg(&mut s, &H2, 2).unwrap();
+        reg(&mut s, &H3, 3).unwrap();
+        // No reservation: PRKEY 0 is invalid; an unknown key conflicts; a known one unregisters.
+        assert_eq!(
+            acq(&mut s, &H1, A::Preempt, WriteExclusive, 1, 0),
+            Err(ResvError::InvalidField)
+        );
+        assert_eq!(
+            acq(&mut s, &H1, A::Preempt, WriteExclusive, 1, 99),
+            Err(ResvError::Conflict)
+        );
+        acq(&mut s, &H1, A::Preempt, WriteExclusive, 1, 3).unwrap();
+        assert_eq!(s.key_of(&H3), None);
+        assert_eq!(s.rtype(), None);
+        // Preempting the holder: it is unregistered and the preempter holds the new type.
+        acq(&mut s, &H2, A::Acquire, ExclusiveAccess, 2, 0).unwrap();
+        let g = s.gen;
+        acq(
+            &mut s,
+            &H1,
+            A::PreemptAndAbort,
+            WriteExclusiveRegistrantsOnly,
+            1,
+            2,
+        )
+        .unwrap();
+        assert_eq!(s.key_of(&H2), None);
+        assert_eq!(
+            s.held,
+            Some(Held {
+                rtype: WriteExclusiveRegistrantsOnly,
+                holder: H1
+            })
+        );
+        assert_eq!(s.gen, g + 1);
+        // All registrants, PRKEY 0: every other registrant goes, the preempter holds it.
+        reg(&mut s, &H2, 2).unwrap();
+        reg(&mut s, &H3, 3).unwrap();
+        rel(&mut s, &H1, L::Release, WriteExclusiveRegistrantsOnly, 1).unwrap();
+        acq(&mut s, &H2, A::Acquire, WriteExclusiveAllRegistrants, 2, 0).unwrap();
+        acq(&mut s, &H3, A::Preempt, ExclusiveAccess, 3, 0).unwrap();
+        assert_eq!(s.registrants.len(), 1);
+        assert_eq!(
+            s.held,
+            Some(Held {
+                rtype: ExclusiveAccess,
+                holder: H3
+            })
+        );
+        assert_eq!(s.check(&H1, Access::Read), Err(ResvError::Conflict));
+    }
+
+    #[test]
+    fn flag_follows_the_reservation() {
+        let r = NsReservation::default();
+        assert_eq!(r.check(&H2, Access::Write), Ok(()));
+        r.update(|s| {
+            reg(s, &H1, 1).unwrap();
+            acq(s, &H1, A::Acquire, ResvType::ExclusiveAccess, 1, 0).unwrap();
+        });
+        assert_eq!(r.check(&H2, Access::Read), Err(ResvError::Conflict));
+        r.update(|s| rel(s, &H1, L::Release, ResvType::ExclusiveAccess, 1).unwrap());
+        assert!(!r.held.load(Ordering::Relaxed));
+        assert_eq!(r.check(&H2, Access::Write), Ok(()));
+    }
+}

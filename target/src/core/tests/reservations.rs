@@ -1,0 +1,195 @@
+//! Reservations through the queue: two hosts (two Host Identifiers), the access rules on the
+//! I/O path, Report, Preempt, a second controller of the same host sharing its registration,
+//! and the state surviving a reconfiguration that keeps the namespace.
+
+use super::*;
+use nvme::identify::ctrl as idc;
+use nvme::opcode::io;
+use nvme::resv::{
+    AcquireAction, AcquireCmd, ChangePtpl, RegisterAction, RegisterCmd, ReleaseAction, ReleaseCmd,
+    Report, ResvType,
+};
+
+const HOSTID_B: [u8; 16] = [0xbb; 16];
+
+/// A target open to any host, host A's admin queue, and I/O queues for host A (HOSTID) and
+/// host B (HOSTID_B, whose admin queue is the last value: dropping it ends B's controller).
+fn two_hosts() -> (Arc<Target>, Host, Host, Host, Host) {
+    let t = test_target();
+    let mut open = test_subsystems();
+    open[0].allow_any_host = true;
+    t.reconfigure(open, test_listeners());
+    let io = |t: &Arc<Target>, hostid, hostnqn: &str| {
+        let mut a = Host::new(t, tcp_caps(), Instant::now());
+        let cntlid = a.bring_up_as(SUBNQN, hostnqn, hostid);
+        a.set_features(feat::NUM_QUEUES, 1 | 1 << 16, &[])
+            .ok_result();
+        let mut q = Host::new(t, tcp_caps(), a.now);
+        q.connect(1, 31, 0, &ConnectData::new(hostid, cntlid, SUBNQN, hostnqn))
+            .ok_result();
+        (a, q)
+    };
+    let (admin_a, qa) = io(&t, HOSTID, HOSTNQN);
+    let (admin_b, qb) = io(&t, HOSTID_B, OTHER_HOST);
+    (t, admin_a, qa, qb, admin_b)
+}
+
+fn resv(q: &mut Host, opcode: u8, cdw10: u32, data: &[u8]) -> Reply {
+    let cid = q.next_cid();
+    let mut sqe = Sqe::new(opcode, cid);
+    sqe.nsid = 1.into();
+    sqe.cdw10 = cdw10.into();
+    sqe.dptr = q.sgl(data.len() as u32, true).encode();
+    q.submit(sqe, data)
+}
+
+fn register(q: &mut Host, action: RegisterAction, crkey: u64, nrkey: u64) -> Reply {
+    let (cdw10, data) = RegisterCmd {
+        action,
+        ignore_key: false,
+        ptpl: ChangePtpl::NoChange,
+        crkey,
+        nrkey,
+    }
+    .encode();
+    resv(q, io::RESV_REGISTER, cdw10, &data)
+}
+
+fn acquire(q: &mut Host, action: AcquireAction, rtype: ResvType, crkey: u64, prkey: u64) -> Reply {
+    let (cdw10, data) = AcquireCmd {
+        action,
+        ignore_key: false,
+        rtype,
+        crkey,
+        prkey,
+    }
+    .encode();
+    resv(q, io::RESV_ACQUIRE, cdw10, &data)
+}
+
+fn release(q: &mut Host, action: ReleaseAction, rtype: ResvType, crkey: u64) -> Reply {
+    let (cdw10, data) = ReleaseCmd {
+        action,
+        ignore_key: false,
+        rtype: rtype as u8,
+        crkey,
+    }
+    .encode();
+    resv(q, io::RESV_RELEASE, cdw10, &data)
+}
+
+fn report(q: &mut Host, eds: bool) -> Reply {
+    let cid = q.next_cid();
+    let mut sqe = Sqe::new(io::RESV_REPORT, cid);
+    sqe.nsid = 1.into();
+    sqe.cdw10 = (4096 / 4 - 1).into();
+    sqe.cdw11 = u32::from(eds).into();
+    sqe.dptr = q.sgl(4096, false).encode();
+    q.submit(sqe, &[])
+}
+
+#[track_caller]
+fn conflict(r: Reply) {
+    assert_eq!(r.status(), Status::RESERVATION_CONFLICT.dnr(), "{r:?}");
+}
+
+#[test]
+fn two_hosts_reserve_one_namespace() {
+    let (t, mut admin, mut qa, mut qb, _admin_b) = two_hosts();
+    // Identify advertises reservations: ONCS bit 5, all six types and IEKEY (RESCAP).
+    let id = admin.identify(cns::CTRL, 0, csi::NVM);
+    let id = nvme::identify::IdentifyController::decode(id.ok_data()).unwrap();
+    assert_ne!(id.oncs.get() & idc::ONCS_RESERVATIONS, 0);
+    let ns = admin.identify(cns::NS, 1, csi::NVM);
+    let ns = nvme::identify::IdentifyNamespace::decode(ns.ok_data()).unwrap();
+    assert_eq!(ns.rescap, 0xfe);
+
+    // Registrations alone restrict nothing.
+    register(&mut qa, RegisterAction::Register, 0, 0xa).ok_result();
+    register(&mut qb, RegisterAction::Register, 0, 0xb).ok_result();
+    assert!(matches!(qb.rw(io::WRITE, 1, 0, 1, 12), Reply::Io(..)));
+    // A holds Write Exclusive: B (a registrant) reads but cannot write.
+    acquire(
+        &mut qa,
+        AcquireAction::Acquire,
+        ResvType::WriteExclusive,
+        0xa,
+        0,
+    )
+    .ok_result();
+    assert!(matches!(qb.rw(io::READ, 1, 0, 1, 12), Reply::Io(..)));
+    for op in [io::WRITE, io::WRITE_ZEROES, io::FLUSH] {
+        conflict(qb.rw(op, 1, 0, 1, 12));
+    }
+    assert!(matches!(qa.rw(io::WRITE, 1, 0, 1, 12), Reply::Io(..)));
+    // B cannot take it, nor release it with a wrong key.
+    conflict(acquire(
+        &mut qb,
+        AcquireAction::Acquire,
+        ResvType::WriteExclusive,
+        0xb,
+        0,
+    ));
+    conflict(release(
+        &mut qb,
+        ReleaseAction::Release,
+        ResvType::WriteExclusive,
+        0xbad,
+    ));
+
+    // Report: only the extended format (fabrics host identifiers are 128 bits).
+    assert_eq!(
+        report(&mut qb, false).status(),
+        Status::HOST_ID_INCONSISTENT.dnr()
+    );
+    let r = Report::decode_ext(report(&mut qb, true).ok_data()).unwrap();
+    assert_eq!(r.rtype, Some(ResvType::WriteExclusive));
+    assert_eq!(r.gen, 2);
+    assert_eq!(r.registrants, [(HOSTID, 0xa, true), (HOSTID_B, 0xb, false)]);
+
+    // A second controller of host B shares B's registration.
+    let mut admin_b2 = Host::new(&t, tcp_caps(), qa.now);
+    let cntlid = admin_b2.bring_up_as(SUBNQN, OTHER_HOST, HOSTID_B);
+    admin_b2.set_features(feat::NUM_QUEUES, 0, &[]).ok_result();
+    let mut qb2 = Host::new(&t, tcp_caps(), qa.now);
+    qb2.connect(
+        1,
+        31,
+        0,
+        &ConnectData::new(HOSTID_B, cntlid, SUBNQN, OTHER_HOST),
+    )
+    .ok_result();
+    conflict(register(&mut qb2, RegisterAction::Register, 0, 0xc));
+    register(&mut qb2, RegisterAction::Register, 0, 0xb).ok_result();
+
+    // B preempts A into Exclusive Access: A is unregistered and locked out, reads included.
+    acquire(
+        &mut qb2,
+        AcquireAction::Preempt,
+        ResvType::ExclusiveAccess,
+        0xb,
+        0xa,
+    )
+    .ok_result();
+    conflict(qa.rw(io::READ, 1, 0, 1, 12));
+    conflict(qa.rw(io::WRITE, 1, 0, 1, 12));
+    assert!(matches!(qb.rw(io::WRITE, 1, 0, 1, 12), Reply::Io(..)));
+    conflict(register(&mut qa, RegisterAction::Unregister, 0xa, 0));
+
+    // A reconfiguration that keeps namespace 1 keeps its reservation.
+    let mut open = test_subsystems();
+    open[0].allow_any_host = true;
+    t.reconfigure(open, test_listeners());
+    conflict(qa.rw(io::READ, 1, 0, 1, 12));
+    // Clear: everything goes.
+    release(
+        &mut qb,
+        ReleaseAction::Clear,
+        ResvType::ExclusiveAccess,
+        0xb,
+    )
+    .ok_result();
+    assert!(matches!(qa.rw(io::WRITE, 1, 0, 1, 12), Reply::Io(..)));
+    let r = Report::decode_ext(report(&mut qa, true).ok_data()).unwrap();
+    assert_eq!((r.rtype, r.regctl), (None, 0));
+}
