@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use nvme::fabrics::{self, reg, Cap, Cc, ConnectData, ConnectResult, Csts, PropSize};
 use nvme::identify::{self, cns, IdentifyController, IdentifyNamespace};
 use nvme::opcode::{admin, io};
+use nvme::resv;
 use nvme::sgl::Sgl;
 use nvme::{Sqe, Status};
 
@@ -1064,6 +1065,67 @@ impl Namespace {
                 .execute("Dataset Management", sqe, DataRef::Write(&data))?;
         }
         Ok(())
+    }
+
+    /// Whether the controller supports reservations (ONCS bit 5).
+    fn check_reservations(&self) -> Result<(), Error> {
+        if self.limits.oncs & identify::ctrl::ONCS_RESERVATIONS == 0 {
+            return Err(Error::Unsupported("Reservations (ONCS bit 5 clear)"));
+        }
+        Ok(())
+    }
+
+    /// Reservation Register: register, unregister or replace this host's key (the host is
+    /// the Host Identifier of [`ConnectOptions::hostid`]; every controller of the host shares
+    /// the registration). A refusal is [`Error::Status`] with Reservation Conflict.
+    pub fn reservation_register(&mut self, c: &resv::RegisterCmd) -> Result<(), Error> {
+        self.check_reservations()?;
+        let (cdw10, data) = c.encode();
+        self.resv_command("Reservation Register", io::RESV_REGISTER, cdw10, &data)
+    }
+
+    /// Reservation Acquire: acquire, preempt, or preempt and abort.
+    pub fn reservation_acquire(&mut self, c: &resv::AcquireCmd) -> Result<(), Error> {
+        self.check_reservations()?;
+        let (cdw10, data) = c.encode();
+        self.resv_command("Reservation Acquire", io::RESV_ACQUIRE, cdw10, &data)
+    }
+
+    /// Reservation Release: release or clear.
+    pub fn reservation_release(&mut self, c: &resv::ReleaseCmd) -> Result<(), Error> {
+        self.check_reservations()?;
+        let (cdw10, data) = c.encode();
+        self.resv_command("Reservation Release", io::RESV_RELEASE, cdw10, &data)
+    }
+
+    /// Reservation Report (extended format: fabrics Host Identifiers are 128 bits), with
+    /// room for 63 registrants.
+    pub fn reservation_report(&mut self) -> Result<resv::Report, Error> {
+        self.check_reservations()?;
+        let mut buf = vec![0u8; 4096];
+        let mut sqe = Sqe::new(io::RESV_REPORT, 0);
+        sqe.nsid = self.info.nsid.into();
+        sqe.cdw10 = (buf.len() as u32 / 4 - 1).into();
+        sqe.cdw11 = resv::REPORT_EDS.into();
+        self.queue
+            .execute("Reservation Report", sqe, DataRef::Read(&mut buf))?;
+        resv::Report::decode_ext(&buf)
+            .map_err(|e| Error::Controller(format!("Reservation Report: {e}")))
+    }
+
+    fn resv_command(
+        &mut self,
+        what: &'static str,
+        opcode: u8,
+        cdw10: u32,
+        data: &[u8],
+    ) -> Result<(), Error> {
+        let mut sqe = Sqe::new(opcode, 0);
+        sqe.nsid = self.info.nsid.into();
+        sqe.cdw10 = cdw10.into();
+        self.queue
+            .execute(what, sqe, DataRef::Write(data))
+            .map(|_| ())
     }
 }
 

@@ -124,6 +124,8 @@ pub use queue::{Buf, Link, Queue};
 pub use rdma::{RdmaBuf, RdmaLink};
 pub use tcp::TcpLink;
 
+/// Reservation command fields and the Reservation Report, for [`Namespace::reservation_register`] and friends.
+pub use nvme::resv;
 pub use reconnect::{ReconnectPolicy, ReconnectStats, ReconnectingNamespace, ReconnectingQueue};
 pub use spin::DEFAULT_SPIN;
 

@@ -1,0 +1,121 @@
+//! Persistent reservations between two hosts (two initiators with different Host Identifiers)
+//! against the real `nvmf-target` binary over loopback NVMe/TCP: the holder writes, the other
+//! registrant reads but gets Reservation Conflict on writes, Report names both, a preempt
+//! fences the first host out, and a Clear opens the namespace again.
+
+use initiator::resv::{
+    AcquireAction, AcquireCmd, ChangePtpl, RegisterAction, RegisterCmd, ReleaseAction, ReleaseCmd,
+    ResvType,
+};
+use initiator::{ConnectOptions, Controller, Error, Namespace};
+use nvme::Status;
+use nvmf_tests::{TargetProc, TEST_NQN};
+
+fn open(t: &TargetProc) -> (Controller, Namespace, [u8; 16]) {
+    let o = ConnectOptions::tcp("127.0.0.1", t.addr.port(), TEST_NQN);
+    let hostid = o.hostid;
+    let mut c = Controller::connect(o).unwrap_or_else(|e| panic!("{e}\n{}", t.log_text()));
+    let ns = c.open_namespace(1).unwrap();
+    (c, ns, hostid)
+}
+
+fn register(ns: &mut Namespace, key: u64) -> Result<(), Error> {
+    ns.reservation_register(&RegisterCmd {
+        action: RegisterAction::Register,
+        ignore_key: false,
+        ptpl: ChangePtpl::NoChange,
+        crkey: 0,
+        nrkey: key,
+    })
+}
+
+fn acquire(
+    ns: &mut Namespace,
+    action: AcquireAction,
+    rtype: ResvType,
+    crkey: u64,
+    prkey: u64,
+) -> Result<(), Error> {
+    ns.reservation_acquire(&AcquireCmd {
+        action,
+        ignore_key: false,
+        rtype,
+        crkey,
+        prkey,
+    })
+}
+
+#[track_caller]
+fn conflict(r: Result<(), Error>) {
+    match r {
+        Err(Error::Status { status, .. })
+            if status.code() == Status::RESERVATION_CONFLICT.code() => {}
+        r => panic!("expected Reservation Conflict, got {r:?}"),
+    }
+}
+
+#[test]
+fn two_initiators_share_a_namespace_under_a_reservation() {
+    let t = TargetProc::start_default();
+    let (_ca, mut a, id_a) = open(&t);
+    let (_cb, mut b, id_b) = open(&t);
+    assert_ne!(id_a, id_b);
+    let block = vec![0x5au8; 4096];
+    let mut back = vec![0u8; 4096];
+
+    register(&mut a, 0xaaaa).unwrap();
+    register(&mut b, 0xbbbb).unwrap();
+    acquire(
+        &mut a,
+        AcquireAction::Acquire,
+        ResvType::WriteExclusive,
+        0xaaaa,
+        0,
+    )
+    .unwrap();
+    a.write_at(&block, 0).unwrap();
+    // B: reads pass, writes of every kind conflict.
+    b.read_at(&mut back, 0).unwrap();
+    assert_eq!(back, block);
+    conflict(b.write_at(&block, 4096));
+    conflict(b.write_zeroes(0, 4096));
+    conflict(b.flush());
+    conflict(b.trim(&[(0, 4096)]));
+    conflict(acquire(
+        &mut b,
+        AcquireAction::Acquire,
+        ResvType::WriteExclusive,
+        0xbbbb,
+        0,
+    ));
+
+    let r = b.reservation_report().unwrap();
+    assert_eq!(r.rtype, Some(ResvType::WriteExclusive));
+    assert_eq!(r.registrants, [(id_a, 0xaaaa, true), (id_b, 0xbbbb, false)]);
+
+    // B preempts A into Exclusive Access: A loses its registration and even reads conflict.
+    acquire(
+        &mut b,
+        AcquireAction::Preempt,
+        ResvType::ExclusiveAccess,
+        0xbbbb,
+        0xaaaa,
+    )
+    .unwrap();
+    conflict(a.read_at(&mut back, 0));
+    conflict(a.write_at(&block, 0));
+    b.write_at(&block, 4096).unwrap();
+    let r = a.reservation_report().unwrap();
+    assert_eq!(r.registrants, [(id_b, 0xbbbb, true)]);
+
+    // Clear: A writes again.
+    b.reservation_release(&ReleaseCmd {
+        action: ReleaseAction::Clear,
+        ignore_key: false,
+        rtype: 0,
+        crkey: 0xbbbb,
+    })
+    .unwrap();
+    a.write_at(&block, 8192).unwrap();
+    assert_eq!(a.reservation_report().unwrap().regctl, 0);
+}
