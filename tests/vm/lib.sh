@@ -293,6 +293,9 @@ kernel_host_vs_our_target() {
   fi
   fio_verify "$DEV" 4k "$FIO_SIZE_OUR" || { fail "$label" "$REASON"; return; }
   fio_verify "$DEV" 128k "$FIO_SIZE_OUR" || { fail "$label" "$REASON"; return; }
+  if [ -n "${RO_NS:-}" ]; then
+    check_reservation "$DEV" "$tr" "$addr" || { fail "$label" "$REASON"; return; }
+  fi
   host_disconnect "$OUR_NQN" || { fail "$label" "$REASON"; return; }
   for t in "${more[@]}"; do
     run_bench "$t" "$addr" "$OUR_NQN" || { fail "$label" "nvmf-bench over $t: ${REASON:-failed}"; return; }
@@ -376,6 +379,35 @@ check_deallocate() {
   echo "blkdiscard on namespace 3: nullb6 discards +$d, writes +$w" | tee -a "$OUT/report.txt"
   [ "$d" -gt 0 ] || { REASON="blkdiscard through our target made no discard on the null_blk (writes +$w)"; return 1; }
   [ "$w" = 0 ] || { REASON="blkdiscard through our target wrote $w times to the null_blk"; return 1; }
+}
+
+# check_reservation DEV TRTYPE ADDR: the Linux host registers a key on namespace 1 and takes a
+# Write Exclusive reservation with nvme-cli; resv-report (extended format) shows it; a second
+# host, our initiator (nvmf-bench, its own Host Identifier), may read but its writes fail with
+# Reservation Conflict; after the Linux host releases and unregisters, the second host writes.
+check_reservation() {
+  local dev=$1 tr=$2 addr=$3 b rep
+  b=$(bench_bin) || { REASON="nvmf-bench not built"; return 1; }
+  step "resv-register" nvme resv-register "$dev" --nrkey=0xa1 --rrega=0 || return 1
+  step "resv-acquire write exclusive" nvme resv-acquire "$dev" --crkey=0xa1 --rtype=1 --racqa=0 || return 1
+  step "resv-report" nvme resv-report "$dev" --eds -o json || return 1
+  rep=$(tr -d ' \n' <"$WORK/step.out")
+  echo "reservation report: $rep" | tee -a "$OUT/report.txt"
+  grep -q '"rtype":1' <<<"$rep" && grep -q '"regctl":1' <<<"$rep" && grep -q '"rcsts":1' <<<"$rep" ||
+    { REASON="resv-report does not show one registrant holding Write Exclusive: $rep"; return 1; }
+  local bench=(timeout 120 "$b" --transport "$tr" --traddr "$addr" --trsvcid "$PORT" --subnqn "$OUR_NQN" --bs=4k --iodepth=1 --size=1M --runtime=1)
+  step "second host reads under the reservation" "${bench[@]}" --rw=randread ||
+    { REASON="our initiator could not read under Write Exclusive: $REASON"; return 1; }
+  if step "second host writes under the reservation" "${bench[@]}" --rw=randwrite; then
+    REASON="our initiator wrote under another host's Write Exclusive reservation"; return 1
+  fi
+  grep -qi "reservation conflict" "$WORK/step.out" ||
+    { REASON="the refused write did not say Reservation Conflict: $(tail -n 2 "$WORK/step.out" | tr '\n' ' ')"; return 1; }
+  echo "second host: read ok, write refused with Reservation Conflict" | tee -a "$OUT/report.txt"
+  step "resv-release" nvme resv-release "$dev" --crkey=0xa1 --rtype=1 --rrela=0 || return 1
+  step "resv-unregister" nvme resv-register "$dev" --crkey=0xa1 --rrega=1 || return 1
+  step "second host writes after the release" "${bench[@]}" --rw=randwrite ||
+    { REASON="our initiator could not write after the release: $REASON"; return 1; }
 }
 
 # check_pollers N: the running target ($TARGET_PID) has exactly N poller threads
