@@ -133,6 +133,7 @@ pub fn fuzz_target_core() -> Arc<Target> {
         ],
         TargetParams {
             keep_alive_ms_min: 1000,
+            resv_store: None,
         },
     )
 }

@@ -17,6 +17,7 @@ use crate::core::{
     ListenerInfo, NamespaceSpec, Reconfigured, SubsystemSpec, Target, TargetParams, TrType,
     TransportCaps,
 };
+use crate::resv_store::{state_file, FileResvStore};
 use crate::store::RingStore;
 use crate::transport::poller::{self, PollerConfig, PollerHandle, PollerStats};
 use crate::transport::rdma::{
@@ -153,6 +154,20 @@ fn device_spec(ns: &config::Namespace) -> DeviceSpec {
     }
 }
 
+/// The reservation state file of every namespace that can persist one.
+fn resv_files(
+    slots: &NsSlots,
+    devices: &[Option<Arc<Device>>],
+) -> std::collections::HashMap<(String, u32), std::path::PathBuf> {
+    slots
+        .iter()
+        .filter_map(|(key, &(_, slot))| {
+            let d = devices.get(slot as usize)?.as_ref()?;
+            Some((key.clone(), state_file(d)?))
+        })
+        .collect()
+}
+
 /// The core's subsystems for `cfg`, with every namespace's device slot from `slots`.
 fn subsystem_specs(
     cfg: &Config,
@@ -251,6 +266,8 @@ pub struct Daemon {
     /// reaching another namespace's storage.
     devices: Vec<Option<Arc<Device>>>,
     ns_slots: NsSlots,
+    /// Where reservations persist (PTPL), kept in step with `ns_slots`.
+    resv_store: Arc<FileResvStore>,
     /// Bound TCP listener addresses (port 0 in the config is resolved here).
     pub tcp_addrs: Vec<SocketAddr>,
     /// Bound RDMA listener addresses.
@@ -273,6 +290,8 @@ impl Daemon {
             }
         }
         let subsystems = subsystem_specs(cfg, &ns_slots, &devices);
+        let resv_store = Arc::new(FileResvStore::default());
+        resv_store.set(resv_files(&ns_slots, &devices));
 
         // Listeners. RDMA ones are bound first, all on one rdma_cm event channel, so that a
         // machine without RDMA fails before anything else is set up.
@@ -327,6 +346,7 @@ impl Daemon {
             infos,
             TargetParams {
                 keep_alive_ms_min: t.keep_alive_ms_min,
+                resv_store: Some(resv_store.clone()),
             },
         );
         let caps = TransportCaps {
@@ -418,6 +438,7 @@ impl Daemon {
             cfg: cfg.clone(),
             devices,
             ns_slots,
+            resv_store,
             rdma_addrs,
         })
     }
@@ -598,6 +619,8 @@ impl Daemon {
 
         // 5. The core: subsystems, hosts, namespaces (hosts get their AENs here).
         let specs = subsystem_specs(&new, &self.ns_slots, &self.devices);
+        self.resv_store
+            .set(resv_files(&self.ns_slots, &self.devices));
         report.core = self
             .target
             .reconfigure(specs, listener_infos(&tcp_bound, &self.rdma_listeners));

@@ -9,5 +9,6 @@ pub mod core;
 pub mod daemon;
 pub mod metrics;
 pub mod notify;
+pub mod resv_store;
 pub mod store;
 pub mod transport;

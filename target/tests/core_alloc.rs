@@ -65,6 +65,7 @@ fn no_heap_allocation_per_io_command_in_the_core() {
         vec![],
         TargetParams {
             keep_alive_ms_min: 1000,
+            resv_store: None,
         },
     );
     // Admin queue: Connect, CC.EN.

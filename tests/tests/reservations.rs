@@ -119,3 +119,66 @@ fn two_initiators_share_a_namespace_under_a_reservation() {
     a.write_at(&block, 8192).unwrap();
     assert_eq!(a.reservation_report().unwrap().regctl, 0);
 }
+
+/// With Persist Through Power Loss on (Register with CPTPL = 11b), the registrations and the
+/// reservation survive the target being killed (SIGKILL: no shutdown path runs) and restarted;
+/// once a host turns PTPL off, a restart starts from nothing. The namespace is a file, so
+/// Identify says it can persist (RESCAP bit 0).
+#[test]
+fn reservations_survive_a_restart_with_ptpl() {
+    let mut t = TargetProc::start_default();
+    let oa = ConnectOptions::tcp("127.0.0.1", t.addr.port(), TEST_NQN);
+    let ob = ConnectOptions::tcp("127.0.0.1", t.addr.port(), TEST_NQN);
+    let connect = |o: &ConnectOptions| {
+        let mut c = Controller::connect(o.clone()).unwrap();
+        let ns = c.open_namespace(1).unwrap();
+        (c, ns)
+    };
+    let mut back = vec![0u8; 4096];
+    let ptpl = |ns: &mut Namespace, key: u64, ptpl| {
+        ns.reservation_register(&RegisterCmd {
+            action: RegisterAction::Register,
+            ignore_key: false,
+            ptpl,
+            crkey: 0,
+            nrkey: key,
+        })
+    };
+    {
+        let (ca, mut a) = connect(&oa);
+        let id = ca.identify(nvme::identify::cns::NS, 1).unwrap();
+        assert_eq!(id[31] & 1, 1, "RESCAP: PTPL capable");
+        let (_cb, mut b) = connect(&ob);
+        ptpl(&mut a, 0xa, ChangePtpl::Set).unwrap();
+        register(&mut b, 0xb).unwrap();
+        acquire(
+            &mut a,
+            AcquireAction::Acquire,
+            ResvType::ExclusiveAccess,
+            0xa,
+            0,
+        )
+        .unwrap();
+        conflict(b.read_at(&mut back, 0));
+    }
+    let before = {
+        let (_c, mut a) = connect(&oa);
+        a.reservation_report().unwrap()
+    };
+    assert!(before.ptpl);
+    t.kill_and_restart();
+    {
+        let (_ca, mut a) = connect(&oa);
+        let (_cb, mut b) = connect(&ob);
+        assert_eq!(a.reservation_report().unwrap(), before, "{}", t.log_text());
+        conflict(b.read_at(&mut back, 0));
+        a.read_at(&mut back, 0).unwrap();
+        // PTPL off: the same key registered again with CPTPL = 10b.
+        ptpl(&mut a, 0xa, ChangePtpl::Clear).unwrap();
+    }
+    t.kill_and_restart();
+    let (_cb, mut b) = connect(&ob);
+    let r = b.reservation_report().unwrap();
+    assert_eq!((r.rtype, r.regctl, r.ptpl), (None, 0, false));
+    b.read_at(&mut back, 0).unwrap();
+}

@@ -94,7 +94,12 @@ impl Queue {
         } else {
             matches!(
                 fid,
-                feat::NUM_QUEUES | feat::ASYNC_EVENT | feat::KATO | feat::TIMESTAMP | feat::HOST_ID
+                feat::NUM_QUEUES
+                    | feat::ASYNC_EVENT
+                    | feat::KATO
+                    | feat::TIMESTAMP
+                    | feat::HOST_ID
+                    | feat::RESV_PERSIST
             ) || (!set && fid == feat::VOLATILE_WC)
         };
         if !supported {
@@ -234,7 +239,7 @@ impl Queue {
                     id.lbaf[0].ds = ns.lba_shift;
                     id.nsattr = nsattr(ns);
                     id.dlfeat = dlfeat(ns);
-                    id.rescap = RESCAP;
+                    id.rescap = rescap(&table, c.nsid);
                 }
                 buf.copy_from_slice(id.as_bytes());
             }
@@ -284,7 +289,7 @@ impl Queue {
                 id.nsattr = nsattr(ns);
                 id.nmic = NMIC_SHARED;
                 id.nstat = NSTAT_READY;
-                id.rescap = RESCAP;
+                id.rescap = rescap(&table, c.nsid);
                 buf.copy_from_slice(id.as_bytes());
             }
             _ => return Err(Reject::dnr(Status::INVALID_FIELD, loc::CDW10)),
@@ -412,6 +417,15 @@ impl Queue {
             }
             feat::ASYNC_EVENT => self.set_async_event_config(ctrl, cdw11),
             feat::KATO => self.set_kato(ctrl, cdw11, now),
+            feat::RESV_PERSIST => {
+                let bad_ns = || Reject::dnr(Status::INVALID_NS, loc::NSID);
+                let table = self.namespaces().ok_or_else(bad_ns)?;
+                let r = table.reservation(sqe.nsid.get()).ok_or_else(bad_ns)?;
+                let on = cdw11 & 1 != 0;
+                r.command(|s, capable| s.set_ptpl(on, capable))
+                    .map_err(|st| Reject::dnr(st, loc::CDW11))?;
+                Ok(Outcome::ok())
+            }
             feat::TIMESTAMP => {
                 need_len(buf, feat::TIMESTAMP_DATA_SIZE as usize)?;
                 let mut ts = [0u8; 8];
@@ -468,6 +482,13 @@ impl Queue {
             }
             feat::ASYNC_EVENT => Ok(Outcome::result(ctrl.lock().aen_enabled as u64)),
             feat::KATO => Ok(Outcome::result(ctrl.kato_ms() as u64)),
+            // Reservation Persistence: CDW0 bit 0, PTPL of the namespace named by NSID.
+            feat::RESV_PERSIST => {
+                let bad_ns = || Reject::dnr(Status::INVALID_NS, loc::NSID);
+                let table = self.namespaces().ok_or_else(bad_ns)?;
+                let r = table.reservation(sqe.nsid.get()).ok_or_else(bad_ns)?;
+                Ok(Outcome::result(u64::from(r.report().ptpl)))
+            }
             // The backend may cache writes; Flush makes them durable.
             feat::VOLATILE_WC => Ok(Outcome::result(1)),
             feat::HOST_ID => {
@@ -536,9 +557,13 @@ fn dlfeat(ns: &NamespaceSpec) -> u8 {
     u8::from(ns.deallocate_zeroes && !ns.read_only)
 }
 
-/// Reservation capabilities: all six types, IEKEY as NVMe 1.3 defines it; not Persist Through
-/// Power Loss.
-const RESCAP: u8 = nvme::resv::rescap::ALL_TYPES | nvme::resv::rescap::IEKEY13;
+/// Reservation capabilities: all six types, IEKEY as NVMe 1.3 defines it, and Persist Through
+/// Power Loss where the namespace's state can be stored.
+fn rescap(table: &super::subsystem::NsTable, nsid: u32) -> u8 {
+    use nvme::resv::rescap;
+    let ptpl = table.reservation(nsid).is_some_and(|r| r.ptpl_capable());
+    rescap::ALL_TYPES | rescap::IEKEY13 | if ptpl { rescap::PTPL } else { 0 }
+}
 
 fn nsattr(ns: &NamespaceSpec) -> u8 {
     u8::from(ns.read_only)

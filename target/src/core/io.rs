@@ -168,7 +168,7 @@ impl Queue {
     fn reservation_cmd(
         &mut self,
         nsid: u32,
-        f: impl FnOnce(&mut ResvState, &HostId) -> Result<(), ResvError>,
+        f: impl FnOnce(&mut ResvState, &HostId, bool) -> Result<(), ResvError>,
     ) -> Result<Outcome, Reject> {
         self.refresh_ns_cache();
         let (Some(host), Some((_, table))) = (self.host_id().copied(), &self.ns_cache) else {
@@ -177,8 +177,14 @@ impl Queue {
         let r = table
             .reservation(nsid)
             .ok_or_else(|| Reject::dnr(Status::INVALID_NS, loc::NSID))?;
-        r.update(|s| f(s, &host))
-            .map_err(|e| Reject::dnr(e.status(), loc::CDW10))?;
+        r.command(|s, ptpl_capable| f(s, &host, ptpl_capable))
+            .map_err(|st| {
+                if st == Status::INTERNAL {
+                    Reject::new(st, loc::NONE)
+                } else {
+                    Reject::dnr(st, loc::CDW10)
+                }
+            })?;
         Ok(Outcome::ok())
     }
 
@@ -257,15 +263,15 @@ impl Queue {
             }
             io::RESV_REGISTER => {
                 let c = decoded(RegisterCmd::decode(sqe, buf))?;
-                self.reservation_cmd(ns.nsid, |s, h| s.register(h, &c, false))
+                self.reservation_cmd(ns.nsid, |s, h, ptpl| s.register(h, &c, ptpl))
             }
             io::RESV_ACQUIRE => {
                 let c = decoded(AcquireCmd::decode(sqe, buf))?;
-                self.reservation_cmd(ns.nsid, |s, h| s.acquire(h, &c))
+                self.reservation_cmd(ns.nsid, |s, h, _| s.acquire(h, &c))
             }
             io::RESV_RELEASE => {
                 let c = decoded(ReleaseCmd::decode(sqe, buf))?;
-                self.reservation_cmd(ns.nsid, |s, h| s.release(h, &c))
+                self.reservation_cmd(ns.nsid, |s, h, _| s.release(h, &c))
             }
             io::RESV_REPORT => {
                 // Fabrics hosts have 128-bit identifiers: only the extended format can carry
@@ -279,7 +285,7 @@ impl Queue {
                 let r = table
                     .reservation(ns.nsid)
                     .ok_or_else(|| Reject::dnr(Status::INVALID_NS, loc::NSID))?;
-                r.update(|s| s.report()).encode_ext(buf);
+                r.report().encode_ext(buf);
                 Ok(Outcome::data(buf.len() as u32))
             }
             _ => Err(Reject::dnr(Status::INVALID_OPCODE, loc::OPCODE)),

@@ -38,6 +38,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 pub use queue::QueueStats;
+pub use reservation::ResvStore;
 
 use nvme::sgl::Sgl;
 use nvme::{Cqe, Sqe, Status};
@@ -148,6 +149,8 @@ pub struct SubsystemSpec {
 pub struct TargetParams {
     /// Smallest KATO a host may set, ms (smaller values are raised to this).
     pub keep_alive_ms_min: u32,
+    /// Where reservations persist through power loss; `None`: nowhere (RESCAP.PTPLC clear).
+    pub resv_store: Option<Arc<dyn ResvStore>>,
 }
 
 /// Called (from any thread) when a queue has something for [`Queue::poll_event`].

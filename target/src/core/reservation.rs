@@ -5,9 +5,13 @@
 //! Registrations belong to hosts, not controllers: every controller of a host (same Host
 //! Identifier from Connect) shares its registration, as the spec and nvmet have it.
 //!
-//! Not here yet: Reservation Notification log pages and their events (the mask feature 82h
-//! answers, nothing is logged), Persist Through Power Loss (RESCAP.PTPLC is clear and setting
-//! it is refused), and Preempt and Abort waits for nothing: it acts like Preempt.
+//! Persist Through Power Loss: where the daemon can store the state ([`ResvStore`]: next to a
+//! file namespace), a host may turn PTPL on (Register with CPTPL); from then on every change is
+//! handed to the store as bytes ([`ResvState::encode`]) before the command completes, and a
+//! namespace created at start-up or by a reload starts from what the store kept.
+//!
+//! Not here yet: Reservation Notification log pages and their events, and Preempt and Abort
+//! waits for nothing: it acts like Preempt.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, PoisonError};
@@ -306,15 +310,175 @@ impl ResvState {
     }
 }
 
+const MAGIC: &[u8; 8] = b"NVMFRSV1";
+
+impl ResvState {
+    /// Set Features Reservation Persistence: turns PTPL on or off (Invalid Field where the
+    /// namespace cannot persist).
+    pub fn set_ptpl(&mut self, on: bool, capable: bool) -> Result<(), ResvError> {
+        if !capable {
+            return Err(ResvError::InvalidField);
+        }
+        self.ptpl = on;
+        Ok(())
+    }
+
+    /// The state as bytes for a [`ResvStore`]: magic, generation, PTPL, the reservation (type
+    /// 0 for none, holder), then each registrant's host identifier and key; little endian.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut v = Vec::with_capacity(48 + 24 * self.registrants.len());
+        v.extend_from_slice(MAGIC);
+        v.extend_from_slice(&self.gen.to_le_bytes());
+        v.push(u8::from(self.ptpl));
+        match self.held {
+            Some(h) => {
+                v.push(h.rtype as u8);
+                v.extend_from_slice(&h.holder);
+            }
+            None => {
+                v.push(0);
+                v.extend_from_slice(&[0; 16]);
+            }
+        }
+        v.extend_from_slice(&(self.registrants.len() as u32).to_le_bytes());
+        for r in &self.registrants {
+            v.extend_from_slice(&r.host);
+            v.extend_from_slice(&r.key.to_le_bytes());
+        }
+        v
+    }
+
+    /// The state [`ResvState::encode`] wrote; `None` for anything else.
+    pub fn decode(b: &[u8]) -> Option<ResvState> {
+        let rest = b.strip_prefix(MAGIC)?;
+        let (gen, rest) = rest.split_first_chunk::<4>()?;
+        let (&[ptpl, rtype], rest) = rest.split_first_chunk::<2>()?;
+        let (holder, rest) = rest.split_first_chunk::<16>()?;
+        let (n, mut rest) = rest.split_first_chunk::<4>()?;
+        let n = u32::from_le_bytes(*n) as usize;
+        if rest.len() != n.checked_mul(24)? || ptpl > 1 {
+            return None;
+        }
+        let mut registrants = Vec::with_capacity(n);
+        for _ in 0..n {
+            let (host, r) = rest.split_first_chunk::<16>()?;
+            let (key, r) = r.split_first_chunk::<8>()?;
+            registrants.push(Registrant {
+                host: *host,
+                key: u64::from_le_bytes(*key),
+            });
+            rest = r;
+        }
+        let held = match rtype {
+            0 => None,
+            t => Some(Held {
+                rtype: ResvType::from_u8(t)?,
+                holder: *holder,
+            }),
+        };
+        Some(ResvState {
+            gen: u32::from_le_bytes(*gen),
+            registrants,
+            held,
+            ptpl: ptpl == 1,
+        })
+    }
+}
+
+/// Where reservation state persists through power loss (the daemon: a file next to a file
+/// namespace, written and fsynced under a temporary name, then renamed). Keyed by subsystem
+/// NQN and NSID.
+pub trait ResvStore: Send + Sync + std::fmt::Debug {
+    /// Whether this namespace can persist its state (RESCAP.PTPLC).
+    fn capable(&self, subnqn: &str, nsid: u32) -> bool;
+    /// The bytes last saved for the namespace, if any.
+    fn load(&self, subnqn: &str, nsid: u32) -> Option<Vec<u8>>;
+    /// Saves `state`, or with `None` forgets what was saved (PTPL turned off).
+    fn save(&self, subnqn: &str, nsid: u32, state: Option<&[u8]>) -> std::io::Result<()>;
+}
+
+/// Where one namespace persists (a store and its key).
+#[derive(Debug)]
+struct Persist {
+    store: std::sync::Arc<dyn ResvStore>,
+    subnqn: String,
+    nsid: u32,
+}
+
 /// A namespace's reservation state as queues share it: the I/O path reads `held` (one relaxed
 /// load) and takes the lock only while a reservation exists.
 #[derive(Debug, Default)]
 pub struct NsReservation {
     held: AtomicBool,
     state: Mutex<ResvState>,
+    /// Set when the namespace can persist its state.
+    persist: Option<Persist>,
 }
 
 impl NsReservation {
+    /// The state of namespace `nsid` of `subnqn`: what `store` kept if PTPL was on, empty
+    /// otherwise.
+    pub fn with_store(
+        store: Option<&std::sync::Arc<dyn ResvStore>>,
+        subnqn: &str,
+        nsid: u32,
+    ) -> NsReservation {
+        let Some(store) = store.filter(|s| s.capable(subnqn, nsid)) else {
+            return NsReservation::default();
+        };
+        let state = match store.load(subnqn, nsid) {
+            Some(b) => ResvState::decode(&b).unwrap_or_else(|| {
+                tracing::error!(
+                    subnqn,
+                    nsid,
+                    "stored reservation state unreadable; starting empty"
+                );
+                ResvState::default()
+            }),
+            None => ResvState::default(),
+        };
+        NsReservation {
+            held: AtomicBool::new(state.held.is_some()),
+            state: Mutex::new(state),
+            persist: Some(Persist {
+                store: store.clone(),
+                subnqn: subnqn.to_owned(),
+                nsid,
+            }),
+        }
+    }
+
+    /// Whether the state can persist through power loss (RESCAP.PTPLC).
+    pub fn ptpl_capable(&self) -> bool {
+        self.persist.is_some()
+    }
+
+    /// Runs a reservation command on the state. A change is saved (while PTPL is on, or when
+    /// it was just turned off) before this returns; if saving fails the change is undone and
+    /// the command fails with Internal Error, so what the host was told is what a restart
+    /// finds.
+    pub fn command(
+        &self,
+        f: impl FnOnce(&mut ResvState, bool) -> Result<(), ResvError>,
+    ) -> Result<(), Status> {
+        let mut s = self.lock();
+        let before = s.clone();
+        let r = f(&mut s, self.ptpl_capable());
+        if let (Ok(()), Some(p)) = (r, &self.persist) {
+            if *s != before && (s.ptpl || before.ptpl) {
+                let bytes = s.ptpl.then(|| s.encode());
+                if let Err(e) = p.store.save(&p.subnqn, p.nsid, bytes.as_deref()) {
+                    tracing::error!(subnqn = %p.subnqn, nsid = p.nsid, error = %e,
+                        "cannot save the reservation state; the command fails");
+                    *s = before;
+                    return Err(Status::INTERNAL);
+                }
+            }
+        }
+        self.held.store(s.held.is_some(), Ordering::Release);
+        r.map_err(ResvError::status)
+    }
+
     /// Checks an I/O command of `host` against the reservation.
     #[inline]
     pub fn check(&self, host: &HostId, access: Access) -> Result<(), ResvError> {
@@ -324,12 +488,9 @@ impl NsReservation {
         self.lock().check(host, access)
     }
 
-    /// Runs `f` on the state; keeps the I/O path's flag in step.
-    pub fn update<T>(&self, f: impl FnOnce(&mut ResvState) -> T) -> T {
-        let mut s = self.lock();
-        let r = f(&mut s);
-        self.held.store(s.held.is_some(), Ordering::Release);
-        r
+    /// The Reservation Report contents.
+    pub fn report(&self) -> Report {
+        self.lock().report()
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, ResvState> {
@@ -624,15 +785,43 @@ mod tests {
     }
 
     #[test]
+    fn encode_decode_round_trip() {
+        let mut s = ResvState::default();
+        assert_eq!(ResvState::decode(&s.encode()), Some(s.clone()));
+        reg(&mut s, &H1, 1).unwrap();
+        reg(&mut s, &H2, u64::MAX).unwrap();
+        acq(
+            &mut s,
+            &H2,
+            A::Acquire,
+            ResvType::ExclusiveAccessRegistrantsOnly,
+            u64::MAX,
+            0,
+        )
+        .unwrap();
+        s.ptpl = true;
+        let b = s.encode();
+        assert_eq!(ResvState::decode(&b), Some(s));
+        // Anything else is refused, not misread.
+        assert_eq!(ResvState::decode(&b[..b.len() - 1]), None);
+        assert_eq!(ResvState::decode(b"NVMFRSV0"), None);
+        let mut bad = b.clone();
+        bad[13] = 9;
+        assert_eq!(ResvState::decode(&bad), None, "reservation type 9");
+    }
+
+    #[test]
     fn flag_follows_the_reservation() {
         let r = NsReservation::default();
         assert_eq!(r.check(&H2, Access::Write), Ok(()));
-        r.update(|s| {
-            reg(s, &H1, 1).unwrap();
-            acq(s, &H1, A::Acquire, ResvType::ExclusiveAccess, 1, 0).unwrap();
-        });
+        r.command(|s, _| {
+            reg(s, &H1, 1)?;
+            acq(s, &H1, A::Acquire, ResvType::ExclusiveAccess, 1, 0)
+        })
+        .unwrap();
         assert_eq!(r.check(&H2, Access::Read), Err(ResvError::Conflict));
-        r.update(|s| rel(s, &H1, L::Release, ResvType::ExclusiveAccess, 1).unwrap());
+        r.command(|s, _| rel(s, &H1, L::Release, ResvType::ExclusiveAccess, 1))
+            .unwrap();
         assert!(!r.held.load(Ordering::Relaxed));
         assert_eq!(r.check(&H2, Access::Write), Ok(()));
     }

@@ -10,7 +10,7 @@ use nvme::DISCOVERY_NQN;
 
 use super::controller::Controller;
 use super::controller::Gone;
-use super::reservation::NsReservation;
+use super::reservation::{NsReservation, ResvStore};
 use super::stats::{ControllerMetrics, IoTotals, NsTotals, SubsystemMetrics};
 use super::{ListenerInfo, NamespaceSpec, Reconfigured, SubsystemSpec, Target, TargetParams};
 
@@ -27,7 +27,12 @@ impl NsTable {
     /// A table from configured namespaces; NSIDs 0 and FFFFFFFFh cannot name a namespace and
     /// are left out (the configuration layer rejects them first). Reservation state is taken
     /// from `old` for namespaces that stay the same.
-    fn from_specs(specs: Vec<NamespaceSpec>, old: Option<&NsTable>) -> NsTable {
+    fn from_specs(
+        specs: Vec<NamespaceSpec>,
+        old: Option<&NsTable>,
+        subnqn: &str,
+        store: Option<&Arc<dyn ResvStore>>,
+    ) -> NsTable {
         let mut by_nsid = BTreeMap::new();
         let mut resv = BTreeMap::new();
         for n in specs {
@@ -38,7 +43,9 @@ impl NsTable {
             let kept = old
                 .filter(|o| o.get(n.nsid).is_some_and(|o| same_namespace(o, &n)))
                 .and_then(|o| o.resv.get(&n.nsid).cloned());
-            resv.insert(n.nsid, kept.unwrap_or_default());
+            let r =
+                kept.unwrap_or_else(|| Arc::new(NsReservation::with_store(store, subnqn, n.nsid)));
+            resv.insert(n.nsid, r);
             by_nsid.insert(n.nsid, n);
         }
         NsTable { by_nsid, resv }
@@ -83,8 +90,8 @@ pub(crate) struct Subsystem {
 }
 
 impl Subsystem {
-    fn from_spec(spec: SubsystemSpec) -> Subsystem {
-        let table = NsTable::from_specs(spec.namespaces, None);
+    fn from_spec(spec: SubsystemSpec, store: Option<&Arc<dyn ResvStore>>) -> Subsystem {
+        let table = NsTable::from_specs(spec.namespaces, None, &spec.nqn, store);
         Subsystem {
             nqn: spec.nqn,
             serial: spec.serial,
@@ -155,10 +162,14 @@ impl Subsystem {
     }
 
     /// Replace the namespace table; returns the NSIDs that were added, removed or changed.
-    fn replace_namespaces(&self, namespaces: Vec<NamespaceSpec>) -> Vec<u32> {
+    fn replace_namespaces(
+        &self,
+        namespaces: Vec<NamespaceSpec>,
+        store: Option<&Arc<dyn ResvStore>>,
+    ) -> Vec<u32> {
         let mut slot = self.ns.write().unwrap_or_else(PoisonError::into_inner);
         let old = slot.clone();
-        let new = NsTable::from_specs(namespaces, Some(&old));
+        let new = NsTable::from_specs(namespaces, Some(&old), &self.nqn, store);
         let mut changed: Vec<u32> = Vec::new();
         for (nsid, n) in &new.by_nsid {
             match old.get(*nsid) {
@@ -221,10 +232,11 @@ impl TargetInner {
         listeners: Vec<ListenerInfo>,
         params: TargetParams,
     ) -> TargetInner {
+        let subsystems = subsystem_map(subsystems, params.resv_store.as_ref());
         TargetInner {
             params,
             listeners: RwLock::new(Arc::new(listeners)),
-            subsystems: RwLock::new(subsystem_map(subsystems)),
+            subsystems: RwLock::new(subsystems),
             discovery: Arc::new(Subsystem::discovery()),
             registry: Mutex::new(Registry::new()),
             genctr: AtomicU64::new(1),
@@ -357,7 +369,7 @@ impl TargetInner {
         let Some(subsys) = self.subsystems().get(nqn).cloned() else {
             return false;
         };
-        let changed = subsys.replace_namespaces(namespaces);
+        let changed = subsys.replace_namespaces(namespaces, self.params.resv_store.as_ref());
         for ctrl in self.controllers_of(nqn) {
             for &nsid in &changed {
                 ctrl.namespace_changed(nsid);
@@ -407,7 +419,8 @@ impl TargetInner {
                         if old.set_access(spec.allow_any_host, &spec.hosts) {
                             out.hosts_changed.push(nqn.clone());
                         }
-                        let changed = old.replace_namespaces(spec.namespaces);
+                        let changed = old
+                            .replace_namespaces(spec.namespaces, self.params.resv_store.as_ref());
                         if !changed.is_empty() {
                             out.namespaces_changed.push((nqn.clone(), changed.clone()));
                             ns_changes.push((old.clone(), changed));
@@ -417,7 +430,10 @@ impl TargetInner {
                     Some(spec) => {
                         out.subsystems_replaced.push(nqn.clone());
                         removed.push(old.clone());
-                        new_map.insert(nqn.clone(), Arc::new(Subsystem::from_spec(spec)));
+                        new_map.insert(
+                            nqn.clone(),
+                            Arc::new(Subsystem::from_spec(spec, self.params.resv_store.as_ref())),
+                        );
                     }
                     None => {
                         out.subsystems_removed.push(nqn.clone());
@@ -427,7 +443,10 @@ impl TargetInner {
             }
             for (nqn, spec) in wanted {
                 out.subsystems_added.push(nqn.clone());
-                new_map.insert(nqn, Arc::new(Subsystem::from_spec(spec)));
+                new_map.insert(
+                    nqn,
+                    Arc::new(Subsystem::from_spec(spec, self.params.resv_store.as_ref())),
+                );
             }
             *map = new_map;
         }
@@ -486,10 +505,13 @@ fn subsystem_specs(subsystems: Vec<SubsystemSpec>) -> BTreeMap<String, Subsystem
     map
 }
 
-fn subsystem_map(subsystems: Vec<SubsystemSpec>) -> BTreeMap<String, Arc<Subsystem>> {
+fn subsystem_map(
+    subsystems: Vec<SubsystemSpec>,
+    store: Option<&Arc<dyn ResvStore>>,
+) -> BTreeMap<String, Arc<Subsystem>> {
     subsystem_specs(subsystems)
         .into_iter()
-        .map(|(nqn, s)| (nqn, Arc::new(Subsystem::from_spec(s))))
+        .map(|(nqn, s)| (nqn, Arc::new(Subsystem::from_spec(s, store))))
         .collect()
 }
 

@@ -191,6 +191,7 @@ fn wildcard_listeners_report_the_local_address() {
         listeners,
         TargetParams {
             keep_alive_ms_min: 0,
+            resv_store: None,
         },
     );
     let mut h = Host::new(&t, tcp_caps(), Instant::now());

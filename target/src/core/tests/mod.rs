@@ -95,6 +95,7 @@ pub(super) fn test_target() -> Arc<Target> {
         test_listeners(),
         TargetParams {
             keep_alive_ms_min: 1000,
+            resv_store: None,
         },
     )
 }
