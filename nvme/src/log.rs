@@ -20,6 +20,8 @@ pub mod lid {
     pub const DEVICE_SELF_TEST: u8 = 0x06;
     pub const ANA: u8 = 0x0c;
     pub const DISCOVERY: u8 = 0x70;
+    /// Reservation Notification (NVMe Base 2.0, 5.16.1.25).
+    pub const RESV_NOTIFICATION: u8 = 0x80;
 }
 
 /// Get Log Page command fields (NVMe Base 2.0 Figures 197-200).
@@ -463,6 +465,13 @@ impl AsyncEvent {
         kind: aer_type::NOTICE,
         info: aer_notice::DISCOVERY_CHANGE,
         lid: lid::DISCOVERY,
+    };
+
+    /// Reservation Log Page Available: read the Reservation Notification log.
+    pub const RESV_LOG_AVAILABLE: AsyncEvent = AsyncEvent {
+        kind: aer_type::IO_CMD_SET,
+        info: 0,
+        lid: lid::RESV_NOTIFICATION,
     };
 
     pub fn encode(self) -> u32 {

@@ -355,6 +355,67 @@ impl Report {
     }
 }
 
+/// Reservation Notification log page types (byte 8 of the entry).
+pub mod notice {
+    pub const EMPTY: u8 = 0;
+    pub const REGISTRATION_PREEMPTED: u8 = 1;
+    pub const RESERVATION_RELEASED: u8 = 2;
+    pub const RESERVATION_PREEMPTED: u8 = 3;
+}
+
+/// Reservation Notification Mask (feature 82h, CDW11): a set bit suppresses that type.
+pub mod mask {
+    pub const REGISTRATION_PREEMPTED: u32 = 1 << 1;
+    pub const RESERVATION_RELEASED: u32 = 1 << 2;
+    pub const RESERVATION_PREEMPTED: u32 = 1 << 3;
+    pub const ALL: u32 = REGISTRATION_PREEMPTED | RESERVATION_RELEASED | RESERVATION_PREEMPTED;
+
+    /// The mask bit of a notice type.
+    pub fn of(kind: u8) -> u32 {
+        1 << kind
+    }
+}
+
+/// One Reservation Notification log page (64 bytes; NVMe Base 2.0 Figure 278).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct NotificationLog {
+    /// Log Page Count: bumped for every notice created (0 only for "none yet").
+    pub count: u64,
+    /// [`notice`] type; `EMPTY` when nothing is queued.
+    pub kind: u8,
+    /// Notices still queued after this one (at most 255).
+    pub available: u8,
+    pub nsid: u32,
+}
+
+impl NotificationLog {
+    pub const SIZE: usize = 64;
+
+    pub fn encode(&self) -> [u8; 64] {
+        let mut b = [0u8; 64];
+        b[..8].copy_from_slice(&self.count.to_le_bytes());
+        b[8] = self.kind;
+        b[9] = self.available;
+        b[12..16].copy_from_slice(&self.nsid.to_le_bytes());
+        b
+    }
+
+    pub fn decode(b: &[u8]) -> Result<NotificationLog, DecodeError> {
+        if b.len() < 16 {
+            return Err(DecodeError::Short {
+                need: 16,
+                have: b.len(),
+            });
+        }
+        Ok(NotificationLog {
+            count: u64::from_le_bytes(b[..8].try_into().expect("8 bytes")),
+            kind: b[8],
+            available: b[9],
+            nsid: u32::from_le_bytes(b[12..16].try_into().expect("4 bytes")),
+        })
+    }
+}
+
 /// Copies as much of `bytes` to `out[at..]` as fits.
 fn put(out: &mut [u8], at: usize, bytes: &[u8]) {
     if at >= out.len() {

@@ -100,6 +100,7 @@ impl Queue {
                     | feat::TIMESTAMP
                     | feat::HOST_ID
                     | feat::RESV_PERSIST
+                    | feat::RESV_MASK
             ) || (!set && fid == feat::VOLATILE_WC)
         };
         if !supported {
@@ -339,6 +340,10 @@ impl Queue {
                 page[8..16].copy_from_slice(&firmware_revision());
                 copy_log(&page, &g, buf)
             }
+            lid::RESV_NOTIFICATION => {
+                let e = ctrl.take_resv_notice(g.rae);
+                copy_log(&e.encode(), &g, buf)
+            }
             lid::CHANGED_NS => {
                 let mut page = [0u8; 4096];
                 match ctrl.take_changed_ns(g.rae) {
@@ -417,6 +422,20 @@ impl Queue {
             }
             feat::ASYNC_EVENT => self.set_async_event_config(ctrl, cdw11),
             feat::KATO => self.set_kato(ctrl, cdw11, now),
+            feat::RESV_MASK => {
+                let nsid = sqe.nsid.get();
+                if cdw11 & !nvme::resv::mask::ALL != 0 {
+                    return Err(Reject::dnr(Status::INVALID_FIELD, loc::CDW11));
+                }
+                let table = self
+                    .namespaces()
+                    .ok_or_else(|| Reject::dnr(Status::INVALID_NS, loc::NSID))?;
+                if nsid != NSID_ALL && table.get(nsid).is_none() {
+                    return Err(Reject::dnr(Status::INVALID_NS, loc::NSID));
+                }
+                ctrl.set_resv_mask(nsid, cdw11);
+                Ok(Outcome::ok())
+            }
             feat::RESV_PERSIST => {
                 let bad_ns = || Reject::dnr(Status::INVALID_NS, loc::NSID);
                 let table = self.namespaces().ok_or_else(bad_ns)?;
@@ -482,6 +501,7 @@ impl Queue {
             }
             feat::ASYNC_EVENT => Ok(Outcome::result(ctrl.lock().aen_enabled as u64)),
             feat::KATO => Ok(Outcome::result(ctrl.kato_ms() as u64)),
+            feat::RESV_MASK => Ok(Outcome::result(u64::from(ctrl.resv_mask(sqe.nsid.get())))),
             // Reservation Persistence: CDW0 bit 0, PTPL of the namespace named by NSID.
             feat::RESV_PERSIST => {
                 let bad_ns = || Reject::dnr(Status::INVALID_NS, loc::NSID);

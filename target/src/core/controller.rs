@@ -40,6 +40,12 @@ pub(crate) const AEN_DISC_SUPPORTED: u32 = idc::OAES_DISC_CHANGE;
 
 /// Asynchronous Event Configuration after Connect and after a reset: the optional notices are
 /// on (as nvmet), SMART warnings off.
+/// Reservation notifications a controller keeps for the host to read.
+const MAX_RESV_NOTICES: usize = 255;
+/// The `aen_masked` bit for Reservation Log Page Available (a bit no Asynchronous Event
+/// Configuration field uses: the event is not configurable there).
+const RESV_EVENT_CLASS: u32 = 1 << 29;
+
 fn default_aen(discovery: bool) -> u32 {
     if discovery {
         idc::OAES_DISC_CHANGE
@@ -116,6 +122,13 @@ pub(crate) struct CtrlInner {
     events: VecDeque<AsyncEvent>,
     /// Changed Namespace List; `None` = more than 1024 changed (reported as FFFFFFFFh).
     changed_ns: Option<Vec<u32>>,
+    /// Reservation Notification log pages not yet read: (type, NSID), oldest first.
+    resv_log: VecDeque<(u8, u32)>,
+    /// Reservation notifications created so far (the log page's Log Page Count).
+    resv_count: u64,
+    /// Reservation Notification Mask (feature 82h) per NSID; `resv_mask_all` for the rest.
+    resv_mask: BTreeMap<u32, u32>,
+    resv_mask_all: u32,
     /// Error Information log, newest last.
     errors: VecDeque<ErrorLogEntry>,
     err_count: u64,
@@ -194,6 +207,10 @@ impl Controller {
                 aer_cids: Vec::new(),
                 events: VecDeque::new(),
                 changed_ns: Some(Vec::new()),
+                resv_log: VecDeque::new(),
+                resv_count: 0,
+                resv_mask: BTreeMap::new(),
+                resv_mask_all: 0,
                 errors: VecDeque::new(),
                 err_count: 0,
                 timestamp: None,
@@ -551,6 +568,71 @@ impl Controller {
         if let Some(w) = waker {
             w();
         }
+    }
+
+    /// A reservation notification of `kind` (`nvme::resv::notice`) for namespace `nsid`: unless
+    /// the host masked that type for the namespace (feature 82h), it goes into the Reservation
+    /// Notification log (at most 255 waiting; older ones are lost, the count still says how
+    /// many there were) and raises Reservation Log Page Available, which needs no
+    /// Asynchronous Event Configuration bit.
+    pub fn reservation_notice(&self, nsid: u32, kind: u8) {
+        let waker = {
+            let mut g = self.lock();
+            let mask = g.resv_mask.get(&nsid).copied().unwrap_or(g.resv_mask_all);
+            if mask & nvme::resv::mask::of(kind) != 0 {
+                return;
+            }
+            g.resv_count = g.resv_count.wrapping_add(1).max(1);
+            if g.resv_log.len() == MAX_RESV_NOTICES {
+                g.resv_log.pop_front();
+            }
+            g.resv_log.push_back((kind, nsid));
+            if g.aen_masked & RESV_EVENT_CLASS != 0 {
+                None
+            } else {
+                g.aen_masked |= RESV_EVENT_CLASS;
+                g.events.push_back(AsyncEvent::RESV_LOG_AVAILABLE);
+                self.aen_pending.store(true, Ordering::Release);
+                g.admin_waker.clone()
+            }
+        };
+        if let Some(w) = waker {
+            w();
+        }
+    }
+
+    /// Get Log Page 80h: the oldest reservation notification (consumed), or an empty page.
+    /// Without `rae` the next notification raises the event again.
+    pub fn take_resv_notice(&self, rae: bool) -> nvme::resv::NotificationLog {
+        let mut g = self.lock();
+        let (kind, nsid) = g.resv_log.pop_front().unwrap_or((0, 0));
+        let log = nvme::resv::NotificationLog {
+            count: if kind == 0 { 0 } else { g.resv_count },
+            kind,
+            available: u8::try_from(g.resv_log.len()).unwrap_or(u8::MAX),
+            nsid,
+        };
+        if !rae {
+            g.aen_masked &= !RESV_EVENT_CLASS;
+        }
+        log
+    }
+
+    /// Set Features 82h: the notification mask of `nsid` (FFFFFFFFh: every namespace).
+    pub fn set_resv_mask(&self, nsid: u32, mask: u32) {
+        let mut g = self.lock();
+        if nsid == u32::MAX {
+            g.resv_mask.clear();
+            g.resv_mask_all = mask;
+        } else {
+            g.resv_mask.insert(nsid, mask);
+        }
+    }
+
+    /// Get Features 82h.
+    pub fn resv_mask(&self, nsid: u32) -> u32 {
+        let g = self.lock();
+        g.resv_mask.get(&nsid).copied().unwrap_or(g.resv_mask_all)
     }
 
     /// Queue `ev` (class bit `class`) if enabled and not masked; returns the admin waker to

@@ -177,7 +177,8 @@ impl Queue {
         let r = table
             .reservation(nsid)
             .ok_or_else(|| Reject::dnr(Status::INVALID_NS, loc::NSID))?;
-        r.command(|s, ptpl_capable| f(s, &host, ptpl_capable))
+        let notices = r
+            .command(|s, ptpl_capable| f(s, &host, ptpl_capable))
             .map_err(|st| {
                 if st == Status::INTERNAL {
                     Reject::new(st, loc::NONE)
@@ -185,7 +186,22 @@ impl Queue {
                     Reject::dnr(st, loc::CDW10)
                 }
             })?;
+        if !notices.is_empty() {
+            self.deliver_notices(nsid, &notices);
+        }
         Ok(Outcome::ok())
+    }
+
+    /// Hands reservation notifications to every controller of each host named.
+    fn deliver_notices(&self, nsid: u32, notices: &[(HostId, u8)]) {
+        let (Link::Admin(c) | Link::Io { ctrl: c, .. }) = &self.link else {
+            return;
+        };
+        for (host, kind) in notices {
+            for ctrl in self.target.inner().host_controllers(&c.subsys, host) {
+                ctrl.reservation_notice(nsid, *kind);
+            }
+        }
     }
 
     pub(super) fn exec_io(&mut self, cmd: &Cmd, buf: &mut [u8]) -> Result<Outcome, Reject> {

@@ -10,15 +10,19 @@
 //! handed to the store as bytes ([`ResvState::encode`]) before the command completes, and a
 //! namespace created at start-up or by a reload starts from what the store kept.
 //!
-//! Not here yet: Reservation Notification log pages and their events, and Preempt and Abort
-//! waits for nothing: it acts like Preempt.
+//! A command that preempts a registration, releases a registrants-only or all-registrants
+//! reservation, or preempts/clears a reservation names the hosts to notify; the queue hands
+//! each notice to every controller of that host (Reservation Notification log 80h, its event,
+//! the mask feature 82h: `controller.rs`).
+//!
+//! Not here yet: Preempt and Abort waits for nothing: it acts like Preempt.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, PoisonError};
 
 use nvme::resv::{
-    AcquireAction, AcquireCmd, ChangePtpl, RegisterAction, RegisterCmd, ReleaseAction, ReleaseCmd,
-    Report, ResvType,
+    notice, AcquireAction, AcquireCmd, ChangePtpl, RegisterAction, RegisterCmd, ReleaseAction,
+    ReleaseCmd, Report, ResvType,
 };
 use nvme::Status;
 
@@ -65,6 +69,9 @@ pub struct ResvState {
     registrants: Vec<Registrant>,
     held: Option<Held>,
     ptpl: bool,
+    /// Reservation notifications the last command raised: (host, `nvme::resv::notice` type),
+    /// for every controller of that host. Taken by [`NsReservation::command`]; not state.
+    notices: Vec<(HostId, u8)>,
 }
 
 /// Whether a command reads or writes (the two groups of the spec's "Command Behavior in the
@@ -121,6 +128,15 @@ impl ResvState {
         }
     }
 
+    /// Tells every registrant but `except` of a `kind` notification.
+    fn notify_registrants(&mut self, except: &HostId, kind: u8) {
+        for r in &self.registrants {
+            if &r.host != except {
+                self.notices.push((r.host, kind));
+            }
+        }
+    }
+
     /// Drops `host`'s registration; a reservation it alone held goes with it (for the
     /// all-registrants types, with the last registrant).
     fn unregister(&mut self, host: &HostId) {
@@ -162,7 +178,15 @@ impl ResvState {
             },
             RegisterAction::Unregister => {
                 self.check_key(host, c.crkey, c.ignore_key)?;
+                let was = self.held;
                 self.unregister(host);
+                // A registrants-only or all-registrants reservation that went with the holder
+                // is released for the registrants left.
+                if let (Some(h), None) = (was, self.held) {
+                    if h.rtype.registrants_have_access() {
+                        self.notify_registrants(host, notice::RESERVATION_RELEASED);
+                    }
+                }
                 self.gen = self.gen.wrapping_add(1);
             }
             RegisterAction::Replace => {
@@ -211,7 +235,8 @@ impl ResvState {
     }
 
     fn preempt(&mut self, host: &HostId, c: &AcquireCmd) -> Result<(), ResvError> {
-        // Unregisters every other registrant whose key is `key`; false if there was none.
+        // Unregisters every other registrant whose key is `key` (each is told its registration
+        // was preempted); false if there was none.
         let drop_key = |s: &mut ResvState, key: u64| {
             let victims: Vec<HostId> = s
                 .registrants
@@ -221,13 +246,35 @@ impl ResvState {
                 .collect();
             for v in &victims {
                 s.unregister(v);
+                s.notices.push((*v, notice::REGISTRATION_PREEMPTED));
             }
             !victims.is_empty()
         };
+        let before = self.held;
+        self.preempt_inner(host, c, drop_key)?;
+        if self.held.is_some() && self.held != before {
+            // The reservation changed hands or type: the registrants still there hear of it.
+            self.notify_registrants(host, notice::RESERVATION_PREEMPTED);
+        }
+        self.gen = self.gen.wrapping_add(1);
+        Ok(())
+    }
+
+    fn preempt_inner(
+        &mut self,
+        host: &HostId,
+        c: &AcquireCmd,
+        drop_key: impl Fn(&mut ResvState, u64) -> bool,
+    ) -> Result<(), ResvError> {
         match self.held {
             Some(h) if h.rtype.all_registrants() => {
                 if c.prkey == 0 {
                     // Every other registrant goes; the preempting host holds a new reservation.
+                    for r in &self.registrants {
+                        if &r.host != host {
+                            self.notices.push((r.host, notice::REGISTRATION_PREEMPTED));
+                        }
+                    }
                     self.registrants.retain(|r| &r.host == host);
                     self.held = Some(Held {
                         rtype: c.rtype,
@@ -263,7 +310,6 @@ impl ResvState {
                 }
             }
         }
-        self.gen = self.gen.wrapping_add(1);
         Ok(())
     }
 
@@ -284,8 +330,12 @@ impl ResvState {
                     return Err(ResvError::InvalidField);
                 }
                 self.held = None;
+                if h.rtype.registrants_have_access() {
+                    self.notify_registrants(host, notice::RESERVATION_RELEASED);
+                }
             }
             ReleaseAction::Clear => {
+                self.notify_registrants(host, notice::RESERVATION_PREEMPTED);
                 self.held = None;
                 self.registrants.clear();
                 self.gen = self.gen.wrapping_add(1);
@@ -381,6 +431,7 @@ impl ResvState {
             registrants,
             held,
             ptpl: ptpl == 1,
+            notices: Vec::new(),
         })
     }
 }
@@ -460,10 +511,11 @@ impl NsReservation {
     pub fn command(
         &self,
         f: impl FnOnce(&mut ResvState, bool) -> Result<(), ResvError>,
-    ) -> Result<(), Status> {
+    ) -> Result<Vec<(HostId, u8)>, Status> {
         let mut s = self.lock();
         let before = s.clone();
         let r = f(&mut s, self.ptpl_capable());
+        let notices = std::mem::take(&mut s.notices);
         if let (Ok(()), Some(p)) = (r, &self.persist) {
             if *s != before && (s.ptpl || before.ptpl) {
                 let bytes = s.ptpl.then(|| s.encode());
@@ -476,7 +528,8 @@ impl NsReservation {
             }
         }
         self.held.store(s.held.is_some(), Ordering::Release);
-        r.map_err(ResvError::status)
+        r.map_err(ResvError::status)?;
+        Ok(notices)
     }
 
     /// Checks an I/O command of `host` against the reservation.

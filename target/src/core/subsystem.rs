@@ -244,6 +244,22 @@ impl TargetInner {
         }
     }
 
+    /// Live controllers of `subsys` whose host is `hostid` (reservation notifications).
+    pub fn host_controllers(
+        &self,
+        subsys: &Arc<Subsystem>,
+        hostid: &[u8; 16],
+    ) -> Vec<Arc<Controller>> {
+        self.registry
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .ctrls
+            .values()
+            .filter(|c| Arc::ptr_eq(&c.subsys, subsys) && &c.hostid == hostid)
+            .cloned()
+            .collect()
+    }
+
     /// The subsystem (or discovery subsystem) named by `nqn`.
     pub fn find_subsystem(&self, nqn: &str) -> Option<Arc<Subsystem>> {
         if nqn == DISCOVERY_NQN {

@@ -337,6 +337,16 @@ impl Host {
         self.submit(sqe, data)
     }
 
+    /// Set Features for one namespace (no data).
+    pub fn set_features_ns(&mut self, fid: u8, nsid: u32, cdw11: u32) -> Reply {
+        let mut sqe = self.admin_sqe(admin::SET_FEATURES);
+        sqe.nsid = nsid.into();
+        sqe.cdw10 = (fid as u32).into();
+        sqe.cdw11 = cdw11.into();
+        sqe.dptr = self.sgl(0, true).encode();
+        self.submit(sqe, &[])
+    }
+
     pub fn get_features(&mut self, fid: u8, cdw11: u32, len: u32) -> Reply {
         let mut sqe = self.admin_sqe(admin::GET_FEATURES);
         sqe.cdw10 = (fid as u32).into();

@@ -193,3 +193,112 @@ fn two_hosts_reserve_one_namespace() {
     let r = Report::decode_ext(report(&mut qa, true).ok_data()).unwrap();
     assert_eq!((r.rtype, r.regctl), (None, 0));
 }
+
+/// Reservation notifications: a preempted registration, a released registrants-only
+/// reservation and a Clear reach every controller of the affected host as Reservation
+/// Notification log pages (80h, one per read) with the Reservation Log Page Available event;
+/// the mask (feature 82h) suppresses a type; Write Exclusive releases notify nobody.
+#[test]
+fn reservation_notifications_reach_the_other_host() {
+    use nvme::log::{lid, AsyncEvent};
+    use nvme::resv::{notice, NotificationLog};
+    let (_t, _admin_a, mut qa, mut qb, mut admin_b) = two_hosts();
+    let next_log = |a: &mut Host| {
+        NotificationLog::decode(a.get_log(lid::RESV_NOTIFICATION, 0, 64, 0, false).ok_data())
+            .unwrap()
+    };
+    let aer = match admin_b.simple(admin::ASYNC_EVENT_REQUEST) {
+        Reply::Deferred(cmd) => cmd.sqe.cid(),
+        r => panic!("{r:?}"),
+    };
+    register(&mut qa, RegisterAction::Register, 0, 0xa).ok_result();
+    register(&mut qb, RegisterAction::Register, 0, 0xb).ok_result();
+    acquire(
+        &mut qb,
+        AcquireAction::Acquire,
+        ResvType::WriteExclusiveRegistrantsOnly,
+        0xb,
+        0,
+    )
+    .ok_result();
+    // A preempts B: B's registration is preempted (one notice; the event fires once).
+    acquire(
+        &mut qa,
+        AcquireAction::Preempt,
+        ResvType::WriteExclusive,
+        0xa,
+        0xb,
+    )
+    .ok_result();
+    let c = admin_b.expect_completion(aer);
+    assert_eq!(
+        AsyncEvent::decode(c.result.get() as u32),
+        AsyncEvent::RESV_LOG_AVAILABLE
+    );
+    let e = next_log(&mut admin_b);
+    assert_eq!(
+        (e.count, e.kind, e.available, e.nsid),
+        (1, notice::REGISTRATION_PREEMPTED, 0, 1)
+    );
+    assert_eq!(
+        next_log(&mut admin_b).kind,
+        notice::EMPTY,
+        "consumed by the read"
+    );
+    // A releases Write Exclusive: nobody hears of it. A registrants-only release: B does.
+    register(&mut qb, RegisterAction::Register, 0, 0xb).ok_result();
+    release(
+        &mut qa,
+        ReleaseAction::Release,
+        ResvType::WriteExclusive,
+        0xa,
+    )
+    .ok_result();
+    assert_eq!(next_log(&mut admin_b).kind, notice::EMPTY);
+    acquire(
+        &mut qa,
+        AcquireAction::Acquire,
+        ResvType::ExclusiveAccessRegistrantsOnly,
+        0xa,
+        0,
+    )
+    .ok_result();
+    release(
+        &mut qa,
+        ReleaseAction::Release,
+        ResvType::ExclusiveAccessRegistrantsOnly,
+        0xa,
+    )
+    .ok_result();
+    let e = next_log(&mut admin_b);
+    assert_eq!((e.count, e.kind), (2, notice::RESERVATION_RELEASED));
+    // Masked for namespace 1: the same release is not logged. A Clear is (another type).
+    let released = nvme::resv::mask::RESERVATION_RELEASED;
+    assert_eq!(
+        admin_b.set_features_ns(feat::RESV_MASK, 1, 1).status(),
+        Status::INVALID_FIELD.dnr(),
+        "bit 0 is reserved"
+    );
+    admin_b
+        .set_features_ns(feat::RESV_MASK, 1, released)
+        .ok_result();
+    acquire(
+        &mut qa,
+        AcquireAction::Acquire,
+        ResvType::ExclusiveAccessRegistrantsOnly,
+        0xa,
+        0,
+    )
+    .ok_result();
+    release(
+        &mut qa,
+        ReleaseAction::Release,
+        ResvType::ExclusiveAccessRegistrantsOnly,
+        0xa,
+    )
+    .ok_result();
+    release(&mut qa, ReleaseAction::Clear, ResvType::WriteExclusive, 0xa).ok_result();
+    let e = next_log(&mut admin_b);
+    assert_eq!((e.count, e.kind), (3, notice::RESERVATION_PREEMPTED));
+    assert_eq!(next_log(&mut admin_b).kind, notice::EMPTY);
+}
