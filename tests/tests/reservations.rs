@@ -118,6 +118,28 @@ fn two_initiators_share_a_namespace_under_a_reservation() {
     .unwrap();
     a.write_at(&block, 8192).unwrap();
     assert_eq!(a.reservation_report().unwrap().regctl, 0);
+
+    // Preempt and Abort (nothing of B's in flight: it completes at once) fences B out.
+    register(&mut a, 0xaaaa).unwrap();
+    register(&mut b, 0xbbbb).unwrap();
+    acquire(
+        &mut b,
+        AcquireAction::Acquire,
+        ResvType::WriteExclusive,
+        0xbbbb,
+        0,
+    )
+    .unwrap();
+    acquire(
+        &mut a,
+        AcquireAction::PreemptAndAbort,
+        ResvType::WriteExclusive,
+        0xaaaa,
+        0xbbbb,
+    )
+    .unwrap_or_else(|e| panic!("{e}\n{}", t.log_text()));
+    conflict(b.write_at(&block, 0));
+    a.write_at(&block, 0).unwrap();
 }
 
 /// With Persist Through Power Loss on (Register with CPTPL = 11b), the registrations and the

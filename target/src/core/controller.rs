@@ -435,6 +435,15 @@ impl Controller {
         Ok(())
     }
 
+    /// The counters of every attached I/O queue.
+    pub fn io_counters(&self) -> Vec<Arc<Counters>> {
+        self.lock()
+            .io
+            .values()
+            .map(|s| s.counters.clone())
+            .collect()
+    }
+
     /// Detach I/O queue `qid` if `token` still owns it.
     pub fn detach_io(&self, qid: u16, token: u64) {
         let mut g = self.lock();

@@ -8,12 +8,16 @@
 //! namespace table may have been replaced in between.
 
 use nvme::opcode::io;
+use std::time::Instant;
+
 use nvme::sgl::Sgl;
 use nvme::{Sqe, Status};
 
-use nvme::resv::{AcquireCmd, BadField, RegisterCmd, ReleaseCmd, REPORT_EDS};
+use nvme::resv::{
+    notice, AcquireAction, AcquireCmd, BadField, RegisterCmd, ReleaseCmd, REPORT_EDS,
+};
 
-use super::queue::{loc, Link, Outcome, Parsed, Reject};
+use super::queue::{loc, Fence, Link, Outcome, Parsed, Reject};
 use super::reservation::{Access, HostId, ResvError, ResvState};
 use super::{put_trim_range, Cmd, IoKind, IoOp, NamespaceSpec, Queue, Xfer};
 
@@ -164,12 +168,13 @@ impl Queue {
         }
     }
 
-    /// Runs a reservation command on the namespace's state.
+    /// Runs a reservation command on the namespace's state and delivers the notifications it
+    /// raised; returns them.
     fn reservation_cmd(
         &mut self,
         nsid: u32,
         f: impl FnOnce(&mut ResvState, &HostId, bool) -> Result<(), ResvError>,
-    ) -> Result<Outcome, Reject> {
+    ) -> Result<Vec<(HostId, u8)>, Reject> {
         self.refresh_ns_cache();
         let (Some(host), Some((_, table))) = (self.host_id().copied(), &self.ns_cache) else {
             return Err(Reject::dnr(Status::INVALID_NS, loc::NSID));
@@ -189,7 +194,39 @@ impl Queue {
         if !notices.is_empty() {
             self.deliver_notices(nsid, &notices);
         }
-        Ok(Outcome::ok())
+        Ok(notices)
+    }
+
+    /// Preempt and Abort: the command completes once no write admitted before it is still in
+    /// flight on an I/O queue of a host whose registration it preempted (those hosts' later
+    /// writes are refused at parse), so none of their writes lands after the host is told the
+    /// preempt is done. Nothing is aborted: the writes finish, and the wait is for them.
+    fn fence(&mut self, cmd: &Cmd, notices: &[(HostId, u8)], now: Instant) -> Outcome {
+        let (Link::Admin(c) | Link::Io { ctrl: c, .. }) = &self.link else {
+            return Outcome::ok();
+        };
+        let queues: Vec<_> = notices
+            .iter()
+            .filter(|(_, k)| *k == notice::REGISTRATION_PREEMPTED)
+            .flat_map(|(host, _)| self.target.inner().host_controllers(&c.subsys, host))
+            .flat_map(|ctrl| ctrl.io_counters())
+            .collect();
+        let f = Fence {
+            cmd: cmd.clone(),
+            queues,
+            started: now,
+        };
+        if f.done() {
+            return Outcome::ok();
+        }
+        tracing::info!(
+            qid = self.qid,
+            cid = cmd.sqe.cid(),
+            waits = ?f.queues.iter().map(|c| c.writes_in_flight()).collect::<Vec<_>>(),
+            "Preempt and Abort waits for the preempted hosts' writes in flight"
+        );
+        self.fence = Some(f);
+        Outcome::Deferred
     }
 
     /// Hands reservation notifications to every controller of each host named.
@@ -204,7 +241,12 @@ impl Queue {
         }
     }
 
-    pub(super) fn exec_io(&mut self, cmd: &Cmd, buf: &mut [u8]) -> Result<Outcome, Reject> {
+    pub(super) fn exec_io(
+        &mut self,
+        cmd: &Cmd,
+        buf: &mut [u8],
+        now: Instant,
+    ) -> Result<Outcome, Reject> {
         let sqe = &cmd.sqe;
         let ns = self.namespace(sqe.nsid.get())?;
         let device = ns.device;
@@ -279,15 +321,21 @@ impl Queue {
             }
             io::RESV_REGISTER => {
                 let c = decoded(RegisterCmd::decode(sqe, buf))?;
-                self.reservation_cmd(ns.nsid, |s, h, ptpl| s.register(h, &c, ptpl))
+                self.reservation_cmd(ns.nsid, |s, h, ptpl| s.register(h, &c, ptpl))?;
+                Ok(Outcome::ok())
             }
             io::RESV_ACQUIRE => {
                 let c = decoded(AcquireCmd::decode(sqe, buf))?;
-                self.reservation_cmd(ns.nsid, |s, h, _| s.acquire(h, &c))
+                let notices = self.reservation_cmd(ns.nsid, |s, h, _| s.acquire(h, &c))?;
+                if c.action == AcquireAction::PreemptAndAbort {
+                    return Ok(self.fence(cmd, &notices, now));
+                }
+                Ok(Outcome::ok())
             }
             io::RESV_RELEASE => {
                 let c = decoded(ReleaseCmd::decode(sqe, buf))?;
-                self.reservation_cmd(ns.nsid, |s, h, _| s.release(h, &c))
+                self.reservation_cmd(ns.nsid, |s, h, _| s.release(h, &c))?;
+                Ok(Outcome::ok())
             }
             io::RESV_REPORT => {
                 // Fabrics hosts have 128-bit identifiers: only the extended format can carry

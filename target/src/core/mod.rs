@@ -360,6 +360,8 @@ pub struct Queue {
     counters: Arc<queue::Counters>,
     ns_cache: Option<(u64, Arc<subsystem::NsTable>)>,
     events: VecDeque<QueueEvent>,
+    /// A Reservation Acquire (Preempt and Abort) waiting for the preempted hosts' writes.
+    fence: Option<queue::Fence>,
     /// A Disconnect event was handed out already.
     teardown_sent: bool,
     /// Identify MDTS and the transfer limit it states.

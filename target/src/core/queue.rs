@@ -3,7 +3,7 @@
 //! and records them in the controller's error log.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -149,6 +149,38 @@ pub(crate) struct Counters {
     bytes_written: AtomicU64,
     read_cmds: AtomicU64,
     write_cmds: AtomicU64,
+    /// Write-group commands (Write, Write Zeroes, DSM, Flush) parsed and not yet completed:
+    /// what a Preempt and Abort waits for on the preempted hosts' queues.
+    writes_in_flight: AtomicU32,
+}
+
+impl Counters {
+    /// Write-group commands parsed and not yet completed.
+    pub fn writes_in_flight(&self) -> u32 {
+        self.writes_in_flight.load(Ordering::Acquire)
+    }
+}
+
+/// Write-group I/O commands (the reservation rules' write group).
+fn is_write_group(opcode: u8) -> bool {
+    matches!(opcode, io::WRITE | io::WRITE_ZEROES | io::DSM | io::FLUSH)
+}
+
+/// A Preempt and Abort that completes once the preempted hosts' I/O queues have no write in
+/// flight that was admitted before it (their later writes are refused at parse).
+pub(crate) struct Fence {
+    pub cmd: Cmd,
+    pub queues: Vec<Arc<Counters>>,
+    /// When it was deferred (its latency is counted up to there: the core reads no clock).
+    pub started: Instant,
+}
+
+impl Fence {
+    pub(crate) fn done(&self) -> bool {
+        self.queues
+            .iter()
+            .all(|c| c.writes_in_flight.load(Ordering::Acquire) == 0)
+    }
 }
 
 fn bump(c: &AtomicU64, by: u64) {
@@ -234,6 +266,7 @@ impl Queue {
             token,
             counters: Arc::new(Counters::default()),
             ns_cache: None,
+            fence: None,
             events: VecDeque::new(),
             teardown_sent: false,
             mdts,
@@ -297,6 +330,13 @@ impl Queue {
 
     pub(super) fn parse_cmd(&mut self, sqe: &Sqe, now: Instant) -> Result<Cmd, Cqe> {
         bump(&self.counters.commands, 1);
+        // Counted before the reservation check in parse: a Preempt and Abort that changes the
+        // reservation after this point sees the count (the check and the preempt serialize on
+        // the namespace's reservation mutex).
+        let counted = self.io_clock(sqe, now).is_some() && is_write_group(sqe.opcode);
+        if counted {
+            self.writes_started(1);
+        }
         // The entry is consumed now, whatever becomes of it.
         if self.depth > 0 {
             self.sqhd = ((self.sqhd as u32 + 1) % self.depth as u32) as u16;
@@ -316,8 +356,22 @@ impl Queue {
                 }
                 Ok(cmd)
             }
-            Err(r) => Err(self.reject_cqe(sqe, r)),
+            Err(r) => {
+                if counted {
+                    self.writes_started(-1);
+                }
+                Err(self.reject_cqe(sqe, r))
+            }
         }
+    }
+
+    /// Single writer (this queue's thread); read by a Preempt and Abort on another thread.
+    fn writes_started(&self, by: i32) {
+        let c = &self.counters.writes_in_flight;
+        c.store(
+            c.load(Ordering::Relaxed).wrapping_add_signed(by),
+            Ordering::Release,
+        );
     }
 
     /// For an I/O command on an I/O queue (what the per-namespace statistics count), `now` in
@@ -334,6 +388,9 @@ impl Queue {
         let Some(t) = self.io_clock(&cmd.sqe, now) else {
             return;
         };
+        if is_write_group(cmd.sqe.opcode) {
+            self.writes_started(-1);
+        }
         let class = match cmd.sqe.opcode {
             io::READ => IoClass::Read,
             io::WRITE => IoClass::Write,
@@ -524,7 +581,7 @@ impl Queue {
                 } else if !ready {
                     Err(Reject::dnr(Status::CMD_SEQ_ERROR, loc::OPCODE))
                 } else {
-                    self.exec_io(cmd, buf)
+                    self.exec_io(cmd, buf, now)
                 }
             }
         }
@@ -647,6 +704,14 @@ impl Queue {
             Link::Io { ctrl, epoch } => {
                 if self.teardown_sent {
                     return None;
+                }
+                if let Some(f) = &self.fence {
+                    if f.done() {
+                        let f = self.fence.take().expect("checked just above");
+                        self.io_done(&f.cmd, Status::SUCCESS, f.started);
+                        let c = self.cqe(f.cmd.sqe.cid(), Status::SUCCESS, 0);
+                        return Some(QueueEvent::Complete(c));
+                    }
                 }
                 let gone = ctrl.gone();
                 let why = if gone != Gone::Alive {

@@ -15,7 +15,9 @@
 //! each notice to every controller of that host (Reservation Notification log 80h, its event,
 //! the mask feature 82h: `controller.rs`).
 //!
-//! Not here yet: Preempt and Abort waits for nothing: it acts like Preempt.
+//! Preempt and Abort fences the preempted hosts (`io.rs`, `Fence`): it completes once their I/O
+//! queues have no write admitted before it still in flight; their later writes are refused at
+//! parse. Nothing is cancelled: the wait is for those writes to finish.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, PoisonError};

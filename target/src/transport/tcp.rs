@@ -66,6 +66,9 @@ struct Slot {
     received: u32,
     /// Status to answer with once a discarded transfer ends.
     pending_status: Option<Status>,
+    /// The CQE of a command the core already refused at parse (completed once, there), sent
+    /// after its in-capsule data is discarded.
+    pending_cqe: Option<Cqe>,
     /// A data digest error was seen on this command's data.
     digest_error: bool,
 }
@@ -78,6 +81,7 @@ impl Slot {
             buf: None,
             received: 0,
             pending_status: None,
+            pending_cqe: None,
             digest_error: false,
         }
     }
@@ -482,6 +486,7 @@ impl Conn {
         self.slots[s].received = 0;
         self.slots[s].digest_error = false;
         self.slots[s].pending_status = None;
+        self.slots[s].pending_cqe = None;
         let cmd = match self.queue.parse(&sqe, now) {
             Ok(cmd) => cmd,
             Err(cqe) => {
@@ -533,6 +538,7 @@ impl Conn {
         if data_len > 0 {
             self.set(s as u16, SlotState::Discarding);
             self.slots[s].pending_status = Some(st);
+            self.slots[s].pending_cqe = cqe;
             self.dst = DataDst::Discard { slot };
         } else {
             let cqe = cqe.unwrap_or_else(|| {
@@ -660,11 +666,15 @@ impl Conn {
                     .pending_status
                     .take()
                     .unwrap_or(Status::INTERNAL);
-                let cqe = self.queue.complete_status(
-                    self.slots[s].cmd.as_ref().expect("slot has a command"),
-                    st,
-                    now,
-                );
+                // A command refused at parse was completed (and counted) there already.
+                let cqe = match self.slots[s].pending_cqe.take() {
+                    Some(c) => c,
+                    None => self.queue.complete_status(
+                        self.slots[s].cmd.as_ref().expect("slot has a command"),
+                        st,
+                        now,
+                    ),
+                };
                 self.send_cqe_only(slot, cqe);
             }
             DataDst::Slot { slot, .. } => {

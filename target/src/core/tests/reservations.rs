@@ -302,3 +302,63 @@ fn reservation_notifications_reach_the_other_host() {
     assert_eq!((e.count, e.kind), (3, notice::RESERVATION_PREEMPTED));
     assert_eq!(next_log(&mut admin_b).kind, notice::EMPTY);
 }
+
+/// Preempt and Abort fences the preempted host: it completes only once the writes that host
+/// had in flight (admitted before the preempt) have completed, and its later writes are
+/// refused. Without writes in flight it completes at once.
+#[test]
+fn preempt_and_abort_waits_for_the_preempted_hosts_writes() {
+    let (_t, _admin_a, mut qa, mut qb, _admin_b) = two_hosts();
+    register(&mut qa, RegisterAction::Register, 0, 0xa).ok_result();
+    register(&mut qb, RegisterAction::Register, 0, 0xb).ok_result();
+    acquire(
+        &mut qb,
+        AcquireAction::Acquire,
+        ResvType::ExclusiveAccess,
+        0xb,
+        0,
+    )
+    .ok_result();
+    // B, the holder, has a write and a flush in the backend (and a read, not waited for).
+    let w = qb.rw(io::WRITE, 1, 0, 1, 12);
+    let f = qb.rw(io::FLUSH, 1, 0, 1, 12);
+    let r = qb.rw(io::READ, 1, 8, 1, 12);
+    assert!(matches!(
+        (&w, &f, &r),
+        (Reply::Io(..), Reply::Io(..), Reply::Io(..))
+    ));
+    let pa = acquire(
+        &mut qa,
+        AcquireAction::PreemptAndAbort,
+        ResvType::ExclusiveAccess,
+        0xa,
+        0xb,
+    );
+    let Reply::Deferred(pa) = pa else {
+        panic!("Preempt and Abort completed with B's writes in flight: {pa:?}");
+    };
+    // The preempt already took effect: B's new writes are refused.
+    conflict(qb.rw(io::WRITE, 1, 4, 1, 12));
+    assert!(qa.q.poll_event().is_none());
+    qb.finish_io(w);
+    qb.finish_io(r);
+    assert!(qa.q.poll_event().is_none(), "the flush is still in flight");
+    qb.finish_io(f);
+    match qa.q.poll_event() {
+        Some(QueueEvent::Complete(c)) => {
+            assert_eq!(c.cid(), pa.sqe.cid());
+            assert!(c.status().is_success(), "{c:?}");
+        }
+        e => panic!("{e:?}"),
+    }
+    // Nothing in flight: at once.
+    register(&mut qb, RegisterAction::Register, 0, 0xb).ok_result();
+    acquire(
+        &mut qa,
+        AcquireAction::PreemptAndAbort,
+        ResvType::WriteExclusive,
+        0xa,
+        0xb,
+    )
+    .ok_result();
+}
