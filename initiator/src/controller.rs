@@ -999,6 +999,27 @@ impl Namespace {
             .map(|_| ())
     }
 
+    /// Compare `buf` with the namespace's contents at byte `offset` (Compare, split like a
+    /// write): `Ok(true)` if they are equal, `Ok(false)` if the controller answered Compare
+    /// Failure.
+    pub fn compare_at(&mut self, buf: &[u8], offset: u64) -> Result<bool, Error> {
+        if self.limits.oncs & identify::ctrl::ONCS_COMPARE == 0 {
+            return Err(Error::Unsupported("Compare (ONCS bit 0 clear)"));
+        }
+        let (slba, nlb) = self.lba_range(offset, buf.len() as u64)?;
+        let mut cmds = self.rw_cmds(io::COMPARE, slba, nlb);
+        match self
+            .queue
+            .run_borrowed("Compare", Dir::ToCtrl, &mut DataRef::Write(buf), &mut cmds)
+        {
+            Ok(_) => Ok(true),
+            Err(Error::Status { status, .. }) if status.code() == Status::COMPARE_FAILED.code() => {
+                Ok(false)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
     /// Flush the volatile write cache.
     pub fn flush(&mut self) -> Result<(), Error> {
         let mut sqe = Sqe::new(io::FLUSH, 0);

@@ -140,6 +140,8 @@ fn two_initiators_share_a_namespace_under_a_reservation() {
     .unwrap_or_else(|e| panic!("{e}\n{}", t.log_text()));
     conflict(b.write_at(&block, 0));
     a.write_at(&block, 0).unwrap();
+    // Compare is in the read group: B may compare under Write Exclusive.
+    assert!(b.compare_at(&block, 0).unwrap());
 }
 
 /// With Persist Through Power Loss on (Register with CPTPL = 11b), the registrations and the

@@ -139,3 +139,23 @@ fn null_namespace_reads_zeroes_after_writes_dirtied_the_buffers() {
         );
     }
 }
+
+/// Compare against the target binary: equal data compares equal, one changed byte gives
+/// Compare Failure, across a multi-command span too.
+#[test]
+fn compare_equal_and_different() {
+    let t = TargetProc::start_default();
+    let mut c = Controller::connect(ConnectOptions::tcp("127.0.0.1", t.addr.port(), TEST_NQN))
+        .unwrap_or_else(|e| panic!("{e}\n{}", t.log_text()));
+    let mut ns = c.open_namespace(1).unwrap();
+    let data: Vec<u8> = (0..256 * 1024u32).map(|i| (i * 7 + 3) as u8).collect();
+    ns.write_at(&data, 1 << 20).unwrap();
+    assert!(ns.compare_at(&data, 1 << 20).unwrap());
+    let mut other = data.clone();
+    other[200_000] ^= 0x40;
+    assert!(!ns.compare_at(&other, 1 << 20).unwrap());
+    assert!(
+        !ns.compare_at(&data, 2 << 20).unwrap(),
+        "unwritten blocks are zeroes"
+    );
+}

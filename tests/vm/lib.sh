@@ -295,6 +295,7 @@ kernel_host_vs_our_target() {
   fio_verify "$DEV" 128k "$FIO_SIZE_OUR" || { fail "$label" "$REASON"; return; }
   if [ -n "${RO_NS:-}" ]; then
     check_reservation "$DEV" "$tr" "$addr" || { fail "$label" "$REASON"; return; }
+    check_compare "$DEV" || { fail "$label" "$REASON"; return; }
   fi
   host_disconnect "$OUR_NQN" || { fail "$label" "$REASON"; return; }
   for t in "${more[@]}"; do
@@ -408,6 +409,23 @@ check_reservation() {
   step "resv-unregister" nvme resv-register "$dev" --crkey=0xa1 --rrega=1 || return 1
   step "second host writes after the release" "${bench[@]}" --rw=randwrite ||
     { REASON="our initiator could not write after the release: $REASON"; return 1; }
+}
+
+# check_compare DEV: nvme-cli's Compare from the Linux host: the first 4 KiB block read back
+# compares equal; with one byte changed the command fails (Compare Failure).
+check_compare() {
+  local dev=$1 blk=$WORK/blk0
+  step "read block 0" dd if="$dev" of="$blk" bs=4096 count=1 iflag=direct status=none || return 1
+  step "nvme compare (same data)" nvme compare "$dev" --start-block=0 --block-count=0 --data-size=4096 --data="$blk" ||
+    { REASON="Compare of the block's own data failed: $REASON"; return 1; }
+  printf '\x5a' | dd of="$blk" bs=1 seek=100 conv=notrunc status=none
+  cmp -s "$blk" <(dd if="$dev" bs=4096 count=1 iflag=direct status=none) &&
+    { REASON="the changed copy of block 0 still equals the block"; return 1; }
+  if step "nvme compare (one byte changed)" nvme compare "$dev" --start-block=0 --block-count=0 --data-size=4096 --data="$blk"; then
+    REASON="Compare with a changed byte succeeded"; return 1
+  fi
+  grep -qi "compare" "$WORK/step.out" || { REASON="the failed Compare did not say Compare Failure: $(tail -n 2 "$WORK/step.out" | tr '\n' ' ')"; return 1; }
+  echo "nvme compare: equal block passes, changed block fails ($(grep -io 'compare[_ a-z]*fail[a-z]*' "$WORK/step.out" | head -n 1))" | tee -a "$OUT/report.txt"
 }
 
 # check_pollers N: the running target ($TARGET_PID) has exactly N poller threads

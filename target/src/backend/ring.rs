@@ -252,6 +252,9 @@ struct Slot {
     pending: u32,
     /// First errno seen (Trim).
     err: i32,
+    /// Compare: the buffer and offset of the host's data; `buf` is then the pool buffer the
+    /// range is read into (freed when the op finishes).
+    compare: Option<(BufId, u32)>,
     result: Result<u32, i32>,
 }
 
@@ -266,6 +269,7 @@ const IDLE_SLOT: Slot = Slot {
     done: 0,
     pending: 0,
     err: 0,
+    compare: None,
     result: Ok(0),
     fua: false,
 };
@@ -594,7 +598,7 @@ impl Ring {
     fn start(&mut self, s: u32, op: &IoOp, buf: Option<(BufId, u32)>) -> Result<(), i32> {
         let dev = *self.dev.get(op.device as usize).ok_or(libc::ENODEV)?;
         let si = s as usize;
-        let writes = !matches!(op.kind, IoKind::Read | IoKind::Flush);
+        let writes = !matches!(op.kind, IoKind::Read | IoKind::Flush | IoKind::Compare);
         if writes && dev.read_only {
             return Err(libc::EROFS);
         }
@@ -643,6 +647,45 @@ impl Ring {
                 } else {
                     SlotKind::Write
                 };
+                self.issue_rw(s)
+            }
+            IoKind::Compare => {
+                let (id, boff) = buf.ok_or(libc::EINVAL)?;
+                check_range(&dev, op.offset, u64::from(op.len))?;
+                let end = (boff as usize)
+                    .checked_add(op.len as usize)
+                    .ok_or(libc::EINVAL)?;
+                // The host's data must be there (allocated, in this pool, long enough).
+                self.pool.payload(id, end).map_err(|_| libc::EINVAL)?;
+                if op.len == 0 {
+                    self.finish(s, Ok(0));
+                    return Ok(());
+                }
+                if dev.null {
+                    let data =
+                        &self.pool.payload(id, end).map_err(|_| libc::EINVAL)?[boff as usize..];
+                    let same = data.iter().all(|&b| b == 0);
+                    self.finish(s, if same { Ok(op.len) } else { Err(libc::EILSEQ) });
+                    return Ok(());
+                }
+                // The range is read into a buffer of its own, then compared.
+                let scratch = self.pool.alloc().ok_or(libc::EBUSY)?;
+                let addr = match self.pool.buf_ptr(scratch) {
+                    Ok(p) => p.as_ptr() as usize,
+                    Err(_) => {
+                        let _ = self.pool.free(scratch);
+                        return Err(libc::EINVAL);
+                    }
+                };
+                if self.pool.mark_in_flight(scratch).is_err() {
+                    let _ = self.pool.free(scratch);
+                    return Err(libc::EINVAL);
+                }
+                let slot = &mut self.slots[si];
+                slot.buf = Some(scratch);
+                slot.addr = addr;
+                slot.compare = Some((id, boff));
+                slot.kind = SlotKind::Read;
                 self.issue_rw(s)
             }
             IoKind::Flush => {
@@ -966,9 +1009,14 @@ impl Ring {
         let slot = &mut self.slots[s as usize];
         slot.kind = SlotKind::Done;
         slot.result = result;
+        let scratch = slot.compare.take().is_some();
         if let Some(id) = slot.buf.take() {
             // The op marked it; nothing else can have changed its state meanwhile.
             let _ = self.pool.clear_in_flight(id);
+            if scratch {
+                // A Compare's own read buffer.
+                let _ = self.pool.free(id);
+            }
         }
         self.stats.completed += 1;
         if result.is_err() {
@@ -1098,6 +1146,27 @@ impl Ring {
     }
 
     fn finish_rw(&mut self, s: u32, is_read: bool) {
+        let slot = self.slots[s as usize];
+        if let (Some((id, boff)), Some(scratch)) = (slot.compare, slot.buf) {
+            // A Compare's read is done: the range against the host's data.
+            let len = slot.len as usize;
+            let _ = self.pool.clear_in_flight(scratch);
+            let read = self.pool.payload(scratch, len).ok();
+            let host = self.pool.payload(id, boff as usize + len).ok();
+            let same = match (read, host) {
+                (Some(r), Some(h)) => r[..len] == h[boff as usize..],
+                _ => false,
+            };
+            self.stats.bytes_read += slot.len;
+            return self.finish(
+                s,
+                if same {
+                    Ok(slot.len as u32)
+                } else {
+                    Err(libc::EILSEQ)
+                },
+            );
+        }
         let len = self.slots[s as usize].len;
         if is_read {
             self.stats.bytes_read += len;

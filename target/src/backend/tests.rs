@@ -1046,3 +1046,74 @@ fn deallocate_per_backend() {
     .unwrap();
     assert_eq!(null.deallocate(), Deallocate::Zeroes);
 }
+
+/// Compare reads the range into a pool buffer of its own and checks it against the host's
+/// data: equal completes with the length, a difference fails with EILSEQ (Compare Failure);
+/// the read buffer goes back to the pool either way. A null device compares with zeroes.
+#[test]
+fn compare_equal_and_different() {
+    let dir = Scratch::new("compare");
+    let path = dir.path("disk.img");
+    let mut ring = ring_for(
+        &[
+            file_spec(&path, MIB, false),
+            DeviceSpec::Null {
+                size: MIB,
+                block_size: 4096,
+            },
+        ],
+        4,
+        65536,
+        8,
+    );
+    let b = ring.pool_mut().alloc().unwrap();
+    let mut rng = Rng(7);
+    rng.fill(ring.pool_mut().buf_mut(b).unwrap());
+    assert_eq!(
+        run(&mut ring, &op(0, IoKind::Write, 8192, 16384), Some((b, 0))),
+        Ok(16384)
+    );
+    let free = ring.pool().free_count();
+    // The same bytes at another offset of the buffer.
+    let data = ring.pool().buf(b).unwrap()[..16384].to_vec();
+    ring.pool_mut().buf_mut(b).unwrap()[4096..4096 + 16384].copy_from_slice(&data);
+    assert_eq!(
+        run(
+            &mut ring,
+            &op(0, IoKind::Compare, 8192, 16384),
+            Some((b, 4096))
+        ),
+        Ok(16384)
+    );
+    ring.pool_mut().buf_mut(b).unwrap()[4096 + 9999] ^= 1;
+    assert_eq!(
+        run(
+            &mut ring,
+            &op(0, IoKind::Compare, 8192, 16384),
+            Some((b, 4096))
+        ),
+        Err(libc::EILSEQ)
+    );
+    assert_eq!(
+        ring.pool().free_count(),
+        free,
+        "the read buffer is returned"
+    );
+    // Null: zeroes.
+    ring.pool_mut().buf_mut(b).unwrap()[..4096].fill(0);
+    assert_eq!(
+        run(&mut ring, &op(1, IoKind::Compare, 0, 4096), Some((b, 0))),
+        Ok(4096)
+    );
+    ring.pool_mut().buf_mut(b).unwrap()[100] = 1;
+    assert_eq!(
+        run(&mut ring, &op(1, IoKind::Compare, 0, 4096), Some((b, 0))),
+        Err(libc::EILSEQ)
+    );
+    // Outside the device: refused before any buffer is taken.
+    assert_eq!(
+        run(&mut ring, &op(0, IoKind::Compare, MIB, 4096), Some((b, 0))),
+        Err(libc::EINVAL)
+    );
+    assert_eq!(ring.pool().free_count(), free);
+}

@@ -194,9 +194,12 @@ impl Queue {
         let nn = self.namespaces().map(|t| t.max_nsid()).unwrap_or(0);
         id.nn = nn.into();
         id.mnan = nn.into();
-        id.oncs =
-            (idc::ONCS_DSM | idc::ONCS_WRITE_ZEROES | idc::ONCS_TIMESTAMP | idc::ONCS_RESERVATIONS)
-                .into();
+        id.oncs = (idc::ONCS_COMPARE
+            | idc::ONCS_DSM
+            | idc::ONCS_WRITE_ZEROES
+            | idc::ONCS_TIMESTAMP
+            | idc::ONCS_RESERVATIONS)
+            .into();
         // Flush is honoured per namespace; a broadcast Flush (NSID FFFFFFFFh) is not.
         id.vwc = idc::VWC_PRESENT | idc::VWC_FLUSH_BROADCAST_UNSUPPORTED;
         id.ioccsz = ((64 + caps.in_capsule_data) / 16).into();

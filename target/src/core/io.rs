@@ -1,4 +1,4 @@
-//! NVM I/O commands: Read, Write, Flush, Write Zeroes, Dataset Management, and the four
+//! NVM I/O commands: Read, Write, Compare, Flush, Write Zeroes, Dataset Management, and the four
 //! reservation commands (their rules are in `reservation`); every Read, Write, Flush, Write
 //! Zeroes and DSM is checked against the namespace's reservation at parse.
 //!
@@ -82,6 +82,8 @@ pub(crate) fn errno_to_status(sqe: &Sqe, errno: i32) -> Reject {
         // (`nvmet_io_cmd_check_access`): a read-only namespace fails writes with
         // NVME_SC_NS_WRITE_PROTECTED.
         libc::EROFS => Reject::dnr(Status::NS_WRITE_PROTECTED, loc::NSID),
+        // The backend's Compare found a difference.
+        libc::EILSEQ => Reject::dnr(Status::COMPARE_FAILED, loc::NONE),
         libc::EAGAIN | libc::ENOMEM | libc::EBUSY | libc::EINTR => {
             Reject::new(Status::INTERNAL, loc::OPCODE)
         }
@@ -98,7 +100,7 @@ impl Queue {
 
     pub(super) fn parse_io(&mut self, sqe: &Sqe) -> Result<Parsed, Reject> {
         let access = match sqe.opcode {
-            io::READ => Some(Access::Read),
+            io::READ | io::COMPARE => Some(Access::Read),
             io::WRITE | io::FLUSH | io::WRITE_ZEROES | io::DSM => Some(Access::Write),
             io::RESV_REGISTER | io::RESV_REPORT | io::RESV_ACQUIRE | io::RESV_RELEASE => None,
             _ => return Err(Reject::dnr(Status::INVALID_OPCODE, loc::OPCODE)),
@@ -116,7 +118,7 @@ impl Queue {
         }
         Ok(match sqe.opcode {
             io::READ => Parsed::to_host(rw_extent(sqe, &ns)?.1, loc::CDW12),
-            io::WRITE => Parsed::from_host(rw_extent(sqe, &ns)?.1, loc::CDW12),
+            io::WRITE | io::COMPARE => Parsed::from_host(rw_extent(sqe, &ns)?.1, loc::CDW12),
             io::WRITE_ZEROES => {
                 rw_extent(sqe, &ns)?;
                 Parsed::none()
@@ -274,6 +276,18 @@ impl Queue {
                 Ok(Outcome::Io(IoOp {
                     device,
                     kind,
+                    offset,
+                    len,
+                }))
+            }
+            io::COMPARE => {
+                let (offset, len) = rw_extent(sqe, &ns)?;
+                if cmd.xfer != Xfer::FromHost(len) {
+                    return Err(Reject::dnr(Status::SGL_INVALID_DATA, loc::DPTR));
+                }
+                Ok(Outcome::Io(IoOp {
+                    device,
+                    kind: IoKind::Compare,
                     offset,
                     len,
                 }))

@@ -291,6 +291,9 @@ pub enum IoKind {
     Trim {
         ranges: u16,
     },
+    /// Read the range and compare it with the command's buffer (the host's data): the op
+    /// fails with EILSEQ where they differ (Compare Failure).
+    Compare,
 }
 
 /// One entry of a Trim's range list in the command buffer: byte offset then byte length, each

@@ -50,7 +50,7 @@ fn psdt_fuse_and_opcodes() {
     for op in [admin::FORMAT_NVM, admin::CREATE_SQ, admin::NS_MGMT, 0xc1] {
         expect(a.simple(op), Status::INVALID_OPCODE.dnr());
     }
-    for op in [io::COMPARE, io::VERIFY, io::WRITE_UNCORRECTABLE, 0x7e, 0xff] {
+    for op in [io::VERIFY, io::WRITE_UNCORRECTABLE, 0x7e, 0xff] {
         let mut sqe = Sqe::new(op, 3);
         sqe.nsid = 1.into();
         expect(q.submit(sqe, &[]), Status::INVALID_OPCODE.dnr());
