@@ -414,14 +414,16 @@ check_reservation() {
 # check_compare DEV: nvme-cli's Compare from the Linux host: the first 4 KiB block read back
 # compares equal; with one byte changed the command fails (Compare Failure).
 check_compare() {
-  local dev=$1 blk=$WORK/blk0
+  local dev=$1 blk=$WORK/blk0 lbs nlb
+  lbs=$(cat "/sys/block/$(basename "$dev")/queue/logical_block_size")
+  nlb=$((4096 / lbs - 1)) # 0's based
   step "read block 0" dd if="$dev" of="$blk" bs=4096 count=1 iflag=direct status=none || return 1
-  step "nvme compare (same data)" nvme compare "$dev" --start-block=0 --block-count=0 --data-size=4096 --data="$blk" ||
+  step "nvme compare (same data)" nvme compare "$dev" --start-block=0 --block-count=$nlb --data-size=4096 --data="$blk" ||
     { REASON="Compare of the block's own data failed: $REASON"; return 1; }
   printf '\x5a' | dd of="$blk" bs=1 seek=100 conv=notrunc status=none
   cmp -s "$blk" <(dd if="$dev" bs=4096 count=1 iflag=direct status=none) &&
     { REASON="the changed copy of block 0 still equals the block"; return 1; }
-  if step "nvme compare (one byte changed)" nvme compare "$dev" --start-block=0 --block-count=0 --data-size=4096 --data="$blk"; then
+  if step "nvme compare (one byte changed)" nvme compare "$dev" --start-block=0 --block-count=$nlb --data-size=4096 --data="$blk"; then
     REASON="Compare with a changed byte succeeded"; return 1
   fi
   grep -qi "compare" "$WORK/step.out" || { REASON="the failed Compare did not say Compare Failure: $(tail -n 2 "$WORK/step.out" | tr '\n' ' ')"; return 1; }
