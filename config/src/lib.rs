@@ -43,6 +43,7 @@ mod decode;
 mod error;
 mod model;
 mod nqn;
+pub mod nvmetcli;
 mod size;
 mod validate;
 mod yaml;

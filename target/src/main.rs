@@ -50,6 +50,12 @@ enum Cmd {
         #[arg(long, conflicts_with = "json")]
         prometheus: bool,
     },
+    /// Print the configuration equivalent to an `nvmetcli save` file (the Linux kernel
+    /// target's saved JSON), naming on standard error everything it cannot carry over.
+    ImportNvmetcli {
+        /// The JSON `nvmetcli save` wrote.
+        file: PathBuf,
+    },
 }
 
 fn main() -> ExitCode {
@@ -75,6 +81,29 @@ fn main() -> ExitCode {
                     args.control_socket.display()
                 );
                 ExitCode::FAILURE
+            }
+        };
+    }
+
+    if let Some(Cmd::ImportNvmetcli { file }) = &args.command {
+        let text = match std::fs::read_to_string(file) {
+            Ok(t) => t,
+            Err(e) => {
+                eprintln!("nvmf-target import-nvmetcli: {}: {e}", file.display());
+                return ExitCode::from(2);
+            }
+        };
+        return match config::nvmetcli::import(&text) {
+            Ok(imp) => {
+                for n in &imp.notes {
+                    eprintln!("not carried over: {n}");
+                }
+                print!("{}", imp.yaml);
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("nvmf-target import-nvmetcli: {}: {e}", file.display());
+                ExitCode::from(2)
             }
         };
     }
