@@ -56,7 +56,7 @@ pub struct Listener {
 }
 
 /// `transport` of a listener.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Transport {
     /// NVMe/TCP.

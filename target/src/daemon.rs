@@ -443,6 +443,11 @@ impl Daemon {
         })
     }
 
+    /// The configuration running now.
+    pub fn config(&self) -> &Config {
+        &self.cfg
+    }
+
     pub fn target(&self) -> &Arc<Target> {
         &self.target
     }

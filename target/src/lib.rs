@@ -6,6 +6,7 @@
 
 pub mod backend;
 pub mod core;
+pub mod ctl;
 pub mod daemon;
 pub mod metrics;
 pub mod notify;

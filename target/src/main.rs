@@ -10,6 +10,7 @@ use config::Config;
 use nix::sys::signal::{SigSet, Signal};
 use tracing::{error, info, warn};
 
+use nvmf_target::ctl;
 use nvmf_target::daemon::Daemon;
 use nvmf_target::metrics;
 use nvmf_target::notify::Notifier;
@@ -50,12 +51,255 @@ enum Cmd {
         #[arg(long, conflicts_with = "json")]
         prometheus: bool,
     },
+    /// Change the running target (through --control-socket), as SIGHUP would after an edit of
+    /// its file; `--persist` also writes the result to its --config file (old one kept as .bak).
+    Ctl {
+        /// Write the resulting configuration back to the daemon's --config file.
+        #[arg(long, global = true)]
+        persist: bool,
+        #[command(subcommand)]
+        op: CtlCmd,
+    },
     /// Print the configuration equivalent to an `nvmetcli save` file (the Linux kernel
     /// target's saved JSON), naming on standard error everything it cannot carry over.
     ImportNvmetcli {
         /// The JSON `nvmetcli save` wrote.
         file: PathBuf,
     },
+}
+
+#[derive(clap::Subcommand, Debug, Clone)]
+enum CtlCmd {
+    /// The running configuration (YAML; --json: the daemon's JSON answer).
+    List {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Add a subsystem (no namespaces, no hosts).
+    AddSubsystem {
+        nqn: String,
+        #[arg(long)]
+        allow_any_host: bool,
+        #[arg(long)]
+        serial: Option<String>,
+    },
+    /// Remove a subsystem (its hosts are disconnected).
+    RemoveSubsystem { nqn: String },
+    /// Add a namespace backed by a file or block device (--path) or a null device (--null).
+    AddNamespace {
+        nqn: String,
+        #[arg(long)]
+        nsid: u32,
+        #[arg(long, conflicts_with = "null", required_unless_present = "null")]
+        path: Option<PathBuf>,
+        /// With --path: the size a missing file is created with (e.g. 1GiB).
+        #[arg(long, requires = "path")]
+        size: Option<String>,
+        /// A null namespace of this size (e.g. 1GiB).
+        #[arg(long)]
+        null: Option<String>,
+        #[arg(long)]
+        read_only: bool,
+    },
+    /// Remove a namespace (hosts get the Namespace Attribute Changed event).
+    RemoveNamespace {
+        nqn: String,
+        #[arg(long)]
+        nsid: u32,
+    },
+    /// Allow a host NQN on a subsystem.
+    AddHost { nqn: String, host: String },
+    /// Take a host NQN off a subsystem's list (connected hosts stay).
+    RemoveHost { nqn: String, host: String },
+    /// Set a subsystem's allow_any_host (true or false).
+    AllowAnyHost {
+        nqn: String,
+        #[arg(action = clap::ArgAction::Set)]
+        allow: bool,
+    },
+    /// Add a listener.
+    AddListener {
+        #[arg(value_parser = parse_transport)]
+        transport: config::Transport,
+        address: std::net::IpAddr,
+        port: u16,
+    },
+    /// Remove a listener (connected hosts stay).
+    RemoveListener {
+        #[arg(value_parser = parse_transport)]
+        transport: config::Transport,
+        address: std::net::IpAddr,
+        port: u16,
+    },
+}
+
+impl CtlCmd {
+    fn op(&self) -> ctl::Op {
+        use ctl::Op;
+        match self.clone() {
+            CtlCmd::List { .. } => Op::List,
+            CtlCmd::AddSubsystem {
+                nqn,
+                allow_any_host,
+                serial,
+            } => Op::AddSubsystem {
+                nqn,
+                allow_any_host,
+                serial,
+            },
+            CtlCmd::RemoveSubsystem { nqn } => Op::RemoveSubsystem { nqn },
+            CtlCmd::AddNamespace {
+                nqn,
+                nsid,
+                path,
+                size,
+                null,
+                read_only,
+            } => Op::AddNamespace {
+                nqn,
+                nsid,
+                path,
+                size,
+                null,
+                read_only,
+            },
+            CtlCmd::RemoveNamespace { nqn, nsid } => Op::RemoveNamespace { nqn, nsid },
+            CtlCmd::AddHost { nqn, host } => Op::AddHost { nqn, host },
+            CtlCmd::RemoveHost { nqn, host } => Op::RemoveHost { nqn, host },
+            CtlCmd::AllowAnyHost { nqn, allow } => Op::AllowAnyHost { nqn, allow },
+            CtlCmd::AddListener {
+                transport,
+                address,
+                port,
+            } => Op::AddListener {
+                transport,
+                address,
+                port,
+            },
+            CtlCmd::RemoveListener {
+                transport,
+                address,
+                port,
+            } => Op::RemoveListener {
+                transport,
+                address,
+                port,
+            },
+        }
+    }
+}
+
+fn parse_transport(s: &str) -> Result<config::Transport, String> {
+    match s {
+        "tcp" => Ok(config::Transport::Tcp),
+        "rdma" => Ok(config::Transport::Rdma),
+        _ => Err(format!("`{s}`: tcp or rdma")),
+    }
+}
+
+/// `nvmf-target ctl ...`: one request, one answer.
+fn run_ctl(socket: &std::path::Path, persist: bool, cmd: &CtlCmd) -> ExitCode {
+    let req = ctl::Request {
+        version: ctl::VERSION,
+        op: cmd.op(),
+        persist,
+    };
+    let line = serde_json::to_string(&req).expect("requests serialize");
+    let answer = match metrics::query_control(socket, &line) {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!(
+                "nvmf-target ctl: cannot reach the daemon at {}: {e}",
+                socket.display()
+            );
+            return ExitCode::FAILURE;
+        }
+    };
+    let v: serde_json::Value = match serde_json::from_str(answer.trim()) {
+        Ok(v) => v,
+        Err(_) => {
+            eprintln!("nvmf-target ctl: unexpected answer: {}", answer.trim());
+            return ExitCode::FAILURE;
+        }
+    };
+    if v["ok"] != serde_json::Value::Bool(true) {
+        eprintln!(
+            "nvmf-target ctl: {}",
+            v["error"].as_str().unwrap_or("refused")
+        );
+        return ExitCode::from(2);
+    }
+    match cmd {
+        CtlCmd::List { json: false } => print!("{}", v["yaml"].as_str().unwrap_or_default()),
+        _ => println!("{}", answer.trim()),
+    }
+    ExitCode::SUCCESS
+}
+
+/// One management request on the daemon's thread: the answer line (JSON).
+fn handle_ctl(daemon: &mut Daemon, config_path: Option<&std::path::Path>, line: &str) -> String {
+    use serde_json::json;
+    let fail = |e: String| json!({ "ok": false, "error": e }).to_string();
+    let req: ctl::Request = match serde_json::from_str(line) {
+        Ok(r) => r,
+        Err(e) => return fail(format!("bad request: {e}")),
+    };
+    if req.version != ctl::VERSION {
+        return fail(format!(
+            "protocol version {} is not spoken here (this daemon speaks {})",
+            req.version,
+            ctl::VERSION
+        ));
+    }
+    if !req.op.changes() {
+        let cfg = daemon.config();
+        return json!({ "ok": true, "config": cfg, "yaml": cfg.to_yaml() }).to_string();
+    }
+    if req.persist && config_path.is_none() {
+        return fail(
+            "--persist: the daemon runs the embedded default, it has no --config file".into(),
+        );
+    }
+    let new = match ctl::apply(daemon.config(), &req.op) {
+        Ok(n) => n,
+        Err(e) => return fail(e),
+    };
+    match new.validate() {
+        Ok(warnings) => {
+            for w in warnings {
+                warn!("ctl: {w}");
+            }
+        }
+        Err(e) => return fail(e.to_string().trim().to_owned()),
+    }
+    info!(op = ?req.op, "ctl: applying a change");
+    let report = match daemon.reload(&new) {
+        Ok(r) => r,
+        Err(e) => return fail(format!("{e}; the running configuration is unchanged")),
+    };
+    let mut persisted = None;
+    if req.persist {
+        let path = config_path.expect("checked above");
+        if let Err(e) = ctl::persist(daemon.config(), path) {
+            return fail(format!(
+                "applied, but writing {} failed: {e}",
+                path.display()
+            ));
+        }
+        persisted = Some(path.display().to_string());
+    }
+    let c = &report.core;
+    json!({
+        "ok": true,
+        "persisted": persisted,
+        "subsystems_added": c.subsystems_added,
+        "subsystems_removed": c.subsystems_removed,
+        "namespaces_changed": c.namespaces_changed,
+        "hosts_changed": c.hosts_changed,
+        "listeners_added": report.listeners_added.iter().map(ToString::to_string).collect::<Vec<_>>(),
+        "listeners_removed": report.listeners_removed.iter().map(ToString::to_string).collect::<Vec<_>>(),
+    })
+    .to_string()
 }
 
 fn main() -> ExitCode {
@@ -83,6 +327,10 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         };
+    }
+
+    if let Some(Cmd::Ctl { persist, op }) = &args.command {
+        return run_ctl(&args.control_socket, *persist, op);
     }
 
     if let Some(Cmd::ImportNvmetcli { file }) = &args.command {
@@ -161,7 +409,12 @@ fn main() -> ExitCode {
     // Signals are taken synchronously by this thread: block them before any thread starts so
     // every thread inherits the mask.
     let mut sigs = SigSet::empty();
-    for s in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP] {
+    for s in [
+        Signal::SIGINT,
+        Signal::SIGTERM,
+        Signal::SIGHUP,
+        Signal::SIGUSR1,
+    ] {
         sigs.add(s);
     }
     if let Err(e) = sigs.thread_block() {
@@ -203,9 +456,20 @@ fn main() -> ExitCode {
         pollers: daemon.poller_stats(),
         rdma: daemon.has_rdma(),
     };
-    if let Err(e) =
-        metrics::serve_control(args.control_socket.clone(), src.clone(), stop_aux.clone())
-    {
+    // Management requests come from the control thread; SIGUSR1 makes this thread look.
+    let (ctl_tx, ctl_rx) = std::sync::mpsc::channel::<(String, std::sync::mpsc::Sender<String>)>();
+    let ctl_sender = metrics::CtlSender {
+        tx: ctl_tx,
+        wake: Arc::new(|| {
+            let _ = nix::sys::signal::kill(nix::unistd::getpid(), Signal::SIGUSR1);
+        }),
+    };
+    if let Err(e) = metrics::serve_control(
+        args.control_socket.clone(),
+        src.clone(),
+        stop_aux.clone(),
+        Some(ctl_sender),
+    ) {
         warn!(path = %args.control_socket.display(), error = %e, "no control socket: `nvmf-target stats` will not reach this daemon");
     }
     if let Some((l, addr)) = metrics_listener {
@@ -244,6 +508,12 @@ fn main() -> ExitCode {
                         daemon.target().subsystem_nqns().len(),
                         daemon.listener_count()
                     ));
+                }
+            }
+            Ok(Signal::SIGUSR1) => {
+                while let Ok((line, reply)) = ctl_rx.try_recv() {
+                    let answer = handle_ctl(&mut daemon, args.config.as_deref(), &line);
+                    let _ = reply.send(answer);
                 }
             }
             Ok(sig) => {

@@ -671,9 +671,17 @@ pub fn serve_http(listener: TcpListener, src: Source, stop: Arc<AtomicBool>) {
 
 /// The control socket: a client writes one line (`stats`, `stats json` or `metrics`) and
 /// reads the answer until EOF.
-pub fn serve_control(path: PathBuf, src: Source, stop: Arc<AtomicBool>) -> std::io::Result<()> {
+pub fn serve_control(
+    path: PathBuf,
+    src: Source,
+    stop: Arc<AtomicBool>,
+    ctl: Option<CtlSender>,
+) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
     let _ = std::fs::remove_file(&path);
     let listener = UnixListener::bind(&path)?;
+    // Live management changes the target: only its owner (root) may connect.
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
     listener.set_nonblocking(true)?;
     std::thread::Builder::new()
         .name("nvmf-control".into())
@@ -688,6 +696,7 @@ pub fn serve_control(path: PathBuf, src: Source, stop: Arc<AtomicBool>) -> std::
                         let body = match line.trim() {
                             "stats json" => src.json(),
                             "metrics" => src.prometheus(),
+                            req if req.starts_with('{') => ctl_request(ctl.as_ref(), req),
                             _ => src.table(),
                         };
                         let _ = s.write_all(body.as_bytes());
@@ -698,6 +707,34 @@ pub fn serve_control(path: PathBuf, src: Source, stop: Arc<AtomicBool>) -> std::
             let _ = std::fs::remove_file(&path);
         })?;
     Ok(())
+}
+
+/// Hands a live-management request (one JSON line) to the thread that owns the daemon and
+/// returns its answer line; `wake` makes that thread look.
+#[derive(Clone)]
+pub struct CtlSender {
+    pub tx: std::sync::mpsc::Sender<(String, std::sync::mpsc::Sender<String>)>,
+    pub wake: Arc<dyn Fn() + Send + Sync>,
+}
+
+fn ctl_request(ctl: Option<&CtlSender>, req: &str) -> String {
+    let fail = |e: &str| format!("{}\n", serde_json::json!({ "ok": false, "error": e }));
+    let Some(c) = ctl else {
+        return fail("this daemon takes no management requests");
+    };
+    let (tx, rx) = std::sync::mpsc::channel();
+    if c.tx.send((req.to_owned(), tx)).is_err() {
+        return fail("the daemon is shutting down");
+    }
+    (c.wake)();
+    // A change may open storage and bind listeners: give it time.
+    match rx.recv_timeout(Duration::from_secs(60)) {
+        Ok(mut answer) => {
+            answer.push('\n');
+            answer
+        }
+        Err(_) => fail("no answer from the daemon within 60 s"),
+    }
 }
 
 /// Client side of the control socket.

@@ -1,0 +1,395 @@
+//! Live management: `nvmf-target ctl ...` and the JSON requests behind it on the control
+//! socket. A request is one line of JSON, `{"version":1,"op":"add-host",...}`; the answer is one
+//! line, `{"ok":true,...}` or `{"ok":false,"error":"..."}`. Each change is made to the running
+//! configuration ([`apply`], pure), validated like a configuration file (errors name the
+//! field), applied by the same machinery as a SIGHUP reload, and with `persist` written back to
+//! the `--config` file (write, fsync, rename; the old file kept as `<file>.bak`).
+
+use std::io::{self, Write};
+use std::net::IpAddr;
+use std::os::unix::fs::FileTypeExt;
+use std::path::{Path, PathBuf};
+
+use config::{
+    default_serial, Backing, Config, Listener, Namespace, Size, Subsystem, Transport, Uuid,
+    DEFAULT_BLOCK_SIZE, DEFAULT_MODEL,
+};
+use serde::{Deserialize, Serialize};
+
+/// The protocol version this daemon speaks.
+pub const VERSION: u32 = 1;
+
+/// One request.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Request {
+    pub version: u32,
+    #[serde(flatten)]
+    pub op: Op,
+    /// Write the resulting configuration back to the `--config` file.
+    #[serde(default)]
+    pub persist: bool,
+}
+
+/// What to change (or `list`: nothing).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "kebab-case")]
+pub enum Op {
+    List,
+    AddSubsystem {
+        nqn: String,
+        #[serde(default)]
+        allow_any_host: bool,
+        #[serde(default)]
+        serial: Option<String>,
+    },
+    RemoveSubsystem {
+        nqn: String,
+    },
+    AddNamespace {
+        nqn: String,
+        nsid: u32,
+        #[serde(default)]
+        path: Option<PathBuf>,
+        /// With `path`: the size a missing file is created with.
+        #[serde(default)]
+        size: Option<String>,
+        /// A null namespace of this size.
+        #[serde(default)]
+        null: Option<String>,
+        #[serde(default)]
+        read_only: bool,
+    },
+    RemoveNamespace {
+        nqn: String,
+        nsid: u32,
+    },
+    AddHost {
+        nqn: String,
+        host: String,
+    },
+    RemoveHost {
+        nqn: String,
+        host: String,
+    },
+    AllowAnyHost {
+        nqn: String,
+        allow: bool,
+    },
+    AddListener {
+        transport: Transport,
+        address: IpAddr,
+        port: u16,
+    },
+    RemoveListener {
+        transport: Transport,
+        address: IpAddr,
+        port: u16,
+    },
+}
+
+impl Op {
+    /// Whether the request changes the configuration.
+    pub fn changes(&self) -> bool {
+        !matches!(self, Op::List)
+    }
+}
+
+fn subsystem<'a>(cfg: &'a mut Config, nqn: &str) -> Result<&'a mut Subsystem, String> {
+    cfg.subsystems
+        .iter_mut()
+        .find(|s| s.nqn == nqn)
+        .ok_or_else(|| format!("no subsystem {nqn}"))
+}
+
+fn size(field: &str, text: &str) -> Result<Size, String> {
+    text.parse::<Size>().map_err(|e| format!("{field}: {e}"))
+}
+
+/// The configuration `op` makes of `cfg`, before validation. Errors say what does not exist or
+/// already does; everything else is left to the configuration's own checks.
+pub fn apply(cfg: &Config, op: &Op) -> Result<Config, String> {
+    let mut new = cfg.clone();
+    match op {
+        Op::List => {}
+        Op::AddSubsystem {
+            nqn,
+            allow_any_host,
+            serial,
+        } => {
+            if new.subsystems.iter().any(|s| &s.nqn == nqn) {
+                return Err(format!("subsystem {nqn} exists already"));
+            }
+            new.subsystems.push(Subsystem {
+                nqn: nqn.clone(),
+                allow_any_host: *allow_any_host,
+                hosts: Vec::new(),
+                serial: serial.clone().unwrap_or_else(|| default_serial(nqn)),
+                model: DEFAULT_MODEL.to_owned(),
+                namespaces: Vec::new(),
+            });
+        }
+        Op::RemoveSubsystem { nqn } => {
+            let before = new.subsystems.len();
+            new.subsystems.retain(|s| &s.nqn != nqn);
+            if new.subsystems.len() == before {
+                return Err(format!("no subsystem {nqn}"));
+            }
+        }
+        Op::AddNamespace {
+            nqn,
+            nsid,
+            path,
+            size: file_size,
+            null,
+            read_only,
+        } => {
+            let (backing, block_size) = match (path, null) {
+                (Some(p), None) => {
+                    let blkdev = std::fs::metadata(p)
+                        .map(|m| m.file_type().is_block_device())
+                        .unwrap_or(false);
+                    let size = file_size.as_deref().map(|t| size("size", t)).transpose()?;
+                    let bs = if blkdev {
+                        None
+                    } else {
+                        Some(DEFAULT_BLOCK_SIZE)
+                    };
+                    (
+                        Backing::File {
+                            path: p.clone(),
+                            size,
+                        },
+                        bs,
+                    )
+                }
+                (None, Some(n)) => (
+                    Backing::Null {
+                        size: size("null", n)?,
+                    },
+                    Some(DEFAULT_BLOCK_SIZE),
+                ),
+                _ => return Err("a namespace needs exactly one of `path` and `null`".into()),
+            };
+            let s = subsystem(&mut new, nqn)?;
+            s.namespaces.push(Namespace {
+                nsid: *nsid,
+                backing,
+                block_size,
+                read_only: *read_only,
+                uuid: Uuid::derived(nqn, *nsid),
+            });
+        }
+        Op::RemoveNamespace { nqn, nsid } => {
+            let s = subsystem(&mut new, nqn)?;
+            let before = s.namespaces.len();
+            s.namespaces.retain(|n| n.nsid != *nsid);
+            if s.namespaces.len() == before {
+                return Err(format!("subsystem {nqn} has no namespace {nsid}"));
+            }
+        }
+        Op::AddHost { nqn, host } => {
+            let s = subsystem(&mut new, nqn)?;
+            if s.hosts.contains(host) {
+                return Err(format!("{host} is allowed on {nqn} already"));
+            }
+            s.hosts.push(host.clone());
+        }
+        Op::RemoveHost { nqn, host } => {
+            let s = subsystem(&mut new, nqn)?;
+            let before = s.hosts.len();
+            s.hosts.retain(|h| h != host);
+            if s.hosts.len() == before {
+                return Err(format!("{host} is not on the host list of {nqn}"));
+            }
+        }
+        Op::AllowAnyHost { nqn, allow } => subsystem(&mut new, nqn)?.allow_any_host = *allow,
+        Op::AddListener {
+            transport,
+            address,
+            port,
+        } => {
+            let l = Listener {
+                transport: *transport,
+                address: *address,
+                port: *port,
+            };
+            if new.listeners.contains(&l) {
+                return Err(format!(
+                    "listener {transport} {address} {port} exists already"
+                ));
+            }
+            new.listeners.push(l);
+        }
+        Op::RemoveListener {
+            transport,
+            address,
+            port,
+        } => {
+            let before = new.listeners.len();
+            new.listeners.retain(|l| {
+                !(l.transport == *transport && l.address == *address && l.port == *port)
+            });
+            if new.listeners.len() == before {
+                return Err(format!("no listener {transport} {address} {port}"));
+            }
+        }
+    }
+    Ok(new)
+}
+
+/// Writes `cfg` to `path` crash-safely: the new text is written and fsynced under a temporary
+/// name, the old file is kept as `<path>.bak` (a hard link), then the new one is renamed over
+/// it and the directory fsynced.
+pub fn persist(cfg: &Config, path: &Path) -> io::Result<()> {
+    let text = format!(
+        "# Written by `nvmf-target ctl --persist` (the previous file is {}.bak).\n{}",
+        path.file_name()
+            .map(|n| n.to_string_lossy())
+            .unwrap_or_default(),
+        cfg.to_yaml()
+    );
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let tmp = PathBuf::from(tmp);
+    let mut f = std::fs::File::create(&tmp)?;
+    f.write_all(text.as_bytes())?;
+    f.sync_all()?;
+    drop(f);
+    let mut bak = path.as_os_str().to_owned();
+    bak.push(".bak");
+    let bak = PathBuf::from(bak);
+    if path.exists() {
+        let _ = std::fs::remove_file(&bak);
+        std::fs::hard_link(path, &bak).or_else(|_| std::fs::copy(path, &bak).map(drop))?;
+    }
+    std::fs::rename(&tmp, path)?;
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty());
+    std::fs::File::open(dir.unwrap_or(Path::new(".")))?.sync_all()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn base() -> Config {
+        Config::from_yaml_str(
+            "listeners:\n  - { transport: tcp, address: 127.0.0.1, port: 4420 }\n\
+             subsystems:\n  - nqn: nqn.2026-11.io.example:a\n    hosts: [ \"nqn.2026-11.io.example:h1\" ]\n    namespaces:\n\
+             \x20     - { nsid: 1, null: 1GiB }\n",
+            "t.yaml",
+        )
+        .unwrap()
+        .config
+    }
+
+    const A: &str = "nqn.2026-11.io.example:a";
+
+    #[test]
+    fn requests_round_trip_as_json() {
+        let r = Request {
+            version: VERSION,
+            op: Op::AddNamespace {
+                nqn: A.into(),
+                nsid: 2,
+                path: None,
+                size: None,
+                null: Some("64MiB".into()),
+                read_only: true,
+            },
+            persist: true,
+        };
+        let j = serde_json::to_string(&r).unwrap();
+        assert!(j.contains(r#""op":"add-namespace""#), "{j}");
+        assert_eq!(serde_json::from_str::<Request>(&j).unwrap(), r);
+        let l: Request = serde_json::from_str(r#"{"version":1,"op":"list"}"#).unwrap();
+        assert_eq!(l.op, Op::List);
+        assert!(serde_json::from_str::<Request>(r#"{"version":1,"op":"format-disk"}"#).is_err());
+    }
+
+    #[test]
+    fn each_change_and_its_refusals() {
+        let c = base();
+        let add_ns = |nsid, null: &str| Op::AddNamespace {
+            nqn: A.into(),
+            nsid,
+            path: None,
+            size: None,
+            null: Some(null.into()),
+            read_only: false,
+        };
+        let n = apply(&c, &add_ns(2, "64MiB")).unwrap();
+        assert_eq!(n.subsystems[0].namespaces.len(), 2);
+        n.validate().unwrap();
+        // A duplicate nsid passes `apply` and is caught by the configuration's checks, which
+        // name the field.
+        let dup = apply(&c, &add_ns(1, "64MiB")).unwrap();
+        let e = dup.validate().unwrap_err().to_string();
+        assert!(e.contains("subsystems[0].namespaces[1].nsid"), "{e}");
+        assert!(apply(&c, &add_ns(3, "lots")).unwrap_err().contains("null"));
+        assert!(apply(
+            &c,
+            &Op::RemoveNamespace {
+                nqn: A.into(),
+                nsid: 9
+            }
+        )
+        .is_err());
+        let h = apply(
+            &c,
+            &Op::AddHost {
+                nqn: A.into(),
+                host: "nqn.2026-11.io.example:h2".into(),
+            },
+        )
+        .unwrap();
+        assert_eq!(h.subsystems[0].hosts.len(), 2);
+        assert!(apply(
+            &c,
+            &Op::AddHost {
+                nqn: A.into(),
+                host: "nqn.2026-11.io.example:h1".into()
+            }
+        )
+        .is_err());
+        let r = apply(
+            &c,
+            &Op::RemoveHost {
+                nqn: A.into(),
+                host: "nqn.2026-11.io.example:h1".into(),
+            },
+        )
+        .unwrap();
+        assert!(r.subsystems[0].hosts.is_empty());
+        let s = apply(
+            &c,
+            &Op::AddSubsystem {
+                nqn: "nqn.2026-11.io.example:b".into(),
+                allow_any_host: true,
+                serial: None,
+            },
+        )
+        .unwrap();
+        s.validate().unwrap();
+        assert!(apply(&s, &Op::RemoveSubsystem { nqn: A.into() })
+            .unwrap()
+            .subsystems
+            .iter()
+            .all(|x| x.nqn != A));
+        let l = Op::AddListener {
+            transport: Transport::Tcp,
+            address: "127.0.0.1".parse().unwrap(),
+            port: 4421,
+        };
+        let two = apply(&c, &l).unwrap();
+        assert_eq!(two.listeners.len(), 2);
+        assert!(apply(&two, &l).is_err());
+        let bad = apply(
+            &c,
+            &Op::AllowAnyHost {
+                nqn: "nqn.2026-11.io.example:zz".into(),
+                allow: true,
+            },
+        );
+        assert!(bad.unwrap_err().contains("no subsystem"));
+    }
+}

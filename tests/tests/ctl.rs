@@ -1,0 +1,145 @@
+//! Live management: `nvmf-target ctl ...` changes the running target through the control
+//! socket, as a connected host sees; errors name the field and change nothing; `--persist`
+//! writes the file back (old one kept as .bak) so a restart keeps the change.
+
+use std::io::{Read, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::process::{Command, Output};
+
+use initiator::{ConnectOptions, Controller};
+use nvmf_tests::{free_port, target_bin, TargetProc, TempDir, TEST_NQN};
+
+fn ctl(sock: &Path, args: &[&str]) -> Output {
+    Command::new(target_bin())
+        .arg("ctl")
+        .arg("--control-socket")
+        .arg(sock)
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+#[track_caller]
+fn ok(o: &Output) -> String {
+    assert!(
+        o.status.success(),
+        "ctl failed: {}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn nsids(c: &mut Controller) -> Vec<u32> {
+    c.rescan_namespaces()
+        .unwrap()
+        .iter()
+        .map(|n| n.nsid)
+        .collect()
+}
+
+#[test]
+fn ctl_changes_the_running_target_and_persists() {
+    let d = TempDir::new("ctl");
+    let sock = d.0.join("control.sock");
+    let t = TargetProc::start_with_env(
+        nvmf_tests::default_yaml,
+        &[],
+        &["--control-socket".into(), sock.clone().into()],
+    );
+    let mode = std::fs::metadata(&sock).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o600, "the control socket is owner-only");
+    let mut c = Controller::connect(ConnectOptions::tcp("127.0.0.1", t.addr.port(), TEST_NQN))
+        .unwrap_or_else(|e| panic!("{e}\n{}", t.log_text()));
+    assert_eq!(nsids(&mut c), [1]);
+
+    // A namespace appears to the connected host; it takes I/O.
+    ok(&ctl(
+        &sock,
+        &["add-namespace", TEST_NQN, "--nsid", "2", "--null", "64MiB"],
+    ));
+    assert_eq!(nsids(&mut c), [1, 2]);
+    let mut ns = c.open_namespace(2).unwrap();
+    let mut buf = vec![1u8; 4096];
+    ns.read_at(&mut buf, 0).unwrap();
+    assert!(buf.iter().all(|&b| b == 0));
+    drop(ns);
+
+    // Refused changes name the field (or the object) and change nothing.
+    let dup = ctl(
+        &sock,
+        &["add-namespace", TEST_NQN, "--nsid", "2", "--null", "1GiB"],
+    );
+    assert_eq!(dup.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&dup.stderr);
+    assert!(err.contains("subsystems[0].namespaces[2].nsid"), "{err}");
+    let none = ctl(
+        &sock,
+        &[
+            "remove-namespace",
+            "nqn.2026-11.io.example:none",
+            "--nsid",
+            "1",
+        ],
+    );
+    assert!(String::from_utf8_lossy(&none.stderr).contains("no subsystem"));
+    assert_eq!(nsids(&mut c), [1, 2]);
+
+    // list: the running configuration (YAML; JSON with --json).
+    let yaml = ok(&ctl(&sock, &["list"]));
+    assert!(yaml.contains("nsid: 2"), "{yaml}");
+    let json: serde_json::Value =
+        serde_json::from_str(&ok(&ctl(&sock, &["list", "--json"]))).unwrap();
+    assert_eq!(json["config"]["subsystems"][0]["nqn"], TEST_NQN);
+
+    // A new listener, persisted: the host connects there; the file is rewritten (old one kept)
+    // and loads with the change.
+    let port = free_port();
+    ok(&ctl(
+        &sock,
+        &[
+            "add-listener",
+            "tcp",
+            "127.0.0.1",
+            &port.to_string(),
+            "--persist",
+        ],
+    ));
+    let c2 = Controller::connect(ConnectOptions::tcp("127.0.0.1", port, TEST_NQN))
+        .unwrap_or_else(|e| panic!("{e}\n{}", t.log_text()));
+    drop(c2);
+    let cfg = t.dir.0.join("config.yaml");
+    let bak = t.dir.0.join("config.yaml.bak");
+    let text = std::fs::read_to_string(&cfg).unwrap();
+    assert!(text.contains(&format!("port: {port}")), "{text}");
+    assert!(!std::fs::read_to_string(&bak)
+        .unwrap()
+        .contains(&port.to_string()));
+    let check = Command::new(target_bin())
+        .arg("--check-config")
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    assert!(
+        check.status.success(),
+        "{}",
+        String::from_utf8_lossy(&check.stderr)
+    );
+
+    // Removing the namespace again.
+    ok(&ctl(&sock, &["remove-namespace", TEST_NQN, "--nsid", "2"]));
+    assert_eq!(nsids(&mut c), [1]);
+
+    // The protocol is versioned: another version is refused with a reason.
+    let mut s = std::os::unix::net::UnixStream::connect(&sock).unwrap();
+    s.write_all(b"{\"version\":2,\"op\":\"list\"}\n").unwrap();
+    let mut answer = String::new();
+    s.read_to_string(&mut answer).unwrap();
+    let v: serde_json::Value = serde_json::from_str(answer.trim()).unwrap();
+    assert_eq!(v["ok"], false);
+    assert!(
+        v["error"].as_str().unwrap().contains("version 2"),
+        "{answer}"
+    );
+}
