@@ -30,61 +30,83 @@ pub struct Request {
     pub persist: bool,
 }
 
-/// What to change (or `list`: nothing).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// What to change (or `list`: nothing). The `nvmf-target ctl` subcommands are these, and the
+/// JSON requests carry them (`"op"`: the subcommand's name; the fields as named here).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, clap::Subcommand)]
 #[serde(tag = "op", rename_all = "kebab-case")]
 pub enum Op {
+    /// The running configuration (YAML; with --json the daemon's JSON answer).
     List,
+    /// Add a subsystem (no namespaces, no hosts).
     AddSubsystem {
         nqn: String,
         #[serde(default)]
+        #[arg(long)]
         allow_any_host: bool,
         #[serde(default)]
+        #[arg(long)]
         serial: Option<String>,
     },
-    RemoveSubsystem {
-        nqn: String,
-    },
+    /// Remove a subsystem (its hosts are disconnected).
+    RemoveSubsystem { nqn: String },
+    /// Add a namespace backed by a file or block device (--path) or a null device (--null).
     AddNamespace {
         nqn: String,
+        #[arg(long)]
         nsid: u32,
         #[serde(default)]
+        #[arg(long, conflicts_with = "null", required_unless_present = "null")]
         path: Option<PathBuf>,
-        /// With `path`: the size a missing file is created with.
+        /// With --path: the size a missing file is created with (e.g. 1GiB).
         #[serde(default)]
+        #[arg(long, requires = "path")]
         size: Option<String>,
-        /// A null namespace of this size.
+        /// A null namespace of this size (e.g. 1GiB).
         #[serde(default)]
+        #[arg(long)]
         null: Option<String>,
         #[serde(default)]
+        #[arg(long)]
         read_only: bool,
     },
+    /// Remove a namespace (hosts get the Namespace Attribute Changed event).
     RemoveNamespace {
         nqn: String,
+        #[arg(long)]
         nsid: u32,
     },
-    AddHost {
-        nqn: String,
-        host: String,
-    },
-    RemoveHost {
-        nqn: String,
-        host: String,
-    },
+    /// Allow a host NQN on a subsystem.
+    AddHost { nqn: String, host: String },
+    /// Take a host NQN off a subsystem's list (connected hosts stay).
+    RemoveHost { nqn: String, host: String },
+    /// Set a subsystem's allow_any_host (true or false).
     AllowAnyHost {
         nqn: String,
+        #[arg(action = clap::ArgAction::Set)]
         allow: bool,
     },
+    /// Add a listener.
     AddListener {
+        #[arg(value_parser = parse_transport)]
         transport: Transport,
         address: IpAddr,
         port: u16,
     },
+    /// Remove a listener (connected hosts stay).
     RemoveListener {
+        #[arg(value_parser = parse_transport)]
         transport: Transport,
         address: IpAddr,
         port: u16,
     },
+}
+
+fn parse_transport(s: &str) -> Result<Transport, String> {
+    match s {
+        "tcp" => Ok(Transport::Tcp),
+        "rdma" => Ok(Transport::Rdma),
+        _ => Err(format!("`{s}`: tcp or rdma")),
+    }
 }
 
 impl Op {

@@ -57,8 +57,11 @@ enum Cmd {
         /// Write the resulting configuration back to the daemon's --config file.
         #[arg(long, global = true)]
         persist: bool,
+        /// Print the daemon's JSON answer (for `list`: the configuration as JSON).
+        #[arg(long, global = true)]
+        json: bool,
         #[command(subcommand)]
-        op: CtlCmd,
+        op: ctl::Op,
     },
     /// Print the configuration equivalent to an `nvmetcli save` file (the Linux kernel
     /// target's saved JSON), naming on standard error everything it cannot carry over.
@@ -68,140 +71,11 @@ enum Cmd {
     },
 }
 
-#[derive(clap::Subcommand, Debug, Clone)]
-enum CtlCmd {
-    /// The running configuration (YAML; --json: the daemon's JSON answer).
-    List {
-        #[arg(long)]
-        json: bool,
-    },
-    /// Add a subsystem (no namespaces, no hosts).
-    AddSubsystem {
-        nqn: String,
-        #[arg(long)]
-        allow_any_host: bool,
-        #[arg(long)]
-        serial: Option<String>,
-    },
-    /// Remove a subsystem (its hosts are disconnected).
-    RemoveSubsystem { nqn: String },
-    /// Add a namespace backed by a file or block device (--path) or a null device (--null).
-    AddNamespace {
-        nqn: String,
-        #[arg(long)]
-        nsid: u32,
-        #[arg(long, conflicts_with = "null", required_unless_present = "null")]
-        path: Option<PathBuf>,
-        /// With --path: the size a missing file is created with (e.g. 1GiB).
-        #[arg(long, requires = "path")]
-        size: Option<String>,
-        /// A null namespace of this size (e.g. 1GiB).
-        #[arg(long)]
-        null: Option<String>,
-        #[arg(long)]
-        read_only: bool,
-    },
-    /// Remove a namespace (hosts get the Namespace Attribute Changed event).
-    RemoveNamespace {
-        nqn: String,
-        #[arg(long)]
-        nsid: u32,
-    },
-    /// Allow a host NQN on a subsystem.
-    AddHost { nqn: String, host: String },
-    /// Take a host NQN off a subsystem's list (connected hosts stay).
-    RemoveHost { nqn: String, host: String },
-    /// Set a subsystem's allow_any_host (true or false).
-    AllowAnyHost {
-        nqn: String,
-        #[arg(action = clap::ArgAction::Set)]
-        allow: bool,
-    },
-    /// Add a listener.
-    AddListener {
-        #[arg(value_parser = parse_transport)]
-        transport: config::Transport,
-        address: std::net::IpAddr,
-        port: u16,
-    },
-    /// Remove a listener (connected hosts stay).
-    RemoveListener {
-        #[arg(value_parser = parse_transport)]
-        transport: config::Transport,
-        address: std::net::IpAddr,
-        port: u16,
-    },
-}
-
-impl CtlCmd {
-    fn op(&self) -> ctl::Op {
-        use ctl::Op;
-        match self.clone() {
-            CtlCmd::List { .. } => Op::List,
-            CtlCmd::AddSubsystem {
-                nqn,
-                allow_any_host,
-                serial,
-            } => Op::AddSubsystem {
-                nqn,
-                allow_any_host,
-                serial,
-            },
-            CtlCmd::RemoveSubsystem { nqn } => Op::RemoveSubsystem { nqn },
-            CtlCmd::AddNamespace {
-                nqn,
-                nsid,
-                path,
-                size,
-                null,
-                read_only,
-            } => Op::AddNamespace {
-                nqn,
-                nsid,
-                path,
-                size,
-                null,
-                read_only,
-            },
-            CtlCmd::RemoveNamespace { nqn, nsid } => Op::RemoveNamespace { nqn, nsid },
-            CtlCmd::AddHost { nqn, host } => Op::AddHost { nqn, host },
-            CtlCmd::RemoveHost { nqn, host } => Op::RemoveHost { nqn, host },
-            CtlCmd::AllowAnyHost { nqn, allow } => Op::AllowAnyHost { nqn, allow },
-            CtlCmd::AddListener {
-                transport,
-                address,
-                port,
-            } => Op::AddListener {
-                transport,
-                address,
-                port,
-            },
-            CtlCmd::RemoveListener {
-                transport,
-                address,
-                port,
-            } => Op::RemoveListener {
-                transport,
-                address,
-                port,
-            },
-        }
-    }
-}
-
-fn parse_transport(s: &str) -> Result<config::Transport, String> {
-    match s {
-        "tcp" => Ok(config::Transport::Tcp),
-        "rdma" => Ok(config::Transport::Rdma),
-        _ => Err(format!("`{s}`: tcp or rdma")),
-    }
-}
-
 /// `nvmf-target ctl ...`: one request, one answer.
-fn run_ctl(socket: &std::path::Path, persist: bool, cmd: &CtlCmd) -> ExitCode {
+fn run_ctl(socket: &std::path::Path, persist: bool, json: bool, op: &ctl::Op) -> ExitCode {
     let req = ctl::Request {
         version: ctl::VERSION,
-        op: cmd.op(),
+        op: op.clone(),
         persist,
     };
     let line = serde_json::to_string(&req).expect("requests serialize");
@@ -229,9 +103,10 @@ fn run_ctl(socket: &std::path::Path, persist: bool, cmd: &CtlCmd) -> ExitCode {
         );
         return ExitCode::from(2);
     }
-    match cmd {
-        CtlCmd::List { json: false } => print!("{}", v["yaml"].as_str().unwrap_or_default()),
-        _ => println!("{}", answer.trim()),
+    if *op == ctl::Op::List && !json {
+        print!("{}", v["yaml"].as_str().unwrap_or_default());
+    } else {
+        println!("{}", answer.trim());
     }
     ExitCode::SUCCESS
 }
@@ -329,8 +204,8 @@ fn main() -> ExitCode {
         };
     }
 
-    if let Some(Cmd::Ctl { persist, op }) = &args.command {
-        return run_ctl(&args.control_socket, *persist, op);
+    if let Some(Cmd::Ctl { persist, json, op }) = &args.command {
+        return run_ctl(&args.control_socket, *persist, *json, op);
     }
 
     if let Some(Cmd::ImportNvmetcli { file }) = &args.command {

@@ -48,6 +48,11 @@ fn ctl_changes_the_running_target_and_persists() {
         &[],
         &["--control-socket".into(), sock.clone().into()],
     );
+    // The control socket comes up right after the listeners.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !sock.exists() && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
     let mode = std::fs::metadata(&sock).unwrap().permissions().mode();
     assert_eq!(mode & 0o777, 0o600, "the control socket is owner-only");
     let mut c = Controller::connect(ConnectOptions::tcp("127.0.0.1", t.addr.port(), TEST_NQN))

@@ -88,6 +88,12 @@ fn report(q: &mut Host, eds: bool) -> Reply {
     q.submit(sqe, &[])
 }
 
+/// Acquires a reservation of `rtype` with `key` and releases it again.
+fn hold_and_release(q: &mut Host, rtype: ResvType, key: u64) {
+    acquire(q, AcquireAction::Acquire, rtype, key, 0).ok_result();
+    release(q, ReleaseAction::Release, rtype, key).ok_result();
+}
+
 #[track_caller]
 fn conflict(r: Reply) {
     assert_eq!(r.status(), Status::RESERVATION_CONFLICT.dnr(), "{r:?}");
@@ -255,21 +261,7 @@ fn reservation_notifications_reach_the_other_host() {
     )
     .ok_result();
     assert_eq!(next_log(&mut admin_b).kind, notice::EMPTY);
-    acquire(
-        &mut qa,
-        AcquireAction::Acquire,
-        ResvType::ExclusiveAccessRegistrantsOnly,
-        0xa,
-        0,
-    )
-    .ok_result();
-    release(
-        &mut qa,
-        ReleaseAction::Release,
-        ResvType::ExclusiveAccessRegistrantsOnly,
-        0xa,
-    )
-    .ok_result();
+    hold_and_release(&mut qa, ResvType::ExclusiveAccessRegistrantsOnly, 0xa);
     let e = next_log(&mut admin_b);
     assert_eq!((e.count, e.kind), (2, notice::RESERVATION_RELEASED));
     // Masked for namespace 1: the same release is not logged. A Clear is (another type).
@@ -282,21 +274,7 @@ fn reservation_notifications_reach_the_other_host() {
     admin_b
         .set_features_ns(feat::RESV_MASK, 1, released)
         .ok_result();
-    acquire(
-        &mut qa,
-        AcquireAction::Acquire,
-        ResvType::ExclusiveAccessRegistrantsOnly,
-        0xa,
-        0,
-    )
-    .ok_result();
-    release(
-        &mut qa,
-        ReleaseAction::Release,
-        ResvType::ExclusiveAccessRegistrantsOnly,
-        0xa,
-    )
-    .ok_result();
+    hold_and_release(&mut qa, ResvType::ExclusiveAccessRegistrantsOnly, 0xa);
     release(&mut qa, ReleaseAction::Clear, ResvType::WriteExclusive, 0xa).ok_result();
     let e = next_log(&mut admin_b);
     assert_eq!((e.count, e.kind), (3, notice::RESERVATION_PREEMPTED));
