@@ -448,7 +448,7 @@ impl Bench {
         for (input, op) in [
             ("I/O opcode 0x7e (reserved)", 0x7eu8),
             ("I/O opcode 0xff (reserved)", 0xff),
-            ("I/O Compare 0x05 (not supported)", io::COMPARE),
+            ("I/O Verify 0x0c (not supported)", io::VERIFY),
         ] {
             let mut s = Sqe::new(op, 0);
             s.nsid = ns.into();

@@ -420,7 +420,10 @@ check_compare() {
   step "read block 0" dd if="$dev" of="$blk" bs=4096 count=1 iflag=direct status=none || return 1
   step "nvme compare (same data)" nvme compare "$dev" --start-block=0 --block-count=$nlb --data-size=4096 --data="$blk" ||
     { REASON="Compare of the block's own data failed: $REASON"; return 1; }
-  printf '\x5a' | dd of="$blk" bs=1 seek=100 conv=notrunc status=none
+  # Byte 100 becomes its complement (always a change, whatever the block holds).
+  local b
+  b=$(od -An -tu1 -j100 -N1 "$blk" | tr -d ' ')
+  printf "\\$(printf '%03o' $((255 - b)))" | dd of="$blk" bs=1 seek=100 conv=notrunc status=none
   cmp -s "$blk" <(dd if="$dev" bs=4096 count=1 iflag=direct status=none) &&
     { REASON="the changed copy of block 0 still equals the block"; return 1; }
   if step "nvme compare (one byte changed)" nvme compare "$dev" --start-block=0 --block-count=$nlb --data-size=4096 --data="$blk"; then
