@@ -75,6 +75,17 @@ pub enum Op {
         #[arg(long)]
         nsid: u32,
     },
+    /// Grow a namespace (a file is extended; a null namespace gets the new size); connected
+    /// hosts get the Namespace Attribute Changed event and see the new size. Shrinking would
+    /// drop data and is refused; a block device's size is the device's.
+    ResizeNamespace {
+        nqn: String,
+        #[arg(long)]
+        nsid: u32,
+        /// The new size (e.g. 2GiB), a multiple of the block size.
+        #[arg(long)]
+        size: String,
+    },
     /// Allow a host NQN on a subsystem.
     AddHost { nqn: String, host: String },
     /// Take a host NQN off a subsystem's list (connected hosts stay).
@@ -209,6 +220,49 @@ pub fn apply(cfg: &Config, op: &Op) -> Result<Config, String> {
                 return Err(format!("subsystem {nqn} has no namespace {nsid}"));
             }
         }
+        Op::ResizeNamespace {
+            nqn,
+            nsid,
+            size: text,
+        } => {
+            let want = size("size", text)?;
+            let s = subsystem(&mut new, nqn)?;
+            let ns = s
+                .namespaces
+                .iter_mut()
+                .find(|n| n.nsid == *nsid)
+                .ok_or_else(|| format!("subsystem {nqn} has no namespace {nsid}"))?;
+            let bs = u64::from(ns.block_size.unwrap_or(DEFAULT_BLOCK_SIZE));
+            if want.bytes() == 0 || want.bytes() % bs != 0 {
+                return Err(format!(
+                    "size: {text} is not a non-zero multiple of the block size {bs}"
+                ));
+            }
+            let now = match &ns.backing {
+                Backing::Null { size } => size.bytes(),
+                Backing::File { path, .. } => {
+                    let m =
+                        std::fs::metadata(path).map_err(|e| format!("{}: {e}", path.display()))?;
+                    if m.file_type().is_block_device() {
+                        return Err(format!(
+                            "{}: a block device's size is the device's",
+                            path.display()
+                        ));
+                    }
+                    m.len()
+                }
+            };
+            if want.bytes() < now {
+                return Err(format!(
+                    "shrinking namespace {nsid} from {now} to {} bytes would drop data; not done",
+                    want.bytes()
+                ));
+            }
+            match &mut ns.backing {
+                Backing::Null { size } => *size = want,
+                Backing::File { size, .. } => *size = Some(want),
+            }
+        }
         Op::AddHost { nqn, host } => {
             let s = subsystem(&mut new, nqn)?;
             if s.hosts.contains(host) {
@@ -257,6 +311,35 @@ pub fn apply(cfg: &Config, op: &Op) -> Result<Config, String> {
         }
     }
     Ok(new)
+}
+
+/// What `op` needs done outside the configuration before the reload applies `new`: a resized
+/// file namespace's file is extended to its new size (the reload then sees the length change
+/// and re-adds the namespace, raising the event).
+pub fn prepare(new: &Config, op: &Op) -> io::Result<()> {
+    let Op::ResizeNamespace { nqn, nsid, .. } = op else {
+        return Ok(());
+    };
+    let ns = new
+        .subsystems
+        .iter()
+        .find(|s| &s.nqn == nqn)
+        .and_then(|s| s.namespaces.iter().find(|n| n.nsid == *nsid));
+    if let Some(Namespace {
+        backing: Backing::File {
+            path,
+            size: Some(size),
+        },
+        ..
+    }) = ns
+    {
+        let f = std::fs::OpenOptions::new().write(true).open(path)?;
+        if f.metadata()?.len() < size.bytes() {
+            f.set_len(size.bytes())?;
+            f.sync_all()?;
+        }
+    }
+    Ok(())
 }
 
 /// Writes `cfg` to `path` crash-safely: the new text is written and fsynced under a temporary
@@ -405,6 +488,22 @@ mod tests {
         let two = apply(&c, &l).unwrap();
         assert_eq!(two.listeners.len(), 2);
         assert!(apply(&two, &l).is_err());
+        let resize = |size: &str| {
+            apply(
+                &c,
+                &Op::ResizeNamespace {
+                    nqn: A.into(),
+                    nsid: 1,
+                    size: size.into(),
+                },
+            )
+        };
+        let g = resize("2GiB").unwrap();
+        assert!(
+            matches!(g.subsystems[0].namespaces[0].backing, Backing::Null { size } if size.bytes() == 2 << 30)
+        );
+        assert!(resize("512MiB").unwrap_err().contains("would drop data"));
+        assert!(resize("1000000").unwrap_err().contains("block size"));
         let bad = apply(
             &c,
             &Op::AllowAnyHost {

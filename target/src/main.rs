@@ -148,6 +148,9 @@ fn handle_ctl(daemon: &mut Daemon, config_path: Option<&std::path::Path>, line: 
         Err(e) => return fail(e.to_string().trim().to_owned()),
     }
     info!(op = ?req.op, "ctl: applying a change");
+    if let Err(e) = ctl::prepare(&new, &req.op) {
+        return fail(format!("{e}; the running configuration is unchanged"));
+    }
     let report = match daemon.reload(&new) {
         Ok(r) => r,
         Err(e) => return fail(format!("{e}; the running configuration is unchanged")),

@@ -132,6 +132,58 @@ fn ctl_changes_the_running_target_and_persists() {
         String::from_utf8_lossy(&check.stderr)
     );
 
+    // A file namespace grows: the file is extended and the host sees the new size; shrinking
+    // is refused.
+    let img = d.0.join("grow.img");
+    ok(&ctl(
+        &sock,
+        &[
+            "add-namespace",
+            TEST_NQN,
+            "--nsid",
+            "3",
+            "--path",
+            img.to_str().unwrap(),
+            "--size",
+            "16MiB",
+        ],
+    ));
+    let size_of = |c: &mut Controller, nsid| {
+        c.rescan_namespaces()
+            .unwrap()
+            .iter()
+            .find(|n| n.nsid == nsid)
+            .map(|n| n.blocks * u64::from(n.block_size))
+    };
+    assert_eq!(size_of(&mut c, 3), Some(16 << 20));
+    ok(&ctl(
+        &sock,
+        &[
+            "resize-namespace",
+            TEST_NQN,
+            "--nsid",
+            "3",
+            "--size",
+            "48MiB",
+        ],
+    ));
+    assert_eq!(std::fs::metadata(&img).unwrap().len(), 48 << 20);
+    assert_eq!(size_of(&mut c, 3), Some(48 << 20));
+    let shrink = ctl(
+        &sock,
+        &[
+            "resize-namespace",
+            TEST_NQN,
+            "--nsid",
+            "3",
+            "--size",
+            "8MiB",
+        ],
+    );
+    assert!(String::from_utf8_lossy(&shrink.stderr).contains("would drop data"));
+    assert_eq!(std::fs::metadata(&img).unwrap().len(), 48 << 20);
+    ok(&ctl(&sock, &["remove-namespace", TEST_NQN, "--nsid", "3"]));
+
     // Removing the namespace again.
     ok(&ctl(&sock, &["remove-namespace", TEST_NQN, "--nsid", "2"]));
     assert_eq!(nsids(&mut c), [1]);
