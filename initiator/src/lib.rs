@@ -12,7 +12,9 @@
 //! Two ways to do I/O:
 //! - [`Namespace`]: synchronous `read_at` / `write_at` / `flush` / `write_zeroes` / `trim`
 //!   on byte offsets (block-aligned), with data moving straight between the socket and the
-//!   caller's slice.
+//!   caller's slice; `compare_at` and the reservation commands too. [`Namespace::into_io`]
+//!   gives a [`NamespaceIo`]: `std::io::{Read, Write, Seek}` at any offset and length (whole
+//!   blocks move underneath), for `std::io::copy` and crates that read disk images.
 //! - [`IoQueue`]: one queue per thread, no locks, queue depth up to the queue's tags:
 //!   [`IoQueue::submit`] (or `submit_read` / `submit_write` / ...) hands over a `Vec<u8>` and
 //!   returns a tag; [`IoQueue::reap`] / [`IoQueue::poll`] return [`Completion`]s with the
@@ -113,6 +115,7 @@ pub mod rdma;
 mod reconnect;
 mod spin;
 mod state;
+mod stdio;
 mod tcp;
 
 pub use any_queue::{AnyBuf, AnyLink, AnyQueue, IoQueue, RdmaQueue, TypedQueue};
@@ -128,6 +131,7 @@ pub use tcp::TcpLink;
 pub use nvme::resv;
 pub use reconnect::{ReconnectPolicy, ReconnectStats, ReconnectingNamespace, ReconnectingQueue};
 pub use spin::DEFAULT_SPIN;
+pub use stdio::NamespaceIo;
 
 impl From<CmdError> for Error {
     fn from(e: CmdError) -> Error {

@@ -159,3 +159,74 @@ fn compare_equal_and_different() {
         "unwritten blocks are zeroes"
     );
 }
+
+/// `std::io` over a namespace: `std::io::copy` of an unaligned span (offset 777, 3 MiB + 123
+/// bytes) through `NamespaceIo`, read back and compared; the bytes around it keep what was
+/// there; reads stop at the end (0), writes there fail with WriteZero.
+#[test]
+fn std_io_read_write_seek_at_any_offset() {
+    use std::io::{Read, Seek, SeekFrom, Write};
+    let t = TargetProc::start_default();
+    let mut c = Controller::connect(ConnectOptions::tcp("127.0.0.1", t.addr.port(), TEST_NQN))
+        .unwrap_or_else(|e| panic!("{e}\n{}", t.log_text()));
+    let mut ns = c.open_namespace(1).unwrap();
+    let size = ns.size();
+    // Known bytes around the span.
+    ns.write_at(&vec![0xa5u8; 8 << 20], 0).unwrap();
+    let mut io = ns.into_io();
+    let data: Vec<u8> = (0..(3 << 20) + 123u32).map(|i| (i % 251) as u8).collect();
+    io.seek(SeekFrom::Start(777)).unwrap();
+    let n = std::io::copy(&mut &data[..], &mut io).unwrap();
+    assert_eq!(n, data.len() as u64);
+    io.flush().unwrap();
+    assert_eq!(io.position(), 777 + data.len() as u64);
+    io.seek(SeekFrom::Start(0)).unwrap();
+    let mut back = Vec::new();
+    (&mut io)
+        .take(777 + data.len() as u64 + 4096)
+        .read_to_end(&mut back)
+        .unwrap();
+    assert!(
+        back[..777].iter().all(|&b| b == 0xa5),
+        "bytes before the span"
+    );
+    assert!(back[777..777 + data.len()] == data[..], "the span");
+    assert!(
+        back[777 + data.len()..].iter().all(|&b| b == 0xa5),
+        "bytes after the span"
+    );
+    // Inside one block: in its middle, and at its start.
+    for (at, fill) in [(5000u64, 0x11u8), (8192 * 2, 0x22)] {
+        io.seek(SeekFrom::Start(at)).unwrap();
+        io.write_all(&[fill; 10]).unwrap();
+        io.seek(SeekFrom::Start(at - 2)).unwrap();
+        let mut b = [0u8; 14];
+        io.read_exact(&mut b).unwrap();
+        let want_edge = |o: u64| {
+            if (777..777 + data.len() as u64).contains(&o) {
+                data[(o - 777) as usize]
+            } else {
+                0xa5
+            }
+        };
+        assert_eq!(&b[2..12], &[fill; 10]);
+        assert_eq!(
+            (b[0], b[1], b[12], b[13]),
+            (
+                want_edge(at - 2),
+                want_edge(at - 1),
+                want_edge(at + 10),
+                want_edge(at + 11)
+            )
+        );
+    }
+    // The end of the namespace.
+    io.seek(SeekFrom::End(-10)).unwrap();
+    let mut tail = [0u8; 64];
+    assert_eq!(io.read(&mut tail).unwrap(), 10);
+    assert_eq!(io.read(&mut tail).unwrap(), 0);
+    assert_eq!(io.position(), size);
+    let e = io.write(b"x").unwrap_err();
+    assert_eq!(e.kind(), std::io::ErrorKind::WriteZero);
+    assert!(io.seek(SeekFrom::Current(-(size as i64) - 1)).is_err());
+}
