@@ -6,7 +6,7 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::Path;
 
 use common::{ok, TempDir};
-use config::{
+use nvmf_config::{
     default_serial, Backing, Config, ConfigError, Listener, Severity, Size, TargetSettings,
     Transport, Uuid, DEFAULT_SUBSYSTEM_NQN,
 };
@@ -114,7 +114,7 @@ subsystems:
     assert_eq!(c.target.max_io_size, Size::kib(128));
     assert_eq!(c.target.keep_alive_ms_min, 1000);
     assert_eq!(c.target.idle_poll_us, 1000);
-    assert_eq!(c.target.polling, config::Polling::Adaptive);
+    assert_eq!(c.target.polling, nvmf_config::Polling::Adaptive);
     assert_eq!(c.metrics, None);
 }
 
@@ -265,7 +265,7 @@ metrics: {{ listen: '[::1]:9940' }}
     ))
     .config;
     assert_eq!(c.subsystems[0].model, "true");
-    assert_eq!(c.target.polling, config::Polling::Busy);
+    assert_eq!(c.target.polling, nvmf_config::Polling::Busy);
     assert_round_trip(&c);
 }
 

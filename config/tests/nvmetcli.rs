@@ -6,8 +6,8 @@ mod common;
 use std::net::{IpAddr, Ipv4Addr};
 
 use common::{ok, TempDir};
-use config::nvmetcli::{import, ImportError};
-use config::{Backing, Transport, Uuid};
+use nvmf_config::nvmetcli::{import, ImportError};
+use nvmf_config::{Backing, Transport, Uuid};
 
 const SAVED: &str = include_str!("data/nvmetcli/linux-6.1-rxe.json");
 const A: &str = "nqn.2014-08.org.nvmexpress:nvmf-rs-import-a";

@@ -3,7 +3,7 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
-use config::{
+use nvmf_config::{
     default_serial, Backing, Config, ConfigError, Listener, Metrics, Namespace, Size, Subsystem,
     TargetSettings, Transport, Uuid,
 };
@@ -134,9 +134,9 @@ fn target() -> impl Strategy<Value = TargetSettings> {
                     keep_alive_ms_min,
                     idle_poll_us,
                     polling: if busy {
-                        config::Polling::Busy
+                        nvmf_config::Polling::Busy
                     } else {
-                        config::Polling::Adaptive
+                        nvmf_config::Polling::Adaptive
                     },
                     sqpoll,
                     sqpoll_idle_ms,

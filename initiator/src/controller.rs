@@ -180,7 +180,7 @@ impl Drop for KeepAlive {
 /// I/O queues not yet handed out, and the namespaces found.
 ///
 /// ```no_run
-/// use initiator::{ConnectOptions, Controller};
+/// use nvmf_initiator::{ConnectOptions, Controller};
 ///
 /// let mut opts = ConnectOptions::tcp("127.0.0.1", 4420, "nqn.2026-11.io.nvmf-rs:default");
 /// opts.queues = 2;
@@ -192,7 +192,7 @@ impl Drop for KeepAlive {
 /// ns.write_at(&buf, 0)?;
 /// ns.flush()?;
 /// ctrl.shutdown()?;
-/// # Ok::<(), initiator::Error>(())
+/// # Ok::<(), nvmf_initiator::Error>(())
 /// ```
 pub struct Controller {
     admin: Arc<Mutex<AnyQueue>>,
@@ -887,7 +887,7 @@ struct IoLimits {
 /// bytes and must be multiples of [`Namespace::block_size`].
 ///
 /// ```no_run
-/// # fn f(mut ns: initiator::Namespace) -> Result<(), initiator::Error> {
+/// # fn f(mut ns: nvmf_initiator::Namespace) -> Result<(), nvmf_initiator::Error> {
 /// let bs = ns.block_size() as usize;
 /// let data = vec![0xa5u8; 16 * bs];
 /// ns.write_at(&data, 0)?;

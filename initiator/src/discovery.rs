@@ -66,10 +66,10 @@ impl DiscoveryEntry {
 /// Read the discovery log of the target at `addr:port` (NVMe/TCP), with a 10 s timeout.
 ///
 /// ```no_run
-/// for e in initiator::discover("127.0.0.1", 4420, "nqn.2014-08.org.nvmexpress:uuid:x")? {
+/// for e in nvmf_initiator::discover("127.0.0.1", 4420, "nqn.2014-08.org.nvmexpress:uuid:x")? {
 ///     println!("{} at {}:{}", e.subnqn, e.traddr, e.trsvcid);
 /// }
-/// # Ok::<(), initiator::Error>(())
+/// # Ok::<(), nvmf_initiator::Error>(())
 /// ```
 pub fn discover(addr: &str, port: u16, hostnqn: &str) -> Result<Vec<DiscoveryEntry>, Error> {
     let mut opts = ConnectOptions::tcp(addr, port, nvme::DISCOVERY_NQN);

@@ -21,7 +21,7 @@
 //!   buffer. Nothing is allocated per I/O once the queue is warm.
 //!
 //! ```no_run
-//! use initiator::{ConnectOptions, Controller};
+//! use nvmf_initiator::{ConnectOptions, Controller};
 //!
 //! let mut ctrl = Controller::connect(ConnectOptions::tcp("127.0.0.1", 4420, "nqn.2026-11.io.nvmf-rs:default"))?;
 //! let ns = ctrl.namespaces()[0];
@@ -35,10 +35,10 @@
 //!     q.reap(&mut done, 1, None)?;
 //! }
 //! for c in &done {
-//!     c.result.map_err(|e| initiator::Error::from(e))?;
+//!     c.result.map_err(|e| nvmf_initiator::Error::from(e))?;
 //! }
 //! println!("copies per byte: {:.2}", q.stats().copies_per_byte());
-//! # Ok::<(), initiator::Error>(())
+//! # Ok::<(), nvmf_initiator::Error>(())
 //! ```
 //!
 //! There is one queue type, [`Queue`], generic over its transport's [`Link`]: [`IoQueue`]
@@ -89,7 +89,7 @@
 //!
 //! ```no_run
 //! use std::time::Duration;
-//! use initiator::{ConnectOptions, ReconnectPolicy, ReconnectingNamespace};
+//! use nvmf_initiator::{ConnectOptions, ReconnectPolicy, ReconnectingNamespace};
 //!
 //! let opts = ConnectOptions::tcp("127.0.0.1", 4420, "nqn.2026-11.io.nvmf-rs:default");
 //! let policy = ReconnectPolicy {
@@ -102,7 +102,7 @@
 //! let mut ns = ReconnectingNamespace::connect(opts, 1, policy)?;
 //! let mut buf = vec![0u8; ns.block_size() as usize];
 //! ns.read_at(&mut buf, 0)?;
-//! # Ok::<(), initiator::Error>(())
+//! # Ok::<(), nvmf_initiator::Error>(())
 //! ```
 
 mod any_queue;

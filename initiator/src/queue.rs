@@ -335,9 +335,9 @@ fn deadline_for(sqe: &Sqe, qid: u16, timeout: Duration) -> Option<Instant> {
 /// [`crate::Controller::take_queue`] hands out). Code for any of them is generic over the link:
 ///
 /// ```no_run
-/// use initiator::{Link, NsInfo, Queue};
+/// use nvmf_initiator::{Link, NsInfo, Queue};
 ///
-/// fn read_some<L: Link>(q: &mut Queue<L>, ns: &NsInfo) -> Result<(), initiator::Error> {
+/// fn read_some<L: Link>(q: &mut Queue<L>, ns: &NsInfo) -> Result<(), nvmf_initiator::Error> {
 ///     let bs = ns.block_size as usize;
 ///     for i in 0..8u64 {
 ///         let buf = q.alloc_buf(8 * bs)?;
@@ -348,7 +348,7 @@ fn deadline_for(sqe: &Sqe, qid: u16, timeout: Duration) -> Option<Instant> {
 ///         q.reap(&mut done, 1, None)?;
 ///     }
 ///     for c in &done {
-///         c.result.map_err(initiator::Error::from)?;
+///         c.result.map_err(nvmf_initiator::Error::from)?;
 ///     }
 ///     Ok(())
 /// }

@@ -131,7 +131,7 @@ struct Conn {
 ///
 /// ```no_run
 /// use std::time::Duration;
-/// use initiator::{ConnectOptions, ReconnectPolicy, ReconnectingNamespace};
+/// use nvmf_initiator::{ConnectOptions, ReconnectPolicy, ReconnectingNamespace};
 ///
 /// let mut opts = ConnectOptions::tcp("127.0.0.1", 4420, "nqn.2026-11.io.nvmf-rs:default");
 /// opts.timeout = Duration::from_secs(5);
@@ -146,7 +146,7 @@ struct Conn {
 /// ns.read_at(&mut back, 0)?;
 /// assert_eq!(back, data);
 /// println!("reconnects: {}", ns.stats().reconnects);
-/// # Ok::<(), initiator::Error>(())
+/// # Ok::<(), nvmf_initiator::Error>(())
 /// ```
 pub struct ReconnectingNamespace {
     link: Link,
@@ -473,7 +473,7 @@ impl ReconnectingNamespace {
 /// reconnect and is sent again. (Zero-copy I/O without reconnects: [`crate::RdmaQueue`].)
 ///
 /// ```no_run
-/// use initiator::{ConnectOptions, ReconnectPolicy, ReconnectingQueue};
+/// use nvmf_initiator::{ConnectOptions, ReconnectPolicy, ReconnectingQueue};
 ///
 /// let opts = ConnectOptions::tcp("127.0.0.1", 4420, "nqn.2026-11.io.nvmf-rs:default");
 /// let mut q = ReconnectingQueue::connect(opts, 1, ReconnectPolicy::default())?;
@@ -487,7 +487,7 @@ impl ReconnectingNamespace {
 ///     q.reap(&mut done, 1, None)?;
 /// }
 /// assert!(done.iter().all(|c| c.result.is_ok()));
-/// # Ok::<(), initiator::Error>(())
+/// # Ok::<(), nvmf_initiator::Error>(())
 /// ```
 pub struct ReconnectingQueue {
     link: Link,

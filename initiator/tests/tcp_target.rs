@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use initiator::{discover, CmdError, ConnectOptions, Controller, Error};
+use nvmf_initiator::{discover, CmdError, ConnectOptions, Controller, Error};
 
 const NQN: &str = "nqn.2026-11.io.nvmf-rs:initiator-test";
 

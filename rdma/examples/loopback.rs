@@ -28,8 +28,8 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use rdma::active::{self, ConnectError};
-use rdma::{
+use nvmf_rdma::active::{self, ConnectError};
+use nvmf_rdma::{
     AccessFlags, CmEvent, CmEventType, CmId, CompChannel, ConnParam, Context, Cq, EventChannel, Mr,
     Pd, Qp, QpInitAttr, QpState, Srq, Transport, WcOpcode, WcStatus, WorkCompletion,
 };
@@ -169,8 +169,8 @@ fn drain(qp: &Qp, cq: &Cq, ctx: &Context, mut posted: BTreeSet<u64>, who: &str) 
 
 /// The advert the client SENDs: where the server may WRITE and READ.
 struct Advert {
-    write: rdma::RemoteBuf,
-    read: rdma::RemoteBuf,
+    write: nvmf_rdma::RemoteBuf,
+    read: nvmf_rdma::RemoteBuf,
 }
 
 impl Advert {
@@ -193,12 +193,12 @@ impl Advert {
         let u64_at = |o: usize| u64::from_le_bytes(m[o..o + 8].try_into().unwrap());
         let rkey = u32::from_le_bytes(m[40..44].try_into().unwrap());
         Ok(Advert {
-            write: rdma::RemoteBuf {
+            write: nvmf_rdma::RemoteBuf {
                 addr: u64_at(8),
                 len: u64_at(16),
                 rkey,
             },
-            read: rdma::RemoteBuf {
+            read: nvmf_rdma::RemoteBuf {
                 addr: u64_at(24),
                 len: u64_at(32),
                 rkey,
@@ -388,8 +388,8 @@ fn server_rq_phase(dev: &Device, ch: &EventChannel, id: &CmId, ord: u8, ird: u8)
     let data_sge = [src.sge_all()?];
     let msg_sge = [msg.sge_all()?];
     qp.post_send(&[
-        rdma::SendWr::write(WRITE_ID, &data_sge, advert.write),
-        rdma::SendWr::send(SEND_ID, &msg_sge).signaled(),
+        nvmf_rdma::SendWr::write(WRITE_ID, &data_sge, advert.write),
+        nvmf_rdma::SendWr::send(SEND_ID, &msg_sge).signaled(),
     ])?;
     let wcs = poll_n(&dev.send_cq, 1, "WRITE+SEND completion")?;
     check_ok(&wcs[0], WcOpcode::Send, "chained SEND")?;
@@ -401,7 +401,7 @@ fn server_rq_phase(dev: &Device, ch: &EventChannel, id: &CmId, ord: u8, ird: u8)
 
     // RDMA READ of the client's other half, one SGE.
     let sink_sge = [sink.sge_all()?];
-    qp.post_send(&[rdma::SendWr::read(READ_ID, &sink_sge, advert.read).signaled()])?;
+    qp.post_send(&[nvmf_rdma::SendWr::read(READ_ID, &sink_sge, advert.read).signaled()])?;
     let wcs = poll_n(&dev.send_cq, 1, "READ completion")?;
     check_ok(&wcs[0], WcOpcode::RdmaRead, "RDMA READ")?;
     ensure!(
@@ -414,7 +414,7 @@ fn server_rq_phase(dev: &Device, ch: &EventChannel, id: &CmId, ord: u8, ird: u8)
     ensure!(got == pattern(0x5A, DATA), "RDMA READ returned wrong bytes");
 
     msg.write_at(0, &message(b"READ-OK"))?;
-    qp.post_send(&[rdma::SendWr::send(SEND_ID, &msg_sge).signaled()])?;
+    qp.post_send(&[nvmf_rdma::SendWr::send(SEND_ID, &msg_sge).signaled()])?;
     check_ok(
         &poll_n(&dev.send_cq, 1, "READ-OK SEND")?[0],
         WcOpcode::Send,
@@ -444,8 +444,8 @@ fn poll_recv(dev: &Device, qp: &Qp, id: &CmId) -> Res<WorkCompletion> {
             return Ok(wc);
         }
         while let Some(ae) = dev.ctx.try_get_async_event()? {
-            if ae.kind == rdma::AsyncEventType::CommEst
-                && ae.element == rdma::AsyncElement::QpNum(qp.qp_num())
+            if ae.kind == nvmf_rdma::AsyncEventType::CommEst
+                && ae.element == nvmf_rdma::AsyncElement::QpNum(qp.qp_num())
             {
                 id.notify_established()?;
             }
@@ -479,12 +479,12 @@ fn server_bad_rkey_phase(dev: &Device, ch: &EventChannel, id: &CmId) -> Res<()> 
     // The client speaks first (iWARP: the initiator sends the first message).
     let wc = poll_recv(dev, &qp, id)?;
     check_ok(&wc, WcOpcode::Recv, "BADKEY hello")?;
-    let bogus = rdma::RemoteBuf {
+    let bogus = nvmf_rdma::RemoteBuf {
         addr: 0x1000,
         len: MSG as u64,
         rkey: 0x00de_ad01,
     };
-    qp.post_send(&[rdma::SendWr::write(WRITE_ID, &[src.sge_all()?], bogus).signaled()])?;
+    qp.post_send(&[nvmf_rdma::SendWr::write(WRITE_ID, &[src.sge_all()?], bogus).signaled()])?;
     let wc = poll_n(&dev.send_cq, 1, "bad-rkey WRITE completion")?.remove(0);
     ensure!(wc.wr_id() == WRITE_ID, "completion {wc:?}");
     match dev.ctx.transport() {
@@ -640,7 +640,7 @@ fn client(server: SocketAddr, ready: mpsc::Receiver<()>) -> Res<()> {
         read: data.remote(DATA, DATA)?,
     };
     msg.write_at(0, &advert.encode())?;
-    qp.post_send(&[rdma::SendWr::send(9, &[msg.sge_all()?]).signaled()])?;
+    qp.post_send(&[nvmf_rdma::SendWr::send(9, &[msg.sge_all()?]).signaled()])?;
     // The SEND's completion (on the ACK) and the RECV of the server's WRITE-DONE may be
     // reported in either order: take two completions and classify them.
     let mut m = [0u8; MSG];
@@ -730,7 +730,7 @@ fn client(server: SocketAddr, ready: mpsc::Receiver<()>) -> Res<()> {
         // INLINE copies the bytes at post time: overwriting the buffer right after the post
         // must not change what the server receives. sq_sig_all signals without the flag.
         msg.write_at(0, &message(&[b'S', b'R', b'Q', b'0' + n]))?;
-        qp.post_send(&[rdma::SendWr::send(10 + n as u64, &[msg.sge_all()?]).inline()])?;
+        qp.post_send(&[nvmf_rdma::SendWr::send(10 + n as u64, &[msg.sge_all()?]).inline()])?;
         msg.fill(0, MSG, 0xEE)?;
         check_ok(
             &wait_one(&cq, &comp, "SRQ SEND")?,
@@ -761,7 +761,7 @@ fn client(server: SocketAddr, ready: mpsc::Receiver<()>) -> Res<()> {
         Instant::now() + TIMEOUT,
     )?;
     msg.write_at(0, &message(b"BADKEY"))?;
-    qp.post_send(&[rdma::SendWr::send(20, &[msg.sge_all()?]).signaled()])?;
+    qp.post_send(&[nvmf_rdma::SendWr::send(20, &[msg.sge_all()?]).signaled()])?;
     let mut flushed = BTreeSet::new();
     let mut hello_sent = false;
     while !(hello_sent && flushed.len() == 2) {

@@ -122,7 +122,7 @@ impl QpState {
 ///
 /// ```compile_fail
 /// fn shared<T: Sync>() {}
-/// shared::<rdma::Qp>(); // a QP is owned by one poller, never shared
+/// shared::<nvmf_rdma::Qp>(); // a QP is owned by one poller, never shared
 /// ```
 pub struct Qp {
     raw: *mut ibv_qp,

@@ -21,7 +21,7 @@ fn sysfs_devices() -> Vec<String> {
 #[test]
 fn device_list_and_event_channel_match_the_kernel() {
     let expected = sysfs_devices();
-    let mut listed: Vec<String> = rdma::devices()
+    let mut listed: Vec<String> = nvmf_rdma::devices()
         .expect("devices() must not fail")
         .into_iter()
         .map(|d| d.name)
@@ -34,7 +34,7 @@ fn device_list_and_event_channel_match_the_kernel() {
 
     // Without /dev/infiniband/rdma_cm (module rdma_ucm) rdma_cm is unusable even with devices.
     let ucm = Path::new("/dev/infiniband/rdma_cm").exists();
-    match rdma::EventChannel::new() {
+    match nvmf_rdma::EventChannel::new() {
         Ok(ch) => {
             assert!(
                 ucm && !expected.is_empty(),
@@ -44,7 +44,7 @@ fn device_list_and_event_channel_match_the_kernel() {
             // Nothing is pending on a fresh channel.
             assert!(ch.try_get_event().unwrap().is_none());
         }
-        Err(e @ rdma::Error::NoRdma { .. }) => {
+        Err(e @ nvmf_rdma::Error::NoRdma { .. }) => {
             assert!(
                 expected.is_empty() || !ucm,
                 "NoRdma although the kernel has devices: {e}"
@@ -60,7 +60,7 @@ fn device_list_and_event_channel_match_the_kernel() {
     }
 
     // rdma_cm's own device list agrees too (empty without RDMA).
-    let cm = rdma::cm_contexts().expect("cm_contexts() must not fail");
+    let cm = nvmf_rdma::cm_contexts().expect("cm_contexts() must not fail");
     if expected.is_empty() {
         assert!(cm.is_empty());
     } else if ucm {
@@ -72,8 +72,8 @@ fn device_list_and_event_channel_match_the_kernel() {
 
 #[test]
 fn opening_a_missing_device_is_a_clear_error() {
-    match rdma::Context::open("no-such-rdma-device0") {
-        Err(rdma::Error::NoSuchDevice(n)) => assert_eq!(n, "no-such-rdma-device0"),
+    match nvmf_rdma::Context::open("no-such-rdma-device0") {
+        Err(nvmf_rdma::Error::NoSuchDevice(n)) => assert_eq!(n, "no-such-rdma-device0"),
         other => panic!("expected NoSuchDevice, got {other:?}"),
     }
 }

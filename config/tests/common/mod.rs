@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use config::{Config, ConfigError, Loaded};
+use nvmf_config::{Config, ConfigError, Loaded};
 
 /// A directory under the system temp dir, removed on drop.
 pub struct TempDir(PathBuf);
