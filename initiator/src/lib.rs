@@ -15,6 +15,8 @@
 //!   caller's slice; `compare_at` and the reservation commands too. [`Namespace::into_io`]
 //!   gives a [`NamespaceIo`]: `std::io::{Read, Write, Seek}` at any offset and length (whole
 //!   blocks move underneath), for `std::io::copy` and crates that read disk images.
+//! - [`AsyncQueue`]: commands as futures on any executor (no runtime dependency), many in
+//!   flight at once on one queue (`examples/async_tokio.rs` runs it on tokio).
 //! - [`IoQueue`]: one queue per thread, no locks, queue depth up to the queue's tags:
 //!   [`IoQueue::submit`] (or `submit_read` / `submit_write` / ...) hands over a `Vec<u8>` and
 //!   returns a tag; [`IoQueue::reap`] / [`IoQueue::poll`] return [`Completion`]s with the
@@ -106,6 +108,7 @@
 //! ```
 
 mod any_queue;
+mod asyncq;
 mod cmd;
 mod controller;
 mod discovery;
@@ -127,6 +130,7 @@ pub use queue::{Buf, Link, Queue};
 pub use rdma::{RdmaBuf, RdmaLink};
 pub use tcp::TcpLink;
 
+pub use asyncq::{AsyncQueue, CmdFuture};
 /// Reservation command fields and the Reservation Report, for [`Namespace::reservation_register`] and friends.
 pub use nvme::resv;
 pub use reconnect::{ReconnectPolicy, ReconnectStats, ReconnectingNamespace, ReconnectingQueue};

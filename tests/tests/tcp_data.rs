@@ -230,3 +230,37 @@ fn std_io_read_write_seek_at_any_offset() {
     assert_eq!(e.kind(), std::io::ErrorKind::WriteZero);
     assert!(io.seek(SeekFrom::Current(-(size as i64) - 1)).is_err());
 }
+
+/// The async API on a tokio runtime (the library has no runtime dependency): 64 writes in
+/// flight at once on one queue (more than its tags: the rest wait for one), then 64 reads
+/// and a flush, data checked.
+#[test]
+fn async_queue_on_tokio() {
+    use initiator::AsyncQueue;
+    let t = TargetProc::start_default();
+    let mut o = ConnectOptions::tcp("127.0.0.1", t.addr.port(), TEST_NQN);
+    o.queue_depth = 16;
+    let mut c = Controller::connect(o).unwrap_or_else(|e| panic!("{e}\n{}", t.log_text()));
+    let ns = c.namespaces()[0];
+    let q = AsyncQueue::new(c.take_io_queue().unwrap()).unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    rt.block_on(async {
+        let block = |i: u64| vec![(i * 3 + 1) as u8; 4096];
+        let lba = |i: u64| i * 8 + 5;
+        let mut set = tokio::task::JoinSet::new();
+        for i in 0..64u64 {
+            set.spawn(q.write(&ns, lba(i), block(i)));
+        }
+        while let Some(r) = set.join_next().await {
+            r.unwrap().unwrap();
+        }
+        let reads: Vec<_> = (0..64u64).map(|i| q.read(&ns, lba(i), vec![0u8; 4096])).collect();
+        for (i, f) in reads.into_iter().enumerate() {
+            let buf = f.await.unwrap().unwrap();
+            assert_eq!(buf, block(i as u64), "block {i}");
+        }
+        assert!(q.flush(&ns).await.unwrap().is_none());
+        // An unaligned length fails at once.
+        assert!(q.read(&ns, 0, vec![0u8; 100]).await.is_err());
+    });
+}
