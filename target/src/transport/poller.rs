@@ -6,7 +6,7 @@
 //! block in epoll (sockets, RDMA completion channels armed just before, a wake eventfd) after
 //! `idle_poll` without any.
 //!
-//! Each transport's connections sit behind [`Conns`] (`tcp_conns::TcpConns`,
+//! Each transport's connections sit behind `Conns` (`tcp_conns::TcpConns`,
 //! `rdma::poller::RdmaConns`); the loop knows nothing of sockets or queue pairs.
 
 use std::collections::VecDeque;
