@@ -258,8 +258,9 @@ trap cleanup EXIT
 
 # ---------------- whole cases ----------------
 # kernel_host_vs_our_target LABEL TRTYPE ADDR [MORE_TRTYPE...]: the Linux host against our target on
-# a 64 MiB ramdisk: discover, connect, size check, fio verify 4k then 128k, disconnect, SIGTERM,
-# clean log. With MORE_TRTYPEs the target also listens on those, runs `threads: 2`, and must show
+# a 64 MiB ramdisk: discover, connect, size check, fio verify 4k then 128k, reservations with
+# nvme-cli and our initiator as a second host, nvme compare, disconnect, SIGTERM, clean log.
+# With MORE_TRTYPEs the target also listens on those, runs `threads: 2`, and must show
 # exactly 2 poller threads serving every transport (check_pollers); after the Linux host,
 # nvmf-bench writes and verifies over each further transport on the same pollers, and the
 # target's counters must show commands on every transport.
@@ -293,10 +294,9 @@ kernel_host_vs_our_target() {
   fi
   fio_verify "$DEV" 4k "$FIO_SIZE_OUR" || { fail "$label" "$REASON"; return; }
   fio_verify "$DEV" 128k "$FIO_SIZE_OUR" || { fail "$label" "$REASON"; return; }
-  if [ -n "${RO_NS:-}" ]; then
-    check_reservation "$DEV" "$tr" "$addr" || { fail "$label" "$REASON"; return; }
-    check_compare "$DEV" || { fail "$label" "$REASON"; return; }
-  fi
+  # Reservations (nvme-cli, our initiator as the second host) and Compare over every transport.
+  check_reservation "$DEV" "$tr" "$addr" || { fail "$label" "$REASON"; return; }
+  check_compare "$DEV" || { fail "$label" "$REASON"; return; }
   host_disconnect "$OUR_NQN" || { fail "$label" "$REASON"; return; }
   for t in "${more[@]}"; do
     run_bench "$t" "$addr" "$OUR_NQN" || { fail "$label" "nvmf-bench over $t: ${REASON:-failed}"; return; }
