@@ -28,7 +28,10 @@ fn main() -> Result<(), Error> {
             r.expect("the task ran")?;
         }
         for i in 0..8u64 {
-            let buf = q.read(&ns, i * blocks, vec![0u8; 4096]).await?.expect("the buffer");
+            let buf = q
+                .read(&ns, i * blocks, vec![0u8; 4096])
+                .await?
+                .expect("the buffer");
             assert!(buf.iter().all(|&b| b == i as u8));
         }
         println!("8 writes in flight at once, read back");

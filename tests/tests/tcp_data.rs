@@ -160,21 +160,26 @@ fn compare_equal_and_different() {
     );
 }
 
-/// `std::io` over a namespace: `std::io::copy` of an unaligned span (offset 777, 3 MiB + 123
-/// bytes) through `NamespaceIo`, read back and compared; the bytes around it keep what was
+/// `std::io` over a namespace: `std::io::copy` of an unaligned span (offset 777, 100 MiB + 123
+/// bytes) into `NamespaceIo` and back out with `std::io::copy`, compared; the bytes around it keep what was
 /// there; reads stop at the end (0), writes there fail with WriteZero.
 #[test]
 fn std_io_read_write_seek_at_any_offset() {
     use std::io::{Read, Seek, SeekFrom, Write};
-    let t = TargetProc::start_default();
+    // A 128 MiB file namespace; 100 MiB + 123 bytes go in at offset 777.
+    let t = TargetProc::start_with(|port, dir| {
+        nvmf_tests::default_yaml(port, dir).replace("size: 64MiB", "size: 128MiB")
+    });
     let mut c = Controller::connect(ConnectOptions::tcp("127.0.0.1", t.addr.port(), TEST_NQN))
         .unwrap_or_else(|e| panic!("{e}\n{}", t.log_text()));
     let mut ns = c.open_namespace(1).unwrap();
     let size = ns.size();
+    assert_eq!(size, 128 << 20);
     // Known bytes around the span.
     ns.write_at(&vec![0xa5u8; 8 << 20], 0).unwrap();
+    ns.write_at(&vec![0xa5u8; 8 << 20], 96 << 20).unwrap();
     let mut io = ns.into_io();
-    let data: Vec<u8> = (0..(3 << 20) + 123u32).map(|i| (i % 251) as u8).collect();
+    let data: Vec<u8> = (0..(100 << 20) + 123u32).map(|i| (i % 251) as u8).collect();
     io.seek(SeekFrom::Start(777)).unwrap();
     let n = std::io::copy(&mut &data[..], &mut io).unwrap();
     assert_eq!(n, data.len() as u64);
@@ -182,10 +187,12 @@ fn std_io_read_write_seek_at_any_offset() {
     assert_eq!(io.position(), 777 + data.len() as u64);
     io.seek(SeekFrom::Start(0)).unwrap();
     let mut back = Vec::new();
-    (&mut io)
-        .take(777 + data.len() as u64 + 4096)
-        .read_to_end(&mut back)
-        .unwrap();
+    let n = std::io::copy(
+        &mut (&mut io).take(777 + data.len() as u64 + 4096),
+        &mut back,
+    )
+    .unwrap();
+    assert_eq!(n as usize, back.len());
     assert!(
         back[..777].iter().all(|&b| b == 0xa5),
         "bytes before the span"
@@ -231,9 +238,9 @@ fn std_io_read_write_seek_at_any_offset() {
     assert!(io.seek(SeekFrom::Current(-(size as i64) - 1)).is_err());
 }
 
-/// The async API on a tokio runtime (the library has no runtime dependency): 64 writes in
-/// flight at once on one queue (more than its tags: the rest wait for one), then 64 reads
-/// and a flush, data checked.
+/// The async API on a tokio runtime (the library has no runtime dependency): 64 writes on a
+/// 16-deep queue (the rest wait for a tag), then 64 reads in flight at once on a 128-deep
+/// queue and a flush, data checked.
 #[test]
 fn async_queue_on_tokio() {
     use initiator::AsyncQueue;
@@ -243,7 +250,13 @@ fn async_queue_on_tokio() {
     let mut c = Controller::connect(o).unwrap_or_else(|e| panic!("{e}\n{}", t.log_text()));
     let ns = c.namespaces()[0];
     let q = AsyncQueue::new(c.take_io_queue().unwrap()).unwrap();
-    let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    // A second, 128-deep queue for 64 reads in flight at once.
+    let mut c2 =
+        Controller::connect(ConnectOptions::tcp("127.0.0.1", t.addr.port(), TEST_NQN)).unwrap();
+    let q2 = AsyncQueue::new(c2.take_io_queue().unwrap()).unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
     rt.block_on(async {
         let block = |i: u64| vec![(i * 3 + 1) as u8; 4096];
         let lba = |i: u64| i * 8 + 5;
@@ -254,11 +267,20 @@ fn async_queue_on_tokio() {
         while let Some(r) = set.join_next().await {
             r.unwrap().unwrap();
         }
-        let reads: Vec<_> = (0..64u64).map(|i| q.read(&ns, lba(i), vec![0u8; 4096])).collect();
-        for (i, f) in reads.into_iter().enumerate() {
-            let buf = f.await.unwrap().unwrap();
-            assert_eq!(buf, block(i as u64), "block {i}");
+        // 64 reads in flight at once on the deeper queue (each task submits on its first
+        // poll, all before any completion is reaped).
+        let mut set = tokio::task::JoinSet::new();
+        for i in 0..64u64 {
+            let f = q2.read(&ns, lba(i), vec![0u8; 4096]);
+            set.spawn(async move { (i, f.await) });
         }
+        let mut seen = 0;
+        while let Some(r) = set.join_next().await {
+            let (i, res) = r.unwrap();
+            assert_eq!(res.unwrap().unwrap(), block(i), "block {i}");
+            seen += 1;
+        }
+        assert_eq!(seen, 64);
         assert!(q.flush(&ns).await.unwrap().is_none());
         // An unaligned length fails at once.
         assert!(q.read(&ns, 0, vec![0u8; 100]).await.is_err());
