@@ -291,6 +291,7 @@ kernel_host_vs_our_target() {
   if [ -n "${RO_NS:-}" ]; then
     check_read_only_ns "$DEV" || { fail "$label" "$REASON"; return; }
     check_deallocate "$DEV" || { fail "$label" "$REASON"; return; }
+    check_resize "$DEV" || { fail "$label" "$REASON"; return; }
   fi
   fio_verify "$DEV" 4k "$FIO_SIZE_OUR" || { fail "$label" "$REASON"; return; }
   fio_verify "$DEV" 128k "$FIO_SIZE_OUR" || { fail "$label" "$REASON"; return; }
@@ -380,6 +381,23 @@ check_deallocate() {
   echo "blkdiscard on namespace 3: nullb6 discards +$d, writes +$w" | tee -a "$OUT/report.txt"
   [ "$d" -gt 0 ] || { REASON="blkdiscard through our target made no discard on the null_blk (writes +$w)"; return 1; }
   [ "$w" = 0 ] || { REASON="blkdiscard through our target wrote $w times to the null_blk"; return 1; }
+}
+
+# check_resize DEV: `nvmf-target ctl resize-namespace` grows namespace 4 (a 16 MiB file) to
+# 48 MiB while the Linux host stays connected; the host's block device shows the new size
+# (lsblk) without reconnecting.
+check_resize() {
+  local ns4=${1%n1}n4 got end
+  step "ctl resize-namespace 4 to 48MiB" "$NVMF_TARGET_BIN" ctl --control-socket "$CTL" \
+    resize-namespace "$OUR_NQN" --nsid 4 --size 48MiB || return 1
+  end=$((SECONDS + 15))
+  while :; do
+    got=$(lsblk -bdno SIZE "$ns4" 2>/dev/null | tr -d ' ')
+    [ "$got" = $((48 << 20)) ] && break
+    [ $SECONDS -ge $end ] && { REASON="$ns4 is $got bytes 15 s after the resize, want $((48 << 20))"; return 1; }
+    sleep 0.5
+  done
+  echo "ctl resize-namespace: $ns4 now $got bytes (lsblk), host still connected" | tee -a "$OUT/report.txt"
 }
 
 # check_reservation DEV TRTYPE ADDR: the Linux host registers a key on namespace 1 and takes a
