@@ -151,3 +151,48 @@ fn not_an_nvmetcli_file() {
     assert!(imp.notes.iter().any(|n| n.contains("no TCP or RDMA port")));
     ok(&imp.yaml);
 }
+
+/// Every saved file in the data directory imports to a configuration that loads (its storage
+/// pointed at files here), with one listener per port that serves a subsystem.
+#[test]
+fn every_saved_file_imports() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/nvmetcli");
+    let mut n = 0;
+    for e in std::fs::read_dir(&dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.extension().is_none_or(|x| x != "json") {
+            continue;
+        }
+        let tmp = TempDir::new("nvmetcli-all");
+        let mut json = std::fs::read_to_string(&p).unwrap();
+        // "/tmp/vm-scratch/<run>/<file>" -> "<tmp>/<file>"; /dev/ram0 -> a file.
+        while let Some(i) = json.find("/tmp/vm-scratch/") {
+            let rest = &json[i + "/tmp/vm-scratch/".len()..];
+            let run_end = rest.find('/').unwrap();
+            let file_end = rest[run_end + 1..].find('"').unwrap();
+            let file = rest[run_end + 1..run_end + 1 + file_end].to_owned();
+            tmp.file(&file, 1 << 20);
+            let new = tmp.path().join(&file).display().to_string();
+            json.replace_range(
+                i..i + "/tmp/vm-scratch/".len() + run_end + 1 + file_end,
+                &new,
+            );
+        }
+        json = json.replace(
+            "/dev/ram0",
+            &tmp.file("ram0", 1 << 20).display().to_string(),
+        );
+        let imp = import(&json).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+        let cfg = ok(&imp.yaml).config;
+        let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+        let serving = v["ports"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|p| p["subsystems"].as_array().is_some_and(|s| !s.is_empty()))
+            .count();
+        assert_eq!(cfg.listeners.len(), serving, "{}", p.display());
+        n += 1;
+    }
+    assert!(n >= 3, "{n} saved files");
+}

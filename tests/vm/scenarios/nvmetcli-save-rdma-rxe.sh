@@ -3,10 +3,12 @@
 # `nvmf-target import-nvmetcli` must carry over or name (two subsystems, allowed hosts,
 # allow_any_host, serial/model, block-device and file namespaces with uuid/nguid, a disabled
 # namespace, buffered I/O, TCP and RDMA ports, a port serving one subsystem, a port serving none,
-# a port parameter), saves it with nvmetcli's own save (the `nvmet` Python module of an nvmetcli
-# checkout named by NVMF_VM_NVMETCLI_DIR), and copies the JSON to report dir (nvmetcli-saved.json). The
-# test data in config/tests/data/nvmetcli/ came from this scenario. Not in `all`: it produces
-# data, it checks nothing of ours.
+# a port parameter) and two smaller ones, saves each with nvmetcli's own save (the `nvmet`
+# Python module of an nvmetcli checkout named by NVMF_VM_NVMETCLI_DIR) into the report dir:
+# nvmetcli-saved.json (all of it), nvmetcli-tcp.json (one TCP port, one subsystem with a host
+# list), nvmetcli-rdma.json (one RDMA port, an any-host subsystem). config/tests/data/nvmetcli/
+# holds what this scenario saved (linux-6.1-{rxe,tcp,rdma}.json); nvmetcli-import-rdma-rxe
+# serves them. Not in `all`: it produces data, it checks nothing of ours.
 # vm-in-all: no
 # vm-needs: rdma
 # vm-timeout: 300
@@ -59,8 +61,37 @@ port 2 rdma "$RXE_IP" 4420 "$A"
 [ -e "$N/ports/2/param_inline_data_size" ] && echo 16384 >"$N/ports/2/param_inline_data_size" || true
 port 3 tcp 127.0.0.1 4421
 set +e
-step "nvmetcli save" python3 -c "import sys; sys.path.insert(0, sys.argv[1]); from nvmet import nvme; nvme.Root().save_to_file(sys.argv[2])" \
-  "$NVMF_VM_NVMETCLI_DIR" "$OUT/nvmetcli-saved.json" || { fail "$label" "$REASON"; exit 0; }
-log "saved: $(wc -c <"$OUT/nvmetcli-saved.json") bytes"
+save() { # FILE
+  step "nvmetcli save $1" python3 -c "import sys; sys.path.insert(0, sys.argv[1]); from nvmet import nvme; nvme.Root().save_to_file(sys.argv[2])" \
+    "$NVMF_VM_NVMETCLI_DIR" "$OUT/$1" || return 1
+  log "saved $1: $(wc -c <"$OUT/$1") bytes"
+}
+save nvmetcli-saved.json || { fail "$label" "$REASON"; exit 0; }
+nvmet_clear
+# Two more: one TCP port serving one subsystem whose host list names the host NQN the import
+# scenario connects with; one RDMA port serving an any-host subsystem.
+set -e
+C=nqn.2014-08.org.nvmexpress:nvmf-rs-import-tcp
+H2=nqn.2014-08.org.nvmexpress:uuid:5d1c9a2e-3f4b-4c6d-8e7f-a0b1c2d3e4f5
+mkdir "$N/hosts/$H2" "$N/subsystems/$C"
+echo 0 >"$N/subsystems/$C/attr_allow_any_host"
+ln -s "$N/hosts/$H2" "$N/subsystems/$C/allowed_hosts/$H2"
+mkdir "$N/subsystems/$C/namespaces/1"
+echo -n "$dev" >"$N/subsystems/$C/namespaces/1/device_path"
+echo 1 >"$N/subsystems/$C/namespaces/1/enable"
+port 5 tcp 127.0.0.1 4420 "$C"
+set +e
+save nvmetcli-tcp.json || { fail "$label" "$REASON"; exit 0; }
+nvmet_clear
+set -e
+R=nqn.2014-08.org.nvmexpress:nvmf-rs-import-rdma
+mkdir "$N/subsystems/$R"
+echo 1 >"$N/subsystems/$R/attr_allow_any_host"
+mkdir "$N/subsystems/$R/namespaces/7"
+echo -n "$dev" >"$N/subsystems/$R/namespaces/7/device_path"
+echo 1 >"$N/subsystems/$R/namespaces/7/enable"
+port 6 rdma "$RXE_IP" 4420 "$R"
+set +e
+save nvmetcli-rdma.json || { fail "$label" "$REASON"; exit 0; }
 nvmet_clear
 pass "$label"
