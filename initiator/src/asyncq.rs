@@ -12,7 +12,7 @@ use std::time::Duration;
 use nvme::opcode::io;
 use nvme::Sqe;
 
-use crate::cmd::{blocks_of, rw_sqe, Data, NsInfo};
+use crate::cmd::{rw_cmd, Data, NsInfo};
 use crate::error::Error;
 use crate::queue::{Link, Queue};
 
@@ -125,19 +125,11 @@ impl<L: Link + 'static> AsyncQueue<L> {
     }
 
     fn rw(&self, opcode: u8, ns: &NsInfo, slba: u64, buf: L::Buf) -> CmdFuture<L> {
-        match blocks_of(ns, slba, buf.len()) {
-            Ok(nlb) => {
-                let sqe = rw_sqe(opcode, ns.nsid, slba, nlb);
-                let data = if opcode == io::READ {
-                    Data::FromController(buf)
-                } else {
-                    Data::ToController(buf)
-                };
-                self.command(sqe, data)
-            }
+        match rw_cmd(opcode, ns, slba, buf) {
+            Ok((sqe, data)) => self.command(sqe, data),
             Err(e) => CmdFuture {
                 shared: Arc::clone(&self.shared),
-                step: Step::Failed(Some(e)),
+                step: Step::Failed(Some(e.error)),
             },
         }
     }

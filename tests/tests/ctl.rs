@@ -20,6 +20,23 @@ fn ctl(sock: &Path, args: &[&str]) -> Output {
         .unwrap()
 }
 
+/// The target on the default configuration with a control socket of its own, once the socket
+/// is up (it comes right after the listeners).
+fn start(tag: &str) -> (TempDir, std::path::PathBuf, TargetProc) {
+    let d = TempDir::new(tag);
+    let sock = d.0.join("control.sock");
+    let t = TargetProc::start_with_env(
+        nvmf_tests::default_yaml,
+        &[],
+        &["--control-socket".into(), sock.clone().into()],
+    );
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !sock.exists() && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    (d, sock, t)
+}
+
 #[track_caller]
 fn ok(o: &Output) -> String {
     assert!(
@@ -41,18 +58,7 @@ fn nsids(c: &mut Controller) -> Vec<u32> {
 
 #[test]
 fn ctl_changes_the_running_target_and_persists() {
-    let d = TempDir::new("ctl");
-    let sock = d.0.join("control.sock");
-    let t = TargetProc::start_with_env(
-        nvmf_tests::default_yaml,
-        &[],
-        &["--control-socket".into(), sock.clone().into()],
-    );
-    // The control socket comes up right after the listeners.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while !sock.exists() && std::time::Instant::now() < deadline {
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
+    let (d, sock, t) = start("ctl");
     let mode = std::fs::metadata(&sock).unwrap().permissions().mode();
     assert_eq!(mode & 0o777, 0o600, "the control socket is owner-only");
     let mut c = Controller::connect(ConnectOptions::tcp("127.0.0.1", t.addr.port(), TEST_NQN))
@@ -210,17 +216,7 @@ fn ctl_changes_the_running_target_and_persists() {
 fn ctl_adds_a_subsystem_under_load_and_persists_it() {
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::Arc;
-    let d = TempDir::new("ctl-load");
-    let sock = d.0.join("control.sock");
-    let mut t = TargetProc::start_with_env(
-        nvmf_tests::default_yaml,
-        &[],
-        &["--control-socket".into(), sock.clone().into()],
-    );
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while !sock.exists() && std::time::Instant::now() < deadline {
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
+    let (d, sock, mut t) = start("ctl-load");
     // Verified I/O on the first subsystem the whole time.
     let stop = Arc::new(AtomicBool::new(false));
     let port = t.addr.port();
