@@ -5,7 +5,7 @@
 //! field), applied by the same machinery as a SIGHUP reload, and with `persist` written back to
 //! the `--config` file (write, fsync, rename; the old file kept as `<file>.bak`).
 
-use std::io::{self, Write};
+use std::io;
 use std::net::IpAddr;
 use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
@@ -342,9 +342,8 @@ pub fn prepare(new: &Config, op: &Op) -> io::Result<()> {
     Ok(())
 }
 
-/// Writes `cfg` to `path` crash-safely: the new text is written and fsynced under a temporary
-/// name, the old file is kept as `<path>.bak` (a hard link), then the new one is renamed over
-/// it and the directory fsynced.
+/// Writes `cfg` to `path` crash-safely (`resv_store::replace`), keeping the old file as
+/// `<path>.bak` (a hard link, or a copy).
 pub fn persist(cfg: &Config, path: &Path) -> io::Result<()> {
     let text = format!(
         "# Written by `nvmf-target ctl --persist` (the previous file is {}.bak).\n{}",
@@ -353,23 +352,14 @@ pub fn persist(cfg: &Config, path: &Path) -> io::Result<()> {
             .unwrap_or_default(),
         cfg.to_yaml()
     );
-    let mut tmp = path.as_os_str().to_owned();
-    tmp.push(".tmp");
-    let tmp = PathBuf::from(tmp);
-    let mut f = std::fs::File::create(&tmp)?;
-    f.write_all(text.as_bytes())?;
-    f.sync_all()?;
-    drop(f);
-    let mut bak = path.as_os_str().to_owned();
-    bak.push(".bak");
-    let bak = PathBuf::from(bak);
     if path.exists() {
+        let mut bak = path.as_os_str().to_owned();
+        bak.push(".bak");
+        let bak = PathBuf::from(bak);
         let _ = std::fs::remove_file(&bak);
         std::fs::hard_link(path, &bak).or_else(|_| std::fs::copy(path, &bak).map(drop))?;
     }
-    std::fs::rename(&tmp, path)?;
-    let dir = path.parent().filter(|d| !d.as_os_str().is_empty());
-    std::fs::File::open(dir.unwrap_or(Path::new(".")))?.sync_all()
+    crate::resv_store::replace(path, text.as_bytes())
 }
 
 #[cfg(test)]

@@ -79,8 +79,9 @@ impl ResvStore for FileResvStore {
     }
 }
 
-/// Writes `bytes` to `path` so that a crash leaves the old or the new contents, never a mix.
-fn replace(path: &Path, bytes: &[u8]) -> io::Result<()> {
+/// Writes `bytes` to `path` so that a crash leaves the old or the new contents, never a mix:
+/// written and fsynced under `<path>.tmp`, renamed over `path`, the directory fsynced.
+pub(crate) fn replace(path: &Path, bytes: &[u8]) -> io::Result<()> {
     let mut tmp = OsString::from(path.as_os_str());
     tmp.push(".tmp");
     let tmp = PathBuf::from(tmp);

@@ -333,7 +333,8 @@ impl Queue {
         // Counted before the reservation check in parse: a Preempt and Abort that changes the
         // reservation after this point sees the count (the check and the preempt serialize on
         // the namespace's reservation mutex).
-        let counted = self.io_clock(sqe, now).is_some() && is_write_group(sqe.opcode);
+        let t = self.io_clock(sqe, now);
+        let counted = t.is_some() && is_write_group(sqe.opcode);
         if counted {
             self.writes_started(1);
         }
@@ -351,7 +352,9 @@ impl Queue {
         });
         match parsed {
             Ok(cmd) => {
-                if let Some(t) = self.io_clock(sqe, now) {
+                // Parse never changes the link of a command this clock applies to (Connect is a
+                // Fabrics command, which has none), so one reading serves both.
+                if let Some(t) = t {
                     self.counters.io.start(sqe.cid(), t);
                 }
                 Ok(cmd)
