@@ -20,6 +20,17 @@ fn ctl(sock: &Path, args: &[&str]) -> Output {
         .unwrap()
 }
 
+/// The tests here pick extra listener ports with `free_port` while another target may be
+/// starting on one: they run one at a time (a port picked by one must not be bound by the
+/// other's target in between).
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 /// The target on the default configuration with a control socket of its own, once the socket
 /// is up (it comes right after the listeners).
 fn start(tag: &str) -> (TempDir, std::path::PathBuf, TargetProc) {
@@ -58,6 +69,7 @@ fn nsids(c: &mut Controller) -> Vec<u32> {
 
 #[test]
 fn ctl_changes_the_running_target_and_persists() {
+    let _serial = serial();
     let (d, sock, t) = start("ctl");
     let mode = std::fs::metadata(&sock).unwrap().permissions().mode();
     assert_eq!(mode & 0o777, 0o600, "the control socket is owner-only");
@@ -216,6 +228,7 @@ fn ctl_changes_the_running_target_and_persists() {
 fn ctl_adds_a_subsystem_under_load_and_persists_it() {
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::Arc;
+    let _serial = serial();
     let (d, sock, mut t) = start("ctl-load");
     // Verified I/O on the first subsystem the whole time.
     let stop = Arc::new(AtomicBool::new(false));
