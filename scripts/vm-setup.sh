@@ -10,6 +10,9 @@
 #     machine's root filesystem read-only;
 #   - Debian's 6.1 kernel image (linux-image-amd64) for that VM: it carries nvmet, nvmet-tcp,
 #     nvmet-rdma, nvme-tcp, nvme-rdma, rdma_rxe, brd, null_blk as modules;
+#   - Debian 12's second kernel, 6.12 (linux-image-6.12.107+deb12-amd64-unsigned), for the
+#     scenarios whose header says `vm-kernel: 6.12`: its host and nvmet have NVMe in-band
+#     authentication (DH-HMAC-CHAP); those run on rxe only (siw is built for 6.1 alone);
 #   - siw.ko (soft-iWARP), which Debian's 6.1 image does not ship: built out of tree from
 #     linux-source-6.1 against linux-headers, cached under $NVMF_VM_CACHE;
 #   - the peers and tools the scenarios drive: rdma-core, ibverbs-utils, rdmacm-utils, perftest,
@@ -23,7 +26,7 @@ set -o pipefail
 NVMF_VM_CACHE=${NVMF_VM_CACHE:-${XDG_CACHE_HOME:-${HOME:-/root}/.cache}/nvmf-rs}
 STAMP=$NVMF_VM_CACHE/vm-setup.stamp
 # Bump when the package list or the siw build changes, so old stamps are not trusted.
-SETUP_VERSION=1
+SETUP_VERSION=2
 
 APT_PACKAGES=(
   # qemu-system-x86 (bookworm: 7.2) conflicts with the newer backported qemu-utils these images
@@ -31,6 +34,7 @@ APT_PACKAGES=(
   # --allow-downgrades below) lets apt resolve everything in one transaction.
   qemu-system-x86 qemu-utils/bookworm qemu-system-common/bookworm
   linux-image-amd64 linux-headers-amd64 linux-source-6.1
+  linux-image-6.12.107+deb12-amd64-unsigned
   make gcc xz-utils
   busybox-static kmod iproute2
   rdma-core ibverbs-utils ibverbs-providers libibverbs-dev librdmacm-dev rdmacm-utils perftest
@@ -42,10 +46,11 @@ KEY_BINARIES=(qemu-system-x86_64 vng nvme fio rdma ibv_devinfo rping ib_write_bw
 log() { echo "vm-setup: $*" >&2; }
 die() { echo "vm-setup: ERROR: $*" >&2; exit 1; }
 
-# Newest installed Debian *-amd64 kernel whose module tree has rdma_rxe (prints the version).
+# Newest installed Debian 6.1 (or $1) *-amd64 kernel whose module tree has rdma_rxe (prints the
+# version).
 kernel_version() {
   local k v
-  for k in $(ls /boot/vmlinuz-*-amd64 2>/dev/null | sort -V -r); do
+  for k in $(ls /boot/vmlinuz-"${1:-6.1}".*-amd64 2>/dev/null | sort -V -r); do
     v=${k#/boot/vmlinuz-}
     if compgen -G "/lib/modules/$v/kernel/drivers/infiniband/sw/rxe/rdma_rxe.ko*" >/dev/null; then
       echo "$v"
@@ -65,7 +70,8 @@ check_ready() {
   for b in "${KEY_BINARIES[@]}"; do
     command -v "$b" >/dev/null || { echo "missing binary: $b"; return 1; }
   done
-  kv=$(kernel_version) || { echo "no /boot/vmlinuz-*-amd64 with rdma_rxe"; return 1; }
+  kv=$(kernel_version) || { echo "no /boot/vmlinuz-6.1.*-amd64 with rdma_rxe"; return 1; }
+  kernel_version 6.12 >/dev/null || { echo "no /boot/vmlinuz-6.12.*-amd64 with rdma_rxe"; return 1; }
   [ -r "/boot/vmlinuz-$kv" ] || { echo "/boot/vmlinuz-$kv not readable"; return 1; }
   [ -s "$(siw_path "$kv")" ] || { echo "no siw.ko for $kv in $NVMF_VM_CACHE"; return 1; }
   return 0
@@ -141,7 +147,7 @@ main() {
   [ "$mode" = force ] && rm -f "$STAMP" "$NVMF_VM_CACHE"/siw-*.ko
   install_packages
   install_vng
-  kv=$(kernel_version) || die "no /boot/vmlinuz-*-amd64 whose modules include rdma_rxe after install"
+  kv=$(kernel_version) || die "no /boot/vmlinuz-6.1.*-amd64 whose modules include rdma_rxe after install"
   build_siw "$kv"
   printf 'version=%s\nkernel=%s\ndate=%s\n' "$SETUP_VERSION" "$kv" "$(date -u +%FT%TZ)" >"$STAMP"
   why=$(check_ready) || die "setup finished but the check still fails: $why"

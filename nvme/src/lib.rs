@@ -6,6 +6,7 @@
 //! that matter) are asserted at compile time against the NVMe Base / NVMe-oF / NVMe-TCP specs.
 #![forbid(unsafe_code)]
 
+pub mod auth;
 pub mod cmd;
 pub mod fabrics;
 pub mod identify;

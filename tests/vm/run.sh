@@ -140,11 +140,9 @@ if [ $SETUP = 1 ]; then
 fi
 
 # ---------------- 2. host build ----------------
-need_build=0 need_rdma=0 vm_limit=180
+need_build=0
 for s in "${SEL[@]}"; do
   [[ " $(header vm-needs "$s") " == *" build "* ]] && need_build=1
-  [[ " $(header vm-needs "$s") " == *" rdma "* ]] && need_rdma=1
-  t=$(header vm-timeout "$s"); vm_limit=$((vm_limit + ${t:-300} + ${NVMF_VM_EXTRA_SECS:-0} + 15))
 done
 
 declare -A BIN=() NOTE=()
@@ -213,13 +211,9 @@ for line in open(sys.argv[1]):
   fi
 fi
 
-# ---------------- 3. one VM for every scenario ----------------
-# The per-scenario limits guard against hangs; their sum can exceed what CI allows (90 min for
-# build and all), so the whole VM is capped as well.
-cap=${NVMF_VM_SUITE_LIMIT:-4200}
-[ "$vm_limit" -le "$cap" ] || vm_limit=$cap
-rdma=none
-[ $need_rdma = 1 ] && rdma=both
+# ---------------- 3. one VM per guest kernel ----------------
+# Scenarios run in one VM per kernel series their header asks for (`vm-kernel: 6.12`; default
+# 6.1). 6.12 has no siw build: its VM gets rxe only.
 envs=(
   NVMF_TARGET_BIN="${BIN[nvmf-target]:-}" NVMF_TARGET_NOTE="${NOTE[nvmf-target]:-}"
   NVMF_BENCH_BIN="${BIN[nvmf-bench]:-}" NVMF_BENCH_NOTE="${NOTE[nvmf-bench]:-}"
@@ -231,26 +225,50 @@ envs=(
   NVMF_TEST_BREAK="${NVMF_TEST_BREAK:-}" RUST_LOG="${RUST_LOG:-info}" RUST_BACKTRACE=1
 )
 for v in $(compgen -e | grep '^NVMF_VM_' || true); do envs+=("$v=${!v}"); done
-cmd="env $(printf '%q ' "${envs[@]}") bash $(printf '%q ' "$HERE/guest-run.sh" "$RESULTS" "${SEL[@]}")"
 
-echo "run.sh: booting the VM (--rdma $rdma, limit ${vm_limit} s)" >&2
-t0=$SECONDS
-# Verdict lines (stdout) go straight through; progress and harness messages (stderr) are also kept
-# in vm.log.
-{
-  "$HERE/vm.sh" "${VERBOSE[@]}" --rdma "$rdma" --rw "$RESULTS" --timeout "$vm_limit" -- "$cmd" 2>&1 1>&3 3>&- |
-    tee "$RESULTS/vm.log" >&2 3>&-
-  vm_rc=${PIPESTATUS[0]}
-} 3>&1
-echo "run.sh: VM finished in $((SECONDS - t0)) s (vm.sh exit $vm_rc)" >&2
+# $1 = kernel series; the rest: its scenarios. The per-scenario limits guard against hangs;
+# their sum can exceed what CI allows (90 min for build and all), so each VM is capped as well.
+boot_vm() {
+  local series=$1 s t rdma=none need_rdma=0 vm_limit=180 cap=${NVMF_VM_SUITE_LIMIT:-4200} vm_rc
+  shift
+  for s in "$@"; do
+    [[ " $(header vm-needs "$s") " == *" rdma "* ]] && need_rdma=1
+    t=$(header vm-timeout "$s"); vm_limit=$((vm_limit + ${t:-300} + ${NVMF_VM_EXTRA_SECS:-0} + 15))
+  done
+  [ "$vm_limit" -le "$cap" ] || vm_limit=$cap
+  if [ $need_rdma = 1 ]; then
+    rdma=both
+    [ "$series" = 6.1 ] || rdma=rxe
+  fi
+  local cmd="env $(printf '%q ' "${envs[@]}" NVMF_VM_KERNEL_SERIES="$series") bash $(printf '%q ' "$HERE/guest-run.sh" "$RESULTS" "$@")"
+  echo "run.sh: booting the VM (kernel $series, --rdma $rdma, limit ${vm_limit} s)" >&2
+  local t0=$SECONDS
+  # Verdict lines (stdout) go straight through; progress and harness messages (stderr) are also
+  # kept in vm-<series>.log.
+  {
+    NVMF_VM_KERNEL_SERIES=$series "$HERE/vm.sh" "${VERBOSE[@]}" --rdma "$rdma" --rw "$RESULTS" --timeout "$vm_limit" -- "$cmd" 2>&1 1>&3 3>&- |
+      tee "$RESULTS/vm-$series.log" >&2 3>&-
+    vm_rc=${PIPESTATUS[0]}
+  } 3>&1
+  echo "run.sh: VM (kernel $series) finished in $((SECONDS - t0)) s (vm.sh exit $vm_rc)" >&2
+  case $vm_rc in
+    0) ;;
+    124) host_fail "vm-$series" "the VM ran out of time (${vm_limit} s)" ;;
+    125) host_fail "vm-$series" "harness error (vm.sh exit 125): $(grep -m1 -E '^vm\.sh' "$RESULTS/vm-$series.log" | cut -c1-200)" ;;
+    *) host_fail "vm-$series" "the guest runner failed (vm.sh exit $vm_rc): $(tail -n 1 "$RESULTS/vm-$series.log" | cut -c1-200)" ;;
+  esac
+  for s in "$@"; do
+    [ -s "$RESULTS/$s/verdicts" ] || host_fail "$s" "not run (vm.sh exit $vm_rc)"
+  done
+}
 
-case $vm_rc in
-  0) ;;
-  124) host_fail vm "the VM ran out of time (${vm_limit} s)" ;;
-  125) host_fail vm "harness error (vm.sh exit 125): $(grep -m1 -E '^vm\.sh' "$RESULTS/vm.log" | cut -c1-200)" ;;
-  *) host_fail vm "the guest runner failed (vm.sh exit $vm_rc): $(tail -n 1 "$RESULTS/vm.log" | cut -c1-200)" ;;
-esac
+declare -A BY_KERNEL=()
 for s in "${SEL[@]}"; do
-  [ -s "$RESULTS/$s/verdicts" ] || host_fail "$s" "not run (vm.sh exit $vm_rc)"
+  k=$(header vm-kernel "$s"); k=${k:-6.1}
+  BY_KERNEL[$k]+="$s "
+done
+for k in $(printf '%s\n' "${!BY_KERNEL[@]}" | sort -V); do
+  # shellcheck disable=SC2086 # scenario names have no spaces
+  boot_vm "$k" ${BY_KERNEL[$k]}
 done
 finish

@@ -35,7 +35,9 @@
 #   nvme_dev_for NQN         print the host block device (/dev/nvmeXnY) of a connected NQN
 #   vm_wait_listen tcp|rdma ADDR PORT [SECONDS]   wait until someone listens there
 #
-# Environment: NVMF_VM_KERNEL (vmlinuz path; default: newest /boot/vmlinuz-*-amd64 with rdma_rxe),
+# Environment: NVMF_VM_KERNEL (vmlinuz path; default: the newest /boot/vmlinuz-<series>.*-amd64 with
+#   rdma_rxe), NVMF_VM_KERNEL_SERIES (6.1, the default, or 6.12: Debian 12's second kernel, with
+#   NVMe in-band authentication; siw is built for 6.1 only, so 6.12 takes --rdma rxe or none),
 #   NVMF_VM_MEM (default 3G), NVMF_VM_CPUS (2), NVMF_VM_ACCEL (auto|kvm|tcg),
 #   NVMF_VM_NET (first three octets of the guest RDMA addresses, default 192.168.78),
 #   NVMF_VM_CACHE (default ${XDG_CACHE_HOME:-~/.cache}/nvmf-rs; holds siw-<kver>.ko).
@@ -49,6 +51,7 @@ NVMF_VM_CPUS=${NVMF_VM_CPUS:-2}
 NVMF_VM_ACCEL=${NVMF_VM_ACCEL:-auto}
 NVMF_VM_NET=${NVMF_VM_NET:-192.168.78}
 NVMF_VM_CACHE=${NVMF_VM_CACHE:-${XDG_CACHE_HOME:-${HOME:-/root}/.cache}/nvmf-rs}
+NVMF_VM_KERNEL_SERIES=${NVMF_VM_KERNEL_SERIES:-6.1}
 
 RDMA=none
 RW=()
@@ -82,7 +85,7 @@ command -v qemu-system-x86_64 >/dev/null || die "qemu-system-x86_64 not found: $
 pick_kernel() {
   local k v
   if [ -n "${NVMF_VM_KERNEL:-}" ]; then echo "$NVMF_VM_KERNEL"; return 0; fi
-  for k in $(ls /boot/vmlinuz-*-amd64 2>/dev/null | sort -V -r); do
+  for k in $(ls /boot/vmlinuz-"$NVMF_VM_KERNEL_SERIES".*-amd64 2>/dev/null | sort -V -r); do
     v=${k#/boot/vmlinuz-}
     if compgen -G "/lib/modules/$v/kernel/drivers/infiniband/sw/rxe/rdma_rxe.ko*" >/dev/null; then
       echo "$k"
@@ -91,7 +94,7 @@ pick_kernel() {
   done
   return 1
 }
-KERNEL=$(pick_kernel) || die "no Debian kernel with rdma_rxe in /boot: $SETUP_HINT"
+KERNEL=$(pick_kernel) || die "no Debian $NVMF_VM_KERNEL_SERIES kernel with rdma_rxe in /boot: $SETUP_HINT"
 [ -r "$KERNEL" ] || die "kernel image $KERNEL is not readable"
 KVER=${KERNEL#/boot/vmlinuz-}
 [ -d "/lib/modules/$KVER" ] || die "no /lib/modules/$KVER for $KERNEL"
