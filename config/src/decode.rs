@@ -11,8 +11,9 @@ use std::path::{Path, PathBuf};
 
 use crate::error::{join, Report};
 use crate::model::{
-    default_serial, Backing, Config, Listener, Metrics, Namespace, Polling, Subsystem,
-    TargetSettings, Transport, Uuid, DEFAULT_MODEL, DEFAULT_PORT,
+    default_dhchap_dhgroups, default_dhchap_hashes, default_serial, Backing, Config, DhGroup,
+    HashId, Host, Key, Listener, Metrics, Namespace, Polling, Subsystem, TargetSettings, Transport,
+    Uuid, DEFAULT_MODEL, DEFAULT_PORT,
 };
 use crate::size::Size;
 use crate::yaml::{Kind, Location, Node};
@@ -23,9 +24,18 @@ const SUBSYSTEM_KEYS: &[&str] = &[
     "nqn",
     "allow_any_host",
     "hosts",
+    "dhchap_hashes",
+    "dhchap_dhgroups",
     "serial",
     "model",
     "namespaces",
+];
+const HOST_KEYS: &[&str] = &[
+    "nqn",
+    "dhchap_key",
+    "dhchap_key_file",
+    "dhchap_ctrl_key",
+    "dhchap_ctrl_key_file",
 ];
 const NAMESPACE_KEYS: &[&str] = &[
     "nsid",
@@ -206,10 +216,32 @@ impl Decoder<'_> {
                 items
                     .iter()
                     .enumerate()
-                    .filter_map(|(i, h)| string(r, h, &format!("{p}[{i}]")))
+                    .filter_map(|(i, h)| self.host(r, h, &format!("{p}[{i}]")))
                     .collect(),
             )
         });
+        let dhchap_hashes = optional(
+            r,
+            &m,
+            "dhchap_hashes",
+            default_dhchap_hashes(),
+            |r, n, p| names(r, n, p, HashId::from_name, "sha256, sha384 or sha512"),
+        );
+        let dhchap_dhgroups = optional(
+            r,
+            &m,
+            "dhchap_dhgroups",
+            default_dhchap_dhgroups(),
+            |r, n, p| {
+                names(
+                    r,
+                    n,
+                    p,
+                    DhGroup::from_name,
+                    "null, ffdhe2048, ffdhe3072, ffdhe4096, ffdhe6144 or ffdhe8192",
+                )
+            },
+        );
         let serial = m
             .get("serial")
             .and_then(|n| string(r, n, &join(path, "serial")));
@@ -236,10 +268,85 @@ impl Decoder<'_> {
             nqn,
             allow_any_host,
             hosts,
+            dhchap_hashes,
+            dhchap_dhgroups,
             model,
             namespaces,
         };
         Some((subsystem, ns_paths))
+    }
+
+    /// A `hosts` entry: a host NQN, or a mapping with the host's secrets.
+    fn host(&self, r: &mut Report, node: &Node, path: &str) -> Option<Host> {
+        if let Kind::Scalar { .. } = node.kind {
+            return string(r, node, path).map(Host::plain);
+        }
+        let m = map(r, node, path, HOST_KEYS)?;
+        let nqn = required(r, &m, "nqn").and_then(|n| string(r, n, &join(path, "nqn")));
+        let key = self.key(r, &m, path, "dhchap_key");
+        let ctrl_key = self.key(r, &m, path, "dhchap_ctrl_key");
+        if ctrl_key.is_some() && key.is_none() && !r.failed(&join(path, "dhchap_key")) {
+            r.error_at(
+                m.at,
+                &join(path, "dhchap_ctrl_key"),
+                "a controller key needs a host key (`dhchap_key` or `dhchap_key_file`) too",
+            );
+        }
+        Some(Host {
+            nqn: nqn?,
+            dhchap_key: key,
+            dhchap_ctrl_key: ctrl_key,
+        })
+    }
+
+    /// `<name>` (inline) or `<name>_file`: a DH-HMAC-CHAP secret. The secret itself never
+    /// appears in a message.
+    fn key(&self, r: &mut Report, m: &Map<'_>, path: &str, name: &str) -> Option<Key> {
+        let file_key = format!("{name}_file");
+        let (inline, file) = (m.get(name), m.get(&file_key));
+        if let (Some(_), Some(f)) = (inline, file) {
+            r.error_at(
+                f.at,
+                &join(path, &file_key),
+                format!("give either `{name}` or `{file_key}`, not both"),
+            );
+            return None;
+        }
+        if let Some(n) = inline {
+            let p = join(path, name);
+            let Kind::Scalar { text, .. } = &n.kind else {
+                r.error_at(
+                    n.at,
+                    &p,
+                    format!("expected a string, found {}", n.describe()),
+                );
+                return None;
+            };
+            return match nvme::auth::Secret::parse(text) {
+                Ok(secret) => Some(Key { file: None, secret }),
+                Err(e) => {
+                    r.error_at(n.at, &p, format!("not a DH-HMAC-CHAP secret: {e}"));
+                    None
+                }
+            };
+        }
+        let n = file?;
+        let p = join(path, &file_key);
+        let text = string(r, n, &p)?;
+        let file = match self.base_dir {
+            Some(base) => base.join(&text),
+            None => PathBuf::from(&text),
+        };
+        match read_key_file(&file) {
+            Ok(secret) => Some(Key {
+                file: Some(file),
+                secret,
+            }),
+            Err(e) => {
+                r.error_at(n.at, &p, format!("{}: {e}", file.display()));
+                None
+            }
+        }
     }
 
     /// `nqn` is the subsystem's (for the derived UUID); `None` if it failed to decode, and the
@@ -386,6 +493,61 @@ impl Decoder<'_> {
             }
         }
     }
+}
+
+/// Reads a key file: owned by anyone, but readable and writable by its owner only (mode
+/// 0600 or stricter), holding one `DHHC-1:` secret.
+fn read_key_file(file: &Path) -> Result<nvme::auth::Secret, String> {
+    use std::os::unix::fs::PermissionsExt;
+    let meta = std::fs::metadata(file).map_err(|e| e.to_string())?;
+    if !meta.is_file() {
+        return Err("not a regular file".into());
+    }
+    let mode = meta.permissions().mode() & 0o777;
+    if mode & 0o077 != 0 {
+        return Err(format!(
+            "a key file must be private to its owner (mode {mode:04o}; chmod 600 it)"
+        ));
+    }
+    let text = zeroize::Zeroizing::new(std::fs::read_to_string(file).map_err(|e| e.to_string())?);
+    nvme::auth::Secret::parse(&text).map_err(|e| format!("not a DH-HMAC-CHAP secret: {e}"))
+}
+
+/// A list of names, each decoded by `parse`; an empty list is refused.
+fn names<T: PartialEq>(
+    r: &mut Report,
+    node: &Node,
+    path: &str,
+    parse: fn(&str) -> Option<T>,
+    expected: &str,
+) -> Option<Vec<T>> {
+    let items = seq(r, node, path)?;
+    if items.is_empty() {
+        r.error_at(
+            node.at,
+            path,
+            format!("the list is empty (expected {expected})"),
+        );
+        return None;
+    }
+    let mut out = Vec::new();
+    let mut ok = true;
+    for (i, n) in items.iter().enumerate() {
+        let p = format!("{path}[{i}]");
+        let Some(text) = string(r, n, &p) else {
+            ok = false;
+            continue;
+        };
+        match parse(&text) {
+            Some(v) if !out.contains(&v) => out.push(v),
+            Some(_) => r.warn(&p, format!("`{text}` is listed twice")),
+            None => {
+                r.error_at(n.at, &p, format!("unknown `{text}` (expected {expected})"));
+                ok = false;
+            }
+        }
+    }
+    ok.then_some(out)
 }
 
 /// A mapping whose keys were checked against the schema.

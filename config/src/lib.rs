@@ -57,7 +57,8 @@ use std::path::{Path, PathBuf};
 
 pub use error::{ConfigError, Diagnostic, Location, Severity};
 pub use model::{
-    default_serial, Backing, Config, InvalidUuid, Listener, Metrics, Namespace, Polling, Subsystem,
+    default_dhchap_dhgroups, default_dhchap_hashes, default_serial, Backing, Config, DhGroup,
+    HashId, Host, InvalidUuid, Key, Listener, Metrics, Namespace, Polling, Subsystem,
     TargetSettings, Transport, Uuid, DEFAULT_BLOCK_SIZE, DEFAULT_MODEL, DEFAULT_PORT,
 };
 pub use nqn::{check_name_text, validate_nqn, InvalidNqn, DISCOVERY_NQN, NQN_MAX_BYTES};
@@ -127,8 +128,23 @@ impl Config {
         parse(text, origin, None)
     }
 
-    /// The resolved configuration as YAML, every default written out. Reading it back with
-    /// [`Config::from_yaml_str`] gives an equal `Config` (with the same files present).
+    /// The resolved configuration as YAML with the secrets written in it, for writing the
+    /// configuration file back: reading it back with [`Config::from_yaml_str`] gives an equal
+    /// `Config` (with the same files present). Key files stay references to their files.
+    pub fn to_yaml_with_secrets(&self) -> String {
+        struct Reveal;
+        impl Drop for Reveal {
+            fn drop(&mut self) {
+                model::REVEAL_SECRETS.with(|r| r.set(false));
+            }
+        }
+        model::REVEAL_SECRETS.with(|r| r.set(true));
+        let _reveal = Reveal;
+        self.to_yaml()
+    }
+
+    /// The resolved configuration as YAML, every default written out, DH-HMAC-CHAP secrets
+    /// written inline replaced by `<secret>` (what `--check-config` and `ctl list` show).
     pub fn to_yaml(&self) -> String {
         // Serialization of these types cannot fail: every map key is a string and every
         // value a string, number, bool, list or map. A failure would be a bug in this crate.
@@ -152,6 +168,8 @@ impl Config {
             subsystems: vec![Subsystem {
                 nqn: DEFAULT_SUBSYSTEM_NQN.to_owned(),
                 allow_any_host: true,
+                dhchap_hashes: model::default_dhchap_hashes(),
+                dhchap_dhgroups: model::default_dhchap_dhgroups(),
                 hosts: Vec::new(),
                 serial: default_serial(DEFAULT_SUBSYSTEM_NQN),
                 model: DEFAULT_MODEL.to_owned(),

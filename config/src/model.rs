@@ -11,6 +11,7 @@ use serde::ser::SerializeStruct;
 use serde::{Serialize, Serializer};
 
 use crate::size::Size;
+pub use nvme::auth::{DhGroup, HashId};
 
 /// The TCP/RDMA port IANA assigned to NVMe over Fabrics (NVMe/TCP spec §3.4.1; also used for
 /// RDMA by convention).
@@ -80,10 +81,21 @@ pub struct Subsystem {
     /// `nqn`: the subsystem NQN (NVMe Base 2.0 §4.5), unique in the file, not the discovery
     /// NQN. Required.
     pub nqn: String,
-    /// `allow_any_host`: accept every host NQN. Default `false`.
+    /// `allow_any_host`: accept every host NQN. Default `false`. Hosts then connect without
+    /// authentication (as with nvmet).
     pub allow_any_host: bool,
-    /// `hosts`: host NQNs allowed to connect when `allow_any_host` is false. Default `[]`.
-    pub hosts: Vec<String>,
+    /// `hosts`: the hosts allowed to connect when `allow_any_host` is false, each a host NQN
+    /// or a mapping with its DH-HMAC-CHAP secrets ([`Host`]). Default `[]`.
+    pub hosts: Vec<Host>,
+    /// `dhchap_hashes`: the hash functions DH-HMAC-CHAP may use with this subsystem's hosts, in
+    /// order of preference (`sha256`, `sha384`, `sha512`). Default `[sha512, sha384, sha256]`.
+    #[serde(serialize_with = "ser_names")]
+    pub dhchap_hashes: Vec<HashId>,
+    /// `dhchap_dhgroups`: the Diffie-Hellman groups, in order of preference (`null`,
+    /// `ffdhe2048` ... `ffdhe8192`). Default `[ffdhe2048, ffdhe3072, ffdhe4096, ffdhe6144,
+    /// ffdhe8192, null]`.
+    #[serde(serialize_with = "ser_names")]
+    pub dhchap_dhgroups: Vec<DhGroup>,
     /// `serial`: Identify Controller serial number, 1–20 printable ASCII characters. Default:
     /// `NVMF` followed by 16 hex digits of a hash of the NQN (stable across restarts).
     pub serial: String,
@@ -92,6 +104,133 @@ pub struct Subsystem {
     pub model: String,
     /// `namespaces`: default `[]`.
     pub namespaces: Vec<Namespace>,
+}
+
+/// One entry of `hosts`.
+///
+/// ```yaml
+/// hosts:
+///   - nqn.2014-08.org.nvmexpress:uuid:...                       # a host NQN: no authentication
+///   - { nqn: "nqn...", dhchap_key: "DHHC-1:01:...:", dhchap_ctrl_key: "DHHC-1:03:...:" }
+///   - { nqn: "nqn...", dhchap_key_file: /etc/nvmf-target/keys/host1 }   # mode 0600
+/// ```
+///
+/// A host with a key must authenticate (DH-HMAC-CHAP, NVMe Base 2.0 8.13) on every queue
+/// before any other command; with a controller key as well, the controller authenticates
+/// itself to the host too (bidirectional).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Host {
+    /// `nqn`: the host NQN.
+    pub nqn: String,
+    /// `dhchap_key` or `dhchap_key_file`: the host's secret (`DHHC-1:xx:<base64>:`, as
+    /// `nvme gen-dhchap-key` prints it).
+    pub dhchap_key: Option<Key>,
+    /// `dhchap_ctrl_key` or `dhchap_ctrl_key_file`: the controller's secret, for
+    /// bidirectional authentication. Only with `dhchap_key`.
+    pub dhchap_ctrl_key: Option<Key>,
+}
+
+impl Host {
+    /// A host entry without secrets.
+    pub fn plain(nqn: impl Into<String>) -> Host {
+        Host {
+            nqn: nqn.into(),
+            dhchap_key: None,
+            dhchap_ctrl_key: None,
+        }
+    }
+}
+
+impl PartialEq<&str> for Host {
+    fn eq(&self, other: &&str) -> bool {
+        self.dhchap_key.is_none() && self.dhchap_ctrl_key.is_none() && self.nqn == *other
+    }
+}
+
+/// A DH-HMAC-CHAP secret and where it came from. Its text is zeroed when dropped and is never
+/// printed: `Debug` and the YAML this crate writes say `<secret>` unless
+/// [`Config::to_yaml_with_secrets`](crate::Config::to_yaml_with_secrets) asks for it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Key {
+    /// The key file (`*_key_file`), read when the configuration is loaded (and on every
+    /// reload, so a SIGHUP rotates keys); `None` for a key written inline.
+    pub file: Option<PathBuf>,
+    /// The secret.
+    pub secret: nvme::auth::Secret,
+}
+
+impl fmt::Debug for Key {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.file {
+            Some(p) => write!(f, "Key(file {}, secret redacted)", p.display()),
+            None => f.write_str("Key(inline, secret redacted)"),
+        }
+    }
+}
+
+std::thread_local! {
+    /// Set while [`Config::to_yaml_with_secrets`] serializes.
+    pub(crate) static REVEAL_SECRETS: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+impl Serialize for Host {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        if self.dhchap_key.is_none() && self.dhchap_ctrl_key.is_none() {
+            return serializer.serialize_str(&self.nqn);
+        }
+        let reveal = REVEAL_SECRETS.with(|r| r.get());
+        let mut st = serializer.serialize_struct("Host", 3)?;
+        st.serialize_field("nqn", &self.nqn)?;
+        for (name, key) in [
+            ("dhchap_key", &self.dhchap_key),
+            ("dhchap_ctrl_key", &self.dhchap_ctrl_key),
+        ] {
+            match key {
+                None => st.skip_field(name)?,
+                Some(Key { file: Some(p), .. }) => {
+                    let field = if name == "dhchap_key" {
+                        "dhchap_key_file"
+                    } else {
+                        "dhchap_ctrl_key_file"
+                    };
+                    st.serialize_field(field, &p.display().to_string())?
+                }
+                Some(Key { secret, .. }) if reveal => {
+                    st.serialize_field(name, secret.to_text().as_str())?
+                }
+                Some(_) => st.serialize_field(name, "<secret>")?,
+            }
+        }
+        st.end()
+    }
+}
+
+trait Named {
+    fn name_of(&self) -> &'static str;
+}
+impl Named for HashId {
+    fn name_of(&self) -> &'static str {
+        self.name()
+    }
+}
+impl Named for DhGroup {
+    fn name_of(&self) -> &'static str {
+        self.name()
+    }
+}
+
+fn ser_names<T: Named, S: Serializer>(v: &[T], s: S) -> Result<S::Ok, S::Error> {
+    s.collect_seq(v.iter().map(Named::name_of))
+}
+
+/// The default `dhchap_hashes`.
+pub fn default_dhchap_hashes() -> Vec<HashId> {
+    nvme::auth::Policy::default().hashes
+}
+
+/// The default `dhchap_dhgroups`.
+pub fn default_dhchap_dhgroups() -> Vec<DhGroup> {
+    nvme::auth::Policy::default().dhgroups
 }
 
 /// One entry of `namespaces`.

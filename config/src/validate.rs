@@ -198,6 +198,7 @@ fn subsystem(s: &Subsystem, path: &str, ns_paths: &[String], r: &mut Report) {
     ascii_field(&s.model, 40, "model", &join(path, "model"), r);
     let mut seen: HashMap<&str, usize> = HashMap::new();
     for (i, host) in s.hosts.iter().enumerate() {
+        let host = host.nqn.as_str();
         let p = format!("{path}.hosts[{i}]");
         if host == DISCOVERY_NQN {
             r.error(&p, "the discovery NQN cannot be a host NQN");
@@ -212,9 +213,14 @@ fn subsystem(s: &Subsystem, path: &str, ns_paths: &[String], r: &mut Report) {
         }
     }
     if s.allow_any_host && !s.hosts.is_empty() {
+        let keys = if s.hosts.iter().any(|h| h.dhchap_key.is_some()) {
+            " (and its DH-HMAC-CHAP keys: no host authenticates)"
+        } else {
+            ""
+        };
         r.warn(
             &join(path, "hosts"),
-            "`hosts` is ignored because `allow_any_host` is true",
+            format!("`hosts` is ignored because `allow_any_host` is true{keys}"),
         );
     }
     if !s.allow_any_host && s.hosts.is_empty() && !r.failed(&join(path, "allow_any_host")) {

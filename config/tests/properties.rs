@@ -4,8 +4,8 @@
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use nvmf_config::{
-    default_serial, Backing, Config, ConfigError, Listener, Metrics, Namespace, Size, Subsystem,
-    TargetSettings, Transport, Uuid,
+    default_dhchap_dhgroups, default_serial, Backing, Config, ConfigError, HashId, Host, Key,
+    Listener, Metrics, Namespace, Size, Subsystem, TargetSettings, Transport, Uuid,
 };
 use proptest::prelude::*;
 
@@ -73,10 +73,22 @@ fn subsystem(index: usize) -> impl Strategy<Value = Subsystem> {
     )
         .prop_flat_map(move |(name, allow_any_host, hosts, serial, model, nsids)| {
             let nqn = format!("nqn.2026-11.io.example:{index}{name}");
-            let hosts: Vec<String> = hosts
+            let hosts: Vec<Host> = hosts
                 .iter()
                 .enumerate()
-                .map(|(i, h)| format!("nqn.2026-11.io.example.hosts:{i}{h}"))
+                .map(|(i, h)| {
+                    let mut host = Host::plain(format!("nqn.2026-11.io.example.hosts:{i}{h}"));
+                    // Every other host has secrets (inline; odd ones bidirectional).
+                    if i % 2 == 1 {
+                        let key = |fill: u8| Key {
+                            file: None,
+                            secret: nvme::auth::Secret::from_key(&[fill; 32], None).unwrap(),
+                        };
+                        host.dhchap_key = Some(key(i as u8));
+                        host.dhchap_ctrl_key = (i % 4 == 3).then(|| key(0xa5));
+                    }
+                    host
+                })
                 .collect();
             let hosts = if allow_any_host { Vec::new() } else { hosts };
             let namespaces: Vec<_> = nsids
@@ -93,6 +105,8 @@ fn subsystem(index: usize) -> impl Strategy<Value = Subsystem> {
                         nqn,
                         allow_any_host,
                         hosts,
+                        dhchap_hashes: vec![HashId::Sha256, HashId::Sha512],
+                        dhchap_dhgroups: default_dhchap_dhgroups(),
                         serial,
                         model,
                         namespaces,
@@ -202,10 +216,13 @@ proptest! {
             panic!("generator produced an invalid config:\n{e}\n{c:#?}");
         }
         // ...and reads back equal from its YAML.
-        let text = c.to_yaml();
+        let text = c.to_yaml_with_secrets();
         let back = Config::from_yaml_str(&text, "gen.yaml")
             .unwrap_or_else(|e| panic!("{e}\n--- text:\n{text}"));
         prop_assert_eq!(&back.config, &c, "--- text:\n{}", text);
+        // What --check-config and `ctl list` print has no secret in it.
+        let shown = c.to_yaml();
+        prop_assert!(!shown.contains("DHHC-1"), "{}", shown);
     }
 
     #[test]

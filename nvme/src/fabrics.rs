@@ -352,7 +352,8 @@ pub enum InvalidAttr {
 /// The Connect completion's result dword, decoded (NVMe-oF 1.1 Figure 21).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ConnectResult {
-    /// Success: the controller ID (bits 15:0) and AUTHREQ (bits 17:16).
+    /// Success: the controller ID (bits 15:0) and the authentication requirements, bits 18:16
+    /// shifted down ([`AUTHREQ_ATR`], [`AUTHREQ_ASCR`]).
     Success { cntlid: u16, authreq: u8 },
     /// Connect Invalid Parameters: IPO (bits 15:0) is the byte offset of the field, IATTR (bit
     /// 16) says whether it is in the SQE or the data.
@@ -364,7 +365,7 @@ impl ConnectResult {
     pub fn encode(self) -> u64 {
         match self {
             ConnectResult::Success { cntlid, authreq } => {
-                cntlid as u64 | ((authreq & 3) as u64) << 16
+                cntlid as u64 | ((authreq & 7) as u64) << 16
             }
             ConnectResult::InvalidParam { attr, offset } => {
                 offset as u64 | ((attr == InvalidAttr::Data) as u64) << 16
@@ -386,9 +387,47 @@ impl ConnectResult {
         } else {
             ConnectResult::Success {
                 cntlid: result as u16,
-                authreq: (result >> 16 & 3) as u8,
+                authreq: (result >> 16 & 7) as u8,
             }
         }
+    }
+}
+
+/// Connect response AUTHREQ: an authentication transaction is required on this queue before
+/// any other command (DW0 bit 17, where Linux's `NVME_CONNECT_AUTHREQ_ATR` and nvmet put it).
+pub const AUTHREQ_ATR: u8 = 1 << 1;
+/// Connect response AUTHREQ: secure channel concatenation required (DW0 bit 18; never set
+/// here: Linux 6.1-6.12 hosts refuse it).
+pub const AUTHREQ_ASCR: u8 = 1 << 2;
+
+/// Authentication Send / Receive (fabrics command types 05h / 06h): the security protocol
+/// fields and the transfer (Send: TL) or allocation (Receive: AL) length. CDW10 holds
+/// SPSP0 (byte 41), SPSP1 (42) and SECP (43); CDW11 the length.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AuthCmd {
+    pub secp: u8,
+    pub spsp0: u8,
+    pub spsp1: u8,
+    pub len: u32,
+}
+
+impl AuthCmd {
+    pub fn from_sqe(sqe: &Sqe) -> AuthCmd {
+        let cdw10 = sqe.cdw10.get();
+        AuthCmd {
+            spsp0: (cdw10 >> 8) as u8,
+            spsp1: (cdw10 >> 16) as u8,
+            secp: (cdw10 >> 24) as u8,
+            len: sqe.cdw11.get(),
+        }
+    }
+
+    /// CDW10 and CDW11 for an SQE.
+    pub fn dwords(&self) -> (u32, u32) {
+        (
+            (self.secp as u32) << 24 | (self.spsp1 as u32) << 16 | (self.spsp0 as u32) << 8,
+            self.len,
+        )
     }
 }
 
@@ -553,6 +592,28 @@ pub fn property_get_sqe(cid: u16, offset: u32, size: PropSize) -> Sqe {
     c.attrib = size.attrib();
     c.offset = offset.into();
     Sqe::read_from_bytes(c.as_bytes()).expect("both 64 bytes")
+}
+
+/// An Authentication Send (`send`: TL = `len`) or Receive (AL = `len`) SQE for NVMe in-band
+/// authentication (SECP E9h, SPSP 01h/01h), its data described by `sgl`.
+pub fn auth_sqe(cid: u16, send: bool, len: u32, sgl: Sgl) -> Sqe {
+    let ft = if send {
+        fctype::AUTH_SEND
+    } else {
+        fctype::AUTH_RECV
+    };
+    let mut sqe = fabrics_sqe(cid, ft);
+    let (cdw10, cdw11) = AuthCmd {
+        secp: crate::auth::SECP_DHCHAP,
+        spsp0: crate::auth::SPSP0,
+        spsp1: crate::auth::SPSP1,
+        len,
+    }
+    .dwords();
+    sqe.cdw10 = cdw10.into();
+    sqe.cdw11 = cdw11.into();
+    sqe.dptr = sgl.encode();
+    sqe
 }
 
 /// A Property Set SQE.

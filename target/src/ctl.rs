@@ -156,6 +156,8 @@ pub fn apply(cfg: &Config, op: &Op) -> Result<Config, String> {
                 nqn: nqn.clone(),
                 allow_any_host: *allow_any_host,
                 hosts: Vec::new(),
+                dhchap_hashes: config::default_dhchap_hashes(),
+                dhchap_dhgroups: config::default_dhchap_dhgroups(),
                 serial: serial.clone().unwrap_or_else(|| default_serial(nqn)),
                 model: DEFAULT_MODEL.to_owned(),
                 namespaces: Vec::new(),
@@ -265,15 +267,15 @@ pub fn apply(cfg: &Config, op: &Op) -> Result<Config, String> {
         }
         Op::AddHost { nqn, host } => {
             let s = subsystem(&mut new, nqn)?;
-            if s.hosts.contains(host) {
+            if s.hosts.iter().any(|h| &h.nqn == host) {
                 return Err(format!("{host} is allowed on {nqn} already"));
             }
-            s.hosts.push(host.clone());
+            s.hosts.push(config::Host::plain(host.clone()));
         }
         Op::RemoveHost { nqn, host } => {
             let s = subsystem(&mut new, nqn)?;
             let before = s.hosts.len();
-            s.hosts.retain(|h| h != host);
+            s.hosts.retain(|h| &h.nqn != host);
             if s.hosts.len() == before {
                 return Err(format!("{host} is not on the host list of {nqn}"));
             }
@@ -350,7 +352,7 @@ pub fn persist(cfg: &Config, path: &Path) -> io::Result<()> {
         path.file_name()
             .map(|n| n.to_string_lossy())
             .unwrap_or_default(),
-        cfg.to_yaml()
+        cfg.to_yaml_with_secrets()
     );
     if path.exists() {
         let mut bak = path.as_os_str().to_owned();

@@ -14,8 +14,8 @@ use crate::backend::{
     BufPool, Deallocate, Device, DeviceSpec, Devices, FileSpec, Ring, RingConfig,
 };
 use crate::core::{
-    ListenerInfo, NamespaceSpec, Reconfigured, SubsystemSpec, Target, TargetParams, TrType,
-    TransportCaps,
+    HostKeys, HostSpec, ListenerInfo, NamespaceSpec, Reconfigured, SubsystemSpec, Target,
+    TargetParams, TrType, TransportCaps,
 };
 use crate::resv_store::{state_file, FileResvStore};
 use crate::store::RingStore;
@@ -181,7 +181,21 @@ fn subsystem_specs(
             serial: s.serial.clone(),
             model: s.model.clone(),
             allow_any_host: s.allow_any_host,
-            hosts: s.hosts.clone(),
+            hosts: s
+                .hosts
+                .iter()
+                .map(|h| HostSpec {
+                    nqn: h.nqn.clone(),
+                    keys: h.dhchap_key.as_ref().map(|k| HostKeys {
+                        host: k.secret.clone(),
+                        ctrl: h.dhchap_ctrl_key.as_ref().map(|c| c.secret.clone()),
+                    }),
+                })
+                .collect(),
+            auth_policy: nvme::auth::Policy {
+                hashes: s.dhchap_hashes.clone(),
+                dhgroups: s.dhchap_dhgroups.clone(),
+            },
             namespaces: s
                 .namespaces
                 .iter()
@@ -347,6 +361,7 @@ impl Daemon {
             TargetParams {
                 keep_alive_ms_min: t.keep_alive_ms_min,
                 resv_store: Some(resv_store.clone()),
+                auth_timeout: crate::core::AUTH_TIMEOUT,
             },
         );
         let caps = TransportCaps {

@@ -51,6 +51,7 @@ fn no_heap_allocation_per_io_command_in_the_core() {
             model: "alloc".into(),
             allow_any_host: true,
             hosts: vec![],
+            auth_policy: Default::default(),
             namespaces: vec![NamespaceSpec {
                 nsid: 1,
                 blocks: 1 << 20,
@@ -66,6 +67,7 @@ fn no_heap_allocation_per_io_command_in_the_core() {
         TargetParams {
             keep_alive_ms_min: 1000,
             resv_store: None,
+            auth_timeout: nvmf_target::core::AUTH_TIMEOUT,
         },
     );
     // Admin queue: Connect, CC.EN.

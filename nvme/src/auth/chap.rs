@@ -166,6 +166,11 @@ impl ControllerTxn {
         }
     }
 
+    /// The transaction identifier (the host's, from its Negotiate).
+    pub fn t_id(&self) -> u16 {
+        self.t_id
+    }
+
     /// The negotiated hash and DH group (meaningful once a Negotiate was taken).
     pub fn negotiated(&self) -> (HashId, DhGroup) {
         (self.hash, self.group)
@@ -184,7 +189,7 @@ impl ControllerTxn {
         )
     }
 
-    fn to_failure1(&mut self, f: AuthFailure) -> CtrlStep {
+    fn fail_with(&mut self, f: AuthFailure) -> CtrlStep {
         self.failure = Some(f);
         self.state = CtrlState::SendFailure1;
         CtrlStep::Continue
@@ -196,7 +201,7 @@ impl ControllerTxn {
         let msg = match AuthMessage::decode(payload) {
             Ok(m) => m,
             Err(e) => {
-                return self.to_failure1(fail("message", failure::INCORRECT_PAYLOAD, e.to_string()))
+                return self.fail_with(fail("message", failure::INCORRECT_PAYLOAD, e.to_string()))
             }
         };
         match (self.state, msg) {
@@ -226,7 +231,7 @@ impl ControllerTxn {
                     ),
                 ))
             }
-            (_, m) => self.to_failure1(fail(
+            (_, m) => self.fail_with(fail(
                 "message",
                 failure::INCORRECT_MESSAGE,
                 format!("unexpected {} message", kind(&m)),
@@ -239,7 +244,7 @@ impl ControllerTxn {
         self.keys = None;
         self.ctrl_response = None;
         if n.sc_c != 0 {
-            return self.to_failure1(fail(
+            return self.fail_with(fail(
                 "negotiate",
                 failure::CONCAT_MISMATCH,
                 format!("secure channel concatenation {} is not offered", n.sc_c),
@@ -252,7 +257,7 @@ impl ControllerTxn {
             .copied()
             .find(|h| n.hashes.contains(&(*h as u8)))
         else {
-            return self.to_failure1(fail(
+            return self.fail_with(fail(
                 "negotiate",
                 failure::HASH_UNUSABLE,
                 format!("no common hash (host offers ids {:?})", n.hashes),
@@ -267,7 +272,7 @@ impl ControllerTxn {
             .copied()
             .find(|g| n.dhgroups.contains(&(*g as u8)))
         else {
-            return self.to_failure1(fail(
+            return self.fail_with(fail(
                 "negotiate",
                 failure::DHGROUP_UNUSABLE,
                 format!("no common DH group (host offers ids {:?})", n.dhgroups),
@@ -284,9 +289,7 @@ impl ControllerTxn {
             rng(&mut x);
             match KeyPair::generate(group, &x) {
                 Ok(k) => self.keys = Some(k),
-                Err(e) => {
-                    return self.to_failure1(fail("negotiate", failure::FAILED, e.to_string()))
-                }
+                Err(e) => return self.fail_with(fail("negotiate", failure::FAILED, e.to_string())),
             }
         }
         self.failure = None;
@@ -297,14 +300,14 @@ impl ControllerTxn {
     fn reply(&mut self, r: Reply) -> CtrlStep {
         let hl = self.hash.len();
         if r.t_id != self.t_id {
-            return self.to_failure1(fail(
+            return self.fail_with(fail(
                 "reply",
                 failure::INCORRECT_PAYLOAD,
                 "transaction id differs",
             ));
         }
         if r.response.len() != hl {
-            return self.to_failure1(fail(
+            return self.fail_with(fail(
                 "reply",
                 failure::INCORRECT_PAYLOAD,
                 format!(
@@ -317,7 +320,7 @@ impl ControllerTxn {
         let session = match (&self.keys, self.group) {
             (None, _) => {
                 if !r.dh_value.is_empty() {
-                    return self.to_failure1(fail(
+                    return self.fail_with(fail(
                         "reply",
                         failure::INCORRECT_PAYLOAD,
                         "a DH value without a DH group",
@@ -328,11 +331,7 @@ impl ControllerTxn {
             (Some(k), _) => match k.shared(&r.dh_value) {
                 Ok(s) => Some(s),
                 Err(e) => {
-                    return self.to_failure1(fail(
-                        "reply",
-                        failure::INCORRECT_PAYLOAD,
-                        e.to_string(),
-                    ))
+                    return self.fail_with(fail("reply", failure::INCORRECT_PAYLOAD, e.to_string()))
                 }
             },
         };
@@ -353,7 +352,7 @@ impl ControllerTxn {
             &self.subnqn,
         );
         if !bool::from(expect.ct_eq(&r.response)) {
-            return self.to_failure1(fail(
+            return self.fail_with(fail(
                 "reply",
                 failure::FAILED,
                 "the host's response does not match its key",
@@ -361,14 +360,14 @@ impl ControllerTxn {
         }
         if let Some(c2) = &r.challenge {
             let Some(ctrl_key) = &self.ctrl_key else {
-                return self.to_failure1(fail(
+                return self.fail_with(fail(
                     "reply",
                     failure::FAILED,
                     "the host asks the controller to authenticate, and it has no controller key",
                 ));
             };
             if c2.len() != hl || r.seqnum == 0 {
-                return self.to_failure1(fail(
+                return self.fail_with(fail(
                     "reply",
                     failure::INCORRECT_PAYLOAD,
                     "controller challenge of the wrong length, or sequence number 0",
@@ -388,7 +387,7 @@ impl ControllerTxn {
             ));
         } else if self.ctrl_key.is_some() {
             // nvmet: a controller key configured means the host must challenge the controller.
-            return self.to_failure1(fail(
+            return self.fail_with(fail(
                 "reply",
                 failure::FAILED,
                 "bidirectional authentication is configured, and the host did not challenge the controller",

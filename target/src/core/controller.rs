@@ -66,6 +66,8 @@ pub(crate) enum Gone {
     Fatal = 5,
     /// The subsystem was removed (or replaced) by a configuration reload.
     Removed = 6,
+    /// The host failed DH-HMAC-CHAP authentication, or did not finish it in time.
+    AuthFailed = 7,
 }
 
 impl Gone {
@@ -77,6 +79,7 @@ impl Gone {
             4 => Gone::Shutdown,
             5 => Gone::Fatal,
             6 => Gone::Removed,
+            7 => Gone::AuthFailed,
             _ => Gone::Alive,
         }
     }
@@ -88,6 +91,7 @@ impl Gone {
             Gone::Reset => "controller reset",
             Gone::Shutdown => "controller shutdown",
             Gone::Fatal => "controller fatal error",
+            Gone::AuthFailed => "authentication failed",
             Gone::Removed => "subsystem removed by a configuration reload",
         }
     }

@@ -6,7 +6,7 @@ use std::time::Instant;
 use nvme::fabrics::{
     connect_data_off as doff, connect_sqe_off as soff, property_off, reg, version, Cap, ConnectCmd,
     ConnectData, ConnectResult, DisconnectCmd, InvalidAttr, PropSize, PropertyGetCmd,
-    PropertySetCmd, CATTR_DISABLE_SQFLOW, CNTLID_DYNAMIC,
+    PropertySetCmd, AUTHREQ_ATR, CATTR_DISABLE_SQFLOW, CNTLID_DYNAMIC,
 };
 use nvme::opcode::fctype;
 use nvme::{Sqe, Status, LINUX_AQ_DEPTH};
@@ -52,9 +52,10 @@ impl Queue {
     pub(super) fn parse_fabrics_admin(&mut self, sqe: &Sqe) -> Result<Parsed, Reject> {
         match sqe.fctype() {
             fctype::PROPERTY_GET | fctype::PROPERTY_SET => Ok(Parsed::none()),
+            fctype::AUTH_SEND | fctype::AUTH_RECV => self.parse_auth(sqe),
             // The queue is already connected (SPDK answers a second Connect the same way).
             fctype::CONNECT => Err(Reject::dnr(Status::CMD_SEQ_ERROR, loc::NSID)),
-            // Disconnect is for I/O queues; authentication is not offered.
+            // Disconnect is for I/O queues.
             _ => Err(Reject::dnr(Status::INVALID_OPCODE, loc::NSID)),
         }
     }
@@ -62,14 +63,23 @@ impl Queue {
     pub(super) fn parse_fabrics_io(&mut self, sqe: &Sqe) -> Result<Parsed, Reject> {
         match sqe.fctype() {
             fctype::DISCONNECT => Ok(Parsed::none()),
+            fctype::AUTH_SEND | fctype::AUTH_RECV => self.parse_auth(sqe),
             fctype::CONNECT => Err(Reject::dnr(Status::CMD_SEQ_ERROR, loc::NSID)),
             // Property Get/Set go to the admin queue only.
             _ => Err(Reject::dnr(Status::INVALID_OPCODE, loc::NSID)),
         }
     }
 
-    pub(super) fn exec_fabrics(&mut self, sqe: &Sqe, now: Instant) -> Result<Outcome, Reject> {
+    pub(super) fn exec_fabrics(
+        &mut self,
+        sqe: &Sqe,
+        buf: &mut [u8],
+        now: Instant,
+    ) -> Result<Outcome, Reject> {
         match (&self.link, sqe.fctype()) {
+            (Link::Admin(_) | Link::Io { .. }, fctype::AUTH_SEND | fctype::AUTH_RECV) => {
+                self.exec_auth(sqe, buf, now)
+            }
             (Link::Admin(ctrl), fctype::PROPERTY_GET) => {
                 let ctrl = ctrl.clone();
                 self.property_get(&ctrl, sqe)
@@ -133,7 +143,7 @@ impl Queue {
         if c.qid.get() == 0 {
             self.admin_connect(&c, &d, subsys, hostnqn, now)
         } else {
-            self.io_connect(&c, &d, &subsys, hostnqn)
+            self.io_connect(&c, &d, &subsys, hostnqn, now)
         }
     }
 
@@ -216,8 +226,13 @@ impl Queue {
         }
         let cntlid = ctrl.cntlid;
         self.install(Link::Admin(ctrl), c, depth);
+        let authreq = if self.auth_on_connect(hostnqn, now) {
+            AUTHREQ_ATR
+        } else {
+            0
+        };
         Ok(Outcome::result(
-            ConnectResult::Success { cntlid, authreq: 0 }.encode(),
+            ConnectResult::Success { cntlid, authreq }.encode(),
         ))
     }
 
@@ -248,6 +263,7 @@ impl Queue {
         d: &ConnectData,
         subsys: &Arc<Subsystem>,
         hostnqn: &str,
+        now: Instant,
     ) -> Result<Outcome, Reject> {
         let qid = c.qid.get();
         let ctrl = self
@@ -290,8 +306,13 @@ impl Queue {
         tracing::debug!(cntlid = ctrl.cntlid, qid, depth, peer = %self.peer, "I/O queue connected");
         let cntlid = ctrl.cntlid;
         self.install(Link::Io { ctrl, epoch }, c, depth);
+        let authreq = if self.auth_on_connect(hostnqn, now) {
+            AUTHREQ_ATR
+        } else {
+            0
+        };
         Ok(Outcome::result(
-            ConnectResult::Success { cntlid, authreq: 0 }.encode(),
+            ConnectResult::Success { cntlid, authreq }.encode(),
         ))
     }
 

@@ -22,6 +22,7 @@
 //! a [`Waker`] with [`Queue::set_waker`] to be told to poll.
 
 mod admin;
+mod auth;
 mod controller;
 mod discovery;
 mod fabrics_cmd;
@@ -140,8 +141,39 @@ pub struct SubsystemSpec {
     pub serial: String,
     pub model: String,
     pub allow_any_host: bool,
-    pub hosts: Vec<String>,
+    pub hosts: Vec<HostSpec>,
+    /// The hashes and DH groups DH-HMAC-CHAP may use with this subsystem's hosts.
+    pub auth_policy: nvme::auth::Policy,
     pub namespaces: Vec<NamespaceSpec>,
+}
+
+/// A host allowed on a subsystem, with its DH-HMAC-CHAP secrets when it must authenticate.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostSpec {
+    pub nqn: String,
+    pub keys: Option<HostKeys>,
+}
+
+/// A host's secret and, for bidirectional authentication, the controller's.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostKeys {
+    pub host: nvme::auth::Secret,
+    pub ctrl: Option<nvme::auth::Secret>,
+}
+
+impl From<&str> for HostSpec {
+    fn from(nqn: &str) -> HostSpec {
+        HostSpec {
+            nqn: nqn.to_owned(),
+            keys: None,
+        }
+    }
+}
+
+impl From<String> for HostSpec {
+    fn from(nqn: String) -> HostSpec {
+        HostSpec { nqn, keys: None }
+    }
 }
 
 /// Target-wide parameters.
@@ -151,7 +183,12 @@ pub struct TargetParams {
     pub keep_alive_ms_min: u32,
     /// Where reservations persist through power loss; `None`: nowhere (RESCAP.PTPLC clear).
     pub resv_store: Option<Arc<dyn ResvStore>>,
+    /// How long a DH-HMAC-CHAP transaction may take before the queue is torn down.
+    pub auth_timeout: std::time::Duration,
 }
+
+/// The default [`TargetParams::auth_timeout`].
+pub const AUTH_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// Called (from any thread) when a queue has something for [`Queue::poll_event`].
 pub type Waker = Arc<dyn Fn() + Send + Sync>;
@@ -363,6 +400,8 @@ pub struct Queue {
     counters: Arc<queue::Counters>,
     ns_cache: Option<(u64, Arc<subsystem::NsTable>)>,
     events: VecDeque<QueueEvent>,
+    /// In-band authentication of this queue.
+    auth: auth::QueueAuth,
     /// A Reservation Acquire (Preempt and Abort) waiting for the preempted hosts' writes.
     fence: Option<queue::Fence>,
     /// A Disconnect event was handed out already.

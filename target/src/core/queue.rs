@@ -273,6 +273,7 @@ impl Queue {
             max_xfer,
             waker: None,
             local_addr: None,
+            auth: Default::default(),
         }
     }
 
@@ -426,6 +427,7 @@ impl Queue {
                 if ctrl.gone() != Gone::Alive {
                     return Err(Reject::new(Status::ABORT_QUEUE, loc::NONE));
                 }
+                self.auth_gate(sqe)?;
                 if sqe.is_fabrics() {
                     self.parse_fabrics_admin(sqe)
                 } else if !ctrl.ready() {
@@ -441,6 +443,7 @@ impl Queue {
                 if ctrl.gone() != Gone::Alive || ctrl.io_epoch() != *epoch {
                     return Err(Reject::new(Status::ABORT_QUEUE, loc::NONE));
                 }
+                self.auth_gate(sqe)?;
                 if sqe.is_fabrics() {
                     self.parse_fabrics_io(sqe)
                 } else if !ctrl.ready() {
@@ -562,7 +565,7 @@ impl Queue {
                 }
                 ctrl.touch(now, false);
                 if sqe.is_fabrics() {
-                    self.exec_fabrics(sqe, now)
+                    self.exec_fabrics(sqe, buf, now)
                 } else if !ctrl.ready() {
                     Err(Reject::dnr(Status::CMD_SEQ_ERROR, loc::OPCODE))
                 } else if ctrl.is_discovery() {
@@ -580,7 +583,7 @@ impl Queue {
                 ctrl.touch(now, false);
                 let ready = ctrl.ready();
                 if sqe.is_fabrics() {
-                    self.exec_fabrics(sqe, now)
+                    self.exec_fabrics(sqe, buf, now)
                 } else if !ready {
                     Err(Reject::dnr(Status::CMD_SEQ_ERROR, loc::OPCODE))
                 } else {
@@ -663,13 +666,18 @@ impl Queue {
     // ---- timers and events -------------------------------------------------------------
 
     pub(super) fn next_timeout(&self) -> Option<Instant> {
-        match &self.link {
+        let keep_alive = match &self.link {
             Link::Admin(ctrl) => ctrl.keep_alive_deadline(),
             _ => None,
+        };
+        match (keep_alive, self.auth.deadline()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
         }
     }
 
     pub(super) fn on_timeout(&mut self, now: Instant) {
+        self.auth_timeout(now);
         let Link::Admin(ctrl) = &self.link else {
             return;
         };

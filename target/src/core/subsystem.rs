@@ -12,7 +12,10 @@ use super::controller::Controller;
 use super::controller::Gone;
 use super::reservation::{NsReservation, ResvStore};
 use super::stats::{ControllerMetrics, IoTotals, NsTotals, SubsystemMetrics};
-use super::{ListenerInfo, NamespaceSpec, Reconfigured, SubsystemSpec, Target, TargetParams};
+use super::{
+    HostKeys, HostSpec, ListenerInfo, NamespaceSpec, Reconfigured, SubsystemSpec, Target,
+    TargetParams,
+};
 
 /// Namespaces of a subsystem at one point in time, by NSID.
 #[derive(Debug, Default)]
@@ -69,7 +72,8 @@ impl NsTable {
 #[derive(Debug)]
 struct Access {
     allow_any_host: bool,
-    hosts: Vec<String>,
+    hosts: Vec<HostSpec>,
+    policy: nvme::auth::Policy,
 }
 
 /// A configured subsystem (or the discovery subsystem).
@@ -99,6 +103,7 @@ impl Subsystem {
             access: RwLock::new(Access {
                 allow_any_host: spec.allow_any_host,
                 hosts: spec.hosts,
+                policy: spec.auth_policy,
             }),
             discovery: false,
             ns: RwLock::new(Arc::new(table)),
@@ -115,6 +120,7 @@ impl Subsystem {
             access: RwLock::new(Access {
                 allow_any_host: true,
                 hosts: Vec::new(),
+                policy: nvme::auth::Policy::default(),
             }),
             discovery: true,
             ns: RwLock::new(Arc::new(NsTable::default())),
@@ -129,18 +135,42 @@ impl Subsystem {
             return true;
         }
         let a = self.access.read().unwrap_or_else(PoisonError::into_inner);
-        a.allow_any_host || a.hosts.iter().any(|h| h == hostnqn)
+        a.allow_any_host || a.hosts.iter().any(|h| h.nqn == hostnqn)
     }
 
-    /// Replace who may connect; true if it changed. Controllers already connected stay (as
-    /// with nvmet, removing a host from a subsystem only affects new connections).
-    fn set_access(&self, allow_any_host: bool, hosts: &[String]) -> bool {
+    /// What a host must authenticate with: its secrets and the subsystem's policy; `None` if
+    /// it connects without authentication (no keys, or a subsystem open to any host, as nvmet).
+    pub fn host_auth(&self, hostnqn: &str) -> Option<(HostKeys, nvme::auth::Policy)> {
+        if self.discovery {
+            return None;
+        }
+        let a = self.access.read().unwrap_or_else(PoisonError::into_inner);
+        if a.allow_any_host {
+            return None;
+        }
+        a.hosts
+            .iter()
+            .find(|h| h.nqn == hostnqn)
+            .and_then(|h| h.keys.clone())
+            .map(|k| (k, a.policy.clone()))
+    }
+
+    /// Replace who may connect and with which secrets; true if it changed. Controllers already
+    /// connected stay (as with nvmet, removing a host from a subsystem, or changing its keys,
+    /// only affects new connections and new authentication transactions).
+    fn set_access(
+        &self,
+        allow_any_host: bool,
+        hosts: &[HostSpec],
+        policy: &nvme::auth::Policy,
+    ) -> bool {
         let mut a = self.access.write().unwrap_or_else(PoisonError::into_inner);
-        if a.allow_any_host == allow_any_host && a.hosts == hosts {
+        if a.allow_any_host == allow_any_host && a.hosts == hosts && a.policy == *policy {
             return false;
         }
         a.allow_any_host = allow_any_host;
         a.hosts = hosts.to_vec();
+        a.policy = policy.clone();
         true
     }
 
@@ -432,7 +462,7 @@ impl TargetInner {
             for (nqn, old) in map.iter() {
                 match wanted.remove(nqn) {
                     Some(spec) if spec.serial == old.serial && spec.model == old.model => {
-                        if old.set_access(spec.allow_any_host, &spec.hosts) {
+                        if old.set_access(spec.allow_any_host, &spec.hosts, &spec.auth_policy) {
                             out.hosts_changed.push(nqn.clone());
                         }
                         let changed = old

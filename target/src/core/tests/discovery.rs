@@ -164,6 +164,7 @@ fn wildcard_listeners_report_the_local_address() {
         model: "M".into(),
         allow_any_host: true,
         hosts: vec![],
+        auth_policy: Default::default(),
         namespaces: vec![ns(1, 8, 12, 0)],
     }];
     let listeners = vec![
@@ -192,6 +193,7 @@ fn wildcard_listeners_report_the_local_address() {
         TargetParams {
             keep_alive_ms_min: 0,
             resv_store: None,
+            auth_timeout: crate::core::AUTH_TIMEOUT,
         },
     );
     let mut h = Host::new(&t, tcp_caps(), Instant::now());

@@ -1,5 +1,6 @@
 //! Core tests: no transport, a virtual clock, a host that speaks exactly like Linux.
 
+mod auth;
 mod bad_input;
 mod bringup;
 mod discovery;
@@ -58,6 +59,7 @@ pub(super) fn test_subsystems() -> Vec<SubsystemSpec> {
             model: "nvmf-rs test".into(),
             allow_any_host: false,
             hosts: vec![HOSTNQN.into()],
+            auth_policy: Default::default(),
             namespaces: vec![ns(1, 2048, 12, 7), ns(3, 1 << 20, 9, 8)],
         },
         SubsystemSpec {
@@ -66,6 +68,7 @@ pub(super) fn test_subsystems() -> Vec<SubsystemSpec> {
             model: "nvmf-rs restricted".into(),
             allow_any_host: false,
             hosts: vec![OTHER_HOST.into()],
+            auth_policy: Default::default(),
             namespaces: vec![ns(1, 64, 12, 9)],
         },
     ]
@@ -96,6 +99,7 @@ pub(super) fn test_target() -> Arc<Target> {
         TargetParams {
             keep_alive_ms_min: 1000,
             resv_store: None,
+            auth_timeout: crate::core::AUTH_TIMEOUT,
         },
     )
 }

@@ -137,6 +137,7 @@ fn subsystems_come_and_go_and_host_lists_apply_to_new_connects() {
         model: "nvmf-rs added".into(),
         allow_any_host: true,
         hosts: vec![],
+        auth_policy: Default::default(),
         namespaces: vec![ns(1, 128, 12, 40)],
     });
     let r = t.reconfigure(s.clone(), test_listeners());
