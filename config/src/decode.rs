@@ -534,7 +534,13 @@ fn names<T: PartialEq>(
     let mut ok = true;
     for (i, n) in items.iter().enumerate() {
         let p = format!("{path}[{i}]");
-        let Some(text) = string(r, n, &p) else {
+        // `null` (the DH group) is YAML's null unless quoted: take it as the name it spells.
+        let text = if n.is_null() {
+            Some("null".to_owned())
+        } else {
+            string(r, n, &p)
+        };
+        let Some(text) = text else {
             ok = false;
             continue;
         };

@@ -433,3 +433,81 @@ subsystems: [ { nqn: 'nqn.2026-11.io.example:f', allow_any_host: true,
     assert_eq!(c.listeners.len(), 1);
     assert_eq!(c.subsystems[0].namespaces[0].nsid, 1);
 }
+
+#[test]
+fn dhchap_hosts_policies_and_key_files() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = std::env::temp_dir().join(format!("nvmf-config-keys-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let secret = nvme::auth::Secret::from_key(&[7; 32], Some(nvmf_config::HashId::Sha256)).unwrap();
+    let key = dir.join("host1.key");
+    std::fs::write(&key, format!("{}\n", secret.to_text().as_str())).unwrap();
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let inline = nvme::auth::Secret::from_key(&[9; 48], None).unwrap();
+    let text = format!(
+        "listeners: [ {{ transport: tcp, address: 127.0.0.1 }} ]\n\
+         subsystems:\n  - nqn: nqn.2026-11.io.example:a\n    \
+         hosts:\n      - nqn.2026-11.io.example:plain\n      \
+         - {{ nqn: nqn.2026-11.io.example:h1, dhchap_key_file: host1.key }}\n      \
+         - {{ nqn: nqn.2026-11.io.example:h2, dhchap_key: \"{k}\", dhchap_ctrl_key: \"{k}\" }}\n    \
+         dhchap_hashes: [ sha256 ]\n    dhchap_dhgroups: [ null, ffdhe2048 ]\n    \
+         namespaces: [ {{ nsid: 1, null: 1GiB }} ]\n",
+        k = inline.to_text().as_str()
+    );
+    let cfg_path = dir.join("t.yaml");
+    std::fs::write(&cfg_path, &text).unwrap();
+    let c = Config::load(&cfg_path).unwrap().config;
+    let s = &c.subsystems[0];
+    assert_eq!(s.hosts[0], "nqn.2026-11.io.example:plain");
+    assert_eq!(s.hosts[1].dhchap_key.as_ref().unwrap().secret, secret);
+    assert_eq!(
+        s.hosts[1].dhchap_key.as_ref().unwrap().file.as_deref(),
+        Some(&*key)
+    );
+    assert_eq!(s.hosts[2].dhchap_ctrl_key.as_ref().unwrap().secret, inline);
+    assert_eq!(s.dhchap_hashes, [nvmf_config::HashId::Sha256]);
+    assert_eq!(
+        s.dhchap_dhgroups,
+        [nvmf_config::DhGroup::Null, nvmf_config::DhGroup::Ffdhe2048]
+    );
+    // Shown without secrets; written back with them (the file stays a file).
+    let shown = c.to_yaml();
+    assert!(!shown.contains("DHHC-1"), "{shown}");
+    assert!(
+        shown.contains("<secret>") && shown.contains("host1.key"),
+        "{shown}"
+    );
+    let again = Config::from_yaml_str(&c.to_yaml_with_secrets(), "again.yaml").unwrap();
+    assert_eq!(again.config, c);
+    assert!(!format!("{c:?}").contains("DHHC-1"));
+
+    // A key file others can read is refused, naming the file and the line, not the key.
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let e = Config::load(&cfg_path).unwrap_err().to_string();
+    assert!(e.contains("t.yaml:6:60:") && e.contains("chmod 600"), "{e}");
+    // A mistyped inline key: the CRC says so, and the key is not quoted.
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let bad = text.replacen("DHHC-1:00:CQk", "DHHC-1:00:CQl", 1);
+    assert_ne!(bad, text);
+    let e = Config::from_yaml_str(&bad, "t.yaml")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("CRC-32") && !e.contains("DHHC-1:00:"), "{e}");
+    // A controller key alone, and an unknown hash.
+    let e = Config::from_yaml_str(
+        &text
+            .replace(
+                "dhchap_key_file: host1.key",
+                &format!("dhchap_ctrl_key: \"{}\"", inline.to_text().as_str()),
+            )
+            .replace("[ sha256 ]", "[ md5 ]"),
+        "t.yaml",
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("needs a host key") && e.contains("unknown `md5`"),
+        "{e}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}

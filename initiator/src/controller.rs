@@ -15,6 +15,7 @@ use nvme::sgl::Sgl;
 use nvme::{Sqe, Status};
 
 use crate::any_queue::{AnyLink, AnyQueue, IoQueue, RdmaQueue, TypedQueue};
+use crate::auth::{self, DhchapOptions, TxnIds};
 use crate::cmd::{rw_sqe, DataRef, Dir, NsInfo, Transport};
 use crate::error::Error;
 use crate::queue::{Queue, QueueParams};
@@ -59,6 +60,11 @@ pub struct ConnectOptions {
     pub poll_spin: Duration,
     /// Spin without bound instead of sleeping while waiting on I/O queues (fio's `hipri`).
     pub busy_poll: bool,
+    /// In-band authentication (DH-HMAC-CHAP) secrets: used on every queue whose Connect
+    /// response asks for authentication (AUTHREQ.ATR), as the Linux host does; a controller
+    /// that does not ask is connected without. `None` (the default): a controller that asks
+    /// fails the connect with [`Error::Auth`].
+    pub dhchap: Option<DhchapOptions>,
 }
 
 impl ConnectOptions {
@@ -82,6 +88,7 @@ impl ConnectOptions {
             timeout: Duration::from_secs(30),
             poll_spin: crate::spin::DEFAULT_SPIN,
             busy_poll: false,
+            dhchap: None,
         }
     }
 
@@ -237,11 +244,13 @@ fn open_queue(
     Ok(Queue::new(link, p.timeout, p.spin))
 }
 
-/// A bare admin queue: TCP connection, ICReq/ICResp (or rdma_cm connect), Fabrics Connect.
+/// A bare admin queue: TCP connection, ICReq/ICResp (or rdma_cm connect), Fabrics Connect,
+/// and the authentication transaction if the controller asks for one (its T_ID from `ids`).
 /// Returns the queue and the controller ID.
 pub(crate) fn connect_admin(
     sa: &SocketAddr,
     opts: &ConnectOptions,
+    ids: &mut TxnIds,
 ) -> Result<(AnyQueue, u16), Error> {
     let params = QueueParams {
         qid: 0,
@@ -268,11 +277,16 @@ pub(crate) fn connect_admin(
         ADMIN_SQSIZE,
         kato_ms,
         fabrics::CNTLID_DYNAMIC,
+        ids,
     )?;
     Ok((q, cntlid))
 }
 
-/// Fabrics Connect on `q` (`nvmf_connect_admin_queue` / `nvmf_connect_io_queue`).
+/// Fabrics Connect on `q` (`nvmf_connect_admin_queue` / `nvmf_connect_io_queue`), then the
+/// DH-HMAC-CHAP transaction on it when the response asks for one ([`auth::on_connect`], its
+/// T_ID the next of `ids`). Every queue of every transport, and every queue a reconnect
+/// creates, comes through here.
+#[allow(clippy::too_many_arguments)]
 fn fabrics_connect(
     q: &mut AnyQueue,
     opts: &ConnectOptions,
@@ -280,6 +294,7 @@ fn fabrics_connect(
     sqsize: u16,
     kato_ms: u32,
     cntlid: u16,
+    ids: &mut TxnIds,
 ) -> Result<u16, Error> {
     let data = ConnectData::new(opts.hostid, cntlid, &opts.subnqn, &opts.hostnqn).encode();
     // NVMe/TCP I/O queues disable SQ flow control (CATTR bit 2, as Linux's `disable_sqflow`):
@@ -304,10 +319,17 @@ fn fabrics_connect(
     );
     match q.execute("Connect", sqe, DataRef::Write(&data)) {
         Ok(result) => match ConnectResult::decode(result, false) {
-            ConnectResult::Success { authreq: 0, cntlid } => Ok(cntlid),
-            ConnectResult::Success { .. } => Err(Error::Unsupported(
-                "the target requires DH-HMAC-CHAP authentication",
-            )),
+            ConnectResult::Success { cntlid, authreq } => {
+                auth::on_connect(
+                    q,
+                    authreq,
+                    opts.dhchap.as_ref(),
+                    &opts.hostnqn,
+                    &opts.subnqn,
+                    ids,
+                )?;
+                Ok(cntlid)
+            }
             ConnectResult::InvalidParam { .. } => unreachable!("decoded as success"),
         },
         Err(e) => {
@@ -428,7 +450,9 @@ impl Controller {
             return Err(Error::InvalidArgument("queue_depth 0".into()));
         }
         let sa = resolve(&opts.addr, opts.port)?;
-        let (mut admin, cntlid) = connect_admin(&sa, &opts)?;
+        // One T_ID counter per controller: the admin queue's transaction, then the I/O queues'.
+        let mut txn_ids = TxnIds::default();
+        let (mut admin, cntlid) = connect_admin(&sa, &opts, &mut txn_ids)?;
         let cap = enable(&mut admin)?;
         let vs = property_get(&mut admin, reg::VS, PropSize::Four)? as u32;
 
@@ -544,7 +568,7 @@ impl Controller {
             for qid in 1..=nq {
                 let mut q = open_queue(&sa, &opts, &QueueParams { qid, ..params }, cntlid)?;
                 q.set_icd_max(in_capsule);
-                fabrics_connect(&mut q, &opts, qid, depth, 0, cntlid)?;
+                fabrics_connect(&mut q, &opts, qid, depth, 0, cntlid, &mut txn_ids)?;
                 io.push(q);
             }
         }

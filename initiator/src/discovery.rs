@@ -6,6 +6,7 @@ use std::time::Duration;
 use nvme::fabrics::{self, reg, PropSize};
 use nvme::log::{lid, DiscoveryLogEntry, DiscoveryLogHeader};
 
+use crate::auth::TxnIds;
 use crate::cmd::DataRef;
 use crate::controller::{
     connect_admin, enable, get_log, resolve, shutdown_ctrl, text, ConnectOptions,
@@ -86,7 +87,9 @@ pub fn discover_with(opts: &ConnectOptions) -> Result<Vec<DiscoveryEntry>, Error
     opts.queues = 0;
     opts.kato = Duration::ZERO;
     let sa = resolve(&opts.addr, opts.port)?;
-    let (mut q, _cntlid) = connect_admin(&sa, &opts)?;
+    // A discovery controller may ask for authentication too (Linux's persistent discovery
+    // controllers with a key): the same path as an I/O controller's admin queue.
+    let (mut q, _cntlid) = connect_admin(&sa, &opts, &mut TxnIds::default())?;
     enable(&mut q)?;
     let _vs = q.execute(
         "Property Get",

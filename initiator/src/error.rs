@@ -47,6 +47,17 @@ pub enum Error {
     /// The queue failed earlier; it must be dropped (and the controller reconnected).
     #[error("queue {qid} failed: {cause}")]
     QueueFailed { qid: u16, cause: Arc<Error> },
+    /// In-band authentication (DH-HMAC-CHAP) of queue `qid` failed at `step` (`connect`: the
+    /// controller asks for it and no secret was given; `challenge`, `reply` (the controller
+    /// refused the host's response: Failure1), `success1` (the controller's own response did
+    /// not check out)). `detail` says why; it never holds key material. A transport failure
+    /// during the transaction is reported as itself, not as this.
+    #[error("authentication failed on queue {qid} at {step}: {detail}")]
+    Auth {
+        qid: u16,
+        step: &'static str,
+        detail: String,
+    },
     /// The requested transport is not available in this build.
     #[error("transport not supported: {0}")]
     Unsupported(&'static str),

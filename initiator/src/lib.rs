@@ -3,11 +3,14 @@
 //! [`Controller::connect`] brings a controller up the way the Linux host does: ICReq/ICResp
 //! (checked as `nvme_tcp_init_connection` checks it) or the NVMe/RDMA rdma_cm handshake
 //! ([`rdma`], with [`ConnectOptions::rdma`]), Fabrics Connect on the admin queue
-//! (SQSIZE 31, CNTLID FFFFh), Property Get CAP, Property Set CC (without, then with EN), poll
+//! (SQSIZE 31, CNTLID FFFFh) and, when the controller asks for it (AUTHREQ.ATR), in-band
+//! authentication with DH-HMAC-CHAP on that queue ([`ConnectOptions::dhchap`],
+//! [`DhchapOptions`]), Property Get CAP, Property Set CC (without, then with EN), poll
 //! CSTS.RDY, Property Get VS, Identify Controller (checked: CNTLID, KAS, IOCCSZ, ICDOFF,
-//! SGLS), Set Features Number of Queues, one Connect per I/O queue, Identify active namespace
-//! list and Identify Namespace. Keep Alive then goes out every KATO/2 from a small background
-//! thread on the admin queue (behind a mutex: it is not the I/O path).
+//! SGLS), Set Features Number of Queues, one Connect per I/O queue (each authenticated the
+//! same way when asked), Identify active namespace list and Identify Namespace. Keep Alive
+//! then goes out every KATO/2 from a small background thread on the admin queue (behind a
+//! mutex: it is not the I/O path).
 //!
 //! Two ways to do I/O:
 //! - [`Namespace`]: synchronous `read_at` / `write_at` / `flush` / `write_zeroes` / `trim`
@@ -109,6 +112,7 @@
 
 mod any_queue;
 mod asyncq;
+mod auth;
 mod cmd;
 mod controller;
 mod discovery;
@@ -122,6 +126,7 @@ mod stdio;
 mod tcp;
 
 pub use any_queue::{AnyBuf, AnyLink, AnyQueue, IoQueue, RdmaQueue, TypedQueue};
+pub use auth::DhchapOptions;
 pub use cmd::{Completion, Data, DataRef, NsInfo, Stats, SubmitError, Transport};
 pub use controller::{hostnqn_for, ConnectOptions, Controller, ControllerInfo, Namespace};
 pub use discovery::{discover, discover_with, DiscoveryEntry};

@@ -129,6 +129,11 @@ struct Conn {
 /// number and the namespace's geometry must be the same, or the call gives up at once (a
 /// different device behind the same address must not receive the retried writes).
 ///
+/// A reconnect brings the controller up with the same [`ConnectOptions`], so every queue it
+/// creates authenticates again (DH-HMAC-CHAP) when the controller asks; an authentication
+/// failure ([`Error::Auth`]) gives up at once too: the secret it refused is still the one
+/// configured.
+///
 /// ```no_run
 /// use std::time::Duration;
 /// use nvmf_initiator::{ConnectOptions, ReconnectPolicy, ReconnectingNamespace};
@@ -259,7 +264,8 @@ impl Link {
                         error = %e,
                         "reconnect attempt failed"
                     );
-                    let permanent = matches!(e, Error::Controller(_));
+                    // A refused secret does not get better by asking again.
+                    let permanent = matches!(e, Error::Controller(_) | Error::Auth { .. });
                     b.last = Arc::new(e);
                     if permanent {
                         return Err(self.give_up(b));
@@ -915,6 +921,7 @@ pub(crate) fn is_transport_failure(e: &Error) -> bool {
         Error::Command { err, .. } => !matches!(err, CmdError::Status(_)),
         Error::Status { .. }
         | Error::Controller(_)
+        | Error::Auth { .. }
         | Error::InvalidArgument(_)
         | Error::QueueFull
         | Error::Unsupported(_)
@@ -984,6 +991,11 @@ mod tests {
             Error::InvalidArgument("unaligned".into()),
             Error::Unsupported("Write Zeroes"),
             Error::Controller("KAS is 0".into()),
+            Error::Auth {
+                qid: 0,
+                step: "reply",
+                detail: "the controller rejected the host".into(),
+            },
             Error::ReconnectGaveUp {
                 attempts: 3,
                 elapsed: Duration::from_secs(1),

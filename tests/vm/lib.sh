@@ -118,6 +118,8 @@ subsystems:
 EOF
   # EXTRA_NAMESPACES: more namespace entries (YAML list items, 6 spaces in) for this start.
   [ -n "${EXTRA_NAMESPACES:-}" ] && echo "$EXTRA_NAMESPACES" >>"$cfg"
+  # EXTRA_SUBSYSTEMS: more subsystem entries (YAML list items, 2 spaces in) for this start.
+  [ -n "${EXTRA_SUBSYSTEMS:-}" ] && echo "$EXTRA_SUBSYSTEMS" >>"$cfg"
   log "starting $bin --config $cfg"
   # NVMF_VM_TARGET_ENV: VAR=value words for the target's environment (e.g. NVMF_RDMA_INLINE_RSP=off).
   # shellcheck disable=SC2086

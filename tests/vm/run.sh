@@ -44,7 +44,7 @@ ORDER=(
   bad-input-rdma-rxe bad-input-rdma-siw
   target-restart-rdma-rxe target-restart-rdma-siw link-drop-rdma-rxe link-drop-rdma-siw
   kernel-host-reload-tcp kernel-host-reload-rdma-rxe soak-randrw-rdma-rxe soak-randrw-rdma-siw
-  iopoll-null-blk perf-vs-nvmet
+  iopoll-null-blk perf-vs-nvmet auth-kernel-host-rdma-rxe
 )
 # `ci`: the CI tier. Our target under the Linux host on tcp, rxe and siw; our initiator against
 # nvmet (tcp, siw) and against our target (tcp, rxe, siw); the in-process wire tests on rxe and on
@@ -59,7 +59,7 @@ CI_TIER=(
   initiator-vs-kernel-target-tcp initiator-vs-kernel-target-rdma-siw
   initiator-vs-our-target-tcp initiator-vs-our-target-rdma-rxe initiator-vs-our-target-rdma-siw
   host-killed-mid-io-rdma-siw bad-input-rdma-rxe target-restart-rdma-rxe link-drop-rdma-siw
-  kernel-host-reload-tcp soak-randrw-rdma-siw
+  kernel-host-reload-tcp soak-randrw-rdma-siw auth-kernel-host-rdma-rxe
 )
 # `all`: every scenario but those whose header says `vm-in-all: no` (variants and benchmarks
 # that run when named).

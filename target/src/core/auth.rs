@@ -87,6 +87,15 @@ impl QueueAuth {
     }
 }
 
+/// Bytes as lower-case hex, for trace lines.
+struct Hex<'a>(&'a [u8]);
+
+impl std::fmt::Display for Hex<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.iter().try_for_each(|b| write!(f, "{b:02x}"))
+    }
+}
+
 fn random(buf: &mut [u8]) {
     rand::rng().fill_bytes(buf)
 }
@@ -241,11 +250,18 @@ impl Queue {
                 Ok(out)
             };
         };
+        let qid = self.qid;
         let (step, out) = if send {
+            // Messages are what crosses the wire in the clear (challenges, responses, public
+            // DH values; never a key): at trace level, for known-answer vectors and debugging.
+            tracing::trace!(qid, msg = %Hex(buf), "authentication message from the host");
             (t.on_send(buf, &mut random), Outcome::ok())
         } else {
             match t.on_receive() {
-                Some((msg, step)) => (step, deliver(buf, &msg)?),
+                Some((msg, step)) => {
+                    tracing::trace!(qid, msg = %Hex(&msg), "authentication message to the host");
+                    (step, deliver(buf, &msg)?)
+                }
                 None => {
                     let f = nvme::auth::AuthFailure {
                         step: "receive",
@@ -260,11 +276,10 @@ impl Queue {
         match step {
             CtrlStep::Continue => *deadline = Some(now + timeout),
             CtrlStep::Authenticated => {
-                if !*authenticated {
-                    let (hash, group) = txn.as_ref().map(|t| t.negotiated()).unzip();
-                    tracing::info!(cntlid = ctrl.cntlid, qid = self.qid, host = %ctrl.hostnqn,
-                        peer = %self.peer, hash = ?hash, dhgroup = ?group, "host authenticated");
-                }
+                let (hash, group) = t.negotiated();
+                let again = if *authenticated { "re-" } else { "" };
+                tracing::info!(cntlid = ctrl.cntlid, qid = self.qid, host = %ctrl.hostnqn,
+                    peer = %self.peer, hash = %hash, dhgroup = %group, "host {again}authenticated");
                 *authenticated = true;
                 *deadline = None;
             }

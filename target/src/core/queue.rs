@@ -745,6 +745,19 @@ impl Queue {
 
     /// Release what the queue holds; idempotent (also run on drop).
     pub(super) fn release(&mut self) {
+        if let (
+            Some(ctrl),
+            super::auth::QueueAuth::Required {
+                authenticated: false,
+                ..
+            },
+        ) = (self.ctrl(), &self.auth)
+        {
+            tracing::warn!(cntlid = ctrl.cntlid, qid = self.qid, host = %ctrl.hostnqn,
+                subsys = %ctrl.subsys.nqn, peer = %self.peer,
+                "the host closed the queue without authenticating (it must authenticate: has it a key?)");
+        }
+        self.auth = super::auth::QueueAuth::TornDown;
         match std::mem::replace(&mut self.link, Link::Closed) {
             Link::Admin(ctrl) => {
                 ctrl.set_admin_waker(None);
