@@ -254,12 +254,14 @@ impl Queue {
         let (step, out) = if send {
             // Messages are what crosses the wire in the clear (challenges, responses, public
             // DH values; never a key): at trace level, for known-answer vectors and debugging.
-            tracing::trace!(qid, msg = %Hex(buf), "authentication message from the host");
+            tracing::trace!(qid, subsys = %ctrl.subsys.nqn, msg = %Hex(buf),
+                "authentication message from the host");
             (t.on_send(buf, &mut random), Outcome::ok())
         } else {
             match t.on_receive() {
                 Some((msg, step)) => {
-                    tracing::trace!(qid, msg = %Hex(&msg), "authentication message to the host");
+                    tracing::trace!(qid, subsys = %ctrl.subsys.nqn, msg = %Hex(&msg),
+                        "authentication message to the host");
                     (step, deliver(buf, &msg)?)
                 }
                 None => {
