@@ -13,7 +13,10 @@
 //! starting at 0: the admin queue's is 0, then each I/O queue's the next (Linux's
 //! `ctrl->transaction++`).
 //!
-//! Nothing here logs or formats key material: errors carry the step and the reason only.
+//! Nothing here logs or formats key material: errors carry the step and the reason only. The
+//! messages themselves (what crosses the wire in the clear: challenges, responses, DH public
+//! values) are logged at trace level, in hex, as the target logs its side: for known-answer
+//! vectors and debugging.
 
 use nvme::auth::{self, AuthMessage, HostStep, HostTxn, Policy, Secret};
 use nvme::fabrics::{self, AUTHREQ_ASCR, AUTHREQ_ATR};
@@ -218,16 +221,42 @@ fn auth_cmd(send: bool, len: usize) -> nvme::Sqe {
     )
 }
 
+/// Bytes as lower-case hex, for trace lines.
+struct Hex<'a>(&'a [u8]);
+
+impl std::fmt::Display for Hex<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.iter().try_for_each(|b| write!(f, "{b:02x}"))
+    }
+}
+
+/// The bytes of the message at the start of a received buffer: its own length when it
+/// decodes (the controller pads the rest of the allocation with zeroes), else all of it.
+/// Only for the trace line (it encodes the message again to learn its length).
+fn received_len(buf: &[u8]) -> usize {
+    AuthMessage::decode(buf)
+        .ok()
+        .map(|m| m.encode().len())
+        .filter(|&n| n <= buf.len())
+        .unwrap_or(buf.len())
+}
+
 /// Authentication Send of `msg` (TL = its length).
 fn send<L: Link>(q: &mut Queue<L>, what: &'static str, msg: &[u8]) -> Result<(), Error> {
+    // Wire data only (never a secret or a transformed key).
+    tracing::trace!(qid = q.qid(), msg = %Hex(msg), "authentication message to the controller");
     q.execute(what, auth_cmd(true, msg.len()), DataRef::Write(msg))
         .map(|_| ())
 }
 
 /// Authentication Receive into `buf` (AL = its length).
 fn receive<L: Link>(q: &mut Queue<L>, what: &'static str, buf: &mut [u8]) -> Result<(), Error> {
-    q.execute(what, auth_cmd(false, buf.len()), DataRef::Read(buf))
-        .map(|_| ())
+    q.execute(what, auth_cmd(false, buf.len()), DataRef::Read(buf))?;
+    if tracing::enabled!(tracing::Level::TRACE) {
+        let msg = &buf[..received_len(buf)];
+        tracing::trace!(qid = q.qid(), msg = %Hex(msg), "authentication message from the controller");
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -299,6 +328,21 @@ mod tests {
         let dbg = format!("{o:?}");
         assert!(dbg.contains("redacted"), "{dbg}");
         assert!(!dbg.contains(&k[10..20]), "{dbg}");
+    }
+
+    #[test]
+    fn trace_lines_show_a_received_message_without_its_padding() {
+        let m = auth::Failure::new(7, auth::failure::FAILED).encode(auth::id::FAILURE1);
+        let mut buf = vec![0u8; RECEIVE_LEN];
+        buf[..m.len()].copy_from_slice(&m);
+        assert_eq!(received_len(&buf), m.len());
+        assert_eq!(
+            Hex(&buf[..received_len(&buf)]).to_string(),
+            Hex(&m).to_string()
+        );
+        // What does not decode is shown whole.
+        assert_eq!(received_len(&[0xff; 12]), 12);
+        assert_eq!(Hex(&[0x00, 0xab, 0x10]).to_string(), "00ab10");
     }
 
     #[test]

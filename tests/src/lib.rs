@@ -213,6 +213,26 @@ impl TargetProc {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    /// Wait (up to 15 s) until the log has `n` lines containing `what`; returns the log.
+    #[track_caller]
+    pub fn wait_log(&self, what: &str, n: usize) -> String {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            let log = self.log_text();
+            if log.matches(what).count() >= n {
+                return log;
+            }
+            assert!(Instant::now() < deadline, "no `{what}` in the log:\n{log}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Ask the target to reload its configuration (SIGHUP).
+    pub fn sighup(&self) {
+        // SAFETY: kill(2) with our own child's pid and a plain signal number.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGHUP) };
+    }
+
     /// Send SIGTERM and wait (bounded) for a clean exit; returns the exit status success.
     pub fn terminate(&mut self) -> bool {
         // SAFETY: kill(2) with a valid pid of our own child and a plain signal number.

@@ -3,7 +3,7 @@
 //! the service goes on unchanged; a removed namespace answers Invalid Namespace.
 
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use initiator::{ConnectOptions, Controller};
 use nvme::identify::ctrl::OAES_NS_ATTR;
@@ -28,24 +28,6 @@ fn yaml(port: u16, dir: &Path, nsids: &[u32]) -> String {
 
 fn rewrite(t: &TargetProc, text: &str) {
     std::fs::write(t.dir.0.join("config.yaml"), text).unwrap();
-}
-
-fn sighup(t: &TargetProc) {
-    // SAFETY: kill(2) with our own child's pid and a plain signal number.
-    unsafe { libc::kill(t.child.id() as i32, libc::SIGHUP) };
-}
-
-/// Wait until the daemon's log has `n` lines containing `what`.
-fn wait_log(t: &TargetProc, what: &str, n: usize) -> String {
-    let deadline = Instant::now() + Duration::from_secs(15);
-    loop {
-        let log = t.log_text();
-        if log.matches(what).count() >= n {
-            return log;
-        }
-        assert!(Instant::now() < deadline, "no `{what}` in the log:\n{log}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 fn connect(t: &TargetProc) -> Controller {
@@ -90,7 +72,7 @@ fn an_added_namespace_reaches_a_connected_host() {
         .expect("the admin queue is fine with an AER outstanding");
 
     rewrite(&t, &yaml(port, &t.dir.0, &[1, 2]));
-    sighup(&t);
+    t.sighup();
     let ev = c
         .wait_async_event(Duration::from_secs(10))
         .unwrap()
@@ -119,7 +101,7 @@ fn an_added_namespace_reaches_a_connected_host() {
     ns1.write_at(&data, 0).unwrap();
     ns1.read_at(&mut back, 0).unwrap();
     assert!(back == data);
-    let log = wait_log(&t, "reload applied", 1);
+    let log = t.wait_log("reload applied", 1);
     assert!(
         !log.contains('\x1b'),
         "no ANSI escapes when stderr is a file"
@@ -127,7 +109,7 @@ fn an_added_namespace_reaches_a_connected_host() {
     drop((ns1, ns2));
     c.shutdown().unwrap();
     // One log line per controller connect and disconnect, with host NQN, transport and address.
-    let log = wait_log(&t, "controller disconnected", 1);
+    let log = t.wait_log("controller disconnected", 1);
     for what in ["controller connected", "controller disconnected"] {
         let lines: Vec<&str> = log.lines().filter(|l| l.contains(what)).collect();
         assert_eq!(lines.len(), 1, "{what}:\n{log}");
@@ -156,8 +138,8 @@ fn a_broken_file_is_rejected_and_the_old_configuration_keeps_serving() {
     let broken = good.replace("size: 64MiB }\n", "size: sixty }\n");
     assert_ne!(good, broken);
     rewrite(&t, &broken);
-    sighup(&t);
-    let log = wait_log(&t, "the running configuration is unchanged", 1);
+    t.sighup();
+    let log = t.wait_log("the running configuration is unchanged", 1);
     assert!(
         log.lines()
             .any(|l| l.contains("reload rejected") && l.contains("config.yaml:7:")),
@@ -179,8 +161,8 @@ fn a_broken_file_is_rejected_and_the_old_configuration_keeps_serving() {
     // the running configuration.
     let missing = yaml(port, Path::new("/nonexistent/nvmf-rs"), &[1]);
     rewrite(&tp, &missing);
-    sighup(&tp);
-    wait_log(&tp, "the running configuration is unchanged", 2);
+    tp.sighup();
+    tp.wait_log("the running configuration is unchanged", 2);
     ns.read_at(&mut back, 4096).unwrap();
     assert!(back == data);
     drop(ns);
@@ -199,8 +181,8 @@ fn a_removed_namespace_answers_invalid_namespace() {
     ns2.write_at(&data, 0).unwrap();
 
     rewrite(&t, &yaml(port, &t.dir.0, &[1]));
-    sighup(&t);
-    wait_log(&t, "reload applied", 1);
+    t.sighup();
+    t.wait_log("reload applied", 1);
     let mut back = vec![0u8; data.len()];
     let e = ns2.read_at(&mut back, 0).expect_err("NSID 2 is gone");
     assert_eq!(
@@ -244,7 +226,7 @@ fn tcp_listeners_come_and_go_and_systemd_hears_of_the_reload() {
         &format!("  - {{ transport: tcp, address: 127.0.0.1, port: {extra} }}\nsubsystems:"),
     );
     rewrite(&t, &with_extra);
-    sighup(&t);
+    t.sighup();
     let m = next();
     assert!(
         m.lines().any(|l| l == "RELOADING=1") && m.contains("MONOTONIC_USEC="),
@@ -260,7 +242,7 @@ fn tcp_listeners_come_and_go_and_systemd_hears_of_the_reload() {
     // The original listener goes away; the connection made through it stays.
     let mut first = connect(&t);
     rewrite(&t, &yaml(extra, &t.dir.0, &[1]));
-    sighup(&t);
+    t.sighup();
     assert!(next().contains("RELOADING=1"));
     assert!(next().contains("READY=1"));
     assert!(
@@ -293,7 +275,7 @@ fn a_grown_backing_file_is_reported_as_changed() {
         .open(t.dir.0.join("ns1.img"))
         .unwrap();
     f.set_len(128 << 20).unwrap();
-    sighup(&t);
+    t.sighup();
     let ev = c.wait_async_event(Duration::from_secs(10)).unwrap();
     assert_eq!(ev.map(AsyncEvent::decode), Some(AsyncEvent::NS_CHANGED));
     assert_eq!(c.changed_namespaces().unwrap(), vec![1]);

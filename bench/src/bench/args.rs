@@ -4,7 +4,9 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::{Parser, ValueEnum};
+use clap::{ArgGroup, Parser, ValueEnum};
+use initiator::DhchapOptions;
+use zeroize::Zeroizing;
 
 /// Subsystem NQN of nvmf-target's embedded default configuration.
 pub const DEFAULT_SUBNQN: &str = "nqn.2026-11.io.nvmf-rs:default";
@@ -22,8 +24,17 @@ pub const DEFAULT_SUBNQN: &str = "nqn.2026-11.io.nvmf-rs:default";
 /// bench/src/bench/report.rs). Exit status: 0 when every transport that was available
 /// ran without error or verify mismatch, 1 otherwise (or when no transport could run), 2 for
 /// bad options.
+///
+/// DH-HMAC-CHAP: with --dhchap-secret (or --dhchap-secret-file) and --hostnqn, every queue of
+/// every connection (admin and I/O, each transport, each job) authenticates when the target
+/// asks for it; --dhchap-ctrl-secret makes it bidirectional.
 #[derive(Parser, Debug, Clone)]
 #[command(name = "nvmf-bench", version, about, long_about)]
+#[command(group(
+    ArgGroup::new("dhchap_host")
+        .args(["dhchap_secret", "dhchap_secret_file"])
+        .requires("hostnqn")
+))]
 pub struct Args {
     /// I/O pattern.
     #[arg(long, alias = "readwrite", value_enum, default_value = "randread")]
@@ -105,6 +116,28 @@ pub struct Args {
     /// Host NQN (default: a UUID-based NQN generated for this run).
     #[arg(long)]
     pub hostnqn: Option<String>,
+
+    /// DH-HMAC-CHAP host secret (nvme-cli's name): `DHHC-1:xx:<base64>:` as `nvme
+    /// gen-dhchap-key` prints it, the key the target has for --hostnqn (needed with it). Every
+    /// queue the target asks to authenticate does (admin and I/O, both transports, every job).
+    /// Other users can see a command line: --dhchap-secret-file keeps it out of it.
+    #[arg(long = "dhchap-secret", value_name = "SECRET", value_parser = secret_arg)]
+    pub dhchap_secret: Option<SecretArg>,
+
+    /// Read the DH-HMAC-CHAP host secret from this file instead (the DHHC-1 text; readable and
+    /// writable by its owner only, mode 0600 or stricter, as the target's key files).
+    #[arg(long = "dhchap-secret-file", value_name = "PATH")]
+    pub dhchap_secret_file: Option<PathBuf>,
+
+    /// DH-HMAC-CHAP controller secret (nvme-cli's name; the DHHC-1 text): bidirectional
+    /// authentication, the controller must prove it has this key too. Needs a host secret.
+    #[arg(
+        long = "dhchap-ctrl-secret",
+        value_name = "SECRET",
+        value_parser = secret_arg,
+        requires = "dhchap_host"
+    )]
+    pub dhchap_ctrl_secret: Option<SecretArg>,
 
     /// Negotiate NVMe/TCP header digests.
     #[arg(long = "hdr_digest", alias = "hdr-digest")]
@@ -254,7 +287,73 @@ pub enum OutputFormat {
     Json,
 }
 
+/// A secret given on the command line: its `Debug` does not show it, it is zeroed when
+/// dropped, and clap never quotes it (it takes any text; [`Args::dhchap`] parses it).
+#[derive(Clone)]
+pub struct SecretArg(Zeroizing<String>);
+
+impl std::fmt::Debug for SecretArg {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("<secret>")
+    }
+}
+
+fn secret_arg(s: &str) -> Result<SecretArg, std::convert::Infallible> {
+    Ok(SecretArg(Zeroizing::new(s.to_owned())))
+}
+
+/// Reads a secret file: a regular file only its owner may read or write (mode 0600 or
+/// stricter, as nvmf-target's key files).
+fn read_secret_file(file: &std::path::Path) -> Result<Zeroizing<String>, String> {
+    use std::os::unix::fs::PermissionsExt;
+    let meta = std::fs::metadata(file).map_err(|e| e.to_string())?;
+    if !meta.is_file() {
+        return Err("not a regular file".into());
+    }
+    let mode = meta.permissions().mode() & 0o777;
+    if mode & 0o077 != 0 {
+        return Err(format!(
+            "a secret file must be private to its owner (mode {mode:04o}; chmod 600 it)"
+        ));
+    }
+    std::fs::read_to_string(file)
+        .map(Zeroizing::new)
+        .map_err(|e| e.to_string())
+}
+
 impl Args {
+    /// The DH-HMAC-CHAP options of every connection, from --dhchap-secret[-file] and
+    /// --dhchap-ctrl-secret (`None` without a host secret). The error names the option and
+    /// says what is wrong, never quoting the secret.
+    pub fn dhchap(&self) -> Result<Option<DhchapOptions>, String> {
+        let reason = |e: initiator::Error| match e {
+            initiator::Error::InvalidArgument(m) => m,
+            e => e.to_string(),
+        };
+        let (option, host) = match (&self.dhchap_secret, &self.dhchap_secret_file) {
+            (Some(s), _) => ("--dhchap-secret".to_string(), s.0.clone()),
+            (None, Some(p)) => {
+                let option = format!("--dhchap-secret-file {}", p.display());
+                let text = read_secret_file(p).map_err(|e| format!("{option}: {e}"))?;
+                (option, text)
+            }
+            (None, None) if self.dhchap_ctrl_secret.is_some() => {
+                return Err(
+                    "--dhchap-ctrl-secret needs --dhchap-secret or --dhchap-secret-file".into(),
+                )
+            }
+            (None, None) => return Ok(None),
+        };
+        let opts =
+            DhchapOptions::new(&host, None).map_err(|e| format!("{option}: {}", reason(e)))?;
+        match &self.dhchap_ctrl_secret {
+            None => Ok(Some(opts)),
+            Some(c) => DhchapOptions::new(&host, Some(&c.0))
+                .map(Some)
+                .map_err(|e| format!("--dhchap-ctrl-secret: {}", reason(e))),
+        }
+    }
+
     /// The transports asked for, in order, without repeats (default: tcp).
     pub fn transports(&self) -> Vec<TransportKind> {
         let mut out = Vec::new();
@@ -385,5 +484,103 @@ mod tests {
         assert!(Args::try_parse_from(["nvmf-bench", "--iodepth=0"]).is_err());
         assert!(Args::try_parse_from(["nvmf-bench", "--rw=sideways"]).is_err());
         assert!(Args::try_parse_from(["nvmf-bench", "--demo", "--traddr=1.2.3.4"]).is_err());
+    }
+
+    /// An example key (`nvme gen-dhchap-key` format, SHA-256 transformation).
+    const KEY: &str = "DHHC-1:01:YGFiY2RlZmdoaWprbG1ub3BxcnN0dXZ3eHl6e3x9fn8x9qY5:";
+    const HOST: &str = "--hostnqn=nqn.2026-11.io.example:host";
+
+    #[test]
+    fn dhchap_secrets_from_the_command_line() {
+        let none = Args::try_parse_from(["nvmf-bench"]).unwrap();
+        assert!(none.dhchap().unwrap().is_none());
+
+        let a = Args::try_parse_from(["nvmf-bench", HOST, "--dhchap-secret", KEY]).unwrap();
+        let d = a.dhchap().unwrap().unwrap();
+        assert_eq!(d.secret, nvme::auth::Secret::parse(KEY).unwrap());
+        assert!(d.ctrl_secret.is_none());
+        assert!(
+            !format!("{a:?}").contains(&KEY[10..]),
+            "Debug shows the key"
+        );
+
+        let a = Args::try_parse_from([
+            "nvmf-bench",
+            HOST,
+            "--dhchap-secret",
+            KEY,
+            "--dhchap-ctrl-secret",
+            KEY,
+        ])
+        .unwrap();
+        assert!(a.dhchap().unwrap().unwrap().ctrl_secret.is_some());
+
+        // The host NQN the target knows the key by is needed; a controller secret needs a
+        // host secret; one host secret only.
+        assert!(Args::try_parse_from(["nvmf-bench", "--dhchap-secret", KEY]).is_err());
+        assert!(Args::try_parse_from(["nvmf-bench", HOST, "--dhchap-ctrl-secret", KEY]).is_err());
+        assert!(Args::try_parse_from([
+            "nvmf-bench",
+            HOST,
+            "--dhchap-secret",
+            KEY,
+            "--dhchap-secret-file",
+            "/dev/null"
+        ])
+        .is_err());
+    }
+
+    #[test]
+    fn bad_dhchap_secrets_are_named_not_quoted() {
+        // One base64 character changed: the CRC no longer matches.
+        let typo = KEY.replace("YGFi", "YGFj");
+        for (args, want) in [
+            (vec!["--dhchap-secret", typo.as_str()], "--dhchap-secret: "),
+            (
+                vec!["--dhchap-secret", KEY, "--dhchap-ctrl-secret", &typo],
+                "--dhchap-ctrl-secret: ",
+            ),
+        ] {
+            let a = Args::try_parse_from(["nvmf-bench", HOST].into_iter().chain(args)).unwrap();
+            let e = a.dhchap().unwrap_err();
+            assert!(e.starts_with(want) && e.contains("CRC-32"), "{e}");
+            assert!(
+                !e.contains(&KEY[10..20]) && !e.contains(&typo[10..20]),
+                "{e}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_dhchap_secret_file_must_be_private() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("nvmf-bench-args-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("key");
+        std::fs::write(&file, format!("{KEY}\n")).unwrap();
+        let args = |f: &std::path::Path| {
+            Args::try_parse_from([
+                "nvmf-bench".as_ref(),
+                HOST.as_ref(),
+                "--dhchap-secret-file".as_ref(),
+                f.as_os_str(),
+            ])
+            .unwrap()
+        };
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o640)).unwrap();
+        let e = args(&file).dhchap().unwrap_err();
+        assert!(e.contains("mode 0640; chmod 600"), "{e}");
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let d = args(&file).dhchap().unwrap().unwrap();
+        assert_eq!(d.secret, nvme::auth::Secret::parse(KEY).unwrap());
+        std::fs::write(&file, "not a key\n").unwrap();
+        let e = args(&file).dhchap().unwrap_err();
+        assert!(
+            e.contains("--dhchap-secret-file") && e.contains("DHHC-1:"),
+            "{e}"
+        );
+        let e = args(&dir.join("missing")).dhchap().unwrap_err();
+        assert!(e.contains("No such file"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -9,7 +9,8 @@
 use std::time::Duration;
 
 use initiator::{
-    CmdError, Completion, ConnectOptions, Controller, Error, Link, NsInfo, Queue, TypedQueue,
+    CmdError, Completion, ConnectOptions, Controller, DhchapOptions, Error, Link, NsInfo, Queue,
+    TypedQueue,
 };
 
 use super::args::TransportKind;
@@ -171,6 +172,9 @@ pub struct TargetSpec {
     pub trsvcid: u16,
     pub subnqn: String,
     pub hostnqn: Option<String>,
+    /// DH-HMAC-CHAP secrets for every queue the target asks to authenticate (`Debug` redacts
+    /// them).
+    pub dhchap: Option<DhchapOptions>,
     pub nsid: u32,
     pub hdr_digest: bool,
     pub data_digest: bool,
@@ -229,6 +233,7 @@ pub fn open(
     if let Some(h) = &t.hostnqn {
         o.hostnqn = h.clone();
     }
+    o.dhchap = t.dhchap.clone();
     o.queues = jobs;
     o.queue_depth = depth;
     o.hdr_digest = t.hdr_digest;

@@ -53,13 +53,14 @@ struct Plan {
     format: OutputFormat,
 }
 
-fn target_spec(a: &Args) -> TargetSpec {
+fn target_spec(a: &Args, dhchap: &Option<initiator::DhchapOptions>) -> TargetSpec {
     TargetSpec {
         traddr: a.traddr.clone(),
         rdma_traddr: None,
         trsvcid: a.trsvcid,
         subnqn: a.subnqn.clone(),
         hostnqn: a.hostnqn.clone(),
+        dhchap: dhchap.clone(),
         nsid: a.nsid,
         hdr_digest: a.hdr_digest,
         data_digest: a.data_digest,
@@ -233,7 +234,7 @@ fn finish(plan: &Plan, outcomes: &[WorkloadOutcome], plot: Option<&std::path::Pa
 }
 
 /// `--demo`.
-fn demo(a: &Args) -> ExitCode {
+fn demo(a: &Args, dhchap: &Option<initiator::DhchapOptions>) -> ExitCode {
     let transports = if a.transport.is_empty() && a.compare.is_empty() {
         vec![TransportKind::Tcp, TransportKind::Rdma]
     } else {
@@ -280,7 +281,7 @@ fn demo(a: &Args) -> ExitCode {
             subnqn: args::DEFAULT_SUBNQN.into(),
             nsid: 1,
             stats_socket: Some(target.control.clone()),
-            ..target_spec(a)
+            ..target_spec(a, dhchap)
         },
         workloads: vec![
             mk(Rw::Randread, 4096, 1),
@@ -323,8 +324,17 @@ pub fn main() -> ExitCode {
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .init();
+    // The secrets are parsed (or read) once, before anything connects; a bad one is a usage
+    // error that says what is wrong without quoting it.
+    let dhchap = match a.dhchap() {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("nvmf-bench: {e}");
+            return ExitCode::from(EXIT_USAGE);
+        }
+    };
     if a.demo {
-        return demo(&a);
+        return demo(&a, &dhchap);
     }
     if a.suite {
         let rdma = match a.transports().as_slice() {
@@ -353,6 +363,7 @@ pub fn main() -> ExitCode {
             file_dir: a.suite_dir.clone(),
             file_size: a.suite_file_size,
             rdma,
+            dhchap,
         };
         return match suite::run(&o) {
             Ok((table, ok)) => {
@@ -377,7 +388,7 @@ pub fn main() -> ExitCode {
         }
     };
     let plan = Plan {
-        target: target_spec(&a),
+        target: target_spec(&a, &dhchap),
         workloads: vec![w],
         transports: a.transports(),
         baseline: a.raw_tcp_baseline,

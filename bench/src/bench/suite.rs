@@ -55,6 +55,9 @@ pub struct SuiteOpts {
     pub file_size: u64,
     /// NVMe/TCP on 127.0.0.1, or NVMe/RDMA on this address of an RDMA device.
     pub rdma: Option<IpAddr>,
+    /// DH-HMAC-CHAP secrets for every connection (the suite's own target takes any host
+    /// without authentication, so they are used only if it ever asks).
+    pub dhchap: Option<initiator::DhchapOptions>,
 }
 
 impl SuiteOpts {
@@ -255,6 +258,7 @@ fn run_in(o: &SuiteOpts, file: &Path) -> Result<(String, bool), String> {
             trsvcid: t.port,
             subnqn: DEFAULT_SUBNQN.into(),
             hostnqn: None,
+            dhchap: o.dhchap.clone(),
             nsid,
             hdr_digest: false,
             data_digest: false,
@@ -701,6 +705,7 @@ mod tests {
             file_dir: PathBuf::from("/dev/shm"),
             file_size: 256 << 20,
             rdma: None,
+            dhchap: None,
         }
     }
 
