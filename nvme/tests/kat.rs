@@ -1,4 +1,5 @@
-//! Known-answer tests of DH-HMAC-CHAP against the Linux kernel: each vector is one
+//! Known-answer tests of DH-HMAC-CHAP against the Linux kernel, both ways (its host answering
+//! our controller, its nvmet answering our host). Host side: each vector is one
 //! transaction between the Linux 6.12 NVMe host and nvmf-target, captured in the VM
 //! (tests/vm/scenarios/auth-kernel-host-rdma-rxe.sh, from the target's trace log: wire data),
 //! with the key the host was given. The kernel computed the Reply's response from our
@@ -128,4 +129,48 @@ fn a_replayed_kernel_reply_is_accepted_by_the_controller() {
             assert_eq!(step, CtrlStep::Authenticated);
         }
     }
+}
+
+/// The other direction: Linux 6.12's nvmet answering our initiator's challenge (bidirectional,
+/// null group). The kernel transformed the controller key with the subsystem NQN and computed
+/// R2 over C2, S2, T_ID, SC_C, "Controller", the subsystem NQN, a zero byte and the host NQN.
+#[test]
+fn the_kernel_controllers_responses_are_ours() {
+    let mut n = 0;
+    for l in include_str!("data/linux-6.12-nvmet-dhchap.kat")
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+    {
+        let field = |name: &str| {
+            l.split_whitespace()
+                .find_map(|w| w.strip_prefix(&format!("{name}=")))
+                .unwrap_or_else(|| panic!("no {name} in {l}"))
+                .to_owned()
+        };
+        let (hostnqn, subnqn) = (field("hostnqn"), field("subnqn"));
+        let ctrl_key = Secret::parse(&field("ctrl_key")).unwrap();
+        let Ok(AuthMessage::Reply(r)) = AuthMessage::decode(&unhex(&field("reply"))) else {
+            panic!("not a Reply")
+        };
+        let Ok(AuthMessage::Success1(s)) = AuthMessage::decode(&unhex(&field("success1"))) else {
+            panic!("not a Success1")
+        };
+        let hash = HashId::ALL
+            .into_iter()
+            .find(|h| h.len() == s.hl as usize)
+            .unwrap();
+        let ours = nvme::auth::controller_response(
+            hash,
+            &ctrl_key.transform(&subnqn),
+            r.challenge.as_deref().expect("bidirectional"),
+            r.seqnum,
+            r.t_id,
+            0,
+            &subnqn,
+            &hostnqn,
+        );
+        assert_eq!(Some(ours.to_vec()), s.response, "T_ID {}", r.t_id);
+        n += 1;
+    }
+    assert!(n >= 2, "{n} vectors");
 }
