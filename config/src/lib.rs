@@ -101,8 +101,9 @@ impl Config {
         }
         let bytes = fs::read(path).map_err(read_error)?;
         let origin = path.display().to_string();
+        // The file may hold DH-HMAC-CHAP secrets: zeroed when dropped, as the scalars are.
         let text = match String::from_utf8(bytes) {
-            Ok(text) => text,
+            Ok(text) => zeroize::Zeroizing::new(text),
             Err(e) => {
                 let valid = &e.as_bytes()[..e.utf8_error().valid_up_to()];
                 let valid = std::str::from_utf8(valid).unwrap_or_default();

@@ -33,6 +33,15 @@ pub(crate) struct Node {
     pub kind: Kind,
 }
 
+/// Scalars may be DH-HMAC-CHAP secrets written inline: zero them when the tree goes.
+impl Drop for Node {
+    fn drop(&mut self) {
+        if let Kind::Scalar { text, .. } = &mut self.kind {
+            zeroize::Zeroize::zeroize(text);
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) enum Kind {
     Scalar {
