@@ -10,16 +10,18 @@ use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 
 use crate::error::{join, Report};
+use std::collections::BTreeMap;
+
 use crate::model::{
-    default_dhchap_dhgroups, default_dhchap_hashes, default_serial, Backing, Config, DhGroup,
-    HashId, Host, Key, Listener, Metrics, Namespace, Polling, Subsystem, TargetSettings, Transport,
-    Uuid, DEFAULT_MODEL, DEFAULT_PORT,
+    default_dhchap_dhgroups, default_dhchap_hashes, default_serial, AnaState, Backing, Config,
+    DhGroup, HashId, Host, Key, Listener, Metrics, Namespace, Polling, Subsystem, TargetSettings,
+    Transport, Uuid, DEFAULT_MODEL, DEFAULT_PORT, MAX_ANA_GROUP,
 };
 use crate::size::Size;
 use crate::yaml::{Kind, Location, Node};
 
 const CONFIG_KEYS: &[&str] = &["listeners", "subsystems", "target", "metrics"];
-const LISTENER_KEYS: &[&str] = &["transport", "address", "port"];
+const LISTENER_KEYS: &[&str] = &["transport", "address", "port", "subsystems", "ana"];
 const SUBSYSTEM_KEYS: &[&str] = &[
     "nqn",
     "allow_any_host",
@@ -45,6 +47,7 @@ const NAMESPACE_KEYS: &[&str] = &[
     "block_size",
     "read_only",
     "uuid",
+    "ana_group",
 ];
 const TARGET_KEYS: &[&str] = &[
     "threads",
@@ -193,10 +196,69 @@ impl Decoder<'_> {
         let port = optional(r, &m, "port", DEFAULT_PORT, |r, n, p| {
             int(r, n, p, u16::MAX.into()).map(|v| v as u16)
         });
+        let subsystems = m.get("subsystems").and_then(|n| {
+            let p = join(path, "subsystems");
+            let items = seq(r, n, &p)?;
+            let names: Vec<String> = items
+                .iter()
+                .enumerate()
+                .filter_map(|(i, s)| string(r, s, &format!("{p}[{i}]")))
+                .collect();
+            (names.len() == items.len()).then_some(names)
+        });
+        let ana = optional(r, &m, "ana", BTreeMap::new(), |r, n, p| {
+            let Kind::Map(entries) = &n.kind else {
+                r.error_at(
+                    n.at,
+                    p,
+                    format!(
+                        "expected a mapping of ANA group to state (`{{ 1: optimized, 2: \
+                         inaccessible }}`), found {}",
+                        n.describe()
+                    ),
+                );
+                return None;
+            };
+            let mut out = BTreeMap::new();
+            for (k, v) in entries {
+                let kp = format!("{p}.{}", k.text());
+                r.record(&kp, k.at);
+                let group = match k.text().parse::<u32>() {
+                    Ok(g) if (1..=MAX_ANA_GROUP).contains(&g) => g,
+                    _ => {
+                        r.error_at(
+                            k.at,
+                            &kp,
+                            format!("`{}` is not an ANA group (1 to {MAX_ANA_GROUP})", k.text()),
+                        );
+                        continue;
+                    }
+                };
+                let Some(text) = string(r, v, &kp) else {
+                    continue;
+                };
+                match AnaState::from_name(&text) {
+                    Some(s) => {
+                        out.insert(group, s);
+                    }
+                    None => r.error_at(
+                        v.at,
+                        &kp,
+                        format!(
+                            "unknown ANA state `{text}` (expected optimized, non-optimized, \
+                             inaccessible, persistent-loss or change)"
+                        ),
+                    ),
+                }
+            }
+            Some(out)
+        });
         Some(Listener {
             transport: transport?,
             address: address?,
             port,
+            subsystems,
+            ana,
         })
     }
 
@@ -416,6 +478,14 @@ impl Decoder<'_> {
             int(r, n, p, u32::MAX.into()).map(|v| Some(v as u32))
         });
         let read_only = optional(r, &m, "read_only", false, boolean);
+        let ana_group = optional(r, &m, "ana_group", 1, |r, n, p| {
+            let g = int(r, n, p, u32::MAX.into())? as u32;
+            if !(1..=MAX_ANA_GROUP).contains(&g) {
+                r.error_at(n.at, p, format!("an ANA group is 1 to {MAX_ANA_GROUP}"));
+                return None;
+            }
+            Some(g)
+        });
         let uuid = m.get("uuid").and_then(|n| {
             let p = join(path, "uuid");
             let text = string(r, n, &p)?;
@@ -433,6 +503,7 @@ impl Decoder<'_> {
             backing: backing?,
             block_size,
             read_only,
+            ana_group,
             uuid,
         })
     }

@@ -57,9 +57,10 @@ use std::path::{Path, PathBuf};
 
 pub use error::{ConfigError, Diagnostic, Location, Severity};
 pub use model::{
-    default_dhchap_dhgroups, default_dhchap_hashes, default_serial, Backing, Config, DhGroup,
-    HashId, Host, InvalidUuid, Key, Listener, Metrics, Namespace, Polling, Subsystem,
+    default_dhchap_dhgroups, default_dhchap_hashes, default_serial, AnaState, Backing, Config,
+    DhGroup, HashId, Host, InvalidUuid, Key, Listener, Metrics, Namespace, Polling, Subsystem,
     TargetSettings, Transport, Uuid, DEFAULT_BLOCK_SIZE, DEFAULT_MODEL, DEFAULT_PORT,
+    MAX_ANA_GROUP,
 };
 pub use nqn::{check_name_text, validate_nqn, InvalidNqn, DISCOVERY_NQN, NQN_MAX_BYTES};
 pub use size::{Size, SizeError};
@@ -161,11 +162,11 @@ impl Config {
     /// 127.0.0.1:4420 and default target settings.
     pub fn embedded_default(ns_path: PathBuf) -> Config {
         Config {
-            listeners: vec![Listener {
-                transport: Transport::Tcp,
-                address: std::net::Ipv4Addr::LOCALHOST.into(),
-                port: DEFAULT_PORT,
-            }],
+            listeners: vec![Listener::new(
+                Transport::Tcp,
+                std::net::Ipv4Addr::LOCALHOST.into(),
+                DEFAULT_PORT,
+            )],
             subsystems: vec![Subsystem {
                 nqn: DEFAULT_SUBSYSTEM_NQN.to_owned(),
                 allow_any_host: true,
@@ -182,6 +183,7 @@ impl Config {
                     },
                     block_size: Some(DEFAULT_BLOCK_SIZE),
                     read_only: false,
+                    ana_group: 1,
                     uuid: Uuid::derived(DEFAULT_SUBSYSTEM_NQN, 1),
                 }],
             }],

@@ -2,6 +2,7 @@
 //!
 //! Each type documents its YAML keys; `config/REFERENCE.md` has the same in one page.
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
@@ -45,6 +46,10 @@ pub struct Config {
 /// One entry of `listeners`: `{ transport: tcp, address: 0.0.0.0, port: 4420 }`.
 ///
 /// Every listener also serves the discovery subsystem.
+///
+/// ```yaml
+/// - { transport: tcp, address: 10.0.0.1, subsystems: [ "nqn...:disk1" ], ana: { 1: optimized, 2: non-optimized } }
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Listener {
     /// `transport`: `tcp` or `rdma`. Required.
@@ -54,6 +59,92 @@ pub struct Listener {
     pub address: IpAddr,
     /// `port`: 1–65535. Default 4420.
     pub port: u16,
+    /// `subsystems`: the subsystems this listener serves (and its discovery log lists).
+    /// Default: all.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub subsystems: Option<Vec<String>>,
+    /// `ana`: this listener's Asymmetric Namespace Access state per ANA group (1–128); groups
+    /// not named are `optimized`. Default: every group optimized.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub ana: BTreeMap<u32, AnaState>,
+}
+
+impl Listener {
+    /// A listener serving every subsystem, every ANA group optimized.
+    pub fn new(transport: Transport, address: IpAddr, port: u16) -> Listener {
+        Listener {
+            transport,
+            address,
+            port,
+            subsystems: None,
+            ana: BTreeMap::new(),
+        }
+    }
+
+    /// Whether this listener serves subsystem `nqn`.
+    pub fn serves(&self, nqn: &str) -> bool {
+        self.subsystems
+            .as_ref()
+            .is_none_or(|s| s.iter().any(|n| n == nqn))
+    }
+
+    /// This listener's state for ANA group `group`.
+    pub fn ana_state(&self, group: u32) -> AnaState {
+        self.ana.get(&group).copied().unwrap_or_default()
+    }
+}
+
+/// The largest ANA group ID (ANAGRPMAX, as nvmet's).
+pub const MAX_ANA_GROUP: u32 = 128;
+
+/// An Asymmetric Namespace Access state (NVMe Base 2.0, 8.1.3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum AnaState {
+    /// Served at full speed on this path.
+    #[default]
+    Optimized,
+    /// Served, but another path is better.
+    NonOptimized,
+    /// Not served on this path (I/O gets Asymmetric Access Inaccessible; the host retries
+    /// elsewhere).
+    Inaccessible,
+    /// Not served on this path, and not coming back.
+    PersistentLoss,
+    /// In transition (I/O gets Asymmetric Access Transition).
+    Change,
+}
+
+impl AnaState {
+    /// Every state, in the order of their codes.
+    pub const ALL: [AnaState; 5] = [
+        AnaState::Optimized,
+        AnaState::NonOptimized,
+        AnaState::Inaccessible,
+        AnaState::PersistentLoss,
+        AnaState::Change,
+    ];
+
+    /// The name used in the configuration (`non-optimized`, ...).
+    pub fn name(self) -> &'static str {
+        match self {
+            AnaState::Optimized => "optimized",
+            AnaState::NonOptimized => "non-optimized",
+            AnaState::Inaccessible => "inaccessible",
+            AnaState::PersistentLoss => "persistent-loss",
+            AnaState::Change => "change",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<AnaState> {
+        AnaState::ALL.into_iter().find(|s| s.name() == name)
+    }
+}
+
+impl fmt::Display for AnaState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
 }
 
 /// `transport` of a listener.
@@ -252,6 +343,9 @@ pub struct Namespace {
     pub block_size: Option<u32>,
     /// `read_only`: reject writes with a write-protect error. Default `false`.
     pub read_only: bool,
+    /// `ana_group`: the ANA group (1–128) the namespace belongs to; each listener has a state
+    /// per group. Default 1.
+    pub ana_group: u32,
     /// `uuid`: the namespace UUID reported in the Namespace Identification Descriptor list.
     /// Default: derived from the subsystem NQN and the nsid (stable across restarts).
     pub uuid: Uuid,
@@ -399,6 +493,7 @@ impl Serialize for Namespace {
             None => s.skip_field("block_size")?,
         }
         s.serialize_field("read_only", &self.read_only)?;
+        s.serialize_field("ana_group", &self.ana_group)?;
         s.serialize_field("uuid", &self.uuid)?;
         s.end()
     }

@@ -90,6 +90,29 @@ pub(crate) fn config(config: &mut Config, paths: &ItemPaths, r: &mut Report) {
             }
         }
     }
+    // What each listener serves must exist; ANA groups it names should have namespaces.
+    let groups: std::collections::BTreeSet<u32> = config
+        .subsystems
+        .iter()
+        .flat_map(|s| s.namespaces.iter().map(|n| n.ana_group))
+        .collect();
+    for (i, l) in config.listeners.iter().enumerate() {
+        let lp = &paths.listeners[i];
+        for (j, nqn) in l.subsystems.iter().flatten().enumerate() {
+            if !config.subsystems.iter().any(|s| &s.nqn == nqn) {
+                r.error(
+                    &format!("{lp}.subsystems[{j}]"),
+                    format!("no subsystem `{nqn}` is configured"),
+                );
+            }
+        }
+        for g in l.ana.keys().filter(|g| !groups.contains(g)) {
+            r.warn(
+                &format!("{lp}.ana.{g}"),
+                format!("no namespace is in ANA group {g}"),
+            );
+        }
+    }
     target(&config.target, r);
     if let Some(m) = &config.metrics {
         if m.listen.port() == 0 {

@@ -44,16 +44,8 @@ fn brief_example_parses() {
     assert_eq!(
         c.listeners,
         [
-            Listener {
-                transport: Transport::Tcp,
-                address: Ipv4Addr::UNSPECIFIED.into(),
-                port: 4420
-            },
-            Listener {
-                transport: Transport::Rdma,
-                address: Ipv4Addr::new(192, 168, 78, 1).into(),
-                port: 4420
-            },
+            Listener::new(Transport::Tcp, Ipv4Addr::UNSPECIFIED.into(), 4420),
+            Listener::new(Transport::Rdma, Ipv4Addr::new(192, 168, 78, 1).into(), 4420),
         ]
     );
     let s = &c.subsystems[0];
@@ -276,11 +268,11 @@ fn embedded_default() {
     assert_eq!(c.validate().expect("valid"), []);
     assert_eq!(
         c.listeners,
-        [Listener {
-            transport: Transport::Tcp,
-            address: Ipv4Addr::LOCALHOST.into(),
-            port: 4420
-        }]
+        [Listener::new(
+            Transport::Tcp,
+            Ipv4Addr::LOCALHOST.into(),
+            4420
+        )]
     );
     let s = &c.subsystems[0];
     assert_eq!(s.nqn, DEFAULT_SUBSYSTEM_NQN);
@@ -510,4 +502,56 @@ fn dhchap_hosts_policies_and_key_files() {
         "{e}"
     );
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn listeners_serve_subsystems_with_ana_states() {
+    // The form issue #19 gives (with null namespaces instead of a disk).
+    let text = r#"
+listeners:
+  - { transport: tcp, address: 10.0.0.1, port: 4420, subsystems: [ "nqn.2026-11.io.example:disk1" ], ana: { 1: optimized, 2: non-optimized } }
+  - { transport: tcp, address: 10.0.0.2, port: 4420, ana: { 1: inaccessible, 2: optimized } }
+subsystems:
+  - nqn: nqn.2026-11.io.example:disk1
+    allow_any_host: true
+    namespaces: [ { nsid: 1, null: 1GiB, ana_group: 1 }, { nsid: 2, null: 1GiB, ana_group: 2 } ]
+  - nqn: nqn.2026-11.io.example:disk2
+    allow_any_host: true
+    namespaces: [ { nsid: 1, null: 1GiB } ]
+"#;
+    let c = Config::from_yaml_str(text, "t.yaml").unwrap().config;
+    let (a, b) = (&c.listeners[0], &c.listeners[1]);
+    assert!(a.serves("nqn.2026-11.io.example:disk1") && !a.serves("nqn.2026-11.io.example:disk2"));
+    assert!(b.serves("nqn.2026-11.io.example:disk2"));
+    assert_eq!(a.ana_state(2), nvmf_config::AnaState::NonOptimized);
+    assert_eq!(b.ana_state(1), nvmf_config::AnaState::Inaccessible);
+    assert_eq!(b.ana_state(7), nvmf_config::AnaState::Optimized);
+    assert_eq!(c.subsystems[0].namespaces[1].ana_group, 2);
+    assert_eq!(c.subsystems[1].namespaces[0].ana_group, 1);
+    let again = Config::from_yaml_str(&c.to_yaml(), "again.yaml").unwrap();
+    assert_eq!(again.config, c);
+    // Errors, with their places.
+    let bad = text
+        .replace(
+            "subsystems: [ \"nqn.2026-11.io.example:disk1\" ]",
+            "subsystems: [ \"nqn.2026-11.io.example:nope\" ]",
+        )
+        .replace("2: non-optimized", "200: optimized")
+        .replace("2: optimized }", "2: standby }")
+        .replace("ana_group: 2", "ana_group: 0");
+    let e = Config::from_yaml_str(&bad, "t.yaml")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("no subsystem `nqn.2026-11.io.example:nope`"),
+        "{e}"
+    );
+    assert!(
+        e.contains("`200` is not an ANA group") && e.contains("unknown ANA state `standby`"),
+        "{e}"
+    );
+    assert!(
+        e.contains("t.yaml:8:92:") && e.contains("an ANA group is 1 to 128"),
+        "{e}"
+    );
 }

@@ -4,8 +4,8 @@
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use nvmf_config::{
-    default_dhchap_dhgroups, default_serial, Backing, Config, ConfigError, HashId, Host, Key,
-    Listener, Metrics, Namespace, Size, Subsystem, TargetSettings, Transport, Uuid,
+    default_dhchap_dhgroups, default_serial, AnaState, Backing, Config, ConfigError, HashId, Host,
+    Key, Listener, Metrics, Namespace, Size, Subsystem, TargetSettings, Transport, Uuid,
 };
 use proptest::prelude::*;
 
@@ -58,6 +58,7 @@ fn namespace(nqn: String, nsid: u32) -> impl Strategy<Value = Namespace> {
             },
             block_size: Some(bs),
             read_only,
+            ana_group: nsid % 3 + 1,
             uuid: uuid.map(Uuid).unwrap_or_else(|| Uuid::derived(&nqn, nsid)),
         })
 }
@@ -173,11 +174,20 @@ fn config() -> impl Strategy<Value = Config> {
             let listeners = listeners
                 .into_iter()
                 .enumerate()
-                .map(|(i, (transport, address, port))| Listener {
-                    transport,
-                    address,
+                .map(|(i, (transport, address, port))| {
                     // A multiple of 4 (never 0) plus the index: ports 1-3 used to come out 0.
-                    port: (port.saturating_sub(i as u16 * 4) / 4 * 4).max(4) + i as u16,
+                    let port = (port.saturating_sub(i as u16 * 4) / 4 * 4).max(4) + i as u16;
+                    let mut l = Listener::new(transport, address, port);
+                    // Odd listeners serve the first subsystem only; every other one has ANA
+                    // states for the groups the generated namespaces use (1-3).
+                    if i % 2 == 1 {
+                        l.subsystems = subsystems.first().map(|s: &Subsystem| vec![s.nqn.clone()]);
+                    }
+                    if i % 2 == 0 {
+                        l.ana.insert(1, AnaState::NonOptimized);
+                        l.ana.insert(2 + (i as u32 % 2), AnaState::Inaccessible);
+                    }
+                    l
                 })
                 .collect::<Vec<_>>();
             let metrics = metrics.map(|(ip, port)| Metrics {

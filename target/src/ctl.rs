@@ -11,8 +11,8 @@ use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
 
 use config::{
-    default_serial, Backing, Config, Listener, Namespace, Size, Subsystem, Transport, Uuid,
-    DEFAULT_BLOCK_SIZE, DEFAULT_MODEL,
+    default_serial, AnaState, Backing, Config, Listener, Namespace, Size, Subsystem, Transport,
+    Uuid, DEFAULT_BLOCK_SIZE, DEFAULT_MODEL,
 };
 use serde::{Deserialize, Serialize};
 
@@ -68,6 +68,10 @@ pub enum Op {
         #[serde(default)]
         #[arg(long)]
         read_only: bool,
+        /// The ANA group (1-128) the namespace belongs to.
+        #[serde(default = "one")]
+        #[arg(long, default_value_t = 1)]
+        ana_group: u32,
     },
     /// Remove a namespace (hosts get the Namespace Attribute Changed event).
     RemoveNamespace {
@@ -110,6 +114,30 @@ pub enum Op {
         address: IpAddr,
         port: u16,
     },
+    /// Set a listener's ANA state for an ANA group (optimized, non-optimized, inaccessible,
+    /// persistent-loss, change): hosts connected through it get the ANA change event.
+    SetAnaState {
+        #[arg(value_parser = parse_transport)]
+        transport: Transport,
+        address: IpAddr,
+        port: u16,
+        group: u32,
+        #[arg(value_parser = parse_ana_state)]
+        state: AnaState,
+    },
+}
+
+fn one() -> u32 {
+    1
+}
+
+fn parse_ana_state(s: &str) -> Result<AnaState, String> {
+    AnaState::from_name(s).ok_or_else(|| {
+        format!(
+            "unknown ANA state `{s}` (optimized, non-optimized, inaccessible, persistent-loss, \
+             change)"
+        )
+    })
 }
 
 fn parse_transport(s: &str) -> Result<Transport, String> {
@@ -177,6 +205,7 @@ pub fn apply(cfg: &Config, op: &Op) -> Result<Config, String> {
             size: file_size,
             null,
             read_only,
+            ana_group,
         } => {
             let (backing, block_size) = match (path, null) {
                 (Some(p), None) => {
@@ -211,6 +240,7 @@ pub fn apply(cfg: &Config, op: &Op) -> Result<Config, String> {
                 backing,
                 block_size,
                 read_only: *read_only,
+                ana_group: *ana_group,
                 uuid: Uuid::derived(nqn, *nsid),
             });
         }
@@ -286,12 +316,12 @@ pub fn apply(cfg: &Config, op: &Op) -> Result<Config, String> {
             address,
             port,
         } => {
-            let l = Listener {
-                transport: *transport,
-                address: *address,
-                port: *port,
-            };
-            if new.listeners.contains(&l) {
+            let l = Listener::new(*transport, *address, *port);
+            if new
+                .listeners
+                .iter()
+                .any(|e| e.transport == l.transport && e.address == l.address && e.port == l.port)
+            {
                 return Err(format!(
                     "listener {transport} {address} {port} exists already"
                 ));
@@ -309,6 +339,31 @@ pub fn apply(cfg: &Config, op: &Op) -> Result<Config, String> {
             });
             if new.listeners.len() == before {
                 return Err(format!("no listener {transport} {address} {port}"));
+            }
+        }
+        Op::SetAnaState {
+            transport,
+            address,
+            port,
+            group,
+            state,
+        } => {
+            let l = new
+                .listeners
+                .iter_mut()
+                .find(|l| l.transport == *transport && l.address == *address && l.port == *port)
+                .ok_or_else(|| format!("no listener {transport} {address} {port}"))?;
+            if !(1..=config::MAX_ANA_GROUP).contains(group) {
+                return Err(format!(
+                    "ANA group {group} is not 1 to {}",
+                    config::MAX_ANA_GROUP
+                ));
+            }
+            // Optimized is the default: keep the map to what differs from it.
+            if *state == AnaState::Optimized {
+                l.ana.remove(group);
+            } else {
+                l.ana.insert(*group, *state);
             }
         }
     }
@@ -392,6 +447,7 @@ mod tests {
                 size: None,
                 null: Some("64MiB".into()),
                 read_only: true,
+                ana_group: 2,
             },
             persist: true,
         };
@@ -413,6 +469,7 @@ mod tests {
             size: None,
             null: Some(null.into()),
             read_only: false,
+            ana_group: 1,
         };
         let n = apply(&c, &add_ns(2, "64MiB")).unwrap();
         assert_eq!(n.subsystems[0].namespaces.len(), 2);

@@ -846,11 +846,7 @@ mod tests {
     fn listener_ports_are_numbered_tcp_first() {
         let l = |t, p| {
             (
-                config::Listener {
-                    transport: t,
-                    address: [127, 0, 0, 1].into(),
-                    port: p,
-                },
+                config::Listener::new(t, [127, 0, 0, 1].into(), p),
                 SocketAddr::from(([127, 0, 0, 1], p)),
             )
         };

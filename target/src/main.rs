@@ -274,11 +274,11 @@ fn main() -> ExitCode {
             // without RDMA: the default then serves NVMe/TCP only).
             for a in nvmf_target::transport::rdma::local_rdma_ipv4() {
                 info!(address = %a.addr, device = %a.device, "embedded default: NVMe/RDMA listener");
-                cfg.listeners.push(config::Listener {
-                    transport: config::Transport::Rdma,
-                    address: a.addr.into(),
-                    port: 4420,
-                });
+                cfg.listeners.push(config::Listener::new(
+                    config::Transport::Rdma,
+                    a.addr.into(),
+                    4420,
+                ));
             }
             cfg
         }
