@@ -467,6 +467,13 @@ impl AsyncEvent {
         lid: lid::DISCOVERY,
     };
 
+    /// Asymmetric Namespace Access Change: read the ANA log.
+    pub const ANA_CHANGE: AsyncEvent = AsyncEvent {
+        kind: aer_type::NOTICE,
+        info: aer_notice::ANA_CHANGE,
+        lid: lid::ANA,
+    };
+
     /// Reservation Log Page Available: read the Reservation Notification log.
     pub const RESV_LOG_AVAILABLE: AsyncEvent = AsyncEvent {
         kind: aer_type::IO_CMD_SET,
@@ -595,5 +602,95 @@ mod tests {
         assert_eq!(AsyncEvent::NS_CHANGED.encode(), 0x0004_0002);
         assert_eq!(AsyncEvent::DISCOVERY_CHANGED.encode(), 0x0070_f002);
         assert_eq!(AsyncEvent::decode(0x0004_0002), AsyncEvent::NS_CHANGED);
+    }
+}
+
+/// ANA states as the ANA log and Identify report them (NVMe Base 2.0, Figure 215).
+pub mod ana_state {
+    pub const OPTIMIZED: u8 = 0x01;
+    pub const NON_OPTIMIZED: u8 = 0x02;
+    pub const INACCESSIBLE: u8 = 0x03;
+    pub const PERSISTENT_LOSS: u8 = 0x04;
+    pub const CHANGE: u8 = 0x0f;
+}
+
+/// Get Log Page LSP bit 0 for the ANA log: Return Groups Only (no NSID lists).
+pub const ANA_LSP_RGO: u8 = 1 << 0;
+
+/// One ANA Group Descriptor of the ANA log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AnaGroup {
+    pub grpid: u32,
+    /// The group's change count (bumped when its state on this controller's path changes).
+    pub change_count: u64,
+    /// `ana_state::*`.
+    pub state: u8,
+    /// The group's namespaces, ascending (left out of the log with RGO).
+    pub nsids: Vec<u32>,
+}
+
+/// The Asymmetric Namespace Access log page (0Ch; NVMe Base 2.0, Figures 213-214): a 16-byte
+/// header (change count, number of descriptors) and per group a 32-byte descriptor followed by
+/// its NSIDs (none with Return Groups Only).
+pub fn ana_log(change_count: u64, groups: &[AnaGroup], rgo: bool) -> Vec<u8> {
+    let mut out = Vec::with_capacity(16 + groups.len() * 32);
+    out.extend_from_slice(&change_count.to_le_bytes());
+    out.extend_from_slice(&(groups.len() as u16).to_le_bytes());
+    out.extend_from_slice(&[0; 6]);
+    for g in groups {
+        let nsids: &[u32] = if rgo { &[] } else { &g.nsids };
+        out.extend_from_slice(&g.grpid.to_le_bytes());
+        out.extend_from_slice(&(nsids.len() as u32).to_le_bytes());
+        out.extend_from_slice(&g.change_count.to_le_bytes());
+        out.push(g.state & 0x0f);
+        out.extend_from_slice(&[0; 15]);
+        for n in nsids {
+            out.extend_from_slice(&n.to_le_bytes());
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod ana_tests {
+    use super::*;
+
+    #[test]
+    fn ana_log_layout() {
+        let g = |grpid, state, nsids: &[u32]| AnaGroup {
+            grpid,
+            change_count: 7,
+            state,
+            nsids: nsids.to_vec(),
+        };
+        let groups = [
+            g(1, ana_state::OPTIMIZED, &[1, 3]),
+            g(2, ana_state::INACCESSIBLE, &[2]),
+        ];
+        let b = ana_log(9, &groups, false);
+        assert_eq!(b.len(), 16 + 32 + 8 + 32 + 4);
+        assert_eq!(u64::from_le_bytes(b[0..8].try_into().unwrap()), 9);
+        assert_eq!(u16::from_le_bytes([b[8], b[9]]), 2);
+        assert_eq!(u32::from_le_bytes(b[16..20].try_into().unwrap()), 1);
+        assert_eq!(
+            u32::from_le_bytes(b[20..24].try_into().unwrap()),
+            2,
+            "NNSID"
+        );
+        assert_eq!(b[32], ana_state::OPTIMIZED);
+        assert_eq!(u32::from_le_bytes(b[52..56].try_into().unwrap()), 3);
+        assert_eq!(
+            u32::from_le_bytes(b[56..60].try_into().unwrap()),
+            2,
+            "group 2"
+        );
+        assert_eq!(b[56 + 16], ana_state::INACCESSIBLE);
+        let rgo = ana_log(9, &groups, true);
+        assert_eq!(rgo.len(), 16 + 2 * 32);
+        assert_eq!(
+            u32::from_le_bytes(rgo[20..24].try_into().unwrap()),
+            0,
+            "no NSIDs with RGO"
+        );
     }
 }

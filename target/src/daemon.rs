@@ -212,6 +212,7 @@ fn subsystem_specs(
                         uuid: ns.uuid.0,
                         read_only: ns.read_only,
                         deallocate_zeroes: d.deallocate() == Deallocate::Zeroes,
+                        ana_group: ns.ana_group,
                     })
                 })
                 .collect(),
@@ -764,16 +765,35 @@ fn listener_infos(
     rdma: &[(config::Listener, SocketAddr)],
 ) -> Vec<ListenerInfo> {
     tcp.iter()
-        .map(|(_, b)| (TrType::Tcp, b))
-        .chain(rdma.iter().map(|(_, b)| (TrType::Rdma, b)))
+        .map(|(l, b)| (TrType::Tcp, l, b))
+        .chain(rdma.iter().map(|(l, b)| (TrType::Rdma, l, b)))
         .enumerate()
-        .map(|(i, (trtype, b))| ListenerInfo {
-            trtype,
-            traddr: b.ip().to_string(),
-            trsvcid: b.port().to_string(),
-            port_id: i as u16 + 1,
+        .map(|(i, (trtype, l, b))| {
+            let mut info = ListenerInfo::new(
+                trtype,
+                b.ip().to_string(),
+                b.port().to_string(),
+                i as u16 + 1,
+            );
+            info.subsystems = l.subsystems.clone();
+            for (&group, &state) in &l.ana {
+                info.set_ana(group, ana_code(state));
+            }
+            info
         })
         .collect()
+}
+
+/// The ANA log's code for a configured state.
+fn ana_code(s: config::AnaState) -> u8 {
+    use nvme::log::ana_state as code;
+    match s {
+        config::AnaState::Optimized => code::OPTIMIZED,
+        config::AnaState::NonOptimized => code::NON_OPTIMIZED,
+        config::AnaState::Inaccessible => code::INACCESSIBLE,
+        config::AnaState::PersistentLoss => code::PERSISTENT_LOSS,
+        config::AnaState::Change => code::CHANGE,
+    }
 }
 
 #[cfg(test)]

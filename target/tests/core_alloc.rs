@@ -61,6 +61,7 @@ fn no_heap_allocation_per_io_command_in_the_core() {
                 uuid: [1; 16],
                 read_only: false,
                 deallocate_zeroes: true,
+                ana_group: 1,
             }],
         }],
         vec![],

@@ -2,6 +2,8 @@
 //! Event Request, Keep Alive, Abort. Behaviour follows nvmet `admin-cmd.c` unless a comment says
 //! otherwise.
 
+use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use nvme::identify::{
@@ -9,7 +11,10 @@ use nvme::identify::{
     IdentifyController, IdentifyCtrlNvm, IdentifyNamespace, IdentifyNsCsIndep, IdentifyNsNvm,
     NsIdDesc, IDENTIFY_DATA_SIZE, NMIC_SHARED, NSTAT_READY,
 };
-use nvme::log::{effects, lid, u128_field, CmdEffectsLog, GetLogPageCmd, SmartLog};
+use nvme::log::{
+    ana_log, effects, lid, u128_field, AnaGroup, CmdEffectsLog, GetLogPageCmd, SmartLog,
+    ANA_LSP_RGO,
+};
 use nvme::opcode::{admin, io};
 use nvme::{Sqe, Status};
 use zerocopy::{FromZeros, IntoBytes};
@@ -21,6 +26,12 @@ use super::{Cmd, NamespaceSpec, Queue, TrType};
 
 /// NSID meaning "all namespaces".
 pub(crate) const NSID_ALL: u32 = 0xffff_ffff;
+/// ANA Transition Time (Identify ANATT), seconds: how long a host waits for a group in
+/// change state before it gives up on the path (nvmet: 10).
+const ANATT_SECS: u8 = 10;
+/// ANACAP: optimized, non-optimized, inaccessible, persistent loss and change are all
+/// reported (bits 0-4, as nvmet).
+const ANACAP_ALL_STATES: u8 = 0x1f;
 
 /// Firmware revision reported in Identify (8 ASCII characters).
 pub(crate) fn firmware_revision() -> [u8; 8] {
@@ -183,8 +194,14 @@ impl Queue {
             return id;
         }
         id.cntrltype = idc::CNTRLTYPE_IO;
-        id.cmic = idc::CMIC_MULTI_PORT | idc::CMIC_MULTI_CTRL;
-        id.oaes = idc::OAES_NS_ATTR.into();
+        // Asymmetric Namespace Access: every state reportable, a state per listener and ANA
+        // group, at most ANA_GROUPS groups (as nvmet).
+        id.cmic = idc::CMIC_MULTI_PORT | idc::CMIC_MULTI_CTRL | idc::CMIC_ANA;
+        id.oaes = (idc::OAES_NS_ATTR | idc::OAES_ANA_CHANGE).into();
+        id.anatt = ANATT_SECS;
+        id.anacap = ANACAP_ALL_STATES;
+        id.anagrpmax = super::ANA_GROUPS.into();
+        id.nanagrpid = super::ANA_GROUPS.into();
         id.acl = 3;
         // One read-only firmware slot.
         id.frmw = 0x03;
@@ -244,6 +261,7 @@ impl Queue {
                     id.nsattr = nsattr(ns);
                     id.dlfeat = dlfeat(ns);
                     id.rescap = rescap(&table, c.nsid);
+                    id.anagrpid = ns.ana_group.into();
                 }
                 buf.copy_from_slice(id.as_bytes());
             }
@@ -294,6 +312,7 @@ impl Queue {
                 id.nmic = NMIC_SHARED;
                 id.nstat = NSTAT_READY;
                 id.rescap = rescap(&table, c.nsid);
+                id.anagrpid = ns.ana_group.into();
                 buf.copy_from_slice(id.as_bytes());
             }
             _ => return Err(Reject::dnr(Status::INVALID_FIELD, loc::CDW10)),
@@ -358,6 +377,30 @@ impl Queue {
                     None => page[..4].copy_from_slice(&NSID_ALL.to_le_bytes()),
                 }
                 copy_log(&page, &g, buf)
+            }
+            lid::ANA => {
+                // This controller's path: the listener the admin queue came through. Group 1
+                // always (as nvmet), and every group a namespace of the subsystem is in.
+                let table = self.namespaces().unwrap_or_default();
+                let mut groups: BTreeMap<u32, Vec<u32>> = BTreeMap::from([(1, Vec::new())]);
+                for (nsid, ns) in &table.by_nsid {
+                    groups.entry(ns.ana_group).or_default().push(*nsid);
+                }
+                let change = self.target.inner().ana_change_count.load(Ordering::Acquire);
+                let groups: Vec<AnaGroup> = groups
+                    .into_iter()
+                    .map(|(grpid, nsids)| AnaGroup {
+                        grpid,
+                        change_count: change,
+                        state: self.ana_state(grpid),
+                        nsids,
+                    })
+                    .collect();
+                let rgo = g.lsp & ANA_LSP_RGO != 0;
+                if !g.rae {
+                    ctrl.unmask_event(idc::OAES_ANA_CHANGE);
+                }
+                copy_log(&ana_log(change, &groups, rgo), &g, buf)
             }
             lid::CMD_EFFECTS => {
                 if g.csi != csi::NVM {

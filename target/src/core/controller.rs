@@ -35,7 +35,7 @@ pub(crate) const KAS_100MS: u16 = 1;
 pub(crate) const DISCOVERY_DEFAULT_KATO_MS: u32 = 120_000;
 /// Asynchronous events the controller may be asked to report on an I/O controller (Set
 /// Features 0Bh): SMART critical warnings (bits 7:0, never raised here) and the OAES bits.
-pub(crate) const AEN_IO_SUPPORTED: u32 = 0xff | idc::OAES_NS_ATTR;
+pub(crate) const AEN_IO_SUPPORTED: u32 = 0xff | idc::OAES_NS_ATTR | idc::OAES_ANA_CHANGE;
 pub(crate) const AEN_DISC_SUPPORTED: u32 = idc::OAES_DISC_CHANGE;
 
 /// Asynchronous Event Configuration after Connect and after a reset: the optional notices are
@@ -50,7 +50,7 @@ fn default_aen(discovery: bool) -> u32 {
     if discovery {
         idc::OAES_DISC_CHANGE
     } else {
-        idc::OAES_NS_ATTR
+        idc::OAES_NS_ATTR | idc::OAES_ANA_CHANGE
     }
 }
 
@@ -152,6 +152,8 @@ pub(crate) struct Controller {
     pub hostid: [u8; 16],
     /// The admin queue's remote address (for logs).
     pub peer: String,
+    /// The admin queue's local address: the listener the host came through (its ANA states).
+    pub local: Option<std::net::SocketAddr>,
     /// What the admin queue's transport offers (Identify reports from it).
     pub caps: TransportCaps,
     /// Creation time; keep-alive stamps are offsets from it.
@@ -182,6 +184,7 @@ impl Controller {
         kato_ms: u32,
         now: Instant,
         peer: String,
+        local: Option<std::net::SocketAddr>,
     ) -> Controller {
         let aen_enabled = default_aen(subsys.discovery);
         Controller {
@@ -190,6 +193,7 @@ impl Controller {
             hostnqn,
             hostid,
             peer,
+            local,
             caps,
             base: now,
             cc: AtomicU32::new(0),
@@ -565,6 +569,24 @@ impl Controller {
                 }
             }
             self.queue_event(&mut g, idc::OAES_NS_ATTR, AsyncEvent::NS_CHANGED)
+        };
+        if let Some(w) = waker {
+            w();
+        }
+    }
+
+    /// Whether the host came through listener `l`.
+    pub fn came_through(&self, l: &super::ListenerInfo) -> bool {
+        self.local.is_some_and(|a| l.accepted(self.caps.trtype, a))
+    }
+
+    /// The ANA states of this controller's path changed: queue an Asymmetric Namespace Access
+    /// Change event if the host enabled it and has not been told already (it reads the ANA
+    /// log, which clears the mask).
+    pub fn ana_changed(&self) {
+        let waker = {
+            let mut g = self.lock();
+            self.queue_event(&mut g, idc::OAES_ANA_CHANGE, AsyncEvent::ANA_CHANGE)
         };
         if let Some(w) = waker {
             w();

@@ -71,7 +71,10 @@ pub(crate) fn discovery_log(t: &TargetInner, hostnqn: &str, local: Option<&str>)
     let mut entries = Vec::new();
     let subsystems = t.subsystem_list();
     for l in t.listeners().iter() {
-        for s in subsystems.iter().filter(|s| s.host_allowed(hostnqn)) {
+        for s in subsystems
+            .iter()
+            .filter(|s| l.serves(&s.nqn) && s.host_allowed(hostnqn))
+        {
             entries.push(entry_for(l, &s.nqn, local));
         }
     }
@@ -125,7 +128,7 @@ impl Queue {
                 let page = discovery_log(
                     self.target.inner(),
                     &ctrl.hostnqn,
-                    self.local_addr.as_deref(),
+                    self.local_addr.map(|a| a.ip().to_string()).as_deref(),
                 );
                 let out = copy_log(&page, &g, buf)?;
                 if !g.rae {

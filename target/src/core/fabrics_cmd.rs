@@ -128,6 +128,13 @@ impl Queue {
         let hostnqn = d
             .hostnqn_str()
             .ok_or_else(|| invalid_param(InvalidAttr::Data, doff::HOSTNQN))?;
+        // A listener serves the subsystems it is given (nvmet: a port's subsystems).
+        if let Some(l) = self.listener().filter(|l| !l.serves(&subsys.nqn)) {
+            tracing::info!(subsys = %subsys.nqn, peer = %self.peer,
+                listener = %format!("{}:{}", l.traddr, l.trsvcid),
+                "connect refused: the listener does not serve the subsystem");
+            return Err(invalid_param(InvalidAttr::Data, doff::SUBNQN));
+        }
         // An empty Host NQN (SPDK's perf tool sends one by default) names no host: only a
         // subsystem open to any host takes it, as nvmet and SPDK's target do.
         if hostnqn.is_empty() && !subsys.host_allowed("") {
@@ -204,6 +211,7 @@ impl Queue {
         let host = hostnqn.to_string();
         let hostid = d.hostid;
         let peer = self.peer.clone();
+        let local = self.local_addr;
         let ctrl = inner
             .register(|id| {
                 Arc::new(Controller::new(
@@ -215,6 +223,7 @@ impl Queue {
                     kato_ms,
                     now,
                     peer,
+                    local,
                 ))
             })
             .ok_or_else(|| Reject::dnr(Status::CONNECT_CTRL_BUSY, loc::NONE))?;

@@ -7,6 +7,7 @@
 //! that no data moves for a command that cannot succeed, and again in `execute` because the
 //! namespace table may have been replaced in between.
 
+use nvme::log::ana_state;
 use nvme::opcode::io;
 use std::time::Instant;
 
@@ -108,6 +109,18 @@ impl Queue {
         // NSID 0 and FFFFFFFFh never name a namespace here: a broadcast Flush is not supported
         // (Identify VWC bits 2:1 = 10b).
         let ns = self.namespace(sqe.nsid.get())?;
+        // Asymmetric Namespace Access: this path may not serve the namespace's group. The
+        // status has no DNR: the host retries on another path (nvmet_check_ana_state).
+        match self.ana_state(ns.ana_group) {
+            ana_state::OPTIMIZED | ana_state::NON_OPTIMIZED => {}
+            ana_state::INACCESSIBLE => {
+                return Err(Reject::new(Status::ANA_INACCESSIBLE, loc::NSID))
+            }
+            ana_state::PERSISTENT_LOSS => {
+                return Err(Reject::new(Status::ANA_PERSISTENT_LOSS, loc::NSID))
+            }
+            _ => return Err(Reject::new(Status::ANA_TRANSITION, loc::NSID)),
+        }
         // A write-protected namespace takes reads and flushes only (nvmet's
         // `nvmet_io_cmd_check_access`), refused here before any data moves.
         if ns.read_only && access == Some(Access::Write) && sqe.opcode != io::FLUSH {

@@ -103,13 +103,81 @@ impl QueueLimits {
     }
 }
 
-/// A listener, as the discovery log reports it.
-#[derive(Debug, Clone)]
+/// A listener, as the discovery log reports it, with what it serves: the subsystems (`None`:
+/// all) and its Asymmetric Namespace Access state per ANA group.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ListenerInfo {
     pub trtype: TrType,
     pub traddr: String,
     pub trsvcid: String,
     pub port_id: u16,
+    pub subsystems: Option<Vec<String>>,
+    /// `nvme::log::ana_state` codes indexed by ANA group (1 to [`ANA_GROUPS`]; 0 unused).
+    pub ana: Arc<Vec<u8>>,
+}
+
+/// ANA groups a namespace may be in (1 to this): Identify ANAGRPMAX and NANAGRPID, as nvmet.
+pub const ANA_GROUPS: u32 = 128;
+
+impl ListenerInfo {
+    /// A listener that serves every subsystem, every ANA group optimized.
+    pub fn new(trtype: TrType, traddr: String, trsvcid: String, port_id: u16) -> ListenerInfo {
+        ListenerInfo {
+            trtype,
+            traddr,
+            trsvcid,
+            port_id,
+            subsystems: None,
+            ana: all_optimized(),
+        }
+    }
+
+    /// Set the state of ANA group `group` (`nvme::log::ana_state`).
+    pub fn set_ana(&mut self, group: u32, state: u8) {
+        if let Some(s) = Arc::make_mut(&mut self.ana).get_mut(group as usize) {
+            *s = state;
+        }
+    }
+
+    /// This listener's state for ANA group `group`.
+    pub fn ana_state(&self, group: u32) -> u8 {
+        self.ana
+            .get(group as usize)
+            .copied()
+            .unwrap_or(nvme::log::ana_state::OPTIMIZED)
+    }
+
+    /// Whether this listener serves subsystem `nqn` (discovery always).
+    pub fn serves(&self, nqn: &str) -> bool {
+        nqn == nvme::DISCOVERY_NQN
+            || self
+                .subsystems
+                .as_ref()
+                .is_none_or(|s| s.iter().any(|n| n == nqn))
+    }
+
+    /// Whether a connection of `trtype` that arrived on `local` came through this listener.
+    pub(crate) fn accepted(&self, trtype: TrType, local: std::net::SocketAddr) -> bool {
+        self.trtype == trtype
+            && self.trsvcid == local.port().to_string()
+            && self
+                .traddr
+                .parse::<std::net::IpAddr>()
+                .is_ok_and(|a| a == local.ip() || a.is_unspecified())
+    }
+
+    /// The same listener (address, port and transport), whatever it serves.
+    pub(crate) fn same_endpoint(&self, o: &ListenerInfo) -> bool {
+        self.trtype == o.trtype && self.traddr == o.traddr && self.trsvcid == o.trsvcid
+    }
+}
+
+/// Every ANA group optimized.
+pub(crate) fn all_optimized() -> Arc<Vec<u8>> {
+    Arc::new(vec![
+        nvme::log::ana_state::OPTIMIZED;
+        ANA_GROUPS as usize + 1
+    ])
 }
 
 /// A namespace as the core sees it (the bytes live in the backend).
@@ -132,6 +200,8 @@ pub struct NamespaceSpec {
     /// punching in a file). Identify reports it in DLFEAT; otherwise DLFEAT says "not
     /// reported" (block devices discard, and what they read afterwards is theirs to say).
     pub deallocate_zeroes: bool,
+    /// The ANA group (1 to [`ANA_GROUPS`]): each listener has a state per group.
+    pub ana_group: u32,
 }
 
 /// A subsystem as configured.
@@ -267,6 +337,8 @@ pub struct Reconfigured {
     /// Per subsystem, the NSIDs added, removed or changed (increasing).
     pub namespaces_changed: Vec<(String, Vec<u32>)>,
     pub listeners_changed: bool,
+    /// Listeners whose ANA states changed (their hosts got the ANA change event).
+    pub ana_changed: Vec<ListenerInfo>,
     /// Controllers disconnected because their subsystem went away.
     pub controllers_disconnected: usize,
 }
@@ -282,7 +354,9 @@ impl Reconfigured {
     }
     /// Nothing changed at all.
     pub fn is_empty(&self) -> bool {
-        !self.discovery_changed() && self.namespaces_changed.is_empty()
+        !self.discovery_changed()
+            && self.namespaces_changed.is_empty()
+            && self.ana_changed.is_empty()
     }
 }
 
@@ -410,9 +484,11 @@ pub struct Queue {
     mdts: u8,
     max_xfer: u32,
     waker: Option<Waker>,
-    /// The target-side address of this connection (for wildcard listeners in the discovery
-    /// log).
-    local_addr: Option<String>,
+    /// The target-side address of this connection: which listener it came through (what it
+    /// serves, its ANA states), and the address wildcard listeners report in the discovery log.
+    local_addr: Option<std::net::SocketAddr>,
+    /// This queue's listener's ANA states, as of the target's ANA generation.
+    ana: Option<(u64, Arc<Vec<u8>>)>,
 }
 
 impl Queue {
@@ -461,10 +537,11 @@ impl Queue {
     pub fn stats(&self) -> QueueStats {
         self.counters.snapshot()
     }
-    /// The target-side IP address of this connection (e.g. `TcpStream::local_addr().ip()`).
-    /// The discovery log reports it for listeners bound to a wildcard address.
-    pub fn set_local_addr(&mut self, traddr: String) {
-        self.local_addr = Some(traddr);
+    /// The target-side address of this connection (`TcpStream::local_addr()`, the RDMA CM
+    /// id's local address): it tells which listener the host came through (what that serves,
+    /// its ANA states), and the discovery log reports its IP for wildcard listeners.
+    pub fn set_local_addr(&mut self, local: std::net::SocketAddr) {
+        self.local_addr = Some(local);
     }
     /// Register a function to call (from any thread) when [`Queue::poll_event`] has
     /// something: an AER completion, or a teardown decided elsewhere (controller reset from the

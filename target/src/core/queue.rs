@@ -273,6 +273,7 @@ impl Queue {
             max_xfer,
             waker: None,
             local_addr: None,
+            ana: None,
             auth: Default::default(),
         }
     }
@@ -316,6 +317,42 @@ impl Queue {
     pub(crate) fn namespaces(&mut self) -> Option<Arc<NsTable>> {
         self.refresh_ns_cache();
         self.ns_cache.as_ref().map(|(_, t)| t.clone())
+    }
+
+    /// The listener this queue's connection came through (`None` before the transport said
+    /// where it arrived, or once a reload removed the listener).
+    pub(crate) fn listener(&self) -> Option<super::ListenerInfo> {
+        let local = self.local_addr?;
+        let trtype = self.caps.trtype;
+        self.target
+            .inner()
+            .listeners()
+            .iter()
+            .filter(|l| l.accepted(trtype, local))
+            // A listener on the very address before one on the wildcard address.
+            .min_by_key(|l| {
+                l.traddr
+                    .parse::<std::net::IpAddr>()
+                    .map_or(true, |a| a.is_unspecified())
+            })
+            .cloned()
+    }
+
+    /// This queue's path's ANA state for `group` (`nvme::log::ana_state`): one relaxed load
+    /// and an index while nothing changed (the listener's states are cached per ANA
+    /// generation).
+    pub(crate) fn ana_state(&mut self, group: u32) -> u8 {
+        let gen = self.target.inner().ana_gen.load(Ordering::Acquire);
+        if !matches!(&self.ana, Some((g, _)) if *g == gen) {
+            let states = self
+                .listener()
+                .map_or_else(super::all_optimized, |l| l.ana.clone());
+            self.ana = Some((gen, states));
+        }
+        self.ana
+            .as_ref()
+            .and_then(|(_, s)| s.get(group as usize).copied())
+            .unwrap_or(nvme::log::ana_state::OPTIMIZED)
     }
 
     /// One namespace, copied out of the cached table: the I/O path takes no lock and touches

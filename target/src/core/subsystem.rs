@@ -221,6 +221,7 @@ fn same_namespace(a: &NamespaceSpec, b: &NamespaceSpec) -> bool {
         && a.device == b.device
         && a.nguid == b.nguid
         && a.uuid == b.uuid
+        && a.ana_group == b.ana_group
 }
 
 /// Live controllers by cntlid, shared by every queue of the target.
@@ -254,6 +255,11 @@ pub(crate) struct TargetInner {
     pub genctr: AtomicU64,
     /// Source of queue identities (to tell a queue from its successor on the same qid).
     pub next_queue_token: AtomicU64,
+    /// Bumped whenever a listener's ANA states or a namespace's ANA group may have changed:
+    /// queues cache their listener's states and look again when it moves.
+    pub ana_gen: AtomicU64,
+    /// The ANA log's change count: bumped on every ANA state change.
+    pub ana_change_count: AtomicU64,
 }
 
 impl TargetInner {
@@ -271,6 +277,8 @@ impl TargetInner {
             registry: Mutex::new(Registry::new()),
             genctr: AtomicU64::new(1),
             next_queue_token: AtomicU64::new(1),
+            ana_gen: AtomicU64::new(1),
+            ana_change_count: AtomicU64::new(1),
         }
     }
 
@@ -501,10 +509,23 @@ impl TargetInner {
                 .listeners
                 .write()
                 .unwrap_or_else(PoisonError::into_inner);
+            // Listeners whose ANA states changed: their hosts are told.
+            for n in &listeners {
+                if l.iter().any(|o| o.same_endpoint(n) && o.ana != n.ana) {
+                    out.ana_changed.push(n.clone());
+                }
+            }
             if !same_listeners(&l, &listeners) {
                 out.listeners_changed = true;
-                *l = Arc::new(listeners);
             }
+            // Always replaced: ANA states and served subsystems are not what discovery sees.
+            *l = Arc::new(listeners);
+        }
+        // Queues look at their listener's ANA states again (a namespace may also have moved to
+        // another group).
+        self.ana_gen.fetch_add(1, Ordering::AcqRel);
+        if !out.ana_changed.is_empty() {
+            self.ana_change_count.fetch_add(1, Ordering::AcqRel);
         }
         // Controllers of subsystems that are gone (or replaced) are failed: their queues see
         // it through `poll_event` and the transports close the connections.
@@ -512,6 +533,11 @@ impl TargetInner {
         for c in &ctrls {
             if removed.iter().any(|s| Arc::ptr_eq(s, &c.subsys)) && c.fail(Gone::Removed) {
                 out.controllers_disconnected += 1;
+            }
+        }
+        for l in &out.ana_changed {
+            for c in ctrls.iter().filter(|c| c.came_through(l)) {
+                c.ana_changed();
             }
         }
         for (subsys, nsids) in &ns_changes {
@@ -561,13 +587,11 @@ fn subsystem_map(
         .collect()
 }
 
+/// Whether the discovery log would be the same (endpoints, port ids and what they serve).
 fn same_listeners(a: &[ListenerInfo], b: &[ListenerInfo]) -> bool {
     a.len() == b.len()
         && a.iter().zip(b).all(|(x, y)| {
-            x.trtype == y.trtype
-                && x.traddr == y.traddr
-                && x.trsvcid == y.trsvcid
-                && x.port_id == y.port_id
+            x.same_endpoint(y) && x.port_id == y.port_id && x.subsystems == y.subsystems
         })
 }
 

@@ -180,7 +180,7 @@ impl Conn {
         // The discovery log reports the address the host actually reached (listeners may be
         // wildcards).
         if let Ok(local) = sock.local_addr() {
-            queue.set_local_addr(local.ip().to_string());
+            queue.set_local_addr(local);
         }
         Ok(Conn {
             queue,

@@ -57,11 +57,11 @@ fn assert_linux_accepts(id: &IdentifyController, cntlid: u16, caps: &TransportCa
     assert_eq!(id.ver.get(), 0x0001_0300);
     assert_eq!((id.sqes, id.cqes), (0x66, 0x44));
     assert_eq!(id.aerl, 3);
-    assert_eq!(
-        id.cmic & idc::CMIC_ANA,
-        0,
-        "no ANA: the host must not ask for log 0Ch"
-    );
+    // ANA reporting, as nvmet: the Linux host then reads log 0Ch at connect.
+    assert_ne!(id.cmic & idc::CMIC_ANA, 0);
+    assert_ne!(id.oaes.get() & idc::OAES_ANA_CHANGE, 0);
+    assert_eq!((id.anatt, id.anacap), (10, 0x1f));
+    assert_eq!((id.anagrpmax.get(), id.nanagrpid.get()), (128, 128));
     assert_eq!(&id.subnqn[..SUBNQN.len()], SUBNQN.as_bytes());
     assert_eq!(id.subnqn[SUBNQN.len()], 0);
     assert_eq!(&id.sn, b"NVMFRS0001          ");

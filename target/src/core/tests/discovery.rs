@@ -168,24 +168,9 @@ fn wildcard_listeners_report_the_local_address() {
         namespaces: vec![ns(1, 8, 12, 0)],
     }];
     let listeners = vec![
-        ListenerInfo {
-            trtype: TrType::Tcp,
-            traddr: "0.0.0.0".into(),
-            trsvcid: "4420".into(),
-            port_id: 1,
-        },
-        ListenerInfo {
-            trtype: TrType::Tcp,
-            traddr: "::".into(),
-            trsvcid: "4421".into(),
-            port_id: 2,
-        },
-        ListenerInfo {
-            trtype: TrType::Tcp,
-            traddr: "198.51.100.7".into(),
-            trsvcid: "4422".into(),
-            port_id: 3,
-        },
+        ListenerInfo::new(TrType::Tcp, "0.0.0.0".into(), "4420".into(), 1),
+        ListenerInfo::new(TrType::Tcp, "::".into(), "4421".into(), 2),
+        ListenerInfo::new(TrType::Tcp, "198.51.100.7".into(), "4422".into(), 3),
     ];
     let t = Target::new(
         subsystems,
@@ -197,7 +182,7 @@ fn wildcard_listeners_report_the_local_address() {
         },
     );
     let mut h = Host::new(&t, tcp_caps(), Instant::now());
-    h.q.set_local_addr("fd00::5".into());
+    h.q.set_local_addr("[fd00::5]:4421".parse().unwrap());
     h.connect_admin(DISCOVERY_NQN, NOBODY, 0).ok_result();
     h.prop_set(reg::CC, Cc::new(true, 0, 0, 0, 0, 6, 4).0 as u64)
         .ok_result();

@@ -1,5 +1,6 @@
 //! Core tests: no transport, a virtual clock, a host that speaks exactly like Linux.
 
+mod ana;
 mod auth;
 mod bad_input;
 mod bringup;
@@ -47,6 +48,7 @@ pub(super) fn ns(nsid: u32, blocks: u64, lba_shift: u8, device: u32) -> Namespac
         uuid,
         read_only: false,
         deallocate_zeroes: true,
+        ana_group: 1,
     }
 }
 
@@ -77,18 +79,8 @@ pub(super) fn test_subsystems() -> Vec<SubsystemSpec> {
 /// The listeners `test_target` starts with: TCP and RDMA on 192.0.2.1:4420.
 pub(super) fn test_listeners() -> Vec<ListenerInfo> {
     vec![
-        ListenerInfo {
-            trtype: TrType::Tcp,
-            traddr: "192.0.2.1".into(),
-            trsvcid: "4420".into(),
-            port_id: 1,
-        },
-        ListenerInfo {
-            trtype: TrType::Rdma,
-            traddr: "192.0.2.1".into(),
-            trsvcid: "4420".into(),
-            port_id: 2,
-        },
+        ListenerInfo::new(TrType::Tcp, "192.0.2.1".into(), "4420".into(), 1),
+        ListenerInfo::new(TrType::Rdma, "192.0.2.1".into(), "4420".into(), 2),
     ]
 }
 

@@ -14,12 +14,12 @@ const ADDED: &str = "nqn.2024-01.io.nvmf-rs:added";
 fn t_listeners(ports: &[&str]) -> Vec<ListenerInfo> {
     let mut v = test_listeners();
     for (i, p) in ports.iter().enumerate().skip(1) {
-        v.push(ListenerInfo {
-            trtype: TrType::Tcp,
-            traddr: "192.0.2.1".into(),
-            trsvcid: (*p).into(),
-            port_id: 2 + i as u16,
-        });
+        v.push(ListenerInfo::new(
+            TrType::Tcp,
+            "192.0.2.1".into(),
+            (*p).into(),
+            2 + i as u16,
+        ));
     }
     v
 }

@@ -227,6 +227,7 @@ impl Conn {
                 .unwrap_or_else(|| "?".into());
         let mut slots = Vec::with_capacity(z.slots as usize);
         slots.resize_with(z.slots as usize, Req::new);
+        let local = s.id.local_addr();
         let mut c = Conn {
             inline_rsp,
             // The provider may round the send queue up; credits use what was asked for.
@@ -277,6 +278,10 @@ impl Conn {
             last_read_sink: None,
             stats: ConnStats::default(),
         };
+        // Which listener the host came through (what it serves, its ANA states).
+        if let Some(local) = local {
+            c.queue.set_local_addr(local);
+        }
         if !c.srq {
             c.post_all_recvs()?;
         }
