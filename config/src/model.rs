@@ -81,6 +81,11 @@ impl Listener {
         }
     }
 
+    /// The same socket (transport, address, port), whatever it serves.
+    pub fn same_endpoint(&self, o: &Listener) -> bool {
+        self.transport == o.transport && self.address == o.address && self.port == o.port
+    }
+
     /// Whether this listener serves subsystem `nqn`.
     pub fn serves(&self, nqn: &str) -> bool {
         self.subsystems
@@ -136,6 +141,7 @@ impl AnaState {
         }
     }
 
+    /// The state a configuration name (`non-optimized`, ...) stands for.
     pub fn from_name(name: &str) -> Option<AnaState> {
         AnaState::ALL.into_iter().find(|s| s.name() == name)
     }

@@ -509,7 +509,7 @@ impl Daemon {
         let rdma_new = listeners_of(&new, Transport::Rdma);
         let rdma_add = listeners_to_add(
             &rdma_new,
-            |l| self.rdma_listeners.iter().any(|(o, _)| o == l),
+            |l| self.rdma_listeners.iter().any(|(o, _)| o.same_endpoint(l)),
             self.rdma.is_some(),
             "NVMe/RDMA listeners: this target started without one, so it has no RDMA transport",
             &mut report,
@@ -518,7 +518,7 @@ impl Daemon {
         let tcp_new = listeners_of(&new, Transport::Tcp);
         let to_bind: Vec<config::Listener> = tcp_new
             .iter()
-            .filter(|l| !self.tcp.iter().any(|r| &r.listener == *l))
+            .filter(|l| !self.tcp.iter().any(|r| r.listener.same_endpoint(l)))
             .cloned()
             .collect();
 
@@ -596,10 +596,15 @@ impl Daemon {
         }
         self.ns_slots = slots;
 
-        // 4. Listeners: stop the removed TCP ones, start the new ones.
+        // 4. Listeners: stop the removed TCP ones, start the new ones; the ones kept take what
+        // they serve and their ANA states from the new configuration.
         let mut i = 0;
         while i < self.tcp.len() {
-            if tcp_new.contains(&self.tcp[i].listener) {
+            if let Some(n) = tcp_new
+                .iter()
+                .find(|n| n.same_endpoint(&self.tcp[i].listener))
+            {
+                self.tcp[i].listener = n.clone();
                 i += 1;
             } else {
                 let mut r = self.tcp.remove(i);
@@ -619,13 +624,18 @@ impl Daemon {
         }
         self.tcp_addrs = self.tcp.iter().map(|r| r.bound).collect();
         if let Some(r) = self.rdma.as_mut() {
-            self.rdma_listeners.retain(|(l, a)| {
-                let keep = rdma_new.contains(l);
-                if !keep {
-                    r.unlisten(*a);
-                    report.listeners_removed.push(*a);
+            self.rdma_listeners.retain_mut(|(l, a)| {
+                match rdma_new.iter().find(|n| n.same_endpoint(l)) {
+                    Some(n) => {
+                        *l = n.clone();
+                        true
+                    }
+                    None => {
+                        r.unlisten(*a);
+                        report.listeners_removed.push(*a);
+                        false
+                    }
                 }
-                keep
             });
         }
         for (l, a) in rdma_bound {

@@ -176,6 +176,7 @@ fn handle_ctl(daemon: &mut Daemon, config_path: Option<&std::path::Path>, line: 
         "hosts_changed": c.hosts_changed,
         "listeners_added": report.listeners_added.iter().map(ToString::to_string).collect::<Vec<_>>(),
         "listeners_removed": report.listeners_removed.iter().map(ToString::to_string).collect::<Vec<_>>(),
+        "ana_changed": c.ana_changed.iter().map(|l| format!("{}:{}", l.traddr, l.trsvcid)).collect::<Vec<_>>(),
     })
     .to_string()
 }
@@ -453,6 +454,11 @@ fn reload(daemon: &mut Daemon, path: &std::path::Path) {
                     controllers_disconnected = c.controllers_disconnected,
                     listeners_added = ?r.listeners_added,
                     listeners_removed = ?r.listeners_removed,
+                    ana_changed = ?c
+                        .ana_changed
+                        .iter()
+                        .map(|l| format!("{}:{}", l.traddr, l.trsvcid))
+                        .collect::<Vec<_>>(),
                     devices_opened = r.devices_opened,
                     devices_released = r.devices_released,
                     "reload applied"

@@ -1,0 +1,149 @@
+#!/usr/bin/env bash
+# ana-multipath-kernel-host-rdma-rxe: ANA (issue #19) with the Linux host's native multipath.
+# OUR target listens three times for one subsystem (namespace 1 in ANA group 1, a 64 MiB brd):
+# tcp 127.0.0.1:4420 optimized, tcp 127.0.0.1:4421 non-optimized, rdma (rxe):4420 inaccessible.
+# The host connects all three paths: one multipath disk, each path's ana_state as configured.
+# While fio writes and verifies through the multipath disk, the states move (ctl set-ana-state):
+# 4420 inaccessible + 4421 optimized, then the rxe path optimized + 4421 inaccessible, then a
+# SIGHUP reload of the file puts 4420 back: every change reaches the host (ana_state in sysfs),
+# the I/O follows the optimized path (the paths' own I/O counters), and fio verifies with no error.
+# Also: a fourth listener that serves another subsystem only refuses a connect to this one.
+# vm-needs: build rdma
+# vm-timeout: 900
+source "$(dirname "$0")/../lib.sh"
+
+MP_NQN=nqn.2026-11.io.nvmf-rs:ana
+OTHER_NQN=nqn.2026-11.io.nvmf-rs:ana-other
+
+write_cfg() { # STATE_4420 STATE_4421 STATE_RDMA
+  cat >"$OUT/target.yaml" <<EOF
+listeners:
+  - { transport: tcp, address: 127.0.0.1, port: 4420, ana: { 1: $1 } }
+  - { transport: tcp, address: 127.0.0.1, port: 4421, ana: { 1: $2 } }
+  - { transport: rdma, address: $RXE_IP, port: 4420, ana: { 1: $3 } }
+  - { transport: tcp, address: 127.0.0.1, port: 4422, subsystems: [ "$OTHER_NQN" ] }
+subsystems:
+  - nqn: $MP_NQN
+    allow_any_host: true
+    namespaces: [ { nsid: 1, path: $DEVICE, ana_group: 1 } ]
+  - nqn: $OTHER_NQN
+    allow_any_host: true
+    namespaces: [ { nsid: 1, null: 16MiB } ]
+EOF
+}
+
+# path_of TR ADDR PORT -> the nvmeXcYnZ path disk of that controller (prints the name)
+path_of() {
+  local c want="traddr=$2,trsvcid=$3" p
+  for c in /sys/class/nvme/nvme*; do
+    [ "$(cat "$c/subsysnqn" 2>/dev/null)" = "$MP_NQN" ] || continue
+    [ "$(cat "$c/transport")" = "$1" ] || continue
+    grep -q "$want" "$c/address" || continue
+    for p in "$c"/nvme*c*n1; do [ -e "$p" ] && { basename "$p"; return 0; }; done
+  done
+  return 1
+}
+
+ana_of() { cat "/sys/block/$1/ana_state" 2>/dev/null; }
+writes_of() { awk '{print $5}' "/sys/block/$1/stat"; } # sectors written
+
+# wait_states P1 S1 P2 S2 P3 S3 [SECONDS]: until every path shows its state.
+wait_states() {
+  local end=$((SECONDS + ${7:-20})) ok
+  while :; do
+    ok=1
+    [ "$(ana_of "$1")" = "$2" ] || ok=0
+    [ "$(ana_of "$3")" = "$4" ] || ok=0
+    [ "$(ana_of "$5")" = "$6" ] || ok=0
+    [ $ok = 1 ] && return 0
+    [ $SECONDS -ge $end ] && { REASON="ana_state $1=$(ana_of "$1") $3=$(ana_of "$3") $5=$(ana_of "$5"), want $2 $4 $6"; return 1; }
+    sleep 0.5
+  done
+}
+
+ctl_ana() { # TR ADDR PORT STATE
+  step "ctl set-ana-state $*" "$NVMF_TARGET_BIN" ctl --control-socket "$CTL" set-ana-state "$1" "$2" "$3" 1 "$4"
+}
+
+# moved_to PATH: the next 2 s of fio writes go through PATH (its counter grows, the others'
+# do not).
+moved_to() {
+  local p a0 b0 c0 a1 b1 c1
+  read -r a0 b0 c0 < <(echo "$(writes_of "$P1") $(writes_of "$P2") $(writes_of "$P3")")
+  sleep 2
+  read -r a1 b1 c1 < <(echo "$(writes_of "$P1") $(writes_of "$P2") $(writes_of "$P3")")
+  echo "writes (sectors) over 2 s: $P1 +$((a1 - a0)) $P2 +$((b1 - b0)) $P3 +$((c1 - c0)); want $1" | tee -a "$OUT/report.txt" >>"$STEPS"
+  case $1 in
+    "$P1") [ $((a1 - a0)) -gt 0 ] && [ $((b1 - b0)) = 0 ] && [ $((c1 - c0)) = 0 ] ;;
+    "$P2") [ $((b1 - b0)) -gt 0 ] && [ $((a1 - a0)) = 0 ] && [ $((c1 - c0)) = 0 ] ;;
+    "$P3") [ $((c1 - c0)) -gt 0 ] && [ $((a1 - a0)) = 0 ] && [ $((b1 - b0)) = 0 ] ;;
+  esac || { REASON="the I/O did not move to $1"; return 1; }
+}
+
+ana_case() {
+  local label=ana-multipath bin rc fio_pid
+  teardown
+  need_rdma RXE_IP || return
+  DEVICE=$(vm_ramdisk 64) || { fail "$label" "vm_ramdisk failed"; return; }
+  bin=$(target_bin) || { fail "$label" "$REASON"; return; }
+  write_cfg optimized non-optimized inaccessible
+  RUST_LOG=${RUST_LOG:-info} NO_COLOR=1 "$bin" --config "$OUT/target.yaml" --control-socket "$CTL" >"$OUT/target.log" 2>&1 &
+  TARGET_PID=$!
+  vm_wait_listen tcp 127.0.0.1 4421 20 && vm_wait_listen rdma "$RXE_IP" 4420 20 ||
+    { fail "$label" "the target does not listen: $(tail -n 1 "$OUT/target.log")"; return; }
+  modprobe -a nvme-tcp nvme-rdma >>"$STEPS" 2>&1
+  echo "nvme_core multipath=$(cat /sys/module/nvme_core/parameters/multipath 2>/dev/null)" >>"$STEPS"
+  local hostnqn hostid
+  hostnqn=nqn.2014-08.org.nvmexpress:uuid:1b2c3d4e-5f60-4718-9a0b-1c2d3e4f5a6b
+  hostid=1b2c3d4e-5f60-4718-9a0b-1c2d3e4f5a6b
+  for p in "tcp 127.0.0.1 4420" "tcp 127.0.0.1 4421" "rdma $RXE_IP 4420"; do
+    set -- $p
+    step "nvme connect -t $1 -a $2 -s $3 -n $MP_NQN" nvme connect -t "$1" -a "$2" -s "$3" -n "$MP_NQN" \
+      --hostnqn="$hostnqn" --hostid="$hostid" --ctrl-loss-tmo=15 || { fail "$label" "$REASON"; return; }
+  done
+  CONNECTED+=("$MP_NQN")
+  # The other subsystem's listener does not serve this one.
+  if nvme connect -t tcp -a 127.0.0.1 -s 4422 -n "$MP_NQN" --hostnqn="$hostnqn" --hostid="$hostid" >>"$STEPS" 2>&1; then
+    fail "$label" "a listener that serves $OTHER_NQN only let the host connect to $MP_NQN"; return
+  fi
+  grep -q "the listener does not serve the subsystem" "$OUT/target.log" || { fail "$label" "no log line for the refused connect"; return; }
+  udevadm settle 2>/dev/null
+  local end=$((SECONDS + 15))
+  until DEV=$(nvme_dev_for "$MP_NQN") && P1=$(path_of tcp 127.0.0.1 4420) && P2=$(path_of tcp 127.0.0.1 4421) && P3=$(path_of rdma "$RXE_IP" 4420); do
+    [ $SECONDS -ge $end ] && { fail "$label" "no multipath disk with three paths (DEV=${DEV:-} P1=${P1:-} P2=${P2:-} P3=${P3:-})"; return; }
+    sleep 0.5
+  done
+  log "multipath disk $DEV, paths $P1 (tcp 4420) $P2 (tcp 4421) $P3 (rdma)"
+  echo "multipath disk $DEV: paths $P1 tcp:4420, $P2 tcp:4421, $P3 rdma:4420" | tee -a "$OUT/report.txt" >>"$STEPS"
+  wait_states "$P1" optimized "$P2" non-optimized "$P3" inaccessible 10 || { fail "$label" "at connect: $REASON"; return; }
+
+  # fio through the multipath disk for the whole dance, verifying what it wrote.
+  fio --name=ana --filename="$DEV" --ioengine=libaio --direct=1 --rw=randwrite --bs=4k --iodepth=8 \
+    --size=32M --time_based --runtime=60 --verify=crc32c --do_verify=1 --verify_fatal=1 \
+    --verify_backlog=256 --output="$OUT/fio.txt" &
+  fio_pid=$!
+  sleep 3
+  moved_to "$P1" || { kill "$fio_pid"; fail "$label" "$REASON"; return; }
+  ctl_ana tcp 127.0.0.1 4420 inaccessible && ctl_ana tcp 127.0.0.1 4421 optimized || { kill "$fio_pid"; fail "$label" "$REASON"; return; }
+  wait_states "$P1" inaccessible "$P2" optimized "$P3" inaccessible || { kill "$fio_pid"; fail "$label" "after ctl: $REASON"; return; }
+  moved_to "$P2" || { kill "$fio_pid"; fail "$label" "$REASON"; return; }
+  ctl_ana rdma "$RXE_IP" 4420 optimized && ctl_ana tcp 127.0.0.1 4421 change || { kill "$fio_pid"; fail "$label" "$REASON"; return; }
+  wait_states "$P1" inaccessible "$P2" change "$P3" optimized || { kill "$fio_pid"; fail "$label" "after ctl: $REASON"; return; }
+  moved_to "$P3" || { kill "$fio_pid"; fail "$label" "$REASON"; return; }
+  # The file (SIGHUP): 4420 optimized again, the others non-optimized and persistent loss.
+  write_cfg optimized persistent-loss non-optimized
+  kill -HUP "$TARGET_PID"
+  wait_states "$P1" optimized "$P2" persistent-loss "$P3" non-optimized || { kill "$fio_pid"; fail "$label" "after SIGHUP: $REASON"; return; }
+  moved_to "$P1" || { kill "$fio_pid"; fail "$label" "$REASON"; return; }
+  wait "$fio_pid"; rc=$?
+  grep -E '^[[:space:]]+(write|read):|err=' "$OUT/fio.txt" | head -n 4 >>"$OUT/report.txt"
+  [ $rc = 0 ] || { fail "$label" "fio failed (exit $rc) across the ANA changes: $(grep -m1 -iE 'verify|err=' "$OUT/fio.txt" | cut -c1-160)"; return; }
+  grep -q 'err= 0' "$OUT/fio.txt" || { fail "$label" "fio reports errors"; return; }
+  host_disconnect "$MP_NQN" || { fail "$label" "$REASON"; return; }
+  stop_our_target || { fail "$label" "$REASON"; return; }
+  check_target_log || { fail "$label" "$REASON"; return; }
+  pass "$label"
+}
+
+ana_case
+cleanup
