@@ -344,9 +344,13 @@ impl Queue {
     pub(crate) fn ana_state(&mut self, group: u32) -> u8 {
         let gen = self.target.inner().ana_gen.load(Ordering::Acquire);
         if !matches!(&self.ana, Some((g, _)) if *g == gen) {
-            let states = self
-                .listener()
-                .map_or_else(super::all_optimized, |l| l.ana.clone());
+            // A reload that removed the listener leaves its connected hosts their last
+            // states (they are told again if the listener comes back).
+            let states = match (self.listener(), self.ana.take()) {
+                (Some(l), _) => l.ana.clone(),
+                (None, Some((_, old))) => old,
+                (None, None) => super::all_optimized(),
+            };
             self.ana = Some((gen, states));
         }
         self.ana

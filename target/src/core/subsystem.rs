@@ -509,9 +509,11 @@ impl TargetInner {
                 .listeners
                 .write()
                 .unwrap_or_else(PoisonError::into_inner);
-            // Listeners whose ANA states changed: their hosts are told.
+            // Listeners whose ANA states changed, and listeners added back (their connected
+            // hosts may have had other states): their hosts are told.
             for n in &listeners {
-                if l.iter().any(|o| o.same_endpoint(n) && o.ana != n.ana) {
+                let before = l.iter().find(|o| o.same_endpoint(n));
+                if before.is_none_or(|o| o.ana != n.ana) {
                     out.ana_changed.push(n.clone());
                 }
             }

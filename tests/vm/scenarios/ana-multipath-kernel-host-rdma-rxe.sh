@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # ana-multipath-kernel-host-rdma-rxe: ANA (issue #19) with the Linux host's native multipath.
 # OUR target listens three times for one subsystem (namespace 1 in ANA group 1, a 64 MiB brd):
-# tcp 127.0.0.1:4420 optimized, tcp 127.0.0.1:4421 non-optimized, rdma (rxe):4420 inaccessible.
-# The host connects all three paths: one multipath disk, each path's ana_state as configured.
-# While fio writes and verifies through the multipath disk, the states move (ctl set-ana-state):
-# 4420 inaccessible + 4421 optimized, then the rxe path optimized + 4421 inaccessible, then a
-# SIGHUP reload of the file puts 4420 back: every change reaches the host (ana_state in sysfs),
-# the I/O follows the optimized path (the paths' own I/O counters), and fio verifies with no error.
-# Also: a fourth listener that serves another subsystem only refuses a connect to this one.
+# tcp 127.0.0.1:4420 (A), tcp 127.0.0.2:4420 (B), rdma rxe:4420 (R). The host connects all three
+# paths: one multipath disk; `nvme list-subsys` and each path's ana_state show the configured
+# states. fio randrw with crc32c verify (2 jobs) runs 60 s through the multipath disk while the
+# states flip every 10 s (ctl set-ana-state: A -> B -> R; then listener A is removed and added
+# back by ctl, optimized again; then B; the last flip by editing the file and SIGHUP): every
+# change reaches the host (ana_state), the I/O follows the optimized path (the paths' own write
+# counters), and fio ends with no error and no mismatch. A fourth listener serving another
+# subsystem only refuses a connect to this one (and logs why).
 # vm-needs: build rdma
 # vm-timeout: 900
 source "$(dirname "$0")/../lib.sh"
@@ -15,11 +16,11 @@ source "$(dirname "$0")/../lib.sh"
 MP_NQN=nqn.2026-11.io.nvmf-rs:ana
 OTHER_NQN=nqn.2026-11.io.nvmf-rs:ana-other
 
-write_cfg() { # STATE_4420 STATE_4421 STATE_RDMA
+write_cfg() { # STATE_A STATE_B STATE_R
   cat >"$OUT/target.yaml" <<EOF
 listeners:
   - { transport: tcp, address: 127.0.0.1, port: 4420, ana: { 1: $1 } }
-  - { transport: tcp, address: 127.0.0.1, port: 4421, ana: { 1: $2 } }
+  - { transport: tcp, address: 127.0.0.2, port: 4420, ana: { 1: $2 } }
   - { transport: rdma, address: $RXE_IP, port: 4420, ana: { 1: $3 } }
   - { transport: tcp, address: 127.0.0.1, port: 4422, subsystems: [ "$OTHER_NQN" ] }
 subsystems:
@@ -65,6 +66,22 @@ ctl_ana() { # TR ADDR PORT STATE
   step "ctl set-ana-state $*" "$NVMF_TARGET_BIN" ctl --control-socket "$CTL" set-ana-state "$1" "$2" "$3" 1 "$4"
 }
 
+list_subsys() { # LABEL: nvme list-subsys of the multipath disk, into the report
+  { echo "nvme list-subsys ($1):"; nvme list-subsys "$DEV" 2>&1 | sed 's/^/  /'; } >>"$OUT/report.txt"
+}
+
+# flip A B R: the three paths' states (ctl), then wait for the host to see them and for the
+# I/O to move to the optimized one; about 10 s a phase.
+flip() {
+  local t0=$SECONDS want
+  ctl_ana tcp 127.0.0.1 4420 "$1" && ctl_ana tcp 127.0.0.2 4420 "$2" && ctl_ana rdma "$RXE_IP" 4420 "$3" || return 1
+  wait_states "$P1" "$1" "$P2" "$2" "$P3" "$3" || return 1
+  for want in "$P1:$1" "$P2:$2" "$P3:$3"; do
+    if [ "${want#*:}" = optimized ]; then moved_to "${want%%:*}" || return 1; fi
+  done
+  sleep $((10 - (SECONDS - t0) > 0 ? 10 - (SECONDS - t0) : 0))
+}
+
 # moved_to PATH: the next 2 s of fio writes go through PATH (its counter grows, the others'
 # do not).
 moved_to() {
@@ -86,17 +103,17 @@ ana_case() {
   need_rdma RXE_IP || return
   DEVICE=$(vm_ramdisk 64) || { fail "$label" "vm_ramdisk failed"; return; }
   bin=$(target_bin) || { fail "$label" "$REASON"; return; }
-  write_cfg optimized non-optimized inaccessible
+  write_cfg optimized inaccessible inaccessible
   RUST_LOG=${RUST_LOG:-info} NO_COLOR=1 "$bin" --config "$OUT/target.yaml" --control-socket "$CTL" >"$OUT/target.log" 2>&1 &
   TARGET_PID=$!
-  vm_wait_listen tcp 127.0.0.1 4421 20 && vm_wait_listen rdma "$RXE_IP" 4420 20 ||
+  vm_wait_listen tcp 127.0.0.2 4420 20 && vm_wait_listen rdma "$RXE_IP" 4420 20 ||
     { fail "$label" "the target does not listen: $(tail -n 1 "$OUT/target.log")"; return; }
   modprobe -a nvme-tcp nvme-rdma >>"$STEPS" 2>&1
   echo "nvme_core multipath=$(cat /sys/module/nvme_core/parameters/multipath 2>/dev/null)" >>"$STEPS"
   local hostnqn hostid
   hostnqn=nqn.2014-08.org.nvmexpress:uuid:1b2c3d4e-5f60-4718-9a0b-1c2d3e4f5a6b
   hostid=1b2c3d4e-5f60-4718-9a0b-1c2d3e4f5a6b
-  for p in "tcp 127.0.0.1 4420" "tcp 127.0.0.1 4421" "rdma $RXE_IP 4420"; do
+  for p in "tcp 127.0.0.1 4420" "tcp 127.0.0.2 4420" "rdma $RXE_IP 4420"; do
     set -- $p
     step "nvme connect -t $1 -a $2 -s $3 -n $MP_NQN" nvme connect -t "$1" -a "$2" -s "$3" -n "$MP_NQN" \
       --hostnqn="$hostnqn" --hostid="$hostid" --ctrl-loss-tmo=15 || { fail "$label" "$REASON"; return; }
@@ -109,36 +126,46 @@ ana_case() {
   grep -q "the listener does not serve the subsystem" "$OUT/target.log" || { fail "$label" "no log line for the refused connect"; return; }
   udevadm settle 2>/dev/null
   local end=$((SECONDS + 15))
-  until DEV=$(nvme_dev_for "$MP_NQN") && P1=$(path_of tcp 127.0.0.1 4420) && P2=$(path_of tcp 127.0.0.1 4421) && P3=$(path_of rdma "$RXE_IP" 4420); do
+  until DEV=$(nvme_dev_for "$MP_NQN") && P1=$(path_of tcp 127.0.0.1 4420) && P2=$(path_of tcp 127.0.0.2 4420) && P3=$(path_of rdma "$RXE_IP" 4420); do
     [ $SECONDS -ge $end ] && { fail "$label" "no multipath disk with three paths (DEV=${DEV:-} P1=${P1:-} P2=${P2:-} P3=${P3:-})"; return; }
     sleep 0.5
   done
-  log "multipath disk $DEV, paths $P1 (tcp 4420) $P2 (tcp 4421) $P3 (rdma)"
-  echo "multipath disk $DEV: paths $P1 tcp:4420, $P2 tcp:4421, $P3 rdma:4420" | tee -a "$OUT/report.txt" >>"$STEPS"
-  wait_states "$P1" optimized "$P2" non-optimized "$P3" inaccessible 10 || { fail "$label" "at connect: $REASON"; return; }
+  log "multipath disk $DEV, paths $P1 (A, tcp 127.0.0.1) $P2 (B, tcp 127.0.0.2) $P3 (R, rdma)"
+  echo "multipath disk $DEV: paths $P1 tcp 127.0.0.1, $P2 tcp 127.0.0.2, $P3 rdma $RXE_IP" | tee -a "$OUT/report.txt" >>"$STEPS"
+  wait_states "$P1" optimized "$P2" inaccessible "$P3" inaccessible 10 || { fail "$label" "at connect: $REASON"; return; }
 
+  list_subsys "at connect"
   # fio through the multipath disk for the whole dance, verifying what it wrote.
-  fio --name=ana --filename="$DEV" --ioengine=libaio --direct=1 --rw=randwrite --bs=4k --iodepth=8 \
-    --size=32M --time_based --runtime=60 --verify=crc32c --do_verify=1 --verify_fatal=1 \
-    --verify_backlog=256 --output="$OUT/fio.txt" &
+  fio --name=ana --filename="$DEV" --ioengine=libaio --direct=1 --rw=randrw --rwmixread=50 --bs=4k \
+    --iodepth=8 --numjobs=2 --size=16M --offset_increment=16M --group_reporting --time_based \
+    --runtime=75 --verify=crc32c --do_verify=1 --verify_fatal=1 --verify_backlog=256 \
+    --output="$OUT/fio.txt" &
   fio_pid=$!
   sleep 3
   moved_to "$P1" || { kill "$fio_pid"; fail "$label" "$REASON"; return; }
-  ctl_ana tcp 127.0.0.1 4420 inaccessible && ctl_ana tcp 127.0.0.1 4421 optimized || { kill "$fio_pid"; fail "$label" "$REASON"; return; }
-  wait_states "$P1" inaccessible "$P2" optimized "$P3" inaccessible || { kill "$fio_pid"; fail "$label" "after ctl: $REASON"; return; }
-  moved_to "$P2" || { kill "$fio_pid"; fail "$label" "$REASON"; return; }
-  ctl_ana rdma "$RXE_IP" 4420 optimized && ctl_ana tcp 127.0.0.1 4421 change || { kill "$fio_pid"; fail "$label" "$REASON"; return; }
-  wait_states "$P1" inaccessible "$P2" change "$P3" optimized || { kill "$fio_pid"; fail "$label" "after ctl: $REASON"; return; }
-  moved_to "$P3" || { kill "$fio_pid"; fail "$label" "$REASON"; return; }
-  # The file (SIGHUP): 4420 optimized again, the others non-optimized and persistent loss.
-  write_cfg optimized persistent-loss non-optimized
+  flip inaccessible optimized inaccessible || { kill "$fio_pid"; fail "$label" "$REASON"; return; }
+  flip inaccessible inaccessible optimized || { kill "$fio_pid"; fail "$label" "$REASON"; return; }
+  list_subsys "R optimized"
+  # Listener A goes away (its connected path stays, with its last states) and comes back,
+  # every group optimized by default: the host is told.
+  step "ctl remove-listener tcp 127.0.0.1 4420" "$NVMF_TARGET_BIN" ctl --control-socket "$CTL" remove-listener tcp 127.0.0.1 4420 ||
+    { kill "$fio_pid"; fail "$label" "$REASON"; return; }
+  sleep 2
+  step "ctl add-listener tcp 127.0.0.1 4420" "$NVMF_TARGET_BIN" ctl --control-socket "$CTL" add-listener tcp 127.0.0.1 4420 ||
+    { kill "$fio_pid"; fail "$label" "$REASON"; return; }
+  flip optimized inaccessible inaccessible || { kill "$fio_pid"; fail "$label" "after re-adding A: $REASON"; return; }
+  flip inaccessible optimized inaccessible || { kill "$fio_pid"; fail "$label" "$REASON"; return; }
+  # The file (SIGHUP): A optimized again, B persistent loss, R in change.
+  write_cfg optimized persistent-loss change
   kill -HUP "$TARGET_PID"
-  wait_states "$P1" optimized "$P2" persistent-loss "$P3" non-optimized || { kill "$fio_pid"; fail "$label" "after SIGHUP: $REASON"; return; }
+  wait_states "$P1" optimized "$P2" persistent-loss "$P3" change || { kill "$fio_pid"; fail "$label" "after SIGHUP: $REASON"; return; }
   moved_to "$P1" || { kill "$fio_pid"; fail "$label" "$REASON"; return; }
+  list_subsys "after SIGHUP"
   wait "$fio_pid"; rc=$?
   grep -E '^[[:space:]]+(write|read):|err=' "$OUT/fio.txt" | head -n 4 >>"$OUT/report.txt"
   [ $rc = 0 ] || { fail "$label" "fio failed (exit $rc) across the ANA changes: $(grep -m1 -iE 'verify|err=' "$OUT/fio.txt" | cut -c1-160)"; return; }
   grep -q 'err= 0' "$OUT/fio.txt" || { fail "$label" "fio reports errors"; return; }
+  grep -qiE 'verify.*(fail|mismatch|bad)' "$OUT/fio.txt" && { fail "$label" "fio found a verify mismatch"; return; }
   host_disconnect "$MP_NQN" || { fail "$label" "$REASON"; return; }
   stop_our_target || { fail "$label" "$REASON"; return; }
   check_target_log || { fail "$label" "$REASON"; return; }

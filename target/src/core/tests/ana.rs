@@ -234,3 +234,46 @@ fn test_target_params() -> TargetParams {
         auth_timeout: crate::core::AUTH_TIMEOUT,
     }
 }
+
+#[test]
+fn a_removed_listener_keeps_its_hosts_states_until_it_comes_back() {
+    let (subs, ls) = ana_target(ana_state::INACCESSIBLE);
+    let t = Target::new(subs.clone(), ls.clone(), test_target_params());
+    let mut a = host_on(&t, "192.0.2.1:4421");
+    let cntlid = a.bring_up(SUBNQN, HOSTNQN);
+    a.set_features(feat::NUM_QUEUES, 0, &[]).ok_result();
+    let mut q = host_on(&t, "192.0.2.1:4421");
+    q.connect(1, 31, 0, &ConnectData::new(HOSTID, cntlid, SUBNQN, HOSTNQN))
+        .ok_result();
+    assert_eq!(
+        q.rw(io::READ, 3, 0, 1, 9).cqe().status(),
+        Status::ANA_INACCESSIBLE
+    );
+    // Listener 3 removed: the connected host stays, with the states it was told.
+    let without: Vec<ListenerInfo> = ls.iter().filter(|l| l.trsvcid != L2).cloned().collect();
+    t.reconfigure(subs.clone(), without);
+    assert_eq!(
+        q.rw(io::READ, 3, 0, 1, 9).cqe().status(),
+        Status::ANA_INACCESSIBLE
+    );
+    // Added back with every group optimized: its hosts are told, and served.
+    let aer = match a.simple(admin::ASYNC_EVENT_REQUEST) {
+        Reply::Deferred(cmd) => cmd.sqe.cid(),
+        r => panic!("{r:?}"),
+    };
+    let mut back = test_listeners();
+    back.push(ListenerInfo::new(
+        TrType::Tcp,
+        "192.0.2.1".into(),
+        L2.into(),
+        3,
+    ));
+    let r = t.reconfigure(subs, back);
+    assert!(r.ana_changed.iter().any(|l| l.trsvcid == L2), "{r:?}");
+    let c = a.expect_completion(aer);
+    assert_eq!(
+        AsyncEvent::decode(c.result.get() as u32),
+        AsyncEvent::ANA_CHANGE
+    );
+    assert!(matches!(q.rw(io::READ, 3, 0, 1, 9), Reply::Io(..)));
+}
