@@ -44,13 +44,15 @@ ORDER=(
   bad-input-rdma-rxe bad-input-rdma-siw
   target-restart-rdma-rxe target-restart-rdma-siw link-drop-rdma-rxe link-drop-rdma-siw
   kernel-host-reload-tcp kernel-host-reload-rdma-rxe soak-randrw-rdma-rxe soak-randrw-rdma-siw
-  iopoll-null-blk perf-vs-nvmet auth-kernel-host-rdma-rxe auth-initiator-vs-kernel-target-rdma-rxe
+  iopoll-null-blk perf-vs-nvmet ana-multipath-kernel-host-rdma-rxe
+  auth-kernel-host-rdma-rxe auth-initiator-vs-kernel-target-rdma-rxe
 )
 # `ci`: the CI tier. Our target under the Linux host on tcp, rxe and siw; our initiator against
 # nvmet (tcp, siw) and against our target (tcp, rxe, siw); the in-process wire tests on rxe and on
 # siw with a shared receive queue (access control, 0 allocations per I/O); and the scenarios that
 # guard data: a host killed mid-I/O, bad input next to a verifying host, a target restart under
 # reconnecting hosts, a dropped link, SIGHUP reload under the Linux host, a verified soak on siw;
+# ANA multipath under the Linux host (two TCP addresses and rxe, states flipping under fio);
 # in-band authentication both ways with Linux 6.12 (its own VM boot).
 # The same fault scenarios on the other RDMA device, the sanity checks, the SRQ variants and the
 # benchmarks run in `all`.
@@ -60,7 +62,7 @@ CI_TIER=(
   initiator-vs-kernel-target-tcp initiator-vs-kernel-target-rdma-siw
   initiator-vs-our-target-tcp initiator-vs-our-target-rdma-rxe initiator-vs-our-target-rdma-siw
   host-killed-mid-io-rdma-siw bad-input-rdma-rxe target-restart-rdma-rxe link-drop-rdma-siw
-  kernel-host-reload-tcp soak-randrw-rdma-siw
+  kernel-host-reload-tcp soak-randrw-rdma-siw ana-multipath-kernel-host-rdma-rxe
   auth-kernel-host-rdma-rxe auth-initiator-vs-kernel-target-rdma-rxe
 )
 # `all`: every scenario but those whose header says `vm-in-all: no` (variants and benchmarks
