@@ -156,7 +156,8 @@ if [ $need_build = 1 ]; then
     TDIR=${CARGO_TARGET_DIR:-$ROOT/build}
   # package:binary[:example[:features]]
   for pkg_bin in nvmf-target:nvmf-target nvmf-bench:nvmf-bench nvmf-tests:io_check:example \
-      nvmf-tests:reconnect_check:example nvmf-tests:rdma_bad_input:example:raw; do
+      nvmf-tests:reconnect_check:example nvmf-tests:rdma_bad_input:example:raw \
+      nvmf-tests:auth_kat:example; do
     IFS=: read -r pkg bin kind feat <<<"$pkg_bin"
     sel=() path=$TDIR/release/$bin
     [ "$kind" = example ] && sel=(--example "$bin") path=$TDIR/release/examples/$bin
@@ -226,6 +227,7 @@ envs=(
   NVMF_RDMA_TESTS="$RDMA_TESTS"
   NVMF_IOPOLL_TEST="$IOPOLL_TEST"
   NVMF_BADINPUT_BIN="${BIN[rdma_bad_input]:-}" NVMF_BADINPUT_NOTE="${NOTE[rdma_bad_input]:-}"
+  NVMF_AUTHKAT_BIN="${BIN[auth_kat]:-}" NVMF_AUTHKAT_NOTE="${NOTE[auth_kat]:-}"
   NVMF_TEST_BREAK="${NVMF_TEST_BREAK:-}" RUST_LOG="${RUST_LOG:-info}" RUST_BACKTRACE=1
 )
 for v in $(compgen -e | grep '^NVMF_VM_' || true); do envs+=("$v=${!v}"); done

@@ -4,7 +4,9 @@
 # hosts/<hostnqn>/dhchap_*), over NVMe/TCP and NVMe/RDMA (rxe): bidirectional sha512/ffdhe2048
 # with a verified write job; over TCP also sha256/null and sha384/ffdhe3072, and a wrong host key
 # and a wrong controller key refused with the step named. The sha256/null exchange is kept as
-# known-answer vectors of the kernel's controller response (kat-ctrl.txt, see nvme/tests/kat.rs).
+# known-answer vectors of the kernel's controller response (kat-ctrl.txt, see nvme/tests/kat.rs),
+# and one sha256/ffdhe2048 exchange by tests/examples/auth_kat.rs (a seeded host, so the DH side
+# replays: kat-dh.txt).
 # vm-needs: build rdma
 # vm-kernel: 6.12
 # vm-timeout: 600
@@ -66,6 +68,26 @@ print(f"kat_ctrl: {n} vector(s)")
 PY
 }
 
+# kat_dh ADDR: auth_kat (seeded host) against nvmet with sha256 / ffdhe2048, bidirectional;
+# its vector goes to kat-dh.txt.
+kat_dh() {
+  local b=${NVMF_AUTHKAT_BIN:-} h key ckey seed
+  [ -x "$b" ] || { REASON="auth_kat not built: ${NVMF_AUTHKAT_NOTE:-}"; return 1; }
+  h=$("$b" --addr 127.0.0.1:1 --subnqn x --key x --ctrl-key x --print-hostnqn) || { REASON="auth_kat --print-hostnqn failed"; return 1; }
+  key=$(nvme gen-dhchap-key --hmac=1 --nqn="$h" 2>>"$STEPS" | grep -m1 -o 'DHHC-1:[^ ]*')
+  ckey=$(nvme gen-dhchap-key --hmac=2 --nqn="$h" 2>>"$STEPS" | grep -m1 -o 'DHHC-1:[^ ]*')
+  local hd=$N/hosts/$h s=$N/subsystems/$KNQN
+  mkdir -p "$hd" && echo "$key" >"$hd/dhchap_key" && echo "$ckey" >"$hd/dhchap_ctrl_key" &&
+    echo "hmac(sha256)" >"$hd/dhchap_hash" && echo ffdhe2048 >"$hd/dhchap_dhgroup" &&
+    ln -s "$hd" "$s/allowed_hosts/$h" || { REASON="configuring nvmet for auth_kat failed"; return 1; }
+  for seed in 1 2; do
+    step "auth_kat seed $seed" "$b" --addr "$1:$PORT" --subnqn "$KNQN" --key "$key" --ctrl-key "$ckey" --seed "$seed" || return 1
+    grep -m1 '^hostnqn=' "$WORK/step.out" >>"$OUT/kat-dh.txt"
+  done
+  rm -f "$s/allowed_hosts/$h"; rmdir "$hd" 2>/dev/null
+  echo "auth_kat: $(grep -c '^hostnqn=' "$OUT/kat-dh.txt") sha256/ffdhe2048 vectors from nvmet" | tee -a "$OUT/report.txt" >>"$STEPS"
+}
+
 case_tr() { # TR ADDR
   local tr=$1 addr=$2 label="auth-initiator-$1" dev key ckey
   teardown
@@ -90,6 +112,7 @@ case_tr() { # TR ADDR
     local wrong; wrong=$(gen_key 3)
     bench_auth "$tr-wrong-host-key" reply "$tr" "$addr" "$wrong" "$ckey" || { fail "$label" "$REASON"; return; }
     bench_auth "$tr-wrong-ctrl-key" success1 "$tr" "$addr" "$key" "$wrong" || { fail "$label" "$REASON"; return; }
+    kat_dh "$addr" || { fail "$label" "$REASON"; return; }
   fi
   nvmet_clear
   rmdir "$N/hosts/$HOSTNQN" 2>/dev/null
@@ -98,6 +121,7 @@ case_tr() { # TR ADDR
 
 uname -r >>"$STEPS"
 echo "# Linux $(uname -r) target (nvmet): our DH-HMAC-CHAP Reply -> the kernel's Success1 (controller response), null DH group" >"$OUT/kat-ctrl.txt"
+echo "# Linux $(uname -r) target (nvmet), sha256 / ffdhe2048: its Challenge, the seeded host's Reply, its Success1" >"$OUT/kat-dh.txt"
 case_tr tcp 127.0.0.1
 if need_rdma RXE_IP; then case_tr rdma "$RXE_IP"; fi
 cleanup
