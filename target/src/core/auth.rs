@@ -209,7 +209,7 @@ impl Queue {
             }
             _ => return Err(Reject::dnr(Status::AUTH_REQUIRED, loc::OPCODE)),
         };
-        if send && buf.len() >= 2 && buf[0] == nvme::auth::AUTH_COMMON_MESSAGES && buf[1] == 0 {
+        if send && buf.len() >= 8 && buf[0] == nvme::auth::AUTH_COMMON_MESSAGES && buf[1] == 0 {
             // A Negotiate starts a transaction, with the keys configured now.
             match ctrl.subsys.host_auth(&ctrl.hostnqn) {
                 Some((keys, policy)) => {
@@ -221,10 +221,18 @@ impl Queue {
                         &ctrl.subsys.nqn,
                     )))
                 }
-                // The host lost its keys in a reload: an authenticated queue stays as it is;
-                // one that never authenticated cannot now.
-                None if *authenticated => return Ok(Outcome::ok()),
-                None => return Err(Reject::dnr(Status::AUTH_REQUIRED, loc::OPCODE)),
+                // A reload took the host's keys (or the host) away: the transaction fails, and
+                // the Receive that follows gets the Failure1.
+                None => {
+                    let t_id = u16::from_le_bytes([buf[4], buf[5]]);
+                    let f = nvme::auth::AuthFailure {
+                        step: "negotiate",
+                        explanation: failure::FAILED,
+                        detail: "the host has no key here any more".into(),
+                    };
+                    self.auth_failed(&f, Some(failure1(t_id, f.explanation)), now);
+                    return Ok(Outcome::ok());
+                }
             }
         }
         let Some(t) = txn.as_mut() else {

@@ -338,7 +338,7 @@ impl Queue {
             .cloned()
     }
 
-    /// This queue's path's ANA state for `group` (`nvme::log::ana_state`): one relaxed load
+    /// This queue's path's ANA state for `group` (`nvme::log::ana_state`): one atomic load
     /// and an index while nothing changed (the listener's states are cached per ANA
     /// generation).
     pub(crate) fn ana_state(&mut self, group: u32) -> u8 {

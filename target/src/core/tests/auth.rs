@@ -265,3 +265,47 @@ fn out_of_order_and_malformed_messages_get_failure1() {
         &m[..8]
     );
 }
+
+#[test]
+fn rotated_keys_apply_to_the_next_transaction_and_removed_ones_fail_it() {
+    let t = keyed_target(None, Policy::default());
+    let mut admin = Host::new(&t, tcp_caps(), Instant::now());
+    admin.connect_admin(KEYED, HOSTNQN, 5000).ok_result();
+    admin.authenticate(&mut txn(secret(1), None, 0)).unwrap();
+    // A reload gives the host a new key: the controller stays, re-authentication takes it.
+    let with = |key: Option<Secret>| {
+        let mut subs = test_subsystems();
+        subs.push(SubsystemSpec {
+            nqn: KEYED.into(),
+            serial: "NVMFRS0003".into(),
+            model: "nvmf-rs keyed".into(),
+            allow_any_host: false,
+            hosts: vec![HostSpec {
+                nqn: HOSTNQN.into(),
+                keys: key.map(|host| HostKeys { host, ctrl: None }),
+            }],
+            auth_policy: Policy::default(),
+            namespaces: vec![ns(1, 64, 12, 9)],
+        });
+        subs
+    };
+    let r = t.reconfigure(with(Some(secret(5))), test_listeners());
+    assert_eq!(r.hosts_changed, vec![KEYED.to_string()]);
+    assert!(admin
+        .prop_get(reg::CAP, PropSize::Eight)
+        .status()
+        .is_success());
+    let e = admin
+        .authenticate(&mut txn(secret(1), None, 1))
+        .unwrap_err();
+    assert_eq!(e.step, "reply", "the old key no longer answers");
+    let mut admin = Host::new(&t, tcp_caps(), Instant::now());
+    admin.connect_admin(KEYED, HOSTNQN, 5000).ok_result();
+    admin.authenticate(&mut txn(secret(5), None, 0)).unwrap();
+    // The key taken away: the host's next transaction fails, told by Failure1.
+    t.reconfigure(with(None), test_listeners());
+    let e = admin
+        .authenticate(&mut txn(secret(5), None, 1))
+        .unwrap_err();
+    assert!(e.detail.contains("rejected the host"), "{e}");
+}
