@@ -129,6 +129,35 @@ pub fn augmented_challenge(
     }
 }
 
+/// One response HMAC of DH-HMAC-CHAP: the challenge, S, T_ID, SC_C, then who answers
+/// ("HostHost" or "Controller") and the two NQNs, answerer first, with a zero byte between.
+#[allow(clippy::too_many_arguments)]
+fn response(
+    hash: HashId,
+    transformed_key: &[u8],
+    challenge: &[u8],
+    seqnum: u32,
+    t_id: u16,
+    sc_c: u8,
+    who: &[u8],
+    own_nqn: &str,
+    peer_nqn: &str,
+) -> Zeroizing<Vec<u8>> {
+    hash.hmac(
+        transformed_key,
+        &[
+            challenge,
+            &seqnum.to_le_bytes(),
+            &t_id.to_le_bytes(),
+            &[sc_c],
+            who,
+            own_nqn.as_bytes(),
+            &[0],
+            peer_nqn.as_bytes(),
+        ],
+    )
+}
+
 /// The host's response R1 (see the module documentation).
 #[allow(clippy::too_many_arguments)]
 pub fn host_response(
@@ -141,18 +170,17 @@ pub fn host_response(
     hostnqn: &str,
     subnqn: &str,
 ) -> Zeroizing<Vec<u8>> {
-    hash.hmac(
-        transformed_key,
-        &[
-            challenge,
-            &seqnum.to_le_bytes(),
-            &t_id.to_le_bytes(),
-            &[sc_c],
-            b"HostHost",
-            hostnqn.as_bytes(),
-            &[0],
-            subnqn.as_bytes(),
-        ],
+    let k = transformed_key;
+    response(
+        hash,
+        k,
+        challenge,
+        seqnum,
+        t_id,
+        sc_c,
+        b"HostHost",
+        hostnqn,
+        subnqn,
     )
 }
 
@@ -168,18 +196,17 @@ pub fn controller_response(
     subnqn: &str,
     hostnqn: &str,
 ) -> Zeroizing<Vec<u8>> {
-    hash.hmac(
-        transformed_key,
-        &[
-            challenge,
-            &seqnum.to_le_bytes(),
-            &t_id.to_le_bytes(),
-            &[sc_c],
-            b"Controller",
-            subnqn.as_bytes(),
-            &[0],
-            hostnqn.as_bytes(),
-        ],
+    let k = transformed_key;
+    response(
+        hash,
+        k,
+        challenge,
+        seqnum,
+        t_id,
+        sc_c,
+        b"Controller",
+        subnqn,
+        hostnqn,
     )
 }
 
