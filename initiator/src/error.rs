@@ -73,6 +73,15 @@ pub enum Error {
         elapsed: Duration,
         cause: Arc<Error>,
     },
+    /// A [`crate::MultipathNamespace`] call (or its `open`) found no path it could use
+    /// within its wait (ANATT, or [`crate::MultipathOptions::no_path_timeout`]); `paths`
+    /// names every path, its connection and ANA state and its last error.
+    #[error("{what}: no usable path after {waited:?}: {paths}")]
+    NoUsablePath {
+        what: &'static str,
+        waited: Duration,
+        paths: String,
+    },
 }
 
 impl Error {

@@ -109,6 +109,14 @@
 //! ns.read_at(&mut buf, 0)?;
 //! # Ok::<(), nvmf_initiator::Error>(())
 //! ```
+//!
+//! To use one namespace over several paths (listeners, transports), open a
+//! [`MultipathNamespace`] ([`MultipathNamespace::open`] with a [`ConnectOptions`] per path, or
+//! [`MultipathNamespace::discover`] from a discovery controller): the same synchronous block
+//! API; each call goes to an ANA optimized path, else a non-optimized one (the controllers'
+//! ANA logs, re-read on the ANA change event, on an ANA status and every second), runs again
+//! on another path when its path fails or answers an ANA status, and a failed path reconnects
+//! in the background. [`MultipathNamespace::paths`] reports each path's state.
 
 mod any_queue;
 mod asyncq;
@@ -117,6 +125,7 @@ mod cmd;
 mod controller;
 mod discovery;
 mod error;
+mod multipath;
 mod queue;
 pub mod rdma;
 mod reconnect;
@@ -136,6 +145,10 @@ pub use rdma::{RdmaBuf, RdmaLink};
 pub use tcp::TcpLink;
 
 pub use asyncq::{AsyncQueue, CmdFuture};
+pub use multipath::{
+    AnaState, MultipathNamespace, MultipathOptions, MultipathStats, PathInfo, PathMonitor,
+    PathPolicy, PathState,
+};
 /// Reservation command fields and the Reservation Report, for [`Namespace::reservation_register`] and friends.
 pub use nvme::resv;
 pub use reconnect::{ReconnectPolicy, ReconnectStats, ReconnectingNamespace, ReconnectingQueue};

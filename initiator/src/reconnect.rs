@@ -925,7 +925,8 @@ pub(crate) fn is_transport_failure(e: &Error) -> bool {
         | Error::InvalidArgument(_)
         | Error::QueueFull
         | Error::Unsupported(_)
-        | Error::ReconnectGaveUp { .. } => false,
+        | Error::ReconnectGaveUp { .. }
+        | Error::NoUsablePath { .. } => false,
     }
 }
 
