@@ -52,7 +52,8 @@ ORDER=(
 # siw with a shared receive queue (access control, 0 allocations per I/O); and the scenarios that
 # guard data: a host killed mid-I/O, bad input next to a verifying host, a target restart under
 # reconnecting hosts, a dropped link, SIGHUP reload under the Linux host, a verified soak on siw;
-# ANA multipath under the Linux host (two TCP addresses and rxe, states flipping under fio);
+# ANA multipath under the Linux host and our initiator (two TCP addresses and rxe, states
+# flipping under fio and multipath_check);
 # in-band authentication both ways with Linux 6.12 (its own VM boot).
 # The same fault scenarios on the other RDMA device, the sanity checks, the SRQ variants and the
 # benchmarks run in `all`.
@@ -157,7 +158,7 @@ if [ $need_build = 1 ]; then
   # package:binary[:example[:features]]
   for pkg_bin in nvmf-target:nvmf-target nvmf-bench:nvmf-bench nvmf-tests:io_check:example \
       nvmf-tests:reconnect_check:example nvmf-tests:rdma_bad_input:example:raw \
-      nvmf-tests:auth_kat:example; do
+      nvmf-tests:auth_kat:example nvmf-tests:multipath_check:example; do
     IFS=: read -r pkg bin kind feat <<<"$pkg_bin"
     sel=() path=$TDIR/release/$bin
     [ "$kind" = example ] && sel=(--example "$bin") path=$TDIR/release/examples/$bin
@@ -228,6 +229,7 @@ envs=(
   NVMF_IOPOLL_TEST="$IOPOLL_TEST"
   NVMF_BADINPUT_BIN="${BIN[rdma_bad_input]:-}" NVMF_BADINPUT_NOTE="${NOTE[rdma_bad_input]:-}"
   NVMF_AUTHKAT_BIN="${BIN[auth_kat]:-}" NVMF_AUTHKAT_NOTE="${NOTE[auth_kat]:-}"
+  NVMF_MPCHECK_BIN="${BIN[multipath_check]:-}" NVMF_MPCHECK_NOTE="${NOTE[multipath_check]:-}"
   NVMF_TEST_BREAK="${NVMF_TEST_BREAK:-}" RUST_LOG="${RUST_LOG:-info}" RUST_BACKTRACE=1
 )
 for v in $(compgen -e | grep '^NVMF_VM_' || true); do envs+=("$v=${!v}"); done

@@ -9,6 +9,13 @@
 # change reaches the host (ana_state), the I/O follows the optimized path (the paths' own write
 # counters), and fio ends with no error and no mismatch. A fourth listener serving another
 # subsystem only refuses a connect to this one (and logs why).
+# Then the same with OUR initiator (verdict ana-multipath-initiator): the target started again
+# the same way, multipath_check (tests/examples/multipath_check.rs: one MultipathNamespace per
+# worker over the three paths, 2 workers writing random 4 KiB blocks and reading back random
+# earlier ones, 75 s, then every written block read back) runs through the same flips (ctl:
+# A -> B -> R, A removed and added back, A, B; SIGHUP): after each, its per-second per-path
+# lines show every worker's namespace in the new states and the calls going to the optimized
+# path only; it ends with 0 errors and 0 mismatches. Per-phase call counts go to report.txt.
 # vm-needs: build rdma
 # vm-timeout: 900
 source "$(dirname "$0")/../lib.sh"
@@ -172,5 +179,131 @@ ana_case() {
   pass "$label"
 }
 
+# ---------------- the same with our initiator: multipath_check ----------------
+NVMF_MPCHECK_BIN=${NVMF_MPCHECK_BIN:-}
+MP_SECS=${NVMF_VM_MPCHECK_SECS:-75} # the workload; the flips below take about 65 s
+MP_OUT= MP_PID= MP_T=
+MP_A=tcp:127.0.0.1:4420 MP_B=tcp:127.0.0.2:4420 MP_R= # MP_R: rdma:$RXE_IP:4420, set in the case
+
+# mp_last_t: the last second multipath_check printed in full (its `t=N ios=` line comes after
+# the second's path lines).
+mp_last_t() { sed -n 's/^multipath_check: t=\([0-9]*\) ios=.*/\1/p' "$MP_OUT" | tail -n 1; }
+# mp_field T PATH KEY: KEY=value of PATH's line for second T.
+mp_field() { grep -m1 "^multipath_check: t=$1 path=$2 " "$MP_OUT" | tr ' ' '\n' | sed -n "s/^$3=//p"; }
+mp_alive() { kill -0 "$MP_PID" 2>/dev/null || { REASON="multipath_check ended early: $(tail -n 1 "$MP_OUT" | cut -c1-200)"; return 1; }; }
+
+# mp_wait_t T: until second T is printed.
+mp_wait_t() {
+  local end=$((SECONDS + 20)) t
+  while t=$(mp_last_t); [ "${t:-0}" -lt "$1" ]; do
+    mp_alive || return 1
+    [ $SECONDS -ge $end ] && { REASON="multipath_check printed no second $1 (last ${t:-none})"; return 1; }
+    sleep 0.3
+  done
+}
+
+# mp_wait_states SA SB SR: until a second's lines show these states on A, B, R (as every
+# worker's namespace sees them); MP_T = that second.
+mp_wait_states() {
+  local end=$((SECONDS + 20)) t a= b= r=
+  while :; do
+    t=$(mp_last_t)
+    if [ -n "$t" ]; then
+      a=$(mp_field "$t" "$MP_A" state) b=$(mp_field "$t" "$MP_B" state) r=$(mp_field "$t" "$MP_R" state)
+      [ "$a $b $r" = "$1 $2 $3" ] && { MP_T=$t; return 0; }
+    fi
+    mp_alive || return 1
+    [ $SECONDS -ge $end ] && { REASON="multipath_check sees A=$a B=$b R=$r at t=$t, want $1 $2 $3"; return 1; }
+    sleep 0.3
+  done
+}
+
+# mp_moved_to LABEL WANT(A|B|R): from the second after MP_T (the first second of the phase is
+# the transition) to 3 s later, the calls grow on WANT's path only; the counts go to the report.
+mp_moved_to() {
+  local label=$1 want=$2 t0=$((MP_T + 1)) t1=$((MP_T + 4)) x p c0 c1 d line ok=1
+  mp_wait_t "$t1" || return 1
+  line="initiator phase '$label' (states at t=$MP_T, calls t=$t0..$t1):"
+  for x in A B R; do
+    p=MP_$x; p=${!p}
+    c0=$(mp_field "$t0" "$p" calls) c1=$(mp_field "$t1" "$p" calls)
+    d=$((c1 - c0))
+    line+=" $x +$d (total $c1, $(mp_field "$t1" "$p" conn))"
+    if [ "$x" = "$want" ]; then [ "$d" -gt 0 ] || ok=0; else [ "$d" = 0 ] || ok=0; fi
+  done
+  echo "$line; want $want" | tee -a "$OUT/report.txt" >>"$STEPS"
+  [ $ok = 1 ] || { REASON="phase '$label': the calls did not go to $want only: ${line#*: }"; return 1; }
+}
+
+# mp_flip LABEL SA SB SR WANT: the three paths' states (ctl), then wait for the initiator to see
+# them and the calls to move to WANT; about 10 s a phase.
+mp_flip() {
+  local t0=$SECONDS
+  ctl_ana tcp 127.0.0.1 4420 "$2" && ctl_ana tcp 127.0.0.2 4420 "$3" && ctl_ana rdma "$RXE_IP" 4420 "$4" || return 1
+  mp_wait_states "$2" "$3" "$4" || return 1
+  mp_moved_to "$1" "$5" || return 1
+  sleep $((10 - (SECONDS - t0) > 0 ? 10 - (SECONDS - t0) : 0))
+}
+
+initiator_case() {
+  local label=ana-multipath-initiator bin rc b
+  teardown
+  need_rdma RXE_IP || return
+  b=$NVMF_MPCHECK_BIN
+  [ -n "$b" ] && [ -x "$b" ] || { fail "$label" "multipath_check not available: ${NVMF_MPCHECK_NOTE:-NVMF_MPCHECK_BIN unset}"; return; }
+  DEVICE=$(vm_ramdisk 64) || { fail "$label" "vm_ramdisk failed"; return; }
+  bin=$(target_bin) || { fail "$label" "$REASON"; return; }
+  # The kernel host case's target log stays as target-kernel-host.log.
+  [ -s "$OUT/target.log" ] && mv "$OUT/target.log" "$OUT/target-kernel-host.log"
+  write_cfg optimized inaccessible inaccessible
+  RUST_LOG=${RUST_LOG:-info} NO_COLOR=1 "$bin" --config "$OUT/target.yaml" --control-socket "$CTL" >"$OUT/target.log" 2>&1 &
+  TARGET_PID=$!
+  vm_wait_listen tcp 127.0.0.1 4420 20 && vm_wait_listen tcp 127.0.0.2 4420 20 && vm_wait_listen rdma "$RXE_IP" 4420 20 ||
+    { fail "$label" "the target does not listen: $(tail -n 1 "$OUT/target.log")"; return; }
+  MP_R=rdma:$RXE_IP:4420 MP_OUT=$OUT/multipath_check.txt
+  echo "+ [multipath_check] $b --path $MP_A --path $MP_B --path $MP_R --subnqn $MP_NQN --seconds $MP_SECS" >>"$STEPS"
+  RUST_LOG=${NVMF_VM_MPCHECK_LOG:-warn} NO_COLOR=1 "$b" --path "$MP_A" --path "$MP_B" --path "$MP_R" \
+    --subnqn "$MP_NQN" --nsid 1 --seconds "$MP_SECS" --threads 2 --region-mib 16 \
+    >"$MP_OUT" 2>"$OUT/multipath_check.err" &
+  MP_PID=$!
+  wait_for_line "$MP_OUT" 'I/O running' 60 "$MP_PID" || { fail "$label" "multipath_check: $REASON"; return; }
+  grep 'opened namespace' "$MP_OUT" >>"$STEPS"
+  # At the start: A optimized.
+  mp_wait_states optimized inaccessible inaccessible && mp_moved_to "A optimized (start)" A ||
+    { kill "$MP_PID"; fail "$label" "$REASON"; return; }
+  mp_flip "B optimized" inaccessible optimized inaccessible B || { kill "$MP_PID"; fail "$label" "$REASON"; return; }
+  mp_flip "R optimized" inaccessible inaccessible optimized R || { kill "$MP_PID"; fail "$label" "$REASON"; return; }
+  # Listener A goes away (the connected paths stay, with their last states) and comes back
+  # with every group optimized: A and R both optimized, the calls on A (the first path).
+  step "ctl remove-listener tcp 127.0.0.1 4420" "$NVMF_TARGET_BIN" ctl --control-socket "$CTL" remove-listener tcp 127.0.0.1 4420 ||
+    { kill "$MP_PID"; fail "$label" "$REASON"; return; }
+  sleep 2
+  step "ctl add-listener tcp 127.0.0.1 4420" "$NVMF_TARGET_BIN" ctl --control-socket "$CTL" add-listener tcp 127.0.0.1 4420 ||
+    { kill "$MP_PID"; fail "$label" "$REASON"; return; }
+  mp_flip "A re-added, optimized" optimized inaccessible inaccessible A || { kill "$MP_PID"; fail "$label" "after re-adding A: $REASON"; return; }
+  mp_flip "B optimized again" inaccessible optimized inaccessible B || { kill "$MP_PID"; fail "$label" "$REASON"; return; }
+  # The file (SIGHUP): A optimized again, B persistent loss, R in change.
+  write_cfg optimized persistent-loss change
+  kill -HUP "$TARGET_PID"
+  mp_wait_states optimized persistent-loss change && mp_moved_to "after SIGHUP: A optimized" A ||
+    { kill "$MP_PID"; fail "$label" "after SIGHUP: $REASON"; return; }
+  # The rest of the run and the final read-back of every written block.
+  local end=$((SECONDS + MP_SECS + 180))
+  while kill -0 "$MP_PID" 2>/dev/null && [ $SECONDS -lt $end ]; do sleep 1; done
+  if kill -0 "$MP_PID" 2>/dev/null; then
+    kill "$MP_PID"; wait "$MP_PID" 2>/dev/null
+    fail "$label" "multipath_check did not end within $((MP_SECS + 180)) s of the last phase: $(tail -n 1 "$MP_OUT" | cut -c1-200)"; return
+  fi
+  wait "$MP_PID"; rc=$?
+  grep -E '^multipath_check: (worker [0-9]+: (ana_retries|final)|done)' "$MP_OUT" | tee -a "$OUT/report.txt" >>"$STEPS"
+  [ $rc = 0 ] || { fail "$label" "multipath_check failed (exit $rc): $(grep -m1 -E 'MISMATCH|failed:' "$MP_OUT" | cut -c1-200) $(tail -n 1 "$MP_OUT" | cut -c1-120)"; return; }
+  grep -qE '^multipath_check: done ios=[1-9][0-9]* errors=0 mismatches=0 ' "$MP_OUT" ||
+    { fail "$label" "multipath_check: $(grep -m1 '^multipath_check: done' "$MP_OUT")"; return; }
+  stop_our_target || { fail "$label" "$REASON"; return; }
+  check_target_log || { fail "$label" "$REASON"; return; }
+  pass "$label"
+}
+
 ana_case
+initiator_case
 cleanup
