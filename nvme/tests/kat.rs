@@ -1,5 +1,6 @@
 //! Known-answer tests of DH-HMAC-CHAP against the Linux kernel, both ways (its host answering
-//! our controller, its nvmet answering our host). Host side: each vector is one
+//! our controller, its nvmet answering our host, with and without Diffie-Hellman). Host side:
+//! each vector is one
 //! transaction between the Linux 6.12 NVMe host and nvmf-target, captured in the VM
 //! (tests/vm/scenarios/auth-kernel-host-rdma-rxe.sh, from the target's trace log: wire data),
 //! with the key the host was given. The kernel computed the Reply's response from our
@@ -173,4 +174,73 @@ fn the_kernel_controllers_responses_are_ours() {
         n += 1;
     }
     assert!(n >= 2, "{n} vectors");
+}
+
+/// The PRNG tests/examples/auth_kat.rs seeds its host with (xorshift64).
+fn prng(seed: u64) -> impl FnMut(&mut [u8]) {
+    let mut s = seed.max(1);
+    move |buf: &mut [u8]| {
+        for b in buf {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            *b = (s >> 24) as u8;
+        }
+    }
+}
+
+/// With a Diffie-Hellman group: Linux 6.12's nvmet (sha256, ffdhe2048, bidirectional) against
+/// a host whose random numbers come from a seed (tests/examples/auth_kat.rs). Replaying the
+/// seed rebuilds the host's private exponent, C2 and S2, so the kernel's part is a known answer:
+/// its DH public value gives the same shared secret, the host's Reply comes out byte for byte
+/// as the kernel accepted it (R1 over the augmented challenge), and the kernel's R2 (over the
+/// augmented C2, keyed by the transformed controller key) is the one this crate expects.
+#[test]
+fn the_kernels_dh_exchange_is_ours() {
+    let mut n = 0;
+    for l in include_str!("data/linux-6.12-nvmet-dhchap-ffdhe2048.kat")
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+    {
+        let field = |name: &str| {
+            l.split_whitespace()
+                .find_map(|w| w.strip_prefix(&format!("{name}=")))
+                .unwrap_or_else(|| panic!("no {name} in {l}"))
+                .to_owned()
+        };
+        let chal = unhex(&field("challenge"));
+        let Ok(AuthMessage::Challenge(c)) = AuthMessage::decode(&chal) else {
+            panic!("not a Challenge")
+        };
+        assert_eq!(
+            (c.hash, c.dhgroup),
+            (HashId::Sha256 as u8, DhGroup::Ffdhe2048 as u8)
+        );
+        assert_eq!(c.dh_value.len(), 256);
+        let mut txn = nvme::auth::HostTxn::new(
+            Policy::default(),
+            Secret::parse(&field("key")).unwrap(),
+            Some(Secret::parse(&field("ctrl_key")).unwrap()),
+            &field("hostnqn"),
+            &field("subnqn"),
+            0,
+        );
+        let mut rng = prng(field("seed").parse().unwrap());
+        let reply = txn.on_challenge(&chal, &mut rng).unwrap();
+        assert_eq!(hex(&reply), field("reply"), "the Reply the kernel accepted");
+        let s1 = unhex(&field("success1"));
+        assert!(
+            matches!(
+                txn.on_success1(&s1),
+                Ok(nvme::auth::HostStep::SendAndDone(_))
+            ),
+            "the kernel's R2 checks out"
+        );
+        n += 1;
+    }
+    assert!(n >= 2, "{n} vectors");
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
 }
