@@ -120,6 +120,7 @@ finish() {
   {
     echo
     echo "total wall time: $((SECONDS - T_START)) s"
+    [ -s "$RESULTS/harness-notes.txt" ] && cat "$RESULTS/harness-notes.txt"
     [ -f "$RESULTS/timings.txt" ] && sed 's/^/scenario time (s): /' "$RESULTS/timings.txt"
     # Measurements a scenario wants in the summary (e.g. the tcp-vs-rdma table).
     for s in "${SEL[@]}"; do
@@ -259,6 +260,22 @@ boot_vm() {
     vm_rc=${PIPESTATUS[0]}
   } 3>&1
   echo "run.sh: VM (kernel $series) finished in $((SECONDS - t0)) s (vm.sh exit $vm_rc)" >&2
+  # A guest that stopped under the harness (vm.sh 125: qemu/vng died, no verdict from the
+  # guest) is booted once more for the scenarios it left without a verdict; the first try is
+  # kept as <scenario>.crashed/ and said in the summary. Verdicts already given stand.
+  local left=()
+  for s in "$@"; do [ -s "$RESULTS/$s/verdicts" ] || left+=("$s"); done
+  if [ "$vm_rc" = 125 ] && [ -z "${RETRIED:-}" ] && [ ${#left[@]} -gt 0 ] &&
+     grep -q 'stopped before the command finished' "$RESULTS/vm-$series.log"; then
+    echo "run.sh: the VM (kernel $series) stopped under the harness; booting it once more for: ${left[*]}" >&2
+    echo "harness: the kernel $series VM stopped unexpectedly ($(grep -m1 -E '^vm\.sh' "$RESULTS/vm-$series.log" | cut -c1-160)); booted again for: ${left[*]}" >>"$RESULTS/harness-notes.txt"
+    for s in "${left[@]}"; do
+      [ -d "$RESULTS/$s" ] && rm -rf "$RESULTS/$s.crashed" && mv "$RESULTS/$s" "$RESULTS/$s.crashed"
+    done
+    mv "$RESULTS/vm-$series.log" "$RESULTS/vm-$series.crashed.log"
+    RETRIED=1 boot_vm "$series" "${left[@]}"
+    return
+  fi
   case $vm_rc in
     0) ;;
     124) host_fail "vm-$series" "the VM ran out of time (${vm_limit} s)" ;;
