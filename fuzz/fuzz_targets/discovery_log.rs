@@ -47,7 +47,7 @@ fuzz_target!(|data: &[u8]| {
     let now = Instant::now();
     let t = fuzz_target_core();
     let mut q = Queue::new(t, fuzz_caps(), "fuzz".into());
-    q.set_local_addr("127.0.0.1".into());
+    q.set_local_addr("127.0.0.1:4420".parse().unwrap());
     let sgl = Sgl::InCapsule {
         offset: 0,
         len: 1024,

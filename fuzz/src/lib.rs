@@ -107,6 +107,7 @@ pub fn fuzz_target_core() -> Arc<Target> {
         uuid: [0xa0 | nsid as u8; 16],
         read_only: false,
         deallocate_zeroes: true,
+        ana_group: nsid,
     };
     Target::new(
         vec![SubsystemSpec {
@@ -115,25 +116,22 @@ pub fn fuzz_target_core() -> Arc<Target> {
             model: "nvmf-rs fuzz".into(),
             allow_any_host: true,
             hosts: vec![],
+            auth_policy: Default::default(),
             namespaces: vec![ns(1, NS_BLOCKS, 12), ns(2, 1 << 16, 9)],
         }],
         vec![
-            ListenerInfo {
-                trtype: TrType::Tcp,
-                traddr: "127.0.0.1".into(),
-                trsvcid: "4420".into(),
-                port_id: 1,
-            },
-            ListenerInfo {
-                trtype: TrType::Rdma,
-                traddr: "0.0.0.0".into(),
-                trsvcid: "4421".into(),
-                port_id: 2,
+            ListenerInfo::new(TrType::Tcp, "127.0.0.1".into(), "4420".into(), 1),
+            // Namespace 2's group is not served here: the ANA check runs too.
+            {
+                let mut l = ListenerInfo::new(TrType::Rdma, "0.0.0.0".into(), "4421".into(), 2);
+                l.set_ana(2, nvme::log::ana_state::INACCESSIBLE);
+                l
             },
         ],
         TargetParams {
             keep_alive_ms_min: 1000,
             resv_store: None,
+            auth_timeout: std::time::Duration::from_secs(30),
         },
     )
 }
