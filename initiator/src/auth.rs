@@ -156,7 +156,27 @@ pub(crate) fn authenticate<L: Link>(
     };
     send(q, "Authentication Send (Reply)", &reply)?;
     buf.fill(0);
-    receive(q, "Authentication Receive (Success1)", &mut buf)?;
+    if let Err(e) = receive(q, "Authentication Receive (Success1)", &mut buf) {
+        return Err(match e {
+            // Linux nvmet refuses a host's response by tearing the queue down, which can
+            // overtake its Failure1 (over TCP too): a connection closed right after the Reply
+            // is that refusal, and said as one.
+            Error::Closed | Error::QueueFailed { .. } | Error::Io(_) => {
+                tracing::warn!(qid, error = %e,
+                    "authentication failed: the controller closed the connection after the Reply");
+                Error::Auth {
+                    qid,
+                    step: "reply",
+                    detail: format!(
+                        "the controller closed the connection instead of answering the host's \
+                         Reply ({e}): it refused the response (Linux nvmet tears the queue down \
+                         before its Failure1 arrives)"
+                    ),
+                }
+            }
+            e => e,
+        });
+    }
     match txn.on_success1(&buf) {
         Ok(HostStep::Done) => {}
         Ok(HostStep::SendAndDone(success2)) => {
