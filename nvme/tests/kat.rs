@@ -28,17 +28,20 @@ struct Vector {
     reply: Vec<u8>,
 }
 
+/// The value of `name=` on a vector line.
+fn field(line: &str, name: &str) -> String {
+    line.split_whitespace()
+        .find_map(|w| w.strip_prefix(&format!("{name}=")))
+        .unwrap_or_else(|| panic!("no {name} in {line}"))
+        .to_owned()
+}
+
 fn vectors() -> Vec<Vector> {
     include_str!("data/linux-6.12-dhchap.kat")
         .lines()
         .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
         .map(|l| {
-            let field = |name: &str| {
-                l.split_whitespace()
-                    .find_map(|w| w.strip_prefix(&format!("{name}=")))
-                    .unwrap_or_else(|| panic!("no {name} in {l}"))
-                    .to_owned()
-            };
+            let field = |name: &str| field(l, name);
             let ctrl = field("ctrl_key");
             Vector {
                 hostnqn: field("hostnqn"),
@@ -142,12 +145,7 @@ fn the_kernel_controllers_responses_are_ours() {
         .lines()
         .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
     {
-        let field = |name: &str| {
-            l.split_whitespace()
-                .find_map(|w| w.strip_prefix(&format!("{name}=")))
-                .unwrap_or_else(|| panic!("no {name} in {l}"))
-                .to_owned()
-        };
+        let field = |name: &str| field(l, name);
         let (hostnqn, subnqn) = (field("hostnqn"), field("subnqn"));
         let ctrl_key = Secret::parse(&field("ctrl_key")).unwrap();
         let Ok(AuthMessage::Reply(r)) = AuthMessage::decode(&unhex(&field("reply"))) else {
@@ -202,12 +200,7 @@ fn the_kernels_dh_exchange_is_ours() {
         .lines()
         .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
     {
-        let field = |name: &str| {
-            l.split_whitespace()
-                .find_map(|w| w.strip_prefix(&format!("{name}=")))
-                .unwrap_or_else(|| panic!("no {name} in {l}"))
-                .to_owned()
-        };
+        let field = |name: &str| field(l, name);
         let chal = unhex(&field("challenge"));
         let Ok(AuthMessage::Challenge(c)) = AuthMessage::decode(&chal) else {
             panic!("not a Challenge")
