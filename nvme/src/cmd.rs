@@ -49,6 +49,10 @@ pub const PSDT_SGL: u8 = 0x40;
 pub const PSDT_MASK: u8 = 0xc0;
 /// The FUSE field mask in [`Sqe::flags`].
 pub const FUSE_MASK: u8 = 0x03;
+/// FUSE = 01b: the first command of a fused operation (Compare, for Compare and Write).
+pub const FUSE_FIRST: u8 = 0x01;
+/// FUSE = 10b: the second command of a fused operation (Write, for Compare and Write).
+pub const FUSE_SECOND: u8 = 0x02;
 
 impl Sqe {
     pub const SIZE: usize = 64;

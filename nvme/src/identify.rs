@@ -458,6 +458,9 @@ pub mod ctrl {
     pub const ONCS_TIMESTAMP: u16 = 1 << 6;
     pub const ONCS_VERIFY: u16 = 1 << 7;
 
+    /// FUSES bit 0: the Compare and Write fused operation is supported.
+    pub const FUSES_COMPARE_AND_WRITE: u16 = 1 << 0;
+
     /// VWC bit 0: a volatile write cache is present.
     pub const VWC_PRESENT: u8 = 1 << 0;
     /// VWC bits 2:1 = 10b: Flush with NSID FFFFFFFFh is not supported.
