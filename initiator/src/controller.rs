@@ -17,7 +17,7 @@ use nvme::{Sqe, Status};
 use crate::any_queue::{AnyLink, AnyQueue, IoQueue, RdmaQueue, TypedQueue};
 use crate::auth::{self, DhchapOptions, TxnIds};
 use crate::cmd::{rw_sqe, DataRef, Dir, NsInfo, Transport};
-use crate::error::Error;
+use crate::error::{CmdError, Error};
 use crate::queue::{Queue, QueueParams};
 use crate::rdma::RdmaLink;
 use crate::spin::Spin;
@@ -155,6 +155,8 @@ pub struct ControllerInfo {
     pub kas: u16,
     /// Optional NVM Command Support.
     pub oncs: u16,
+    /// Fused Operation Support (bit 0: Compare and Write).
+    pub fuses: u16,
     /// Volatile Write Cache.
     pub vwc: u8,
     /// Number of namespaces (NN).
@@ -586,6 +588,7 @@ impl Controller {
             in_capsule,
             kas: id.kas.get(),
             oncs: id.oncs.get(),
+            fuses: id.fuses.get(),
             vwc: id.vwc,
             nn: id.nn.get(),
             cntrltype: id.cntrltype,
@@ -905,6 +908,7 @@ fn scan_namespaces(q: &mut AnyQueue, vs: u32, nn: u32) -> Result<Vec<NsInfo>, Er
 struct IoLimits {
     max_transfer: u32,
     oncs: u16,
+    fuses: u16,
 }
 
 /// A namespace on one I/O queue, with a synchronous block API. Offsets and lengths are in
@@ -937,6 +941,7 @@ impl Namespace {
             limits: IoLimits {
                 max_transfer: c.max_transfer,
                 oncs: c.oncs,
+                fuses: c.fuses,
             },
         }
     }
@@ -1041,6 +1046,84 @@ impl Namespace {
                 Ok(false)
             }
             Err(e) => Err(e),
+        }
+    }
+
+    /// Compare and Write (a fused operation): if the blocks at byte `offset` hold exactly
+    /// `compare`, replace them with `write` and return `Ok(true)`; if they differ, change
+    /// nothing and return `Ok(false)`.
+    ///
+    /// The controller executes the pair atomically with respect to every other write to
+    /// those blocks, from this or any other host and controller: no write lands between the
+    /// comparison and the write, and no read or compare sees `write` partly applied. That
+    /// makes it a test-and-set on a block range (a lock word, a generation counter) shared by
+    /// hosts with nothing else in common.
+    ///
+    /// `compare` and `write` must have the same length, a whole number of blocks, at most
+    /// one command's transfer (MDTS, [`ControllerInfo::max_transfer`]), else
+    /// [`Error::InvalidArgument`] (nothing is sent). The controller must report Compare and
+    /// Write in FUSES, else [`Error::Unsupported`]. It is two commands posted back to back on
+    /// this queue (Compare with FUSE first, Write with FUSE second), so two of its tags must
+    /// be free ([`Error::QueueFull`] otherwise: commands of the asynchronous API in flight).
+    ///
+    /// `Ok(false)` means the Compare completed with Compare Failure (the Write is then
+    /// aborted with Command Aborted due to Failed Fused Command). Any other failure of either
+    /// command is `Err`; after a transport failure the write may or may not have happened.
+    pub fn compare_and_write(
+        &mut self,
+        compare: &[u8],
+        write: &[u8],
+        offset: u64,
+    ) -> Result<bool, Error> {
+        if compare.len() != write.len() || compare.is_empty() {
+            return Err(Error::InvalidArgument(format!(
+                "Compare and Write of {} bytes to compare and {} to write",
+                compare.len(),
+                write.len()
+            )));
+        }
+        let (slba, nlb) = self.lba_range(offset, write.len() as u64)?;
+        if nlb > self.chunk_blocks() {
+            return Err(Error::InvalidArgument(format!(
+                "Compare and Write of {} bytes: more than one command's transfer ({} bytes)",
+                write.len(),
+                self.chunk_blocks() * self.info.block_size as u64
+            )));
+        }
+        if self.limits.fuses & identify::ctrl::FUSES_COMPARE_AND_WRITE == 0 {
+            return Err(Error::Unsupported("Compare and Write (FUSES bit 0 clear)"));
+        }
+        let len = write.len() as u32;
+        let mut cmp = rw_sqe(io::COMPARE, self.info.nsid, slba, nlb as u32);
+        cmp.flags |= nvme::cmd::FUSE_FIRST;
+        let mut wr = rw_sqe(io::WRITE, self.info.nsid, slba, nlb as u32);
+        wr.flags |= nvme::cmd::FUSE_SECOND;
+        // One buffer for both commands' data (the queue carries pieces of one borrowed
+        // buffer); the copy is cheap next to the round trip of this rare command.
+        let mut data = Vec::with_capacity(2 * write.len());
+        data.extend_from_slice(compare);
+        data.extend_from_slice(write);
+        let [c, w] = self.queue.run_fused(
+            Dir::ToCtrl,
+            &mut DataRef::Write(&data),
+            [(cmp, 0, len), (wr, write.len(), len)],
+        )?;
+        let is = |r: &Result<u64, CmdError>, st: Status| matches!(r, Err(CmdError::Status(s)) if s.code() == st.code());
+        // The queue's failure says more than "the queue failed while it was in flight".
+        let err = |what, e: CmdError| match e {
+            CmdError::Status(_) => Error::from_cmd(what, e),
+            _ => self
+                .queue
+                .failed_error()
+                .unwrap_or_else(|| Error::from_cmd(what, e)),
+        };
+        match (c, w) {
+            (Ok(_), Ok(_)) => Ok(true),
+            // Decided by the Compare's own status, whichever completion came first: the
+            // Write's Failed Fused Command alone does not say why the Compare failed.
+            (c, _) if is(&c, Status::COMPARE_FAILED) => Ok(false),
+            (Err(e), _) => Err(err("Compare and Write (Compare)", e)),
+            (Ok(_), Err(e)) => Err(err("Compare and Write (Write)", e)),
         }
     }
 

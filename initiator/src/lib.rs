@@ -15,7 +15,8 @@
 //! Two ways to do I/O:
 //! - [`Namespace`]: synchronous `read_at` / `write_at` / `flush` / `write_zeroes` / `trim`
 //!   on byte offsets (block-aligned), with data moving straight between the socket and the
-//!   caller's slice; `compare_at` and the reservation commands too. [`Namespace::into_io`]
+//!   caller's slice; `compare_at`, fused `compare_and_write` (an atomic test-and-set on a
+//!   block range, shared by hosts) and the reservation commands too. [`Namespace::into_io`]
 //!   gives a [`NamespaceIo`]: `std::io::{Read, Write, Seek}` at any offset and length (whole
 //!   blocks move underneath), for `std::io::copy` and crates that read disk images.
 //! - [`AsyncQueue`]: commands as futures on any executor (no runtime dependency), many in

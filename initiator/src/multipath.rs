@@ -1077,6 +1077,25 @@ impl MultipathNamespace {
         self.run("Compare", |ns| ns.compare_at(buf, offset))
     }
 
+    /// Compare and Write ([`Namespace::compare_and_write`]) through one path.
+    ///
+    /// Unlike the other calls, a pair that may have reached the controller is not sent again
+    /// on another path: after a transport or path failure once it was submitted, the error is
+    /// returned (the path is failed over for later calls). The pair may have executed before
+    /// the path broke, and sent again it would compare against its own write and report a
+    /// Compare Failure for a write that happened. An ANA status (nothing executed), a path
+    /// already known to be down, and the wait for a usable path are handled as for any call.
+    pub fn compare_and_write(
+        &mut self,
+        compare: &[u8],
+        write: &[u8],
+        offset: u64,
+    ) -> Result<bool, Error> {
+        self.run_with("Compare and Write", false, |ns| {
+            ns.compare_and_write(compare, write, offset)
+        })
+    }
+
     /// Flush the volatile write cache ([`Namespace::flush`]) through one path (see
     /// [`MultipathNamespace`] on what it covers).
     pub fn flush(&mut self) -> Result<(), Error> {
@@ -1160,6 +1179,18 @@ impl MultipathNamespace {
     fn run<T>(
         &mut self,
         what: &'static str,
+        op: impl FnMut(&mut Namespace) -> Result<T, Error>,
+    ) -> Result<T, Error> {
+        self.run_with(what, true, op)
+    }
+
+    /// [`MultipathNamespace::run`]; without `resend`, a call that failed on a path whose
+    /// queue was usable when it started (it may have reached the controller) is not sent
+    /// again: the path is failed over and the error returned.
+    fn run_with<T>(
+        &mut self,
+        what: &'static str,
+        resend: bool,
         mut op: impl FnMut(&mut Namespace) -> Result<T, Error>,
     ) -> Result<T, Error> {
         let shared = self.shared.clone();
@@ -1198,6 +1229,8 @@ impl MultipathNamespace {
             drop(g);
             let (epoch, ns) = self.local[i].as_mut().expect("selected a connected path");
             let epoch = *epoch;
+            // A queue failed before the call sends nothing (the call reports the failure).
+            let sent = !ns.queue_ref().is_failed();
             let err = match op(ns) {
                 Ok(v) => return Ok(v),
                 Err(e) => e,
@@ -1206,6 +1239,7 @@ impl MultipathNamespace {
             if failure == Failure::Other {
                 return Err(err);
             }
+            let give_back = !resend && sent && failure == Failure::Path;
             let mut g = shared.lock();
             if let Failure::Ana(state) = failure {
                 tracing::debug!(path = i, error = %err, "ANA status; trying another path");
@@ -1232,6 +1266,9 @@ impl MultipathNamespace {
                 g.stats.path_failovers += 1;
             }
             shared.cv.notify_all();
+            if give_back {
+                return Err(err);
+            }
             let start = *since.get_or_insert_with(Instant::now);
             let elapsed = start.elapsed();
             if elapsed >= self.no_path_wait(&g) {

@@ -481,7 +481,7 @@ impl<L: Link> Queue<L> {
         self.link.alloc_buf(len)
     }
 
-    fn failed_error(&self) -> Option<Error> {
+    pub(crate) fn failed_error(&self) -> Option<Error> {
         self.failed.as_ref().map(|c| Error::QueueFailed {
             qid: self.qid,
             cause: c.clone(),
@@ -894,6 +894,72 @@ impl<L: Link> Queue<L> {
             (Some(e), _) => Err(Error::from_cmd(what, e)),
             (None, Some(e)) => Err(e),
             (None, None) => Ok(last),
+        }
+    }
+
+    /// Run a fused pair (FUSE first, FUSE second: Compare and Write) whose data are pieces
+    /// `(offset, length)` of one borrowed buffer, and wait for both. The controller requires
+    /// the two to be adjacent in the submission queue and holds the first until the second
+    /// arrives, so they are posted back to back or not at all: two tags must be free (else
+    /// [`Error::QueueFull`], nothing sent) and both buffers ready before the first is posted,
+    /// and nothing else can be submitted on this queue meanwhile (the caller holds it). A
+    /// first posted without its second leaves the queue unusable: it is failed.
+    ///
+    /// Returns each command's own result, in the order given (their completions may come in
+    /// either order); `Err` only when nothing was sent or the queue failed before either
+    /// completed.
+    pub(crate) fn run_fused(
+        &mut self,
+        dir: Dir,
+        ext: &mut DataRef<'_>,
+        pair: [(Sqe, usize, u32); 2],
+    ) -> Result<[Result<u64, CmdError>; 2], Error> {
+        if let Some(e) = self.failed_error() {
+            return Err(e);
+        }
+        if self.free.len() < 2 {
+            return Err(Error::QueueFull);
+        }
+        let bufs = [
+            self.borrowed_buf(dir, ext, pair[0].1, pair[0].2)?,
+            self.borrowed_buf(dir, ext, pair[1].1, pair[1].2)?,
+        ];
+        for (i, ((sqe, _, len), buf)) in pair.into_iter().zip(bufs).enumerate() {
+            if let Err((e, _)) = self.start(sqe, dir, len, buf, i as u64, ext) {
+                if i == 0 {
+                    return Err(e);
+                }
+                // The first is posted and waits for its partner: fail the queue (completing
+                // the first with the failure) rather than post anything else after it.
+                self.fail(e);
+                break;
+            }
+        }
+        let mut res: [Option<Result<u64, CmdError>>; 2] = [None, None];
+        let mut window = SpinWindow::default();
+        loop {
+            let pumped = self.pump(ext, true);
+            while let Some(tag) = self.core.ext_done.pop() {
+                let s = self.release(tag);
+                let r = s.result.unwrap_or(Err(CmdError::QueueFailed));
+                if r.is_ok() {
+                    if let (Dir::FromCtrl, DataRef::Read(dst), SlotBuf::Staged(b, off)) =
+                        (s.dir, &mut *ext, &s.buf)
+                    {
+                        dst[*off..*off + b.len()].copy_from_slice(b);
+                        self.core.stats.memcpy_bytes += b.len() as u64;
+                    }
+                }
+                res[s.user_data as usize] = Some(r);
+            }
+            if let [Some(a), Some(b)] = res {
+                return Ok([a, b]);
+            }
+            // A failed queue completes everything it held (collected above), so both are in
+            // unless the second was never posted.
+            pumped?;
+            let spin = window.spin(self.spin);
+            let _ = self.wait(None, spin);
         }
     }
 

@@ -1291,4 +1291,85 @@ mod tests {
         assert_eq!(reap_all(&mut q).len(), 2);
         h.join().unwrap();
     }
+
+    fn fused_pair() -> [(Sqe, usize, u32); 2] {
+        let mut c = read_sqe(1);
+        c.opcode = nvme::opcode::io::COMPARE;
+        c.flags |= nvme::cmd::FUSE_FIRST;
+        let mut w = read_sqe(1);
+        w.opcode = nvme::opcode::io::WRITE;
+        w.flags |= nvme::cmd::FUSE_SECOND;
+        [(c, 0, 4096), (w, 4096, 4096)]
+    }
+
+    #[test]
+    fn fused_pair_goes_out_back_to_back_and_each_gets_its_own_status() {
+        let data = pattern(8192, 9);
+        let expect = data.clone();
+        let (addr, h) = peer(ic(4096), move |mut p| {
+            let (c, cd) = p.cmd();
+            let (w, wd) = p.cmd();
+            assert_eq!(c.opcode, nvme::opcode::io::COMPARE);
+            assert_eq!(w.opcode, nvme::opcode::io::WRITE);
+            // FUSE bits as given, PSDT set by the queue.
+            assert_eq!(c.flags, nvme::cmd::FUSE_FIRST | nvme::cmd::PSDT_SGL);
+            assert_eq!(w.flags, nvme::cmd::FUSE_SECOND | nvme::cmd::PSDT_SGL);
+            assert_eq!((&cd[..], &wd[..]), (&expect[..4096], &expect[4096..]));
+            // The Write's completion first, as a controller may send it.
+            p.resp(w.cid(), Status::FUSED_FAIL, 0);
+            p.resp(c.cid(), Status::COMPARE_FAILED, 0);
+            let (c, _) = p.cmd();
+            let (w, _) = p.cmd();
+            p.resp(c.cid(), Status::SUCCESS, 0);
+            p.resp(w.cid(), Status::SUCCESS, 7);
+            p.hold();
+        });
+        let mut q = IoQueue::open(&addr, &params(5000)).unwrap();
+        q.set_icd_max(4096);
+        let r = q
+            .run_fused(Dir::ToCtrl, &mut DataRef::Write(&data), fused_pair())
+            .unwrap();
+        assert_eq!(
+            r,
+            [
+                Err(CmdError::Status(Status::COMPARE_FAILED)),
+                Err(CmdError::Status(Status::FUSED_FAIL))
+            ]
+        );
+        let r = q
+            .run_fused(Dir::ToCtrl, &mut DataRef::Write(&data), fused_pair())
+            .unwrap();
+        assert_eq!(r, [Ok(0), Ok(7)]);
+        assert_eq!((q.in_flight(), q.free_slots()), (0, 8));
+        drop(q);
+        h.join().unwrap();
+    }
+
+    #[test]
+    fn fused_pair_needs_two_free_tags() {
+        let (addr, h) = peer(ic(4096), |mut p| {
+            let (s, _) = p.cmd();
+            p.resp(s.cid(), Status::SUCCESS, 0);
+            // Nothing else: the pair must not have been sent.
+            p.hold();
+        });
+        let mut q = IoQueue::open(
+            &addr,
+            &QueueParams {
+                depth: 2,
+                ..params(5000)
+            },
+        )
+        .unwrap();
+        q.submit(read_sqe(1), Data::None, 1).unwrap();
+        let data = vec![0u8; 8192];
+        let e = q
+            .run_fused(Dir::ToCtrl, &mut DataRef::Write(&data), fused_pair())
+            .unwrap_err();
+        assert!(matches!(e, Error::QueueFull), "{e:?}");
+        assert_eq!(reap_all(&mut q).len(), 1);
+        assert_eq!(q.stats().commands, 1);
+        drop(q);
+        h.join().unwrap();
+    }
 }

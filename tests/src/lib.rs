@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+pub mod caw;
 pub mod raw;
 
 /// The `nvmf-target` binary next to the test executable (same profile).
