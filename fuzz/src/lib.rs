@@ -242,7 +242,7 @@ pub fn run_core_cmd(
     now: std::time::Instant,
 ) -> (nvme::Cqe, Vec<u8>) {
     use nvmf_target::core::{Exec, Xfer};
-    let cmd = match q.parse(sqe, now) {
+    let mut cmd = match q.parse(sqe, now) {
         Ok(c) => c,
         Err(cqe) => return (cqe, Vec::new()),
     };
@@ -256,14 +256,14 @@ pub fn run_core_cmd(
         let n = buf.len().min(data.len());
         buf[..n].copy_from_slice(&data[..n]);
     }
-    match q.execute(&cmd, &mut buf, now) {
+    match q.execute(&mut cmd, &mut buf, now) {
         Exec::Done { cqe, data_len } => {
             assert!(data_len as usize <= buf.len());
             buf.truncate(data_len as usize);
             let to_host = matches!(cmd.xfer, Xfer::ToHost(_));
             (cqe, if to_host { buf } else { Vec::new() })
         }
-        Exec::Io(_) => (q.complete_io(&cmd, Ok(()), now), Vec::new()),
+        Exec::Io(_) => (q.complete_io(&mut cmd, Ok(()), now), Vec::new()),
         Exec::Deferred => panic!("setup command deferred"),
     }
 }

@@ -30,10 +30,10 @@ fn caps() -> TransportCaps {
 
 /// Run one command that completes at once; returns the CQE result.
 fn run(q: &mut Queue, sqe: Sqe, data: &[u8]) -> u64 {
-    let cmd = q.parse(&sqe, Instant::now()).expect("parsed");
+    let mut cmd = q.parse(&sqe, Instant::now()).expect("parsed");
     let mut buf = vec![0u8; 4096];
     buf[..data.len()].copy_from_slice(data);
-    match q.execute(&cmd, &mut buf, Instant::now()) {
+    match q.execute(&mut cmd, &mut buf, Instant::now()) {
         Exec::Done { cqe, .. } => {
             assert!(cqe.status().is_success(), "{cqe:?}");
             cqe.result.get()
@@ -103,12 +103,12 @@ fn no_heap_allocation_per_io_command_in_the_core() {
             Sgl::Transport { len: 8192 }
         }
         .encode();
-        let cmd = q.parse(&sqe, Instant::now()).expect("parsed");
-        match q.execute(&cmd, &mut buf, Instant::now()) {
+        let mut cmd = q.parse(&sqe, Instant::now()).expect("parsed");
+        match q.execute(&mut cmd, &mut buf, Instant::now()) {
             Exec::Io(_) => {}
             e => panic!("{e:?}"),
         }
-        let cqe = q.complete_io(&cmd, Ok(()), Instant::now());
+        let cqe = q.complete_io(&mut cmd, Ok(()), Instant::now());
         assert!(cqe.status().is_success());
     };
     // Warm-up: every namespace slot and start-time entry this pattern uses is claimed.

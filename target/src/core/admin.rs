@@ -217,6 +217,12 @@ impl Queue {
             | idc::ONCS_TIMESTAMP
             | idc::ONCS_RESERVATIONS)
             .into();
+        // Fused Compare and Write, atomic against every other write for any length one
+        // command may carry (ACWU, 0's based, in the smallest block size: 512 bytes).
+        id.fuses = idc::FUSES_COMPARE_AND_WRITE.into();
+        id.acwu = u16::try_from((self.max_xfer / 512).max(1) - 1)
+            .unwrap_or(u16::MAX)
+            .into();
         // Flush is honoured per namespace; a broadcast Flush (NSID FFFFFFFFh) is not.
         id.vwc = idc::VWC_PRESENT | idc::VWC_FLUSH_BROADCAST_UNSUPPORTED;
         id.ioccsz = ((64 + caps.in_capsule_data) / 16).into();

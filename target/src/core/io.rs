@@ -7,6 +7,7 @@
 //! that no data moves for a command that cannot succeed, and again in `execute` because the
 //! namespace table may have been replaced in between.
 
+use nvme::cmd::{FUSE_FIRST, FUSE_MASK, FUSE_SECOND};
 use nvme::log::ana_state;
 use nvme::opcode::io;
 use std::time::Instant;
@@ -258,11 +259,12 @@ impl Queue {
 
     pub(super) fn exec_io(
         &mut self,
-        cmd: &Cmd,
+        cmd: &mut Cmd,
         buf: &mut [u8],
         now: Instant,
     ) -> Result<Outcome, Reject> {
-        let sqe = &cmd.sqe;
+        let sqe = cmd.sqe;
+        let sqe = &sqe;
         let ns = self.namespace(sqe.nsid.get())?;
         let device = ns.device;
         match sqe.opcode {
@@ -286,24 +288,37 @@ impl Queue {
                 } else {
                     IoKind::Write
                 };
-                Ok(Outcome::Io(IoOp {
+                let op = IoOp {
                     device,
                     kind,
                     offset,
                     len,
-                }))
+                };
+                if sqe.opcode == io::WRITE {
+                    if sqe.flags & FUSE_MASK == FUSE_SECOND {
+                        return self.fused_execute(cmd, op);
+                    }
+                    if !self.enter_range(cmd, ns.nsid, offset, len as u64) {
+                        return Ok(Outcome::Deferred);
+                    }
+                }
+                Ok(Outcome::Io(op))
             }
             io::COMPARE => {
                 let (offset, len) = rw_extent(sqe, &ns)?;
                 if cmd.xfer != Xfer::FromHost(len) {
                     return Err(Reject::dnr(Status::SGL_INVALID_DATA, loc::DPTR));
                 }
-                Ok(Outcome::Io(IoOp {
+                let op = IoOp {
                     device,
                     kind: IoKind::Compare,
                     offset,
                     len,
-                }))
+                };
+                if sqe.flags & FUSE_MASK == FUSE_FIRST {
+                    return self.fused_execute(cmd, op);
+                }
+                Ok(Outcome::Io(op))
             }
             io::FLUSH => Ok(Outcome::Io(IoOp {
                 device,
@@ -313,6 +328,9 @@ impl Queue {
             })),
             io::WRITE_ZEROES => {
                 let (offset, len) = rw_extent(sqe, &ns)?;
+                if !self.enter_range(cmd, ns.nsid, offset, len as u64) {
+                    return Ok(Outcome::Deferred);
+                }
                 Ok(Outcome::Io(IoOp {
                     device,
                     kind: IoKind::WriteZeroes,
@@ -324,6 +342,11 @@ impl Queue {
                 if sqe.cdw11.get() & DSM_AD == 0 {
                     // Integral Read/Write hints only: nothing to do.
                     return Ok(Outcome::ok());
+                }
+                // Registered as wide (a list of ranges) before the list is rewritten, so a
+                // command deferred by a lock is executed again from the host's list.
+                if !self.enter_range(cmd, ns.nsid, 0, u64::MAX) {
+                    return Ok(Outcome::Deferred);
                 }
                 // The byte ranges replace the DSM ranges in the buffer, entry by entry (entry
                 // `n` is written only after DSM range `i >= n` was read), so nothing is

@@ -26,8 +26,10 @@ mod auth;
 mod controller;
 mod discovery;
 mod fabrics_cmd;
+mod fused;
 mod io;
 mod queue;
+mod rangelock;
 mod reservation;
 pub mod stats;
 mod subsystem;
@@ -371,12 +373,39 @@ pub enum Xfer {
 }
 
 /// A parsed command, kept in the transport's request slot until completion.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct Cmd {
     pub sqe: Sqe,
     pub xfer: Xfer,
     /// The data SGL; `None` when the command moves no data.
     pub sgl: Option<Sgl>,
+    /// The range-lock registration of an executing write (see `rangelock`), given back when
+    /// the core sees its completion ([`Queue::complete_io`] or [`Queue::abandon`]).
+    pub(crate) hold: rangelock::Held,
+}
+
+impl Cmd {
+    /// The placeholder a transport keeps for a command the core refused at parse.
+    pub fn refused(sqe: Sqe) -> Cmd {
+        Cmd {
+            sqe,
+            xfer: Xfer::None,
+            sgl: None,
+            hold: rangelock::Held::NONE,
+        }
+    }
+}
+
+/// A copy of the command without its range-lock registration (that stays with the original).
+impl Clone for Cmd {
+    fn clone(&self) -> Cmd {
+        Cmd {
+            sqe: self.sqe,
+            xfer: self.xfer,
+            sgl: self.sgl,
+            hold: rangelock::Held::NONE,
+        }
+    }
 }
 
 /// A backend operation. Offsets and lengths are bytes, already range-checked.
@@ -441,15 +470,21 @@ pub enum Exec {
     Done { cqe: Cqe, data_len: u32 },
     /// Run this on the backend with the slot buffer, then call [`Queue::complete_io`].
     Io(IoOp),
-    /// Completes later (Asynchronous Event Request); see [`Queue::poll_event`].
+    /// Completes later (an Asynchronous Event Request; a write waiting for a range lock; a
+    /// fused command waiting for its partner): the slot keeps its buffer, and the queue's
+    /// events say what becomes of it ([`QueueEvent::Complete`] or [`QueueEvent::Resume`]).
     Deferred,
 }
 
 /// Something the queue wants the transport to do outside a command's own flow.
 #[derive(Debug)]
 pub enum QueueEvent {
-    /// Send this CQE (a completed AER).
+    /// Send this CQE (a completed AER, a deferred command that failed): the slot of the
+    /// deferred command with this CID completes without data.
     Complete(Cqe),
+    /// Execute the deferred command with this CID again ([`Queue::execute`] with its slot's
+    /// buffer) and carry out what that returns.
+    Resume(u16),
     /// Tear the connection down (keep-alive expiry, controller reset/fatal, shutdown).
     Disconnect(&'static str),
 }
@@ -478,6 +513,10 @@ pub struct Queue {
     auth: auth::QueueAuth,
     /// A Reservation Acquire (Preempt and Abort) waiting for the preempted hosts' writes.
     fence: Option<queue::Fence>,
+    /// Fused Compare and Write pairs in progress on this queue.
+    fused: fused::Fused,
+    /// Writes deferred because a range lock was in the way: (CID, NSID, byte offset, length).
+    blocked: Vec<(u16, u32, u64, u64)>,
     /// A Disconnect event was handed out already.
     teardown_sent: bool,
     /// Identify MDTS and the transfer limit it states.
@@ -554,13 +593,19 @@ impl Queue {
     pub fn parse(&mut self, sqe: &Sqe, now: Instant) -> Result<Cmd, Cqe> {
         self.parse_cmd(sqe, now)
     }
-    /// Execute a parsed command whose host data (if any) is in `buf`.
-    pub fn execute(&mut self, cmd: &Cmd, buf: &mut [u8], now: Instant) -> Exec {
+    /// Execute a parsed command whose host data (if any) is in `buf`; again, with the same
+    /// buffer, when [`QueueEvent::Resume`] names a deferred command.
+    pub fn execute(&mut self, cmd: &mut Cmd, buf: &mut [u8], now: Instant) -> Exec {
         self.execute_cmd(cmd, buf, now)
     }
     /// Completion of a backend op: `Ok(())` or the errno it failed with, at `now`.
-    pub fn complete_io(&mut self, cmd: &Cmd, res: Result<(), i32>, now: Instant) -> Cqe {
+    pub fn complete_io(&mut self, cmd: &mut Cmd, res: Result<(), i32>, now: Instant) -> Cqe {
         self.complete_io_cmd(cmd, res, now)
+    }
+    /// A backend op completed on a connection that is closing (no CQE will be sent): what the
+    /// command held (a range-lock registration) is given back.
+    pub fn abandon(&mut self, cmd: &mut Cmd) {
+        self.leave_range(cmd)
     }
     /// Completion with a transport-detected status (e.g. a data transfer error), at `now`.
     pub fn complete_status(&mut self, cmd: &Cmd, status: Status, now: Instant) -> Cqe {

@@ -7,7 +7,6 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use nvme::cmd::FUSE_MASK;
 use nvme::log::trtype;
 use nvme::opcode::{fctype, io};
 use nvme::sgl::Sgl;
@@ -267,6 +266,8 @@ impl Queue {
             counters: Arc::new(Counters::default()),
             ns_cache: None,
             fence: None,
+            fused: Default::default(),
+            blocked: Vec::new(),
             events: VecDeque::new(),
             teardown_sent: false,
             mdts,
@@ -390,8 +391,10 @@ impl Queue {
                 sqe: *sqe,
                 xfer: p.xfer,
                 sgl,
+                hold: super::rangelock::Held::NONE,
             })
         });
+        self.fused_parsed(sqe, parsed.is_ok(), now);
         match parsed {
             Ok(cmd) => {
                 // Parse never changes the link of a command this clock applies to (Connect is a
@@ -429,7 +432,7 @@ impl Queue {
     }
 
     /// A parsed I/O command completed with `status`: per-namespace statistics.
-    fn io_done(&self, cmd: &Cmd, status: Status, now: Instant) {
+    pub(super) fn io_done(&self, cmd: &Cmd, status: Status, now: Instant) {
         let Some(t) = self.io_clock(&cmd.sqe, now) else {
             return;
         };
@@ -456,10 +459,12 @@ impl Queue {
     }
 
     fn parse_inner(&mut self, sqe: &Sqe) -> Result<Parsed, Reject> {
-        // nvmet_req_init: no fused commands, and PSDT must say "SGL, MPTR is a buffer".
-        if sqe.flags & FUSE_MASK != 0 || !sqe.uses_sgl() {
+        // PSDT must say "SGL, MPTR is a buffer" (nvmet_req_init); FUSE: only Compare and
+        // Write (fused.rs).
+        if !sqe.uses_sgl() {
             return Err(Reject::dnr(Status::INVALID_FIELD, loc::FLAGS));
         }
+        self.check_fuse(sqe)?;
         match &self.link {
             Link::Unconnected => self.parse_unconnected(sqe),
             Link::Closed => Err(Reject::new(Status::ABORT_QUEUE, loc::NONE)),
@@ -548,7 +553,7 @@ impl Queue {
 
     // ---- execute -----------------------------------------------------------------------
 
-    pub(super) fn execute_cmd(&mut self, cmd: &Cmd, buf: &mut [u8], now: Instant) -> Exec {
+    pub(super) fn execute_cmd(&mut self, cmd: &mut Cmd, buf: &mut [u8], now: Instant) -> Exec {
         let need = match cmd.xfer {
             Xfer::None => 0,
             Xfer::FromHost(n) | Xfer::ToHost(n) => n as usize,
@@ -563,6 +568,10 @@ impl Queue {
         } else {
             self.execute_inner(cmd, &mut buf[..need], now)
         };
+        if !matches!(out, Ok(Outcome::Io(_))) {
+            // A range registration is held only while the backend runs the write.
+            self.leave_range(cmd);
+        }
         match out {
             Ok(Outcome::Done { result, data_len }) => {
                 self.io_done(cmd, Status::SUCCESS, now);
@@ -585,7 +594,7 @@ impl Queue {
 
     fn execute_inner(
         &mut self,
-        cmd: &Cmd,
+        cmd: &mut Cmd,
         buf: &mut [u8],
         now: Instant,
     ) -> Result<Outcome, Reject> {
@@ -669,7 +678,16 @@ impl Queue {
         self.cqe(sqe.cid(), r.status, r.result)
     }
 
-    pub(super) fn complete_io_cmd(&mut self, cmd: &Cmd, res: Result<(), i32>, now: Instant) -> Cqe {
+    pub(super) fn complete_io_cmd(
+        &mut self,
+        cmd: &mut Cmd,
+        res: Result<(), i32>,
+        now: Instant,
+    ) -> Cqe {
+        self.leave_range(cmd);
+        if cmd.sqe.flags & nvme::cmd::FUSE_MASK != 0 {
+            self.fused_completed(cmd, res.is_ok(), now);
+        }
         let sqe = &cmd.sqe;
         match res {
             Ok(()) => {
@@ -696,6 +714,7 @@ impl Queue {
     }
 
     pub(super) fn complete_with_status(&mut self, cmd: &Cmd, status: Status, now: Instant) -> Cqe {
+        self.fused_failed(cmd, now);
         self.io_done(cmd, status, now);
         if status.is_success() {
             self.cqe(cmd.sqe.cid(), status, 0)
@@ -734,6 +753,12 @@ impl Queue {
         if let Some(ev) = self.events.pop_front() {
             return Some(ev);
         }
+        if matches!(self.link, Link::Io { .. }) && !self.teardown_sent {
+            self.fused_poll();
+            if let Some(ev) = self.events.pop_front() {
+                return Some(ev);
+            }
+        }
         match &self.link {
             Link::Admin(ctrl) => {
                 // Polled on every loop: borrow, do not clone (the refcount shares a cache
@@ -753,10 +778,8 @@ impl Queue {
                     self.events.push_back(QueueEvent::Complete(c));
                 }
             }
+            Link::Io { .. } if self.teardown_sent => return None,
             Link::Io { ctrl, epoch } => {
-                if self.teardown_sent {
-                    return None;
-                }
                 if let Some(f) = &self.fence {
                     if f.done() {
                         let f = self.fence.take().expect("checked just above");
@@ -799,6 +822,7 @@ impl Queue {
                 "the host closed the queue without authenticating (it must authenticate: has it a key?)");
         }
         self.auth = super::auth::QueueAuth::TornDown;
+        self.fused_release();
         match std::mem::replace(&mut self.link, Link::Closed) {
             Link::Admin(ctrl) => {
                 ctrl.set_admin_waker(None);

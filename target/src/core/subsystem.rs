@@ -10,6 +10,7 @@ use nvme::DISCOVERY_NQN;
 
 use super::controller::Controller;
 use super::controller::Gone;
+use super::rangelock::RangeLocks;
 use super::reservation::{NsReservation, ResvStore};
 use super::stats::{ControllerMetrics, IoTotals, NsTotals, SubsystemMetrics};
 use super::{
@@ -24,6 +25,10 @@ pub(crate) struct NsTable {
     /// Each namespace's reservations; a namespace that a reconfiguration keeps (same NSID,
     /// same backing store and geometry) keeps its reservation state.
     resv: BTreeMap<u32, Arc<NsReservation>>,
+    /// Each NSID's range locks (fused Compare and Write). Every table of a subsystem carries
+    /// the locks of every NSID it ever had, whatever the reconfigurations did, so a write
+    /// registered under one table is released under any later one.
+    locks: BTreeMap<u32, Arc<RangeLocks>>,
 }
 
 impl NsTable {
@@ -38,6 +43,7 @@ impl NsTable {
     ) -> NsTable {
         let mut by_nsid = BTreeMap::new();
         let mut resv = BTreeMap::new();
+        let mut locks = old.map(|o| o.locks.clone()).unwrap_or_default();
         for n in specs {
             if n.nsid == 0 || n.nsid == u32::MAX {
                 tracing::warn!(nsid = n.nsid, "ignoring a namespace with a reserved NSID");
@@ -49,9 +55,14 @@ impl NsTable {
             let r =
                 kept.unwrap_or_else(|| Arc::new(NsReservation::with_store(store, subnqn, n.nsid)));
             resv.insert(n.nsid, r);
+            locks.entry(n.nsid).or_default();
             by_nsid.insert(n.nsid, n);
         }
-        NsTable { by_nsid, resv }
+        NsTable {
+            by_nsid,
+            resv,
+            locks,
+        }
     }
 
     pub fn get(&self, nsid: u32) -> Option<&NamespaceSpec> {
@@ -61,6 +72,11 @@ impl NsTable {
     /// The namespace's reservation state.
     pub fn reservation(&self, nsid: u32) -> Option<&NsReservation> {
         self.resv.get(&nsid).map(|r| &**r)
+    }
+    /// The namespace's range locks (also for an NSID this table no longer has, if an earlier
+    /// table of the subsystem had it).
+    pub fn locks(&self, nsid: u32) -> Option<&Arc<RangeLocks>> {
+        self.locks.get(&nsid)
     }
     /// Highest NSID in use (Identify Controller NN).
     pub fn max_nsid(&self) -> u32 {

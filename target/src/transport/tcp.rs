@@ -47,7 +47,8 @@ pub enum SlotState {
     RecvH2C,
     /// A backend operation is in flight.
     Executing,
-    /// Asynchronous Event Request parked in the core.
+    /// Parked in the core (an Asynchronous Event Request, a write waiting for a range lock,
+    /// a fused command waiting for its partner), with its buffer.
     Deferred,
     /// Response queued on the socket; freed when sent.
     Sending,
@@ -490,11 +491,7 @@ impl Conn {
         let cmd = match self.queue.parse(&sqe, now) {
             Ok(cmd) => cmd,
             Err(cqe) => {
-                self.slots[s].cmd = Some(Cmd {
-                    sqe,
-                    xfer: Xfer::None,
-                    sgl: None,
-                });
+                self.slots[s].cmd = Some(Cmd::refused(sqe));
                 self.fail_early(slot, cqe.status(), data_len, Some(cqe), now);
                 return Ok(());
             }
@@ -707,10 +704,10 @@ impl Conn {
 
     fn execute(&mut self, slot: u16, store: &mut dyn Store, now: Instant) {
         let s = slot as usize;
-        let cmd = self.slots[s].cmd.take().expect("slot has a command");
+        let mut cmd = self.slots[s].cmd.take().expect("slot has a command");
         let ex = match self.slots[s].buf {
-            Some(b) => self.queue.execute(&cmd, store.buf(b), now),
-            None => self.queue.execute(&cmd, &mut [], now),
+            Some(b) => self.queue.execute(&mut cmd, store.buf(b), now),
+            None => self.queue.execute(&mut cmd, &mut [], now),
         };
         self.slots[s].cmd = Some(cmd);
         match ex {
@@ -721,12 +718,8 @@ impl Conn {
                 let ud = ReqRef::tcp(self.conn_key, u32::from(slot)).user_data();
                 store.submit(&op, self.slots[s].buf, ud);
             }
-            Exec::Deferred => {
-                self.set(s as u16, SlotState::Deferred);
-                if let Some(b) = self.slots[s].buf.take() {
-                    store.free_buf(b);
-                }
-            }
+            // The slot keeps its buffer: the command may be resumed with its data.
+            Exec::Deferred => self.set(s as u16, SlotState::Deferred),
         }
     }
 
@@ -740,12 +733,15 @@ impl Conn {
     ) {
         self.inflight -= 1;
         if self.phase == Phase::Closing {
+            if let Some(cmd) = self.slots[slot as usize].cmd.as_mut() {
+                self.queue.abandon(cmd);
+            }
             self.release_slot(slot, store);
             return;
         }
         let cmd = self.slots[slot as usize]
             .cmd
-            .as_ref()
+            .as_mut()
             .expect("executing slot has a command");
         let cqe = self.queue.complete_io(cmd, res.map(|_| ()), now);
         let data_len = match cmd.xfer {
@@ -873,18 +869,18 @@ impl Conn {
         }
         while let Some(ev) = self.queue.poll_event() {
             match ev {
-                QueueEvent::Complete(cqe) => {
-                    let slot = self.slots.iter().position(|s| {
-                        s.state == SlotState::Deferred
-                            && s.cmd.as_ref().is_some_and(|c| c.sqe.cid() == cqe.cid())
-                    });
-                    match slot {
-                        Some(slot) => self.send_cqe_only(slot as u16, cqe),
-                        None => {
-                            warn!(peer = %self.peer, cid = cqe.cid(), "event for an unknown deferred command")
-                        }
+                QueueEvent::Complete(cqe) => match self.deferred_slot(cqe.cid()) {
+                    Some(slot) => self.send_cqe_only(slot, cqe),
+                    None => {
+                        warn!(peer = %self.peer, cid = cqe.cid(), "event for an unknown deferred command")
                     }
-                }
+                },
+                QueueEvent::Resume(cid) => match self.deferred_slot(cid) {
+                    Some(slot) => self.execute(slot, store, now),
+                    None => {
+                        warn!(peer = %self.peer, cid, "resume of an unknown deferred command")
+                    }
+                },
                 QueueEvent::Disconnect(reason) => {
                     info!(peer = %self.peer, qid = ?self.queue.qid(), reason, "disconnecting queue");
                     self.flush(store);
@@ -893,6 +889,14 @@ impl Conn {
                 }
             }
         }
+    }
+
+    /// The deferred command with this CID.
+    fn deferred_slot(&self, cid: u16) -> Option<u16> {
+        let slot = self.slots.iter().position(|s| {
+            s.state == SlotState::Deferred && s.cmd.as_ref().is_some_and(|c| c.sqe.cid() == cid)
+        });
+        slot.map(|s| s as u16)
     }
 
     /// A fatal protocol error: C2HTermReq (NVMe/TCP 1.0, 3.6.2.9), then close.

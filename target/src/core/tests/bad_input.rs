@@ -643,8 +643,8 @@ fn errno_mapping() {
     ];
     for (errno, status) in cases {
         match q.rw(io::READ, 1, 3, 1, 12) {
-            Reply::Io(_, cmd) => {
-                let c = q.q.complete_io(&cmd, Err(errno), q.now);
+            Reply::Io(_, mut cmd) => {
+                let c = q.q.complete_io(&mut cmd, Err(errno), q.now);
                 assert_eq!(c.status(), status, "errno {errno}");
                 assert_eq!(c.cid(), cmd.sqe.cid());
             }

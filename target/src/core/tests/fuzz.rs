@@ -9,7 +9,7 @@ use super::*;
 /// Feed `sqe` through parse/execute/complete like a transport would; returns every CQE the
 /// command produced (none while it is held).
 fn drive(h: &mut Host, sqe: Sqe, payload_byte: u8) -> Vec<Cqe> {
-    let cmd = match h.q.parse(&sqe, h.now) {
+    let mut cmd = match h.q.parse(&sqe, h.now) {
         Err(c) => return vec![c],
         Ok(cmd) => cmd,
     };
@@ -27,7 +27,7 @@ fn drive(h: &mut Host, sqe: Sqe, payload_byte: u8) -> Vec<Cqe> {
         assert_eq!(len, 0);
     }
     let mut buf = vec![payload_byte; len];
-    match h.q.execute(&cmd, &mut buf, h.now) {
+    match h.q.execute(&mut cmd, &mut buf, h.now) {
         Exec::Done { cqe, data_len } => {
             assert!(data_len as usize <= len);
             vec![cqe]
@@ -41,7 +41,7 @@ fn drive(h: &mut Host, sqe: Sqe, payload_byte: u8) -> Vec<Cqe> {
             } else {
                 Err(-(payload_byte as i32))
             };
-            vec![h.q.complete_io(&cmd, res, h.now)]
+            vec![h.q.complete_io(&mut cmd, res, h.now)]
         }
         Exec::Deferred => Vec::new(),
     }
@@ -127,9 +127,9 @@ proptest! {
         let sqe = Sqe::decode(&raw).unwrap();
         match h.q.parse(&sqe, h.now) {
             Err(c) => prop_assert_eq!(c.cid(), sqe.cid()),
-            Ok(cmd) => {
+            Ok(mut cmd) => {
                 let mut buf = data.clone();
-                if let Exec::Done { cqe, .. } = h.q.execute(&cmd, &mut buf, h.now) {
+                if let Exec::Done { cqe, .. } = h.q.execute(&mut cmd, &mut buf, h.now) {
                     prop_assert_eq!(cqe.cid(), sqe.cid());
                 }
             }

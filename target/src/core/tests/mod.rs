@@ -5,6 +5,7 @@ mod auth;
 mod bad_input;
 mod bringup;
 mod discovery;
+mod fused;
 mod fuzz;
 mod lifecycle;
 mod metrics;
@@ -218,7 +219,7 @@ impl Host {
 
     /// Parse and execute `sqe` with `data` as the host's payload.
     pub fn submit(&mut self, sqe: Sqe, data: &[u8]) -> Reply {
-        let cmd = match self.q.parse(&sqe, self.now) {
+        let mut cmd = match self.q.parse(&sqe, self.now) {
             Err(c) => return Reply::Rejected(c),
             Ok(cmd) => cmd,
         };
@@ -230,7 +231,7 @@ impl Host {
         if let Xfer::FromHost(_) = cmd.xfer {
             buf[..data.len().min(len)].copy_from_slice(&data[..data.len().min(len)]);
         }
-        match self.q.execute(&cmd, &mut buf, self.now) {
+        match self.q.execute(&mut cmd, &mut buf, self.now) {
             Exec::Done { cqe, data_len } => {
                 assert_eq!(cqe.cid(), sqe.cid(), "cid echoed");
                 if let Xfer::ToHost(n) = cmd.xfer {
@@ -251,7 +252,7 @@ impl Host {
     /// Run a backend op "successfully" and complete it.
     pub fn finish_io(&mut self, r: Reply) -> Cqe {
         match r {
-            Reply::Io(_, cmd) => self.q.complete_io(&cmd, Ok(()), self.now),
+            Reply::Io(_, mut cmd) => self.q.complete_io(&mut cmd, Ok(()), self.now),
             r => panic!("expected an I/O, got {r:?}"),
         }
     }

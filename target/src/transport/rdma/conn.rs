@@ -653,11 +653,7 @@ impl Conn {
             Ok(cmd) => cmd,
             Err(cqe) => {
                 let r = &mut self.slots[slot as usize];
-                r.cmd = Some(Cmd {
-                    sqe,
-                    xfer: Xfer::None,
-                    sgl: None,
-                });
+                r.cmd = Some(Cmd::refused(sqe));
                 r.cqe = Some(cqe);
                 r.data_len = 0;
                 self.set(slot, ReqState::ReadyToComplete);
@@ -929,10 +925,10 @@ impl Conn {
 
     fn execute(&mut self, slot: u32, env: &mut Env<'_>) {
         let s = slot as usize;
-        let cmd = self.slots[s].cmd.take().expect("request has its command");
+        let mut cmd = self.slots[s].cmd.take().expect("request has its command");
         let ex = match self.slots[s].buf {
-            Some(b) => self.queue.execute(&cmd, env.store.buf(b), env.now),
-            None => self.queue.execute(&cmd, &mut [], env.now),
+            Some(b) => self.queue.execute(&mut cmd, env.store.buf(b), env.now),
+            None => self.queue.execute(&mut cmd, &mut [], env.now),
         };
         self.slots[s].cmd = Some(cmd);
         match ex {
@@ -948,12 +944,8 @@ impl Conn {
                 let ud = ReqRef::rdma(self.key, slot).user_data();
                 env.store.submit(&op, self.slots[s].buf, ud);
             }
-            Exec::Deferred => {
-                if let Some(b) = self.slots[s].buf.take() {
-                    env.store.free_buf(b);
-                }
-                self.set(slot, ReqState::Deferred);
-            }
+            // The request keeps its buffer: the command may be resumed with its data.
+            Exec::Deferred => self.set(slot, ReqState::Deferred),
         }
     }
 
@@ -965,11 +957,14 @@ impl Conn {
         }
         self.io_inflight -= 1;
         if self.is_closing() {
+            if let Some(cmd) = self.slots[slot as usize].cmd.as_mut() {
+                self.queue.abandon(cmd);
+            }
             self.release(slot, env);
             return;
         }
         let r = &mut self.slots[slot as usize];
-        let cmd = r.cmd.as_ref().expect("executing request has its command");
+        let cmd = r.cmd.as_mut().expect("executing request has its command");
         let cqe = self.queue.complete_io(cmd, res.map(|_| ()), env.now);
         r.data_len = match cmd.xfer {
             Xfer::ToHost(len) if cqe.status().is_success() => len,
@@ -1241,6 +1236,14 @@ impl Conn {
         }
     }
 
+    /// The deferred command with this CID.
+    fn deferred_slot(&self, cid: u16) -> Option<u32> {
+        (0..self.slots.len() as u32).find(|&i| {
+            let r = &self.slots[i as usize];
+            r.state() == ReqState::Deferred && r.cmd.as_ref().is_some_and(|c| c.sqe.cid() == cid)
+        })
+    }
+
     /// Keep-alive and other timers, core events (AER completions, teardown requests), and the
     /// drain deadline of a closing connection.
     pub fn tick(&mut self, env: &mut Env<'_>) {
@@ -1251,26 +1254,28 @@ impl Conn {
                 }
                 while let Some(ev) = self.queue.poll_event() {
                     match ev {
-                        QueueEvent::Complete(cqe) => {
-                            let slot = (0..self.slots.len() as u32).find(|&i| {
-                                let r = &self.slots[i as usize];
-                                r.state() == ReqState::Deferred
-                                    && r.cmd.as_ref().is_some_and(|c| c.sqe.cid() == cqe.cid())
-                            });
-                            match slot {
-                                Some(slot) => {
-                                    let r = &mut self.slots[slot as usize];
-                                    r.cqe = Some(cqe);
-                                    r.data_len = 0;
-                                    self.set(slot, ReqState::ReadyToComplete);
-                                    self.advance(slot, env);
-                                }
-                                None => {
-                                    warn!(peer = %self.peer, cid = cqe.cid(),
-                                        "event for an unknown deferred command")
-                                }
+                        QueueEvent::Complete(cqe) => match self.deferred_slot(cqe.cid()) {
+                            Some(slot) => {
+                                let r = &mut self.slots[slot as usize];
+                                r.cqe = Some(cqe);
+                                r.data_len = 0;
+                                self.set(slot, ReqState::ReadyToComplete);
+                                self.advance(slot, env);
                             }
-                        }
+                            None => {
+                                warn!(peer = %self.peer, cid = cqe.cid(),
+                                        "event for an unknown deferred command")
+                            }
+                        },
+                        QueueEvent::Resume(cid) => match self.deferred_slot(cid) {
+                            Some(slot) => {
+                                self.set(slot, ReqState::ReadyToExecute);
+                                self.advance(slot, env);
+                            }
+                            None => {
+                                warn!(peer = %self.peer, cid, "resume of an unknown deferred command")
+                            }
+                        },
                         QueueEvent::Disconnect(reason) => {
                             self.close(reason, env);
                             return;

@@ -10,7 +10,9 @@
 //!   │        ┌───────────┼──────────────┐
 //!   │        ▼           ▼              ▼
 //!   │    Executing    Deferred    ReadyToComplete ◄── backend done / AER event / parse error
-//!   │   (io_uring)     (AER)            │ SQ room
+//!   │   (io_uring)  (AER, lock,         │ SQ room
+//!   │               fused; Resume:
+//!   │               ReadyToExecute)     │
 //!   │        └──────────────────────────┤
 //!   │                         ┌─────────┴──────────┐
 //!   │                         ▼                    ▼
@@ -44,7 +46,9 @@ pub enum ReqState {
     ReadyToExecute,
     /// A backend (io_uring) operation runs on the buffer.
     Executing,
-    /// An Asynchronous Event Request parked in the core until an event completes it.
+    /// Parked in the core with its buffer (an Asynchronous Event Request; a write waiting
+    /// for a range lock; a fused command waiting for its partner) until an event completes
+    /// it or resumes it (back to `ReadyToExecute`).
     Deferred,
     /// The response is built; waits for send-queue room.
     ReadyToComplete,
