@@ -118,6 +118,11 @@ pub struct RaceReport {
     pub conflicts: u64,
     /// Compare and Writes sent (wins and conflicts).
     pub caws: u64,
+    /// Reads sent.
+    pub reads: u64,
+    /// Time the hosts spent waiting for Compare and Writes, and for reads (all hosts).
+    pub caw_time: Duration,
+    pub read_time: Duration,
     /// Reads that found a torn block.
     pub torn: u64,
     pub elapsed: Duration,
@@ -149,13 +154,17 @@ impl RaceReport {
         )
     }
 
-    /// `caw elapsed=1.234s caws=N caw/s=R`.
+    /// `caw elapsed=1.234s caws=N caw/s=R caw_lat=U us reads=N read_lat=U us`.
     pub fn timing(&self) -> String {
+        let avg = |t: Duration, n: u64| t.as_secs_f64() * 1e6 / n.max(1) as f64;
         format!(
-            "caw elapsed={:.3}s caws={} caw/s={:.0}",
+            "caw elapsed={:.3}s caws={} caw/s={:.0} caw_lat={:.0}us reads={} read_lat={:.0}us",
             self.elapsed.as_secs_f64(),
             self.caws,
-            self.caw_per_sec()
+            self.caw_per_sec(),
+            avg(self.caw_time, self.caws),
+            self.reads,
+            avg(self.read_time, self.reads)
         )
     }
 }
@@ -167,6 +176,9 @@ struct HostRun {
     won: Vec<u64>,
     conflicts: u64,
     caws: u64,
+    reads: u64,
+    caw_time: Duration,
+    read_time: Duration,
     torn: u64,
     /// Every (round, winner) read, once per change.
     seen: Vec<(u64, u64)>,
@@ -195,7 +207,11 @@ fn host_loop(me: usize, ns: &mut Namespace, o: &RaceOptions, start: &Barrier) ->
     let mut last: Option<Last> = None;
     start.wait();
     loop {
-        if let Err(e) = ns.read_at(&mut cur, off) {
+        let t = Instant::now();
+        let read = ns.read_at(&mut cur, off);
+        run.read_time += t.elapsed();
+        run.reads += 1;
+        if let Err(e) = read {
             run.failures.push(format!("host {me}: read: {e}"));
             return run;
         }
@@ -238,7 +254,10 @@ fn host_loop(me: usize, ns: &mut Namespace, o: &RaceOptions, start: &Barrier) ->
         }
         stamp(&mut next, r + 1, me_b);
         run.caws += 1;
-        match ns.compare_and_write(&cur, &next, off) {
+        let t = Instant::now();
+        let caw = ns.compare_and_write(&cur, &next, off);
+        run.caw_time += t.elapsed();
+        match caw {
             Ok(true) => {
                 run.won.push(r + 1);
                 last = Some(Last::Won(r + 1));
@@ -332,6 +351,9 @@ pub fn race(base: &ConnectOptions, o: &RaceOptions) -> Result<RaceReport, String
         rep.wins.push(run.won.len() as u64);
         rep.conflicts += run.conflicts;
         rep.caws += run.caws;
+        rep.reads += run.reads;
+        rep.caw_time += run.caw_time;
+        rep.read_time += run.read_time;
         rep.torn += run.torn;
         rep.failures.extend(run.failures.iter().cloned());
         for &r in &run.won {

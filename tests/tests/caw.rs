@@ -14,6 +14,7 @@ use nvmf_tests::{TargetProc, TEST_NQN};
 fn options(t: &TargetProc) -> ConnectOptions {
     let mut o = ConnectOptions::tcp("127.0.0.1", t.addr.port(), TEST_NQN);
     o.timeout = Duration::from_secs(10);
+    o.poll_spin = Duration::ZERO;
     o
 }
 
@@ -93,6 +94,18 @@ fn compare_and_write_one_host() {
 
     ns.read_at(&mut back, off).unwrap();
     assert_eq!(&back[..bs], &other[..bs]);
+
+    // The largest pair (one command's transfer, beyond the in-capsule data: both halves go
+    // by R2T), straddling a 1 MiB boundary.
+    let max = c.info().max_transfer as usize;
+    let boff = (1 << 20) - 2 * bs as u64;
+    let (bold, bnew) = (fill(max, 6), fill(max, 7));
+    ns.write_at(&bold, boff).unwrap();
+    assert!(!ns.compare_and_write(&bnew, &bold, boff).unwrap());
+    assert!(ns.compare_and_write(&bold, &bnew, boff).unwrap());
+    let mut bback = vec![0u8; max];
+    ns.read_at(&mut bback, boff).unwrap();
+    assert!(bback == bnew, "the large pair's data did not land");
     drop(ns);
     c.shutdown().unwrap();
 }
