@@ -558,6 +558,23 @@ run_iocheck() {
   return 1
 }
 
+# run_cawrace TRTYPE ADDR NQN: two hosts (two connections, host NQNs and IDs) race fused Compare
+# and Write on block 0 (tests/examples/caw_race.rs) for NVMF_VM_CAW_ROUNDS rounds (default 2000):
+# every round has exactly one winner and no read is torn. The summary line goes to the log.
+run_cawrace() {
+  local tr=$1 addr=$2 nqn=$3 b=$NVMF_CAWRACE_BIN rounds=${NVMF_VM_CAW_ROUNDS:-2000}
+  [ -n "$b" ] && [ -x "$b" ] || { REASON="caw_race not available: ${NVMF_CAWRACE_NOTE:-NVMF_CAWRACE_BIN unset}"; return 1; }
+  if step "caw_race $tr $addr:$PORT 2 hosts, $rounds rounds" timeout "${NVMF_VM_BENCH_TIMEOUT:-480}" \
+      "$b" --transport "$tr" --traddr "$addr" --trsvcid "$PORT" --subnqn "$nqn" --hosts 2 \
+      --rounds "$rounds" --timeout 60; then
+    cp "$WORK/step.out" "$OUT/caw_race-$tr.txt"
+    grep -E '^caw ' "$WORK/step.out"
+    return 0
+  fi
+  cp "$WORK/step.out" "$OUT/caw_race-$tr.txt"
+  return 1
+}
+
 bench_vs_kernel_target() { # LABEL TRTYPE ADDR
   local label=$1 tr=$2 addr=$3 dev rc
   teardown
@@ -587,6 +604,7 @@ bench_vs_our_target() { # LABEL TRTYPE ADDR
   [ $rc = 3 ] && { skip "$label" "$REASON"; return; }
   [ $rc = 0 ] || { fail "$label" "$REASON"; return; }
   run_iocheck "$tr" "$addr" "$OUR_NQN" || { fail "$label" "$REASON"; return; }
+  run_cawrace "$tr" "$addr" "$OUR_NQN" || { fail "$label" "$REASON"; return; }
   stop_our_target || { fail "$label" "$REASON"; return; }
   check_target_log || { fail "$label" "$REASON"; return; }
   pass "$label"

@@ -159,7 +159,8 @@ if [ $need_build = 1 ]; then
   # package:binary[:example[:features]]
   for pkg_bin in nvmf-target:nvmf-target nvmf-bench:nvmf-bench nvmf-tests:io_check:example \
       nvmf-tests:reconnect_check:example nvmf-tests:rdma_bad_input:example:raw \
-      nvmf-tests:auth_kat:example nvmf-tests:multipath_check:example; do
+      nvmf-tests:auth_kat:example nvmf-tests:multipath_check:example \
+      nvmf-tests:caw_race:example; do
     IFS=: read -r pkg bin kind feat <<<"$pkg_bin"
     sel=() path=$TDIR/release/$bin
     [ "$kind" = example ] && sel=(--example "$bin") path=$TDIR/release/examples/$bin
@@ -231,6 +232,7 @@ envs=(
   NVMF_BADINPUT_BIN="${BIN[rdma_bad_input]:-}" NVMF_BADINPUT_NOTE="${NOTE[rdma_bad_input]:-}"
   NVMF_AUTHKAT_BIN="${BIN[auth_kat]:-}" NVMF_AUTHKAT_NOTE="${NOTE[auth_kat]:-}"
   NVMF_MPCHECK_BIN="${BIN[multipath_check]:-}" NVMF_MPCHECK_NOTE="${NOTE[multipath_check]:-}"
+  NVMF_CAWRACE_BIN="${BIN[caw_race]:-}" NVMF_CAWRACE_NOTE="${NOTE[caw_race]:-}"
   NVMF_TEST_BREAK="${NVMF_TEST_BREAK:-}" RUST_LOG="${RUST_LOG:-info}" RUST_BACKTRACE=1
 )
 for v in $(compgen -e | grep '^NVMF_VM_' || true); do envs+=("$v=${!v}"); done
