@@ -58,8 +58,9 @@ pub enum Error {
         step: &'static str,
         detail: String,
     },
-    /// The requested transport is not available in this build.
-    #[error("transport not supported: {0}")]
+    /// Something this build or this controller does not offer (a command the controller does
+    /// not report in ONCS/FUSES, secure channel concatenation).
+    #[error("not supported: {0}")]
     Unsupported(&'static str),
     /// An NVMe/RDMA connection or queue failed (verbs, rdma_cm, work completions).
     #[error("NVMe/RDMA: {0}")]
