@@ -569,8 +569,10 @@ impl Conns for RdmaConns {
         }
     }
 
-    fn woken(&mut self, _cx: &mut Cx<'_>) {
-        // Core events reach RDMA connections on the tick.
+    fn woken(&mut self, cx: &mut Cx<'_>) {
+        // Core events (AER completions, a range lock released, a fused pair's next step)
+        // are carried out now, not on the next tick.
+        self.tick(cx);
     }
 
     fn flush(&mut self, cx: &mut Cx<'_>) -> bool {
