@@ -9,24 +9,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 /// Blocks of namespace 1 (4 KiB) per range-lock stripe (1 MiB).
 const STRIPE_BLOCKS: u64 = 256;
 
-/// Two hosts' I/O queues on the open test subsystem (and their admin queues, kept alive).
+/// Two hosts' I/O queues on the open test subsystem (their admin queues kept alive).
 fn two_queues() -> (Arc<Target>, Vec<Host>, Host, Host) {
-    let t = test_target();
-    let mut open = test_subsystems();
-    open[0].allow_any_host = true;
-    t.reconfigure(open, test_listeners());
-    let io = |t: &Arc<Target>, hostid, hostnqn: &str| {
-        let mut a = Host::new(t, tcp_caps(), Instant::now());
-        let cntlid = a.bring_up_as(SUBNQN, hostnqn, hostid);
-        a.set_features(feat::NUM_QUEUES, 1 | 1 << 16, &[])
-            .ok_result();
-        let mut q = Host::new(t, tcp_caps(), a.now);
-        q.connect(1, 31, 0, &ConnectData::new(hostid, cntlid, SUBNQN, hostnqn))
-            .ok_result();
-        (a, q)
-    };
-    let (admin_a, a) = io(&t, HOSTID, HOSTNQN);
-    let (admin_b, b) = io(&t, [0xbb; 16], OTHER_HOST);
+    let (t, admin_a, a, b, admin_b) = two_hosts();
     (t, vec![admin_a, admin_b], a, b)
 }
 

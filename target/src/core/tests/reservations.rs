@@ -10,30 +10,6 @@ use nvme::resv::{
     Report, ResvType,
 };
 
-const HOSTID_B: [u8; 16] = [0xbb; 16];
-
-/// A target open to any host, host A's admin queue, and I/O queues for host A (HOSTID) and
-/// host B (HOSTID_B, whose admin queue is the last value: dropping it ends B's controller).
-fn two_hosts() -> (Arc<Target>, Host, Host, Host, Host) {
-    let t = test_target();
-    let mut open = test_subsystems();
-    open[0].allow_any_host = true;
-    t.reconfigure(open, test_listeners());
-    let io = |t: &Arc<Target>, hostid, hostnqn: &str| {
-        let mut a = Host::new(t, tcp_caps(), Instant::now());
-        let cntlid = a.bring_up_as(SUBNQN, hostnqn, hostid);
-        a.set_features(feat::NUM_QUEUES, 1 | 1 << 16, &[])
-            .ok_result();
-        let mut q = Host::new(t, tcp_caps(), a.now);
-        q.connect(1, 31, 0, &ConnectData::new(hostid, cntlid, SUBNQN, hostnqn))
-            .ok_result();
-        (a, q)
-    };
-    let (admin_a, qa) = io(&t, HOSTID, HOSTNQN);
-    let (admin_b, qb) = io(&t, HOSTID_B, OTHER_HOST);
-    (t, admin_a, qa, qb, admin_b)
-}
-
 fn resv(q: &mut Host, opcode: u8, cdw10: u32, data: &[u8]) -> Reply {
     let cid = q.next_cid();
     let mut sqe = Sqe::new(opcode, cid);
