@@ -20,7 +20,7 @@ use nvme::opcode::io;
 use nvme::{Sqe, Status};
 
 use super::queue::{loc, Link, Outcome, Reject};
-use super::rangelock::{Held, RangeLock, RangeLocks};
+use super::rangelock::{Busy, Held, RangeLock, RangeLocks, WaitTicket};
 use super::{Cmd, IoOp, Queue, QueueEvent};
 use std::sync::Arc;
 use std::time::Instant;
@@ -64,6 +64,8 @@ struct Pair {
     second: Member,
     stage: Stage,
     lock: Option<RangeLock>,
+    /// Its place among the pairs waiting for a lock, while it waits.
+    ticket: Option<WaitTicket>,
     /// Why the pair cannot run: a member executed later completes with this.
     abort: Option<Status>,
     /// Byte extent (known once the Compare is executed).
@@ -146,6 +148,7 @@ impl Queue {
                     second: Member::Waiting,
                     stage: Stage::Gathering,
                     lock: None,
+                    ticket: None,
                     abort: None,
                     extent: (0, 0),
                 });
@@ -232,8 +235,25 @@ impl Queue {
         for _ in 0..2 {
             let p = &mut self.fused.pairs[i];
             if p.lock.is_none() {
-                p.lock = locks.try_lock(off, len);
+                match locks.try_lock(off, len, p.ticket.as_ref()) {
+                    Ok(l) => {
+                        p.lock = Some(l);
+                        p.ticket = None;
+                    }
+                    Err(busy) => {
+                        let first_wait = p.ticket.is_none();
+                        p.ticket.get_or_insert_with(|| WaitTicket::new(&locks));
+                        self.waker.iter().for_each(|w| locks.wait(w));
+                        if busy == Busy::Waiters || !first_wait {
+                            // Others were first: woken when one of them is done.
+                            return;
+                        }
+                        // Registered before this second look: a release in between wakes us.
+                        continue;
+                    }
+                }
             }
+            let p = &mut self.fused.pairs[i];
             match &p.lock {
                 Some(l) if l.drained() => {
                     p.stage = Stage::Comparing;
@@ -243,7 +263,7 @@ impl Queue {
                 }
                 // Registered before the second look: a release in between wakes us.
                 Some(l) => self.waker.iter().for_each(|w| l.wait(w)),
-                None => self.waker.iter().for_each(|w| locks.wait(w)),
+                None => {}
             }
         }
     }
@@ -254,6 +274,7 @@ impl Queue {
         let p = &mut self.fused.pairs[i];
         p.abort = Some(st);
         p.lock = None;
+        p.ticket = None;
         let held: Vec<Cmd> = [&mut p.first, &mut p.second]
             .into_iter()
             .filter_map(|m| match std::mem::replace(m, Member::Gone) {

@@ -82,6 +82,8 @@ pub(crate) struct RangeLocks {
     wide: AtomicU32,
     /// Locks held or being taken.
     locked: AtomicU32,
+    /// Wait tickets out: lock takers that found the lock busy and wait their turn.
+    waiting: AtomicU32,
     has_waiters: AtomicBool,
     waiters: Mutex<Vec<Waker>>,
 }
@@ -92,6 +94,7 @@ impl Default for RangeLocks {
             buckets: std::array::from_fn(|_| AtomicU32::new(0)),
             wide: AtomicU32::new(0),
             locked: AtomicU32::new(0),
+            waiting: AtomicU32::new(0),
             has_waiters: AtomicBool::new(false),
             waiters: Mutex::new(Vec::new()),
         }
@@ -166,11 +169,21 @@ impl RangeLocks {
         }
     }
 
-    /// Tries to lock the buckets of `len` bytes at `offset` for a Compare and Write. `None`:
-    /// another lock holds one of them (wait and try again). The lock is held until the
-    /// returned guard is dropped; the locked range is safe to use once
-    /// [`RangeLock::drained`] says so.
-    pub fn try_lock(self: &Arc<Self>, offset: u64, len: u64) -> Option<RangeLock> {
+    /// Tries to lock the buckets of `len` bytes at `offset` for a Compare and Write. The lock
+    /// is held until the returned guard is dropped; the locked range is safe to use once
+    /// [`RangeLock::drained`] says so. [`Busy::Held`]: another lock holds one of the buckets;
+    /// [`Busy::Waiters`]: others wait for a lock and `ticket` is `None` (a newcomer does not
+    /// pass them: it takes a [`WaitTicket`] and waits to be woken). Either way, wait and try
+    /// again.
+    pub fn try_lock(
+        self: &Arc<Self>,
+        offset: u64,
+        len: u64,
+        ticket: Option<&WaitTicket>,
+    ) -> Result<RangeLock, Busy> {
+        if ticket.is_none() && self.waiting.load(SeqCst) != 0 {
+            return Err(Busy::Waiters);
+        }
         let m = mask(offset, len, BUCKETS as u64).unwrap_or(u64::MAX);
         self.locked.fetch_add(1, SeqCst);
         for (i, b) in bits(m).enumerate() {
@@ -181,10 +194,10 @@ impl RangeLocks {
                 }
                 self.locked.fetch_sub(1, SeqCst);
                 self.notify();
-                return None;
+                return Err(Busy::Held);
             }
         }
-        Some(RangeLock {
+        Ok(RangeLock {
             locks: self.clone(),
             mask: m,
         })
@@ -212,6 +225,34 @@ impl RangeLocks {
         for w in woken {
             w();
         }
+    }
+}
+
+/// Why [`RangeLocks::try_lock`] did not lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Busy {
+    /// Another lock holds a bucket of the range.
+    Held,
+    /// Others wait for a lock, and the caller has no ticket.
+    Waiters,
+}
+
+/// A lock taker's place among those waiting (so one that keeps coming back first does not
+/// starve the others); given back when dropped.
+#[derive(Debug)]
+pub(crate) struct WaitTicket(Arc<RangeLocks>);
+
+impl WaitTicket {
+    pub fn new(locks: &Arc<RangeLocks>) -> WaitTicket {
+        locks.waiting.fetch_add(1, SeqCst);
+        WaitTicket(locks.clone())
+    }
+}
+
+impl Drop for WaitTicket {
+    fn drop(&mut self) {
+        self.0.waiting.fetch_sub(1, SeqCst);
+        self.0.notify();
     }
 }
 
@@ -270,11 +311,11 @@ mod tests {
     fn writes_and_locks_exclude_each_other() {
         let l = Arc::new(RangeLocks::default());
         let w = l.enter(0, 4096).expect("nothing locked");
-        let lock = l.try_lock(512, 512).expect("no other lock");
+        let lock = l.try_lock(512, 512, None).expect("no other lock");
         assert!(!lock.drained(), "a write in the bucket is executing");
         // A second lock on the bucket waits; one elsewhere does not.
-        assert!(l.try_lock(0, 1).is_none());
-        let other = l.try_lock(5 * MIB, 4096).expect("another bucket");
+        assert_eq!(l.try_lock(0, 1, None).err(), Some(Busy::Held));
+        let other = l.try_lock(5 * MIB, 4096, None).expect("another bucket");
         // New writes to the locked bucket wait; wide writes wait for any lock.
         assert!(l.enter(100, 10).is_none());
         assert!(l.would_block(100, 10));
@@ -287,7 +328,7 @@ mod tests {
         drop(other);
         let w3 = l.enter(100, 10).expect("unlocked");
         let wide = l.enter(0, u64::MAX).expect("unlocked");
-        let lock = l.try_lock(10 * MIB, 1).expect("free bucket");
+        let lock = l.try_lock(10 * MIB, 1, None).expect("free bucket");
         assert!(!lock.drained(), "a wide write is executing");
         l.leave(wide);
         assert!(lock.drained());
@@ -309,7 +350,7 @@ mod tests {
         let waker: Waker = Arc::new(move || {
             c.fetch_add(1, SeqCst);
         });
-        let lock = l.try_lock(0, 1).unwrap();
+        let lock = l.try_lock(0, 1, None).unwrap();
         assert!(l.enter(0, 1).is_none());
         l.wait(&waker);
         l.wait(&waker);
@@ -318,6 +359,28 @@ mod tests {
         let w = l.enter(0, 1).unwrap();
         l.leave(w);
         assert_eq!(n.load(SeqCst), 1, "nobody waits any more");
+    }
+
+    #[test]
+    fn a_newcomer_does_not_pass_a_waiter() {
+        let l = Arc::new(RangeLocks::default());
+        let held = l.try_lock(0, 1, None).unwrap();
+        // A waits: it found the lock held and took a ticket.
+        assert_eq!(l.try_lock(0, 1, None).err(), Some(Busy::Held));
+        let ticket = WaitTicket::new(&l);
+        drop(held);
+        // B comes while A waits: it must queue too, even for another stripe.
+        assert_eq!(l.try_lock(0, 1, None).err(), Some(Busy::Waiters));
+        assert_eq!(l.try_lock(9 * MIB, 1, None).err(), Some(Busy::Waiters));
+        let b_ticket = WaitTicket::new(&l);
+        // A with its ticket gets it, then gives its ticket back; B's turn after A's lock.
+        let a = l.try_lock(0, 1, Some(&ticket)).unwrap();
+        drop(ticket);
+        assert_eq!(l.try_lock(0, 1, Some(&b_ticket)).err(), Some(Busy::Held));
+        drop(a);
+        l.try_lock(0, 1, Some(&b_ticket)).unwrap();
+        drop(b_ticket);
+        assert_eq!(l.waiting.load(SeqCst), 0);
     }
 
     /// Threads hammer one stripe with registered "writes" that each set a shared word to
@@ -354,7 +417,7 @@ mod tests {
         let mut locks = 0;
         let deadline = std::time::Instant::now() + std::time::Duration::from_millis(300);
         while std::time::Instant::now() < deadline {
-            if let Some(g) = l.try_lock(0, 8192) {
+            if let Ok(g) = l.try_lock(0, 8192, None) {
                 while !g.drained() {
                     std::hint::spin_loop();
                 }

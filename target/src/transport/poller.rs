@@ -320,7 +320,11 @@ impl Poller {
                 trtype: TrType::Rdma,
                 ..cfg.caps.clone()
             };
-            RdmaConns::new(cfg.id, target.clone(), caps, setup, stats.clone())
+            let wake = wake.clone();
+            let waker: crate::core::Waker = Arc::new(move || {
+                let _ = wake.write(1);
+            });
+            RdmaConns::new(cfg.id, target.clone(), caps, setup, stats.clone(), waker)
         });
         Ok(Poller {
             rdma,

@@ -329,6 +329,6 @@ fn a_queue_that_goes_away_drops_its_lock_and_registrations() {
     b.q.disconnected();
     b.q.abandon(&mut late);
     let table = b.q.namespaces().expect("the queue's table stays");
-    let lock = table.locks(1).unwrap().try_lock(0, 4096).unwrap();
+    let lock = table.locks(1).unwrap().try_lock(0, 4096, None).unwrap();
     assert!(lock.drained());
 }

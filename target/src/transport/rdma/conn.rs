@@ -102,6 +102,8 @@ pub(super) struct Setup<'a> {
     pub send_with_inv: bool,
     /// Response SENDs inline where the device allows it (see [`Conn`]'s `inline_rsp`).
     pub inline_rsp: bool,
+    /// Wakes the poller when the core has events for this queue.
+    pub waker: crate::core::Waker,
 }
 
 /// One NVMe/RDMA connection (one NVMe queue).
@@ -178,6 +180,7 @@ impl Conn {
     pub fn new(s: Setup<'_>) -> Result<Conn, ::rdma::Error> {
         let dev = s.dev;
         let z = s.sizing;
+        let waker = s.waker.clone();
         let cq = Arc::new(Cq::with_channel(
             &dev.ctx,
             z.cq_entries,
@@ -285,6 +288,7 @@ impl Conn {
         if !c.srq {
             c.post_all_recvs()?;
         }
+        c.queue.set_waker(waker);
         Ok(c)
     }
 

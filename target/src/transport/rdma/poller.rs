@@ -19,7 +19,7 @@ use super::params::{check_connect, size_queue, DeviceLimits};
 use super::request::{ReqState, STATE_COUNT};
 use super::srq::SharedRecv;
 use super::{CmNote, RdmaOptions};
-use crate::core::{Target, TransportCaps};
+use crate::core::{Target, TransportCaps, Waker};
 use crate::transport::poller::{epoll_key, Conns, Cx, PollerStats};
 use crate::transport::{ConnStats, Kind};
 
@@ -188,6 +188,9 @@ pub(crate) struct RdmaConns {
     wcs: Vec<WorkCompletion>,
     closed_totals: ConnStats,
     closed_io_mrs: u64,
+    /// Wakes this poller (its queues' core events: AER completions, range-lock releases, a
+    /// fused pair's next step).
+    waker: Waker,
 }
 
 impl RdmaConns {
@@ -198,8 +201,10 @@ impl RdmaConns {
         caps: TransportCaps,
         setup: RdmaSetup,
         stats: Arc<PollerStats>,
+        waker: Waker,
     ) -> RdmaConns {
         RdmaConns {
+            waker,
             conns: Vec::new(),
             devs: Vec::new(),
             poller,
@@ -347,6 +352,7 @@ impl RdmaConns {
             caps: caps.clone(),
             send_with_inv: d.send_with_inv,
             inline_rsp: self.setup.options.inline_responses,
+            waker: self.waker.clone(),
         };
         let conn = Conn::new(setup).and_then(|c| c.accept().map(|()| c));
         let conn = match conn {
