@@ -54,6 +54,7 @@ const TARGET_KEYS: &[&str] = &[
     "in_capsule_data",
     "max_queue_depth",
     "max_io_size",
+    "io_unit_size",
     "keep_alive_ms_min",
     "idle_poll_us",
     "polling",
@@ -530,6 +531,7 @@ impl Decoder<'_> {
             iopoll: optional(r, &m, "iopoll", d.iopoll, boolean),
             in_capsule_data: optional(r, &m, "in_capsule_data", d.in_capsule_data, size),
             max_io_size: optional(r, &m, "max_io_size", d.max_io_size, size),
+            io_unit_size: optional(r, &m, "io_unit_size", d.io_unit_size, size),
             polling: optional(r, &m, "polling", d.polling, |r, n, p| {
                 match string(r, n, p)?.as_str() {
                     "adaptive" => Some(Polling::Adaptive),

@@ -389,14 +389,18 @@ pub struct TargetSettings {
     /// `threads`: poller threads, 1–1024. Default 1.
     pub threads: u32,
     /// `in_capsule_data`: bytes of write data a host may send inside the command capsule,
-    /// 0–128KiB, a multiple of 16, at most `max_io_size`. Default 8KiB.
+    /// 0–128KiB, a multiple of 16, at most `io_unit_size` (and `max_io_size`). Default 8KiB.
     pub in_capsule_data: Size,
     /// `max_queue_depth`: entries per I/O queue (MQES + 1), 2–1024. Default 128.
     pub max_queue_depth: u32,
-    /// `max_io_size`: largest data transfer of one command, 4KiB–4MiB, a multiple of 4KiB.
+    /// `max_io_size`: largest data transfer of one command, 4KiB–32MiB, a multiple of 4KiB.
     /// Advertised as MDTS, which is a power of two of 4KiB pages: other values draw a
-    /// warning and are rounded down when advertised. Default 128KiB.
+    /// warning and are rounded down when advertised. Default 8MiB.
     pub max_io_size: Size,
+    /// `io_unit_size`: size of each pool buffer, the most data one command moves through the
+    /// backend at once (larger commands move in pieces of this size, one after another),
+    /// 4KiB–4MiB, a multiple of 4KiB; lowered to `max_io_size` if larger. Default 128KiB.
+    pub io_unit_size: Size,
     /// `keep_alive_ms_min`: smallest keep-alive timeout a host may set, ms (smaller KATO
     /// values are raised to it), 100–3600000. Default 1000.
     pub keep_alive_ms_min: u32,
@@ -445,13 +449,21 @@ impl fmt::Display for Polling {
     }
 }
 
+impl TargetSettings {
+    /// The pool buffer size in effect: `io_unit_size`, at most `max_io_size`.
+    pub fn io_unit(&self) -> Size {
+        Size(self.io_unit_size.bytes().min(self.max_io_size.bytes()))
+    }
+}
+
 impl Default for TargetSettings {
     fn default() -> TargetSettings {
         TargetSettings {
             threads: 1,
             in_capsule_data: Size::kib(8),
             max_queue_depth: 128,
-            max_io_size: Size::kib(128),
+            max_io_size: Size::mib(8),
+            io_unit_size: Size::kib(128),
             keep_alive_ms_min: 1000,
             idle_poll_us: 1000,
             polling: Polling::Adaptive,

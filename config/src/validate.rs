@@ -26,7 +26,9 @@ pub const MAX_IN_CAPSULE_DATA: Size = Size::kib(128);
 /// Smallest `max_io_size` (one memory page, CAP.MPSMIN = 4KiB).
 pub const MIN_IO_SIZE: Size = Size::kib(4);
 /// Largest `max_io_size`.
-pub const MAX_IO_SIZE: Size = Size::mib(4);
+pub const MAX_IO_SIZE: Size = Size::mib(32);
+/// Largest `io_unit_size` (one pool buffer).
+pub const MAX_IO_UNIT: Size = Size::mib(4);
 
 /// Checks `config` and fills in the block size of file-backed namespaces that are not block
 /// devices (which needs a look at the file system).
@@ -507,5 +509,26 @@ fn target(t: &TargetSettings, r: &mut Report) {
                 format!("in_capsule_data ({icd}) is larger than max_io_size ({mio})"),
             );
         }
+    }
+    let unit = t.io_unit_size;
+    if unit < MIN_IO_SIZE || unit > MAX_IO_UNIT {
+        r.error(
+            "target.io_unit_size",
+            format!("{unit} is out of range ({MIN_IO_SIZE} to {MAX_IO_UNIT})"),
+        );
+    } else if unit.bytes() % MIN_IO_SIZE.bytes() != 0 {
+        r.error(
+            "target.io_unit_size",
+            format!("{} bytes is not a multiple of 4KiB", unit.bytes()),
+        );
+    } else if icd_ok && icd <= mio && icd > t.io_unit() {
+        r.error(
+            "target.in_capsule_data",
+            format!(
+                "in_capsule_data ({icd}) is larger than io_unit_size ({}): in-capsule data \
+                 lands in one pool buffer",
+                t.io_unit()
+            ),
+        );
     }
 }

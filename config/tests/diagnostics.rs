@@ -385,8 +385,15 @@ fn semantic_rules() {
         case(format!("{L}target: {{ max_queue_depth: 2048 }}\n"), "t.yaml:3:28: target.max_queue_depth:", "out of range (2 to 1024)"),
         case(format!("{L}target: {{ in_capsule_data: 100 }}\n"), "t.yaml:3:28: target.in_capsule_data:", "100 bytes is not a multiple of 16"),
         case(format!("{L}target: {{ in_capsule_data: 256KiB }}\n"), "t.yaml:3:28: target.in_capsule_data:", "256KiB is larger than 128KiB"),
-        case(format!("{L}target: {{ max_io_size: 2KiB }}\n"), "t.yaml:3:24: target.max_io_size:", "2KiB is out of range (4KiB to 4MiB)"),
-        case(format!("{L}target: {{ max_io_size: 8MiB }}\n"), "t.yaml:3:24: target.max_io_size:", "out of range"),
+        case(format!("{L}target: {{ max_io_size: 2KiB }}\n"), "t.yaml:3:24: target.max_io_size:", "2KiB is out of range (4KiB to 32MiB)"),
+        case(format!("{L}target: {{ max_io_size: 64MiB }}\n"), "t.yaml:3:24: target.max_io_size:", "out of range"),
+        case(format!("{L}target: {{ io_unit_size: 8MiB }}\n"), "t.yaml:3:25: target.io_unit_size:", "out of range"),
+        case(format!("{L}target: {{ io_unit_size: 6000 }}\n"), "t.yaml:3:25: target.io_unit_size:", "6000 bytes is not"),
+        case(
+            format!("{L}target: {{ in_capsule_data: 64KiB, io_unit_size: 32KiB }}\n"),
+            "t.yaml:3:28: target.in_capsule_data:",
+            "larger than io_unit_size (32KiB)",
+        ),
         case(format!("{L}target: {{ max_io_size: 6000 }}\n"), "t.yaml:3:24: target.max_io_size:", "6000 bytes is not a multiple of 4KiB"),
         case(
             format!("{L}target: {{ in_capsule_data: 64KiB, max_io_size: 32KiB }}\n"),
@@ -513,7 +520,7 @@ metrics: { listen: nowhere }
         "t.yaml:9:26: subsystems[0].namespaces[1].null: 1000 bytes is not a multiple of the block size (4096)",
         "t.yaml:10:17: subsystems[0].namespaces[2].nsid: duplicate nsid 2 (first used at line 9)",
         "t.yaml:11:20: target.threads: threads 0 is out of range (1 to 1024)",
-        "t.yaml:11:36: target.max_io_size: 1KiB is out of range (4KiB to 4MiB)",
+        "t.yaml:11:36: target.max_io_size: 1KiB is out of range (4KiB to 32MiB)",
         "t.yaml:12:20: metrics.listen: `nowhere` is not ADDRESS:PORT (e.g. 127.0.0.1:9940 or [::1]:9940)",
     ];
     assert_eq!(errs.len(), expected.len(), "{errs:#?}");

@@ -72,7 +72,14 @@ fn brief_example_parses() {
     let ns2 = &s.namespaces[1];
     assert_eq!(ns2.backing, Backing::Null { size: Size::gib(4) });
     assert_eq!(ns2.block_size, Some(4096));
-    assert_eq!(c.target, TargetSettings::default());
+    // The example states max_io_size: 128KiB (the default is 8MiB, in 128KiB pieces).
+    assert_eq!(
+        c.target,
+        TargetSettings {
+            max_io_size: Size::kib(128),
+            ..TargetSettings::default()
+        }
+    );
     assert_eq!(
         c.metrics.unwrap().listen,
         SocketAddr::from(([127, 0, 0, 1], 9940))
@@ -103,7 +110,8 @@ subsystems:
     assert_eq!(c.target.threads, 1);
     assert_eq!(c.target.in_capsule_data, Size::kib(8));
     assert_eq!(c.target.max_queue_depth, 128);
-    assert_eq!(c.target.max_io_size, Size::kib(128));
+    assert_eq!(c.target.max_io_size, Size::mib(8));
+    assert_eq!(c.target.io_unit_size, Size::kib(128));
     assert_eq!(c.target.keep_alive_ms_min, 1000);
     assert_eq!(c.target.idle_poll_us, 1000);
     assert_eq!(c.target.polling, nvmf_config::Polling::Adaptive);

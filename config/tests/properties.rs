@@ -141,11 +141,14 @@ fn target() -> impl Strategy<Value = TargetSettings> {
                 rdma_srq_depth,
             )| {
                 let max_io_size = Size(4096 << shift);
+                // The buffer: half the largest command, 4KiB at least.
+                let io_unit_size = Size((max_io_size.bytes() / 2).max(4096));
                 TargetSettings {
                     threads,
-                    in_capsule_data: Size((icd16 * 16).min(max_io_size.bytes())),
+                    in_capsule_data: Size((icd16 * 16).min(io_unit_size.bytes())),
                     max_queue_depth,
                     max_io_size,
+                    io_unit_size,
                     keep_alive_ms_min,
                     idle_poll_us,
                     polling: if busy {

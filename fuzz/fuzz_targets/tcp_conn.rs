@@ -151,7 +151,7 @@ impl Pump {
             self.need_buf.extend(w.need_buffer.drain(..));
         }
         conn.tick(store, now);
-        conn.flush(store);
+        conn.flush(store, now);
         // Every slot is in exactly one state, whatever the input did.
         let counts = conn.state_counts();
         assert_eq!(

@@ -91,6 +91,7 @@ pub fn fuzz_caps() -> TransportCaps {
         trtype: TrType::Tcp,
         in_capsule_data: 8192,
         max_io_size: 32 * 1024,
+        max_transfer: 32 * 1024,
         max_queue_depth: 32,
     }
 }

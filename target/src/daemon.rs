@@ -368,7 +368,8 @@ impl Daemon {
         let caps = TransportCaps {
             trtype: TrType::Tcp,
             in_capsule_data: t.in_capsule_data.bytes() as u32,
-            max_io_size: t.max_io_size.bytes() as u32,
+            max_io_size: t.io_unit().bytes() as u32,
+            max_transfer: t.max_io_size.bytes() as u32,
             max_queue_depth: t.max_queue_depth as u16,
         };
         // Busy polling never goes idle: the pollers' "idle for longer than this" test

@@ -24,6 +24,7 @@ fn caps() -> TransportCaps {
         trtype: TrType::Tcp,
         in_capsule_data: 8192,
         max_io_size: 128 * 1024,
+        max_transfer: 128 * 1024,
         max_queue_depth: 128,
     }
 }

@@ -288,6 +288,8 @@ impl Queue {
                 } else {
                     IoKind::Write
                 };
+                // The piece the slot buffer holds.
+                let (offset, len) = (offset + u64::from(cmd.piece.offset), cmd.piece.len);
                 let op = IoOp {
                     device,
                     kind,
@@ -312,8 +314,8 @@ impl Queue {
                 let op = IoOp {
                     device,
                     kind: IoKind::Compare,
-                    offset,
-                    len,
+                    offset: offset + u64::from(cmd.piece.offset),
+                    len: cmd.piece.len,
                 };
                 if sqe.flags & FUSE_MASK == FUSE_FIRST {
                     return self.fused_execute(cmd, op);

@@ -59,8 +59,12 @@ pub struct TransportCaps {
     pub trtype: TrType,
     /// In-capsule data bytes accepted on I/O queues (IOCCSZ = (64 + this) / 16).
     pub in_capsule_data: u32,
-    /// Largest transfer of one command, bytes (MDTS is derived with a 4 KiB page).
+    /// The slot buffer's size: the most data a command moves through the backend at once.
     pub max_io_size: u32,
+    /// Largest transfer of one command, bytes (MDTS is derived with a 4 KiB page; at least
+    /// `max_io_size`). Reads, Writes and Compares larger than `max_io_size` move in
+    /// [`Piece`]s of it, one after another through the same buffer.
+    pub max_transfer: u32,
     /// Largest queue depth (CAP.MQES + 1) accepted at Connect.
     pub max_queue_depth: u16,
 }
@@ -382,6 +386,17 @@ pub struct Cmd {
     /// The range-lock registration of an executing write (see `rangelock`), given back when
     /// the core sees its completion ([`Queue::complete_io`] or [`Queue::abandon`]).
     pub(crate) hold: rangelock::Held,
+    /// The part of the data in the slot buffer now: all of it, or for a transfer larger than
+    /// the buffer the current piece (see [`Cmd::next_piece`]).
+    pub piece: Piece,
+}
+
+/// Bytes `offset..offset + len` of a command's data: what its slot buffer holds now (from
+/// byte 0 of the buffer). Every piece but the last is as long as the buffer.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Piece {
+    pub offset: u32,
+    pub len: u32,
 }
 
 impl Cmd {
@@ -392,7 +407,32 @@ impl Cmd {
             xfer: Xfer::None,
             sgl: None,
             hold: rangelock::Held::NONE,
+            piece: Piece::default(),
         }
+    }
+
+    /// The command's data length (either direction).
+    pub fn data_len(&self) -> u32 {
+        match self.xfer {
+            Xfer::None => 0,
+            Xfer::FromHost(n) | Xfer::ToHost(n) => n,
+        }
+    }
+
+    /// Whether the current piece ends the data (always, for a command moved in one go).
+    pub fn is_last_piece(&self) -> bool {
+        self.piece.offset + self.piece.len >= self.data_len()
+    }
+
+    /// Moves on to the next piece; false (and nothing changes) after the last.
+    pub fn next_piece(&mut self) -> bool {
+        if self.is_last_piece() {
+            return false;
+        }
+        let unit = self.piece.len;
+        self.piece.offset += unit;
+        self.piece.len = unit.min(self.data_len() - self.piece.offset);
+        true
     }
 }
 
@@ -404,6 +444,7 @@ impl Clone for Cmd {
             xfer: self.xfer,
             sgl: self.sgl,
             hold: rangelock::Held::NONE,
+            piece: self.piece,
         }
     }
 }
@@ -598,9 +639,20 @@ impl Queue {
     pub fn execute(&mut self, cmd: &mut Cmd, buf: &mut [u8], now: Instant) -> Exec {
         self.execute_cmd(cmd, buf, now)
     }
-    /// Completion of a backend op: `Ok(())` or the errno it failed with, at `now`.
+    /// Completion of a backend op: `Ok(())` or the errno it failed with, at `now`. For a
+    /// command moved in pieces, of its last piece (see [`Queue::piece_done`]).
     pub fn complete_io(&mut self, cmd: &mut Cmd, res: Result<(), i32>, now: Instant) -> Cqe {
         self.complete_io_cmd(cmd, res, now)
+    }
+    /// Completion of the backend op of a piece that is not the last: `None` to go on with
+    /// the next piece ([`Cmd::next_piece`], then move its data and `execute` again), or the
+    /// CQE that ends the command (the piece failed).
+    pub fn piece_done(&mut self, cmd: &mut Cmd, res: Result<(), i32>, now: Instant) -> Option<Cqe> {
+        self.leave_range(cmd);
+        match res {
+            Ok(()) => None,
+            Err(_) => Some(self.complete_io_cmd(cmd, res, now)),
+        }
     }
     /// A backend op completed on a connection that is closing (no CQE will be sent): what the
     /// command held (a range-lock registration) is given back.

@@ -247,7 +247,7 @@ impl Queue {
         limits: QueueLimits,
         peer: String,
     ) -> Queue {
-        let (mdts, max_xfer) = mdts_for(caps.max_io_size);
+        let (mdts, max_xfer) = mdts_for(caps.max_transfer.max(caps.max_io_size));
         let token = target
             .inner()
             .next_queue_token
@@ -387,11 +387,19 @@ impl Queue {
         }
         let parsed = self.parse_inner(sqe).and_then(|p| {
             let sgl = self.check_sgl(sqe, p)?;
+            let len = match p.xfer {
+                Xfer::None => 0,
+                Xfer::FromHost(n) | Xfer::ToHost(n) => n,
+            };
             Ok(Cmd {
                 sqe: *sqe,
                 xfer: p.xfer,
                 sgl,
                 hold: super::rangelock::Held::NONE,
+                piece: super::Piece {
+                    offset: 0,
+                    len: len.min(self.caps.max_io_size.max(1)),
+                },
             })
         });
         self.fused_parsed(sqe, parsed.is_ok(), now);
@@ -511,6 +519,15 @@ impl Queue {
         if len > self.max_xfer {
             return Err(Reject::dnr(Status::INVALID_FIELD, p.len_loc));
         }
+        // Only Read, Write and Compare move in pieces (and not a fused pair, whose ACWU is
+        // one buffer): anything else must fit the slot buffer.
+        let piecewise = matches!(self.link, Link::Io { .. })
+            && !sqe.is_fabrics()
+            && matches!(sqe.opcode, io::READ | io::WRITE | io::COMPARE)
+            && sqe.flags & nvme::cmd::FUSE_MASK == 0;
+        if len > self.caps.max_io_size && !piecewise {
+            return Err(Reject::dnr(Status::INVALID_FIELD, p.len_loc));
+        }
         let bad = |s: Status| Err(Reject::dnr(s, loc::DPTR));
         if len == 0 {
             // Hosts describe "no data" with a zero-length descriptor of their usual type
@@ -554,10 +571,9 @@ impl Queue {
     // ---- execute -----------------------------------------------------------------------
 
     pub(super) fn execute_cmd(&mut self, cmd: &mut Cmd, buf: &mut [u8], now: Instant) -> Exec {
-        let need = match cmd.xfer {
-            Xfer::None => 0,
-            Xfer::FromHost(n) | Xfer::ToHost(n) => n as usize,
-        };
+        // The slot buffer holds the current piece (all of the data, but for large Reads,
+        // Writes and Compares).
+        let need = cmd.piece.len as usize;
         let out = if buf.len() < need {
             tracing::error!(
                 need,

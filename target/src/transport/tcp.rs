@@ -32,6 +32,9 @@ const STAGE: usize = 64 * 1024;
 const READ_BUDGET: u32 = 16;
 /// Data still outstanding at or above this size is read directly into the slot's buffer.
 const DIRECT_READ_MIN: usize = 4096;
+/// A send-queue marker with this bit says a piece of a slot's read data went out (the slot
+/// goes on); without it, that the slot's response did (the slot is released).
+const PIECE_SENT: u32 = 1 << 31;
 
 /// What a request slot is doing. Changed only through `Conn::set`, which keeps the per-state
 /// counts (`Conn::state_counts`).
@@ -52,12 +55,15 @@ pub enum SlotState {
     Deferred,
     /// Response queued on the socket; freed when sent.
     Sending,
+    /// One piece of a large read's data queued on the socket; the next piece is read into
+    /// the buffer once it is sent.
+    SendingPiece,
     /// Command failed before execution; its in-capsule data is being read and dropped.
     Discarding,
 }
 
 /// Number of [`SlotState`]s (index = `state as usize`).
-pub const SLOT_STATES: usize = 8;
+pub const SLOT_STATES: usize = 9;
 
 struct Slot {
     state: SlotState,
@@ -138,8 +144,8 @@ pub struct Conn {
     pub stats: ConnStats,
     /// This connection's key in its poller's TCP table (see [`ReqRef`]).
     pub conn_key: u32,
-    /// Scratch list of slots released by one flush (kept to avoid allocating per flush).
-    released: Vec<u16>,
+    /// Scratch list of the markers one flush passed (kept to avoid allocating per flush).
+    released: Vec<u32>,
 }
 
 /// What a connection asks its poller to do after an event.
@@ -248,7 +254,7 @@ impl Conn {
             // 1. Bytes already staged.
             if self.st_start < self.st_end {
                 if let Err(e) = self.process_staged(store, now, w) {
-                    self.fatal(store, e);
+                    self.fatal(store, e, now);
                     break;
                 }
                 progress = true;
@@ -558,19 +564,27 @@ impl Conn {
                 self.set(s as u16, SlotState::RecvInCapsule);
                 self.dst = DataDst::Slot { slot, base: 0 };
             }
-            Xfer::FromHost(len) if len > 0 => {
-                let r = R2t {
-                    cccid: cmd.sqe.cid(),
-                    ttag: slot,
-                    r2to: 0,
-                    r2tl: len,
-                };
-                self.set(s as u16, SlotState::RecvH2C);
-                let h = TxHeader::r2t(&self.txcfg, &r);
-                self.tx.push_inline(h.as_bytes());
-            }
+            Xfer::FromHost(len) if len > 0 => self.send_r2t(slot),
             _ => self.execute(slot, store, now),
         }
+    }
+
+    /// Asks for the current piece of a slot's host data (all of it, unless it is larger than
+    /// the buffer).
+    fn send_r2t(&mut self, slot: u16) {
+        let cmd = self.slots[slot as usize]
+            .cmd
+            .as_ref()
+            .expect("slot has a command");
+        let r = R2t {
+            cccid: cmd.sqe.cid(),
+            ttag: slot,
+            r2to: cmd.piece.offset,
+            r2tl: cmd.piece.len,
+        };
+        self.set(slot, SlotState::RecvH2C);
+        let h = TxHeader::r2t(&self.txcfg, &r);
+        self.tx.push_inline(h.as_bytes());
     }
 
     /// A slot that waited for a buffer got one.
@@ -623,7 +637,7 @@ impl Conn {
                 "H2CData CCCID does not match the TTAG",
             ));
         }
-        let Xfer::FromHost(len) = cmd.xfer else {
+        let Xfer::FromHost(_) = cmd.xfer else {
             return Err(TcpError::new(
                 Fes::InvalidHeaderField,
                 10,
@@ -637,7 +651,9 @@ impl Conn {
                 "H2CData offset out of order",
             ));
         }
-        if d.datao as u64 + d.datal as u64 > len as u64 {
+        // The R2T asked for the current piece; the buffer holds it from byte 0.
+        let piece = cmd.piece;
+        if d.datao as u64 + d.datal as u64 > piece.offset as u64 + piece.len as u64 {
             return Err(TcpError::new(
                 Fes::DataOutOfRange,
                 16,
@@ -646,7 +662,7 @@ impl Conn {
         }
         self.dst = DataDst::Slot {
             slot,
-            base: d.datao,
+            base: d.datao - piece.offset,
         };
         Ok(())
     }
@@ -680,10 +696,13 @@ impl Conn {
                 if !digest_ok {
                     self.slots[s].digest_error = true;
                 }
-                let Some(Xfer::FromHost(len)) = self.slots[s].cmd.as_ref().map(|c| c.xfer) else {
+                let Some(cmd) = self.slots[s].cmd.as_ref() else {
                     return;
                 };
-                if self.slots[s].received < len {
+                let Xfer::FromHost(_) = cmd.xfer else {
+                    return;
+                };
+                if self.slots[s].received < cmd.piece.offset + cmd.piece.len {
                     return; // more H2CData PDUs follow
                 }
                 if self.slots[s].digest_error {
@@ -743,46 +762,53 @@ impl Conn {
             .cmd
             .as_mut()
             .expect("executing slot has a command");
+        if !cmd.is_last_piece() {
+            match self.queue.piece_done(cmd, res.map(|_| ()), now) {
+                Some(cqe) => self.respond(slot, cqe, 0, store),
+                None if matches!(cmd.xfer, Xfer::ToHost(_)) => {
+                    // This piece goes out; the next is read into the buffer once it has.
+                    let len = cmd.piece.len;
+                    self.set(slot, SlotState::SendingPiece);
+                    self.push_data(slot, len, false, store);
+                    self.tx.push_release(u32::from(slot) | PIECE_SENT);
+                }
+                None => {
+                    cmd.next_piece();
+                    self.send_r2t(slot);
+                }
+            }
+            return;
+        }
         let cqe = self.queue.complete_io(cmd, res.map(|_| ()), now);
         let data_len = match cmd.xfer {
-            Xfer::ToHost(len) if cqe.status().is_success() => len,
+            Xfer::ToHost(_) if cqe.status().is_success() => cmd.piece.len,
             _ => 0,
         };
         self.respond(slot, cqe, data_len, store);
     }
 
+    /// A piece of a large read's data went out: read the next one into the buffer.
+    fn piece_sent(&mut self, slot: u16, store: &mut dyn Store, now: Instant) {
+        let s = &mut self.slots[slot as usize];
+        if self.phase != Phase::Live || s.state != SlotState::SendingPiece {
+            return;
+        }
+        s.cmd
+            .as_mut()
+            .expect("sending slot has a command")
+            .next_piece();
+        self.execute(slot, store, now);
+    }
+
     /// Queue the response of a command: C2HData (if any) then the CQE (unless the SUCCESS flag
     /// makes it implicit), then release the slot once sent.
     fn respond(&mut self, slot: u16, cqe: Cqe, data_len: u32, store: &mut dyn Store) {
-        let s = slot as usize;
-        self.set(s as u16, SlotState::Sending);
+        self.set(slot, SlotState::Sending);
         if data_len > 0 {
-            let b = self.slots[s]
-                .buf
-                .expect("data to host comes from the slot buffer");
-            let data = store.payload(b, data_len as usize);
             // Only with SQ flow control disabled may C2HData carry SUCCESS (NVMe/TCP 1.0,
             // 3.6.2.7).
             let success = cqe.status().is_success() && self.queue.sq_flow_control_disabled();
-            let d = DataPdu {
-                cccid: cqe.cid(),
-                ttag: 0,
-                datao: 0,
-                datal: data_len,
-                last: true,
-                success,
-            };
-            let h = TxHeader::c2h_data(&self.txcfg, &d);
-            self.tx.push_inline(h.as_bytes());
-            // SAFETY: the slot keeps its buffer until the release marker queued below is
-            // reported by the send queue (flush or clear), and the pool outlives every
-            // connection of its poller.
-            unsafe { self.tx.push_data(data.as_ptr(), data.len()) };
-            if h.has_ddgst() {
-                self.tx
-                    .push_inline(&nvme::tcp::data_digest(data).to_le_bytes());
-            }
-            self.stats.tx_payload += data_len as u64;
+            self.push_data(slot, data_len, success, store);
             if !success {
                 self.push_cqe(&cqe);
             }
@@ -790,6 +816,34 @@ impl Conn {
             self.push_cqe(&cqe);
         }
         self.tx.push_release(slot as u32);
+    }
+
+    /// Queues a C2HData PDU with the first `data_len` bytes of the slot's buffer: the current
+    /// piece of the command's data (LAST when it ends the data; SUCCESS as given).
+    fn push_data(&mut self, slot: u16, data_len: u32, success: bool, store: &mut dyn Store) {
+        let s = &self.slots[slot as usize];
+        let b = s.buf.expect("data to host comes from the slot buffer");
+        let cmd = s.cmd.as_ref().expect("slot has a command");
+        let data = store.payload(b, data_len as usize);
+        let d = DataPdu {
+            cccid: cmd.sqe.cid(),
+            ttag: 0,
+            datao: cmd.piece.offset,
+            datal: data_len,
+            last: cmd.is_last_piece(),
+            success,
+        };
+        let h = TxHeader::c2h_data(&self.txcfg, &d);
+        self.tx.push_inline(h.as_bytes());
+        // SAFETY: the slot keeps its buffer until the marker queued after this data is
+        // reported by the send queue (flush or clear), and the pool outlives every
+        // connection of its poller.
+        unsafe { self.tx.push_data(data.as_ptr(), data.len()) };
+        if h.has_ddgst() {
+            self.tx
+                .push_inline(&nvme::tcp::data_digest(data).to_le_bytes());
+        }
+        self.stats.tx_payload += data_len as u64;
     }
 
     fn push_cqe(&mut self, cqe: &Cqe) {
@@ -837,16 +891,20 @@ impl Conn {
     }
 
     /// Send what is queued. Returns true when everything went out.
-    pub fn flush(&mut self, store: &mut dyn Store) -> bool {
+    pub fn flush(&mut self, store: &mut dyn Store, now: Instant) -> bool {
         if self.tx.is_empty() {
             return true;
         }
         let before = self.tx.queued_bytes();
         let mut rel = std::mem::take(&mut self.released);
-        let r = self.tx.flush(&self.sock, |t| rel.push(t as u16));
+        let r = self.tx.flush(&self.sock, |t| rel.push(t));
         self.stats.tx_bytes += (before - self.tx.queued_bytes()) as u64;
-        for &slot in &rel {
-            self.release_slot(slot, store);
+        for &t in &rel {
+            if t & PIECE_SENT != 0 {
+                self.piece_sent(t as u16, store, now);
+            } else {
+                self.release_slot(t as u16, store);
+            }
         }
         rel.clear();
         self.released = rel;
@@ -883,7 +941,7 @@ impl Conn {
                 },
                 QueueEvent::Disconnect(reason) => {
                     info!(peer = %self.peer, qid = ?self.queue.qid(), reason, "disconnecting queue");
-                    self.flush(store);
+                    self.flush(store, now);
                     self.close(store, reason);
                     return;
                 }
@@ -900,12 +958,12 @@ impl Conn {
     }
 
     /// A fatal protocol error: C2HTermReq (NVMe/TCP 1.0, 3.6.2.9), then close.
-    fn fatal(&mut self, store: &mut dyn Store, e: TcpError) {
+    fn fatal(&mut self, store: &mut dyn Store, e: TcpError, now: Instant) {
         warn!(peer = %self.peer, fes = ?e.fes, fei = e.fei, reason = e.reason,
             "NVMe/TCP protocol error: terminating the connection");
         let bytes = TermReq::new(&e, self.rx.offending_header()).encode(false);
         // Best effort, after the whole PDUs already queued; the connection closes either way.
-        if self.flush(store) {
+        if self.flush(store, now) {
             write_bounded(&self.sock, &bytes, Duration::from_millis(100));
         }
         self.stats.errors += 1;

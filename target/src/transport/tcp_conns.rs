@@ -96,7 +96,7 @@ impl Conns for TcpConns {
             return false;
         };
         if f.intersects(EpollFlags::EPOLLOUT) {
-            c.flush(cx.store);
+            c.flush(cx.store, cx.now);
         }
         if f.intersects(
             EpollFlags::EPOLLIN
@@ -164,7 +164,7 @@ impl Conns for TcpConns {
             let Some(c) = self.conns[k].as_mut() else {
                 continue;
             };
-            let drained = c.flush(cx.store);
+            let drained = c.flush(cx.store, cx.now);
             if drained == self.out_armed[k] && !c.is_closing() {
                 let mut f = EpollFlags::EPOLLIN | EpollFlags::EPOLLRDHUP;
                 if !drained {
@@ -187,7 +187,7 @@ impl Conns for TcpConns {
 
     fn close_all(&mut self, reason: &str, cx: &mut Cx<'_>) {
         for c in self.conns.iter_mut().flatten() {
-            c.flush(cx.store);
+            c.flush(cx.store, cx.now);
             c.close(cx.store, reason);
         }
     }

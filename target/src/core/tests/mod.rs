@@ -9,6 +9,7 @@ mod fused;
 mod fuzz;
 mod lifecycle;
 mod metrics;
+mod pieces;
 mod reload;
 mod reservations;
 
@@ -102,6 +103,7 @@ pub(super) fn tcp_caps() -> TransportCaps {
         trtype: TrType::Tcp,
         in_capsule_data: 8192,
         max_io_size: 128 * 1024,
+        max_transfer: 128 * 1024,
         max_queue_depth: 128,
     }
 }
@@ -111,6 +113,7 @@ pub(super) fn rdma_caps() -> TransportCaps {
         trtype: TrType::Rdma,
         in_capsule_data: 4096,
         max_io_size: 1 << 20,
+        max_transfer: 1 << 20,
         max_queue_depth: 256,
     }
 }

@@ -548,6 +548,26 @@ impl Conn {
                 self.set(idx, ReqState::ReadyToExecute);
                 self.advance(idx, env);
             }
+            // A piece of a large read (signaled): the next piece goes on.
+            WrKind::Write if self.slot_state(idx) == Some(ReqState::TransferringPiece) => {
+                self.signaled_out -= 1;
+                let r = &mut self.slots[idx as usize];
+                self.sq_free += std::mem::take(&mut r.wrs);
+                if !ok {
+                    self.wc_error(wc, "RDMA WRITE", env);
+                    self.release(idx, env);
+                    return;
+                }
+                if self.is_closing() {
+                    self.release(idx, env);
+                    return;
+                }
+                if let Some(cmd) = self.slots[idx as usize].cmd.as_mut() {
+                    cmd.next_piece();
+                }
+                self.set(idx, ReqState::ReadyToExecute);
+                self.advance(idx, env);
+            }
             // Unsignaled: only a failure or a flush reports it; its SEND accounts for it.
             WrKind::Write => {
                 if !ok {
@@ -793,7 +813,8 @@ impl Conn {
                 | ReqState::Executing
                 | ReqState::Deferred
                 | ReqState::TransferringToHost
-                | ReqState::Completing => return,
+                | ReqState::Completing
+                | ReqState::TransferringPiece => return,
             }
         }
     }
@@ -844,12 +865,16 @@ impl Conn {
         let s = slot as usize;
         let r = &self.slots[s];
         let b = r.buf.expect("reading request has a buffer");
-        let Some(Sgl::Keyed { addr, len, key, .. }) = r.cmd.as_ref().and_then(|c| c.sgl) else {
+        let Some((Sgl::Keyed { addr, key, .. }, piece)) =
+            r.cmd.as_ref().and_then(|c| Some((c.sgl?, c.piece)))
+        else {
             self.fail(slot, Status::INTERNAL, env.now);
             return;
         };
+        // The current piece (all of the data, unless it is larger than the buffer).
+        let len = piece.len;
         let remote = RemoteBuf {
-            addr,
+            addr: addr + u64::from(piece.offset),
             len: u64::from(len),
             rkey: key,
         };
@@ -969,14 +994,92 @@ impl Conn {
         }
         let r = &mut self.slots[slot as usize];
         let cmd = r.cmd.as_mut().expect("executing request has its command");
+        if !cmd.is_last_piece() {
+            match self.queue.piece_done(cmd, res.map(|_| ()), env.now) {
+                Some(cqe) => {
+                    r.cqe = Some(cqe);
+                    r.data_len = 0;
+                    self.set(slot, ReqState::ReadyToComplete);
+                }
+                None if matches!(cmd.xfer, Xfer::ToHost(_)) => {
+                    self.post_piece_write(slot, env);
+                    return;
+                }
+                None => {
+                    cmd.next_piece();
+                    self.set(slot, ReqState::ReadPending);
+                }
+            }
+            self.advance(slot, env);
+            return;
+        }
         let cqe = self.queue.complete_io(cmd, res.map(|_| ()), env.now);
         r.data_len = match cmd.xfer {
-            Xfer::ToHost(len) if cqe.status().is_success() => len,
+            Xfer::ToHost(_) if cqe.status().is_success() => cmd.piece.len,
             _ => 0,
         };
         r.cqe = Some(cqe);
         self.set(slot, ReqState::ReadyToComplete);
         self.advance(slot, env);
+    }
+
+    /// Writes the piece of read data in the request's buffer to the host (signaled; the next
+    /// piece is read into the buffer when it completes).
+    fn post_piece_write(&mut self, slot: u32, env: &mut Env<'_>) {
+        let s = slot as usize;
+        let r = &self.slots[s];
+        let (Some(cmd), Some(b)) = (r.cmd.as_ref(), r.buf) else {
+            return;
+        };
+        let (Some(Sgl::Keyed { addr, key, .. }), piece) = (cmd.sgl, cmd.piece) else {
+            self.fail(slot, Status::INTERNAL, env.now);
+            self.advance(slot, env);
+            return;
+        };
+        if self.sq_free < 1 {
+            // The send queue holds two entries per request unless the device allows fewer.
+            warn!(peer = %self.peer, "no send-queue room for a piece of read data: failing the command");
+            self.fail(slot, Status::DATA_XFER_ERROR, env.now);
+            self.advance(slot, env);
+            return;
+        }
+        let bs = env.store.ring().pool().buf_size();
+        let sge = match env.dev.pool_mr.sge(b as usize * bs, piece.len as usize) {
+            Ok(sge) => sge,
+            Err(e) => {
+                warn!(peer = %self.peer, error = %e, "pool SGE out of range");
+                self.close("internal error", env);
+                return;
+            }
+        };
+        let remote = RemoteBuf {
+            addr: addr + u64::from(piece.offset),
+            len: u64::from(piece.len),
+            rkey: key,
+        };
+        let Some(qp) = self.qp.as_ref() else {
+            return;
+        };
+        let wr = SendWr::write(
+            wr_id(WrKind::Write, slot),
+            std::slice::from_ref(&sge),
+            remote,
+        )
+        .signaled();
+        match qp.post_send(&[wr]) {
+            Ok(()) => {
+                self.sq_free -= 1;
+                self.signaled_out += 1;
+                self.slots[s].wrs = 1;
+                self.stats.tx_bytes += u64::from(piece.len);
+                self.stats.tx_payload += u64::from(piece.len);
+                self.set(slot, ReqState::TransferringPiece);
+            }
+            Err(e) => {
+                warn!(peer = %self.peer, error = %e, "posting an RDMA WRITE failed: closing the queue");
+                self.close("RDMA WRITE post failed", env);
+            }
+        }
     }
 
     fn response_wrs(&self, slot: u32) -> u32 {
@@ -1044,9 +1147,11 @@ impl Conn {
                     return;
                 }
             };
+            // The last piece of the data (all of it, unless it was larger than the buffer).
+            let piece_off = self.slots[s].cmd.as_ref().map_or(0, |c| c.piece.offset);
             let remote = RemoteBuf {
-                addr,
-                len: u64::from(len),
+                addr: addr + u64::from(piece_off),
+                len: u64::from(len - piece_off),
                 rkey: key,
             };
             Some((sge, remote))
@@ -1366,7 +1471,8 @@ impl Conn {
                 | ReqState::TransferringFromHost
                 | ReqState::Executing
                 | ReqState::TransferringToHost
-                | ReqState::Completing => {}
+                | ReqState::Completing
+                | ReqState::TransferringPiece => {}
             }
         }
     }

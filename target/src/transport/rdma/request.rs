@@ -10,6 +10,8 @@
 //!   │        ┌───────────┼──────────────┐
 //!   │        ▼           ▼              ▼
 //!   │    Executing    Deferred    ReadyToComplete ◄── backend done / AER event / parse error
+//!   │   (a piece that is not the last: next READ (ReadPending), or its RDMA WRITE
+//!   │    (TransferringPiece), then ReadyToExecute for the next)
 //!   │   (io_uring)  (AER, lock,         │ SQ room
 //!   │               fused; Resume:
 //!   │               ReadyToExecute)     │
@@ -56,10 +58,14 @@ pub enum ReqState {
     TransferringToHost,
     /// The response SEND (no data) is posted.
     Completing,
+    /// A piece of a read larger than the buffer is being written to the host (a signaled
+    /// RDMA WRITE); when it completes the next piece is read into the buffer
+    /// (`ReadyToExecute`). The last piece goes out as any read's data, with the response.
+    TransferringPiece,
 }
 
 /// Number of [`ReqState`] values.
-pub const STATE_COUNT: usize = 10;
+pub const STATE_COUNT: usize = 11;
 
 impl ReqState {
     /// Every state, in declaration order (index = `state as usize`).
@@ -74,6 +80,7 @@ impl ReqState {
         ReqState::ReadyToComplete,
         ReqState::TransferringToHost,
         ReqState::Completing,
+        ReqState::TransferringPiece,
     ];
 
     /// Short name for logs and metrics.
@@ -89,6 +96,7 @@ impl ReqState {
             ReqState::ReadyToComplete => "ready_to_complete",
             ReqState::TransferringToHost => "transferring_to_host",
             ReqState::Completing => "completing",
+            ReqState::TransferringPiece => "transferring_piece",
         }
     }
 
@@ -97,7 +105,10 @@ impl ReqState {
     pub fn waits_on_device(self) -> bool {
         matches!(
             self,
-            ReqState::TransferringFromHost | ReqState::TransferringToHost | ReqState::Completing
+            ReqState::TransferringFromHost
+                | ReqState::TransferringToHost
+                | ReqState::Completing
+                | ReqState::TransferringPiece
         )
     }
 }
