@@ -91,7 +91,8 @@ pub fn fuzz_caps() -> TransportCaps {
         trtype: TrType::Tcp,
         in_capsule_data: 8192,
         max_io_size: 32 * 1024,
-        max_transfer: 32 * 1024,
+        // Transfers up to four buffers: large Reads and Writes move in pieces.
+        max_transfer: 128 * 1024,
         max_queue_depth: 32,
     }
 }
@@ -264,7 +265,22 @@ pub fn run_core_cmd(
             let to_host = matches!(cmd.xfer, Xfer::ToHost(_));
             (cqe, if to_host { buf } else { Vec::new() })
         }
-        Exec::Io(_) => (q.complete_io(&mut cmd, Ok(()), now), Vec::new()),
+        // A transfer larger than the buffer runs piece by piece (the buffer here holds all of
+        // it; each piece's op covers its part).
+        Exec::Io(_) => loop {
+            if cmd.is_last_piece() {
+                break (q.complete_io(&mut cmd, Ok(()), now), Vec::new());
+            }
+            if let Some(cqe) = q.piece_done(&mut cmd, Ok(()), now) {
+                break (cqe, Vec::new());
+            }
+            assert!(cmd.next_piece(), "a piece follows one that is not the last");
+            match q.execute(&mut cmd, &mut buf, now) {
+                Exec::Io(op) => assert_eq!(op.len, cmd.piece.len, "each piece's op is the piece"),
+                Exec::Done { cqe, .. } => break (cqe, Vec::new()),
+                Exec::Deferred => panic!("a piece deferred"),
+            }
+        },
         Exec::Deferred => panic!("setup command deferred"),
     }
 }
