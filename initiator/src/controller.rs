@@ -23,6 +23,14 @@ use crate::rdma::RdmaLink;
 use crate::spin::Spin;
 use crate::tcp::TcpLink;
 
+/// The block API (`read_at`, `write_at`, `compare_at`) splits a transfer into commands of at
+/// most this many bytes, however large the controller's MDTS (as Linux's block layer does,
+/// 1.25 MiB by default): a larger command pins that much registered memory while it runs
+/// (NVMe/RDMA stages plain memory in pool buffers) and a target with smaller buffers moves it
+/// in pieces one after another, while commands of this size run side by side. The
+/// asynchronous API sends what it is given, up to MDTS.
+pub const SPLIT_BYTES: u32 = 1 << 20;
+
 /// How to reach and set up a controller.
 #[derive(Debug, Clone)]
 pub struct ConnectOptions {
@@ -157,6 +165,8 @@ pub struct ControllerInfo {
     pub oncs: u16,
     /// Fused Operation Support (bit 0: Compare and Write).
     pub fuses: u16,
+    /// Atomic Compare & Write Unit, blocks, 0's based (the largest fused Compare and Write).
+    pub acwu: u16,
     /// Volatile Write Cache.
     pub vwc: u8,
     /// Number of namespaces (NN).
@@ -589,6 +599,7 @@ impl Controller {
             kas: id.kas.get(),
             oncs: id.oncs.get(),
             fuses: id.fuses.get(),
+            acwu: id.acwu.get(),
             vwc: id.vwc,
             nn: id.nn.get(),
             cntrltype: id.cntrltype,
@@ -909,6 +920,7 @@ struct IoLimits {
     max_transfer: u32,
     oncs: u16,
     fuses: u16,
+    acwu: u16,
 }
 
 /// A namespace on one I/O queue, with a synchronous block API. Offsets and lengths are in
@@ -942,6 +954,7 @@ impl Namespace {
                 max_transfer: c.max_transfer,
                 oncs: c.oncs,
                 fuses: c.fuses,
+                acwu: c.acwu,
             },
         }
     }
@@ -991,9 +1004,11 @@ impl Namespace {
         Ok((offset / bs, len / bs))
     }
 
-    /// Largest piece of one Read/Write, in blocks.
+    /// Largest piece of one Read/Write, in blocks: the controller's transfer limit, at most
+    /// [`SPLIT_BYTES`].
     fn chunk_blocks(&self) -> u64 {
-        let by_xfer = (self.limits.max_transfer / self.info.block_size).max(1) as u64;
+        let bytes = self.limits.max_transfer.min(SPLIT_BYTES);
+        let by_xfer = (bytes / self.info.block_size).max(1) as u64;
         by_xfer.min(1 << 16)
     }
 
@@ -1083,11 +1098,14 @@ impl Namespace {
             )));
         }
         let (slba, nlb) = self.lba_range(offset, write.len() as u64)?;
-        if nlb > self.chunk_blocks() {
+        // At most ACWU (the controller's atomic unit for the pair) and one command's transfer.
+        let max = (u64::from(self.limits.acwu) + 1).min(self.chunk_blocks());
+        if nlb > max {
             return Err(Error::InvalidArgument(format!(
-                "Compare and Write of {} bytes: more than one command's transfer ({} bytes)",
+                "Compare and Write of {} bytes: more than the controller's atomic compare and \
+                 write unit ({} bytes)",
                 write.len(),
-                self.chunk_blocks() * self.info.block_size as u64
+                max * self.info.block_size as u64
             )));
         }
         if self.limits.fuses & identify::ctrl::FUSES_COMPARE_AND_WRITE == 0 {

@@ -87,7 +87,9 @@ fn compare_and_write_one_host() {
     invalid(ns.compare_and_write(&[], &[], off));
     invalid(ns.compare_and_write(one, one, off + 512));
     invalid(ns.compare_and_write(one, one, ns.size()));
-    let big = c.info().max_transfer as usize + bs;
+    // The largest pair: ACWU blocks (one target buffer), within one command's transfer.
+    let max = ((c.info().acwu as usize + 1) * bs).min(c.info().max_transfer as usize);
+    let big = max + bs;
     invalid(ns.compare_and_write(&vec![0; big], &vec![0; big], 0));
     assert_eq!(ns.queue().stats().commands, sent);
     assert_eq!(ns.queue().in_flight(), 0);
@@ -95,13 +97,13 @@ fn compare_and_write_one_host() {
     ns.read_at(&mut back, off).unwrap();
     assert_eq!(&back[..bs], &other[..bs]);
 
-    // The largest pair (one command's transfer, beyond the in-capsule data: both halves go
-    // by R2T), straddling a 1 MiB boundary.
-    let max = c.info().max_transfer as usize;
+    // The largest pair (beyond the in-capsule data: both halves go by R2T), straddling a
+    // 1 MiB boundary.
     let boff = (1 << 20) - 2 * bs as u64;
     let (bold, bnew) = (fill(max, 6), fill(max, 7));
     ns.write_at(&bold, boff).unwrap();
-    assert!(!ns.compare_and_write(&bnew, &bold, boff).unwrap());
+    let r = ns.compare_and_write(&bnew, &bold, boff);
+    assert!(matches!(r, Ok(false)), "{r:?} {}", t.log_text());
     assert!(ns.compare_and_write(&bold, &bnew, boff).unwrap());
     let mut bback = vec![0u8; max];
     ns.read_at(&mut bback, boff).unwrap();

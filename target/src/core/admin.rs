@@ -218,10 +218,10 @@ impl Queue {
             | idc::ONCS_RESERVATIONS)
             .into();
         // Fused Compare and Write, atomic against every other write, up to one slot buffer
-        // per command (ACWU, 0's based, in the smallest block size: 512 bytes; a larger
-        // fused command is refused).
+        // per command (a larger fused command is refused). ACWU holds for every namespace
+        // format, so it counts blocks of the largest one (4 KiB); 0's based.
         id.fuses = idc::FUSES_COMPARE_AND_WRITE.into();
-        id.acwu = u16::try_from((self.max_xfer.min(caps.max_io_size) / 512).max(1) - 1)
+        id.acwu = u16::try_from((self.max_xfer.min(caps.max_io_size) / 4096).max(1) - 1)
             .unwrap_or(u16::MAX)
             .into();
         // Flush is honoured per namespace; a broadcast Flush (NSID FFFFFFFFh) is not.

@@ -85,8 +85,8 @@ fn identify_reports_compare_and_write() {
     let id = admins[0].identify(cns::CTRL, 0, csi::NVM);
     let id = IdentifyController::decode(id.ok_data()).unwrap();
     assert_eq!(id.fuses.get() & idc::FUSES_COMPARE_AND_WRITE, 1);
-    // 128 KiB (the TCP test caps' MDTS) in 512-byte blocks, 0's based.
-    assert_eq!(id.acwu.get(), 255);
+    // 128 KiB (the TCP test caps' buffer) in 4 KiB blocks, 0's based.
+    assert_eq!(id.acwu.get(), 31);
 }
 
 #[test]

@@ -30,7 +30,7 @@ fn identify_states_the_transfer_limit_and_one_buffer_of_acwu() {
     let (_t, mut a, _q) = ready(caps());
     let id = IdentifyController::decode(a.identify(cns::CTRL, 0, csi::NVM).ok_data()).unwrap();
     assert_eq!(4096u32 << id.mdts, 1 << 20);
-    assert_eq!(id.acwu.get() as u32, UNIT / 512 - 1);
+    assert_eq!(id.acwu.get() as u32, UNIT / 4096 - 1);
 }
 
 #[test]
@@ -130,4 +130,17 @@ fn only_reads_writes_and_compares_may_exceed_the_buffer() {
     let cmd = q.q.parse(&sqe, q.now).unwrap();
     assert_eq!(cmd.piece.len, UNIT);
     assert!(!cmd.is_last_piece());
+}
+
+#[test]
+fn a_fused_pair_of_one_buffer_is_taken() {
+    let (_t, _a, mut q) = ready(caps());
+    let mut sqe = Sqe::new(io::COMPARE, q.next_cid());
+    sqe.flags |= FUSE_FIRST;
+    sqe.nsid = 1.into();
+    sqe.cdw10 = 254.into();
+    sqe.cdw12 = 31.into();
+    sqe.dptr = Sgl::Transport { len: 32 << 12 }.encode();
+    let r = q.q.parse(&sqe, q.now);
+    assert!(r.is_ok(), "{r:?}");
 }
