@@ -865,19 +865,11 @@ impl Conn {
         let s = slot as usize;
         let r = &self.slots[s];
         let b = r.buf.expect("reading request has a buffer");
-        let Some((Sgl::Keyed { addr, key, .. }, piece)) =
-            r.cmd.as_ref().and_then(|c| Some((c.sgl?, c.piece)))
-        else {
+        let Some(remote) = self.piece_remote(slot) else {
             self.fail(slot, Status::INTERNAL, env.now);
             return;
         };
-        // The current piece (all of the data, unless it is larger than the buffer).
-        let len = piece.len;
-        let remote = RemoteBuf {
-            addr: addr + u64::from(piece.offset),
-            len: u64::from(len),
-            rkey: key,
-        };
+        let len = remote.len as u32;
         let bs = env.store.ring().pool().buf_size();
         let (sge, mr) = if self.iwarp {
             let ptr = match env.store.ring().pool().buf_ptr(BufId(b as u16)) {
@@ -1023,19 +1015,30 @@ impl Conn {
         self.advance(slot, env);
     }
 
+    /// Where the request's current piece of data lives in the host's memory (its keyed SGL,
+    /// from the piece's offset; all of the data unless it is larger than the buffer).
+    fn piece_remote(&self, slot: u32) -> Option<RemoteBuf> {
+        let cmd = self.slots[slot as usize].cmd.as_ref()?;
+        let Some(Sgl::Keyed { addr, key, .. }) = cmd.sgl else {
+            return None;
+        };
+        Some(RemoteBuf {
+            addr: addr + u64::from(cmd.piece.offset),
+            len: u64::from(cmd.piece.len),
+            rkey: key,
+        })
+    }
+
     /// Writes the piece of read data in the request's buffer to the host (signaled; the next
     /// piece is read into the buffer when it completes).
     fn post_piece_write(&mut self, slot: u32, env: &mut Env<'_>) {
         let s = slot as usize;
-        let r = &self.slots[s];
-        let (Some(cmd), Some(b)) = (r.cmd.as_ref(), r.buf) else {
-            return;
-        };
-        let (Some(Sgl::Keyed { addr, key, .. }), piece) = (cmd.sgl, cmd.piece) else {
+        let (Some(b), Some(remote)) = (self.slots[s].buf, self.piece_remote(slot)) else {
             self.fail(slot, Status::INTERNAL, env.now);
             self.advance(slot, env);
             return;
         };
+        let len = remote.len as u32;
         if self.sq_free < 1 {
             // The send queue holds two entries per request unless the device allows fewer.
             warn!(peer = %self.peer, "no send-queue room for a piece of read data: failing the command");
@@ -1044,18 +1047,13 @@ impl Conn {
             return;
         }
         let bs = env.store.ring().pool().buf_size();
-        let sge = match env.dev.pool_mr.sge(b as usize * bs, piece.len as usize) {
+        let sge = match env.dev.pool_mr.sge(b as usize * bs, len as usize) {
             Ok(sge) => sge,
             Err(e) => {
                 warn!(peer = %self.peer, error = %e, "pool SGE out of range");
                 self.close("internal error", env);
                 return;
             }
-        };
-        let remote = RemoteBuf {
-            addr: addr + u64::from(piece.offset),
-            len: u64::from(piece.len),
-            rkey: key,
         };
         let Some(qp) = self.qp.as_ref() else {
             return;
@@ -1071,8 +1069,8 @@ impl Conn {
                 self.sq_free -= 1;
                 self.signaled_out += 1;
                 self.slots[s].wrs = 1;
-                self.stats.tx_bytes += u64::from(piece.len);
-                self.stats.tx_payload += u64::from(piece.len);
+                self.stats.tx_bytes += u64::from(len);
+                self.stats.tx_payload += u64::from(len);
                 self.set(slot, ReqState::TransferringPiece);
             }
             Err(e) => {
