@@ -250,7 +250,9 @@ impl Bench {
         let ns = IdentifyNamespace::decode(&ns).map_err(|e| e.to_string())?;
         let bs = 1u32 << ns.lbaf[(ns.flbas & 0xf) as usize].ds;
         let mdts = ctrl.mdts;
-        let max_xfer = if mdts == 0 || mdts > 8 {
+        // MDTS 0 states no limit: assume 1 MiB (the row above it then expects a refusal the
+        // target need not give). Our target states 8 MiB by default.
+        let max_xfer = if mdts == 0 || mdts > 19 {
             1 << 20
         } else {
             4096u32 << mdts
