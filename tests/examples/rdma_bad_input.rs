@@ -512,8 +512,10 @@ impl Bench {
         let got = self.cmd(q, s, &[]);
         self.status_row("Read with PSDT 00b (PRP)", Status::INVALID_FIELD, got);
         // Lengths.
+        // At LBA 0, so the range fits the namespace and only the length is wrong (refused
+        // before any data moves: nothing is written).
         let over = g.max_xfer / bs + 1;
-        let got = self.cmd(q, rw(io::WRITE, ns, g.scratch, over, k(q, over)), &[]);
+        let got = self.cmd(q, rw(io::WRITE, ns, 0, over, k(q, over)), &[]);
         self.status_row(
             &format!(
                 "Write {} bytes by keyed SGL (MDTS {} bytes)",
