@@ -8,14 +8,11 @@
 //!   limits (`pdu_stream`) or a two-buffer pool (`tcp_conn`).
 //! - `split_seed` picks where the stream is cut (0: not at all).
 
-use std::collections::VecDeque;
 use std::sync::Arc;
 
 use nvmf_target::core::{
-    IoKind, IoOp, ListenerInfo, NamespaceSpec, SubsystemSpec, Target, TargetParams, TrType,
-    TransportCaps,
+    ListenerInfo, NamespaceSpec, SubsystemSpec, Target, TargetParams, TrType, TransportCaps,
 };
-use nvmf_target::transport::Store;
 
 /// The subsystem of [`fuzz_target_core`].
 pub const SUBNQN: &str = "nqn.2026-11.io.nvmf-rs:fuzz";
@@ -138,95 +135,8 @@ pub fn fuzz_target_core() -> Arc<Target> {
     )
 }
 
-/// The buffer pool and "backend" of a fuzzed connection: buffers in memory, operations that
-/// complete at the next [`Store::reap`] (reads fill the buffer with a pattern). It checks what
-/// a real pool would corrupt silently: double frees and I/O beyond the buffer.
-pub struct MemStore {
-    bufs: Vec<Vec<u8>>,
-    free: Vec<u32>,
-    in_use: Vec<bool>,
-    pending: VecDeque<(u64, u32)>,
-    pub submitted: u64,
-}
-
-impl MemStore {
-    pub fn new(count: usize, size: usize) -> MemStore {
-        MemStore {
-            bufs: (0..count).map(|_| vec![0u8; size]).collect(),
-            free: (0..count as u32).rev().collect(),
-            in_use: vec![false; count],
-            pending: VecDeque::new(),
-            submitted: 0,
-        }
-    }
-}
-
-impl Store for MemStore {
-    fn alloc_buf(&mut self) -> Option<u32> {
-        let b = self.free.pop()?;
-        self.in_use[b as usize] = true;
-        Some(b)
-    }
-
-    fn free_buf(&mut self, buf: u32) {
-        assert!(self.in_use[buf as usize], "buffer {buf} freed twice");
-        self.in_use[buf as usize] = false;
-        self.free.push(buf);
-    }
-
-    fn buf(&mut self, buf: u32) -> &mut [u8] {
-        assert!(self.in_use[buf as usize], "buffer {buf} used while free");
-        &mut self.bufs[buf as usize]
-    }
-
-    fn payload(&self, buf: u32, len: usize) -> &[u8] {
-        assert!(self.in_use[buf as usize], "buffer {buf} sent while free");
-        &self.bufs[buf as usize][..len]
-    }
-
-    fn submit(&mut self, op: &IoOp, buf: Option<u32>, user_data: u64) {
-        self.submitted += 1;
-        match op.kind {
-            IoKind::Read | IoKind::Write | IoKind::WriteFua => {
-                let b = buf.expect("a data operation has a buffer");
-                assert!(self.in_use[b as usize], "I/O on a free buffer");
-                let bytes = &mut self.bufs[b as usize];
-                assert!(
-                    op.len as usize <= bytes.len(),
-                    "I/O of {} bytes on a {}-byte buffer",
-                    op.len,
-                    bytes.len()
-                );
-                if op.kind == IoKind::Read {
-                    bytes[..op.len as usize].fill((op.offset >> 9) as u8 | 1);
-                }
-            }
-            _ => {}
-        }
-        self.pending.push_back((user_data, op.len));
-    }
-
-    fn reap(&mut self, out: &mut Vec<(u64, Result<u32, i32>)>) {
-        out.extend(self.pending.drain(..).map(|(ud, len)| (ud, Ok(len))));
-    }
-
-    fn inflight(&self) -> usize {
-        self.pending.len()
-    }
-
-    fn buffers_in_use(&self) -> usize {
-        self.in_use.iter().filter(|&&u| u).count()
-    }
-
-    fn set_device(
-        &mut self,
-        _index: u32,
-        _device: Option<&nvmf_target::backend::Device>,
-    ) -> std::io::Result<()> {
-        // Memory only: there are no devices to register.
-        Ok(())
-    }
-}
+/// The fuzzed connections' buffer pool and backend, in memory.
+pub use nvmf_target::transport::mem::MemStore;
 
 /// The host NQN and host ID the seed recordings use (`nvmf-tests` example `fuzz_seeds`).
 pub const HOSTNQN: &str = "nqn.2014-08.org.nvmexpress:uuid:f0220000-0000-4000-8000-00000000f022";

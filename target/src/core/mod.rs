@@ -34,7 +34,7 @@ mod reservation;
 pub mod stats;
 mod subsystem;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 use std::collections::VecDeque;
 use std::sync::Arc;

@@ -1,16 +1,18 @@
 //! An outgoing byte queue for one stream socket: small inline pieces (PDU headers, CQEs,
 //! digests) and borrowed data slices (read data in a slot's registered buffer), sent with one
-//! gathering `sendmsg` per flush. No copy of payload bytes, no heap allocation per item.
+//! gathering send per flush (`sendmsg` on a socket, see [`super::wire::Wire`]). No copy of
+//! payload bytes, no heap allocation per item.
 
 use std::collections::VecDeque;
-use std::io;
-use std::os::fd::{AsRawFd, RawFd};
+use std::io::{self, IoSlice};
+
+use super::wire::Wire;
 
 /// Bytes of inline storage per item: any PDU header region (header, header digest, padding to
 /// a host PDA of up to 128 bytes) fits.
 pub const INLINE_MAX: usize = 136;
 
-/// At most this many iovecs per sendmsg.
+/// At most this many iovecs per send.
 const MAX_IOV: usize = 64;
 
 #[derive(Debug)]
@@ -112,9 +114,13 @@ impl SendQueue {
         self.queued_bytes = 0;
     }
 
-    /// Send as much as the socket takes now. Calls `released` for each marker passed.
-    /// Returns Ok(true) when the queue is empty afterwards, Ok(false) when the socket is full.
-    pub fn flush(&mut self, fd: &impl AsRawFd, mut released: impl FnMut(u32)) -> io::Result<bool> {
+    /// Send as much as the stream takes now. Calls `released` for each marker passed.
+    /// Returns Ok(true) when the queue is empty afterwards, Ok(false) when the stream is full.
+    pub fn flush(
+        &mut self,
+        wire: &mut impl Wire,
+        mut released: impl FnMut(u32),
+    ) -> io::Result<bool> {
         loop {
             while let Some(Item::Release(t)) = self.items.front() {
                 let t = *t;
@@ -124,10 +130,7 @@ impl SendQueue {
             if self.items.is_empty() {
                 return Ok(true);
             }
-            let mut iov = [libc::iovec {
-                iov_base: std::ptr::null_mut(),
-                iov_len: 0,
-            }; MAX_IOV];
+            let mut iov = [IoSlice::new(&[]); MAX_IOV];
             let mut n = 0;
             for it in self.items.iter() {
                 if n == MAX_IOV {
@@ -135,25 +138,21 @@ impl SendQueue {
                 }
                 match it {
                     Item::Inline { buf, len, off } => {
-                        iov[n] = libc::iovec {
-                            iov_base: buf[*off as usize..].as_ptr() as *mut libc::c_void,
-                            iov_len: (*len - *off) as usize,
-                        };
+                        iov[n] = IoSlice::new(&buf[*off as usize..*len as usize]);
                         n += 1;
                     }
                     Item::Data { ptr, len, off } => {
-                        iov[n] = libc::iovec {
-                            // SAFETY: `off < len` and [ptr, ptr+len) is valid per the push_data
-                            // contract; this only computes an address inside it.
-                            iov_base: unsafe { ptr.add(*off) } as *mut libc::c_void,
-                            iov_len: len - off,
-                        };
+                        // SAFETY: `off < len` and [ptr, ptr+len) stays valid and unchanged
+                        // until its release marker is reported (the push_data contract).
+                        iov[n] = IoSlice::new(unsafe {
+                            std::slice::from_raw_parts(ptr.add(*off), len - off)
+                        });
                         n += 1;
                     }
                     Item::Release(_) => {}
                 }
             }
-            let Some(mut sent) = sendmsg_raw(fd.as_raw_fd(), &iov[..n])? else {
+            let Some(mut sent) = wire.send(&iov[..n])? else {
                 return Ok(false);
             };
             self.queued_bytes -= sent;
@@ -191,37 +190,14 @@ impl SendQueue {
     }
 }
 
-/// One non-blocking gathering send. Ok(None) when the socket would block.
-fn sendmsg_raw(fd: RawFd, iov: &[libc::iovec]) -> io::Result<Option<usize>> {
-    // SAFETY: msghdr is plain data; all-zero is a valid "no name, no control data" header.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = iov.as_ptr() as *mut libc::iovec;
-    msg.msg_iovlen = iov.len() as _;
-    loop {
-        // SAFETY: `msg` points at `iov`, whose entries describe memory valid for the duration of
-        // the call (inline items live in the queue, data items per the push_data contract).
-        let r = unsafe { libc::sendmsg(fd, &msg, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) };
-        if r >= 0 {
-            return Ok(Some(r as usize));
-        }
-        let e = io::Error::last_os_error();
-        match e.raw_os_error() {
-            Some(libc::EINTR) => continue,
-            Some(libc::EAGAIN) => return Ok(None),
-            _ => return Err(e),
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::io::Read;
-    use std::os::unix::net::UnixStream;
+    use crate::transport::mem::MemWire;
 
     #[test]
     fn gathers_inline_and_data_and_reports_releases_in_order() {
-        let (a, mut b) = UnixStream::pair().unwrap();
+        let mut w = MemWire::default();
         let data = vec![7u8; 10_000];
         let mut q = SendQueue::with_capacity(8);
         q.push_inline(b"hdr1");
@@ -231,11 +207,12 @@ mod tests {
         q.push_inline(b"cqe");
         q.push_release(2);
         let mut rel = Vec::new();
-        assert!(q.flush(&a, |t| rel.push(t)).unwrap());
+        assert!(q.flush(&mut w, |t| rel.push(t)).unwrap());
         assert_eq!(rel, vec![1, 2]);
         assert_eq!(q.queued_bytes(), 0);
-        let mut got = vec![0u8; 4 + 10_000 + 3];
-        b.read_exact(&mut got).unwrap();
+        assert_eq!(w.send_calls, 1, "one gathering send");
+        let got = w.take_sent();
+        assert_eq!(got.len(), 4 + 10_000 + 3);
         assert_eq!(&got[..4], b"hdr1");
         assert!(got[4..10_004].iter().all(|&x| x == 7));
         assert_eq!(&got[10_004..], b"cqe");
@@ -243,29 +220,32 @@ mod tests {
 
     #[test]
     fn partial_sends_resume_where_they_stopped() {
-        let (a, mut b) = UnixStream::pair().unwrap();
-        a.set_nonblocking(true).unwrap();
-        let data: Vec<u8> = (0..4_000_000u32).map(|i| (i % 251) as u8).collect();
+        let mut w = MemWire {
+            send_room: 1000,
+            send_max: 333,
+            ..MemWire::default()
+        };
+        let data: Vec<u8> = (0..100_000u32).map(|i| (i % 251) as u8).collect();
         let mut q = SendQueue::with_capacity(8);
         q.push_inline(b"H");
         // SAFETY: `data` outlives the queue's use of it.
         unsafe { q.push_data(data.as_ptr(), data.len()) };
         q.push_release(9);
+        q.push_inline(b"T");
         let mut rel = Vec::new();
-        // The socket buffer is far smaller than 4 MB: the first flush must stop early.
-        assert!(!q.flush(&a, |t| rel.push(t)).unwrap());
+        // The stream takes 1000 bytes, 333 per send: the first flush must stop there.
+        assert!(!q.flush(&mut w, |t| rel.push(t)).unwrap());
         assert!(rel.is_empty());
-        let reader = std::thread::spawn(move || {
-            let mut got = vec![0u8; 1 + 4_000_000];
-            b.read_exact(&mut got).unwrap();
-            got
-        });
-        while !q.flush(&a, |t| rel.push(t)).unwrap() {
-            std::thread::yield_now();
+        assert_eq!(w.outbound.len(), 1000);
+        assert_eq!(q.queued_bytes(), 1 + 100_000 + 1 - 1000);
+        while !q.flush(&mut w, |t| rel.push(t)).unwrap() {
+            assert!(rel.is_empty(), "released before its data left");
+            w.send_room = 7777;
         }
         assert_eq!(rel, vec![9]);
-        let got = reader.join().unwrap();
+        let got = w.take_sent();
         assert_eq!(got[0], b'H');
-        assert_eq!(&got[1..], &data[..]);
+        assert_eq!(&got[1..100_001], &data[..]);
+        assert_eq!(got[100_001], b'T');
     }
 }

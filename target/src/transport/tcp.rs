@@ -8,7 +8,7 @@
 //! `sendmsg` (C2HData header + payload + CapsuleResp), so read payloads are never copied by
 //! the CPU in user space.
 
-use std::io::{self, Read, Write};
+use std::io::{self, IoSlice};
 use std::net::TcpStream;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -22,6 +22,7 @@ use nvme::{Cqe, Sqe, Status};
 use tracing::{debug, info, warn};
 
 use super::sendq::SendQueue;
+use super::wire::Wire;
 use super::{ConnStats, ReqRef, Store};
 use crate::core::{self, Cmd, Exec, Queue, QueueEvent, QueueLimits, TransportCaps, Xfer};
 
@@ -46,6 +47,10 @@ pub enum SlotState {
     NeedBuffer,
     /// In-capsule data is being received into the buffer.
     RecvInCapsule,
+    /// The pool had no buffer: in-capsule data is being received into the slot's own spill
+    /// memory (then the slot waits in `NeedBuffer` with its data), so that reading never stops
+    /// for a buffer: data that would free one may be behind it on the stream.
+    RecvSpill,
     /// R2T sent; H2CData PDUs are being received.
     RecvH2C,
     /// A backend operation is in flight.
@@ -63,7 +68,7 @@ pub enum SlotState {
 }
 
 /// Number of [`SlotState`]s (index = `state as usize`).
-pub const SLOT_STATES: usize = 9;
+pub const SLOT_STATES: usize = 10;
 
 struct Slot {
     state: SlotState,
@@ -78,6 +83,11 @@ struct Slot {
     pending_cqe: Option<Cqe>,
     /// A data digest error was seen on this command's data.
     digest_error: bool,
+    /// In-capsule data received while the pool had no buffer (`RecvSpill`); its capacity is
+    /// kept, so only a connection's first spills allocate.
+    spill: Vec<u8>,
+    /// `spill` holds this command's whole in-capsule data, to copy into the buffer granted.
+    spilled: bool,
 }
 
 impl Slot {
@@ -90,6 +100,8 @@ impl Slot {
             pending_status: None,
             pending_cqe: None,
             digest_error: false,
+            spill: Vec::new(),
+            spilled: false,
         }
     }
 }
@@ -102,6 +114,10 @@ enum DataDst {
     Slot {
         slot: u16,
         base: u32,
+    },
+    /// Into slot `slot`'s spill memory (no pool buffer was free).
+    Spill {
+        slot: u16,
     },
     /// Read and dropped (a failed command's in-capsule data).
     Discard {
@@ -117,9 +133,10 @@ enum Phase {
     Closing,
 }
 
-/// One NVMe/TCP connection (one NVMe queue).
-pub struct Conn {
-    sock: TcpStream,
+/// One NVMe/TCP connection (one NVMe queue), on a byte stream `W`: the state machine of the
+/// connection does its I/O through [`Wire`], so it runs over memory in its unit tests.
+pub struct Conn<W: Wire = TcpStream> {
+    wire: W,
     pub peer: String,
     phase: Phase,
     rx: Deframer,
@@ -129,8 +146,6 @@ pub struct Conn {
     dst: DataDst,
     /// Bytes of the current PDU's data received so far.
     data_progress: u32,
-    /// A capsule whose in-capsule data cannot be received until a buffer frees up.
-    stalled: Option<(Sqe, u32)>,
     tx: SendQueue,
     txcfg: TxConfig,
     queue: Queue,
@@ -155,7 +170,7 @@ pub struct Wants {
     pub need_buffer: Vec<u16>,
 }
 
-impl Conn {
+impl Conn<TcpStream> {
     /// A connection on `sock`; `waker` is called (from any thread) when the core has an event
     /// for this queue.
     pub fn new(
@@ -166,10 +181,23 @@ impl Conn {
     ) -> io::Result<Conn> {
         sock.set_nonblocking(true)?;
         sock.set_nodelay(true)?;
-        let peer = sock
-            .peer_addr()
-            .map(|a| a.to_string())
-            .unwrap_or_else(|_| "?".into());
+        Ok(Conn::with_wire(sock, target, caps, waker))
+    }
+
+    pub fn fd(&self) -> &TcpStream {
+        &self.wire
+    }
+}
+
+impl<W: Wire> Conn<W> {
+    /// A connection on a non-blocking byte stream.
+    pub fn with_wire(
+        wire: W,
+        target: Arc<core::Target>,
+        caps: TransportCaps,
+        waker: core::Waker,
+    ) -> Conn<W> {
+        let peer = wire.peer();
         let rxcfg = RxConfig {
             max_data_pdu: caps.max_io_size,
             // Before Connect says what the queue is, the most any queue takes.
@@ -186,12 +214,12 @@ impl Conn {
         queue.set_waker(waker);
         // The discovery log reports the address the host actually reached (listeners may be
         // wildcards).
-        if let Ok(local) = sock.local_addr() {
+        if let Some(local) = wire.local_addr() {
             queue.set_local_addr(local);
         }
-        Ok(Conn {
+        Conn {
             queue,
-            sock,
+            wire,
             peer,
             phase: Phase::AwaitIcReq,
             rx: Deframer::new(rxcfg),
@@ -200,7 +228,6 @@ impl Conn {
             st_end: 0,
             dst: DataDst::None,
             data_progress: 0,
-            stalled: None,
             tx: SendQueue::with_capacity(4 * n),
             txcfg: TxConfig::default(),
             caps,
@@ -215,20 +242,20 @@ impl Conn {
             stats: ConnStats::default(),
             conn_key: 0,
             released: Vec::with_capacity(n),
-        })
+        }
     }
 
-    pub fn fd(&self) -> &TcpStream {
-        &self.sock
+    /// The byte stream.
+    pub fn wire(&self) -> &W {
+        &self.wire
+    }
+
+    pub fn wire_mut(&mut self) -> &mut W {
+        &mut self.wire
     }
 
     pub fn is_closing(&self) -> bool {
         self.phase == Phase::Closing
-    }
-
-    /// Whether reading is paused until a buffer frees up.
-    pub fn is_stalled(&self) -> bool {
-        self.stalled.is_some()
     }
 
     /// Whether everything is released and the connection can be dropped.
@@ -250,7 +277,7 @@ impl Conn {
         let mut progress = false;
         let mut reads = 0;
         let mut drained = false;
-        while self.phase != Phase::Closing && self.stalled.is_none() {
+        while self.phase != Phase::Closing {
             // 1. Bytes already staged.
             if self.st_start < self.st_end {
                 if let Err(e) = self.process_staged(store, now, w) {
@@ -269,9 +296,10 @@ impl Conn {
             }
             reads += 1;
             // 2. Large data outstanding: read it straight into the slot buffer.
-            if let (Need::Data(n), DataDst::Slot { slot, base }) = (self.rx.need(), self.dst) {
-                if n >= DIRECT_READ_MIN {
-                    match self.read_direct(store, slot, base, n, now, w) {
+            if let Need::Data(n) = self.rx.need() {
+                let direct = matches!(self.dst, DataDst::Slot { .. } | DataDst::Spill { .. });
+                if direct && n >= DIRECT_READ_MIN {
+                    match self.read_direct(store, n, now, w) {
                         Ok(Some(got)) => {
                             progress = true;
                             // Short: the socket is empty for now (as above).
@@ -287,7 +315,7 @@ impl Conn {
                 }
             }
             // 3. Fill the staging buffer.
-            match self.sock.read(&mut self.stage[..]) {
+            match self.wire.recv(&mut self.stage[..]) {
                 Ok(0) => {
                     self.close(store, "host closed the connection");
                     break;
@@ -315,24 +343,29 @@ impl Conn {
         progress
     }
 
-    /// Read PDU data directly into the slot's buffer: the bytes read, None when the socket has
-    /// nothing.
+    /// Read PDU data directly into the slot's buffer (or spill memory): the bytes read, None
+    /// when the socket has nothing.
     fn read_direct(
         &mut self,
         store: &mut dyn Store,
-        slot: u16,
-        base: u32,
         n: usize,
         now: Instant,
         w: &mut Wants,
     ) -> io::Result<Option<usize>> {
-        let buf = self.slots[slot as usize]
-            .buf
-            .expect("receiving slot has a buffer");
-        let at = base as usize + self.data_progress as usize;
-        let dst = &mut store.buf(buf)[at..at + n];
+        let at = self.data_progress as usize;
+        let dst: &mut [u8] = match self.dst {
+            DataDst::Slot { slot, base } => {
+                let buf = self.slots[slot as usize]
+                    .buf
+                    .expect("receiving slot has a buffer");
+                let at = base as usize + at;
+                &mut store.buf(buf)[at..at + n]
+            }
+            DataDst::Spill { slot } => &mut self.slots[slot as usize].spill[at..at + n],
+            DataDst::None | DataDst::Discard { .. } => unreachable!("checked by the caller"),
+        };
         let r = loop {
-            match self.sock.read(dst) {
+            match self.wire.recv(dst) {
                 Ok(0) => {
                     return Err(io::Error::new(
                         io::ErrorKind::UnexpectedEof,
@@ -375,13 +408,22 @@ impl Conn {
                 done,
             }) => {
                 let len = bytes.len();
-                if let DataDst::Slot { slot, base } = self.dst {
-                    let b = self.slots[slot as usize]
-                        .buf
-                        .expect("receiving slot has a buffer");
-                    let at = (base + offset) as usize;
-                    store.buf(b)[at..at + len].copy_from_slice(&self.stage[start..start + len]);
-                    self.stats.copied_bytes += len as u64;
+                let src = &self.stage[start..start + len];
+                match self.dst {
+                    DataDst::Slot { slot, base } => {
+                        let b = self.slots[slot as usize]
+                            .buf
+                            .expect("receiving slot has a buffer");
+                        let at = (base + offset) as usize;
+                        store.buf(b)[at..at + len].copy_from_slice(src);
+                        self.stats.copied_bytes += len as u64;
+                    }
+                    DataDst::Spill { slot } => {
+                        let at = offset as usize;
+                        self.slots[slot as usize].spill[at..at + len].copy_from_slice(src);
+                        self.stats.copied_bytes += len as u64;
+                    }
+                    DataDst::None | DataDst::Discard { .. } => {}
                 }
                 self.data_progress = offset + len as u32;
                 self.st_start += used;
@@ -494,6 +536,7 @@ impl Conn {
         self.slots[s].digest_error = false;
         self.slots[s].pending_status = None;
         self.slots[s].pending_cqe = None;
+        self.slots[s].spilled = false;
         let cmd = match self.queue.parse(&sqe, now) {
             Ok(cmd) => cmd,
             Err(cqe) => {
@@ -520,12 +563,19 @@ impl Conn {
         if !matches!(xfer, Some(Xfer::None)) {
             match store.alloc_buf() {
                 Some(b) => self.slots[s].buf = Some(b),
+                None if data_len > 0 => {
+                    // The data follows on the stream: receive it into the slot's own memory and
+                    // ask for a buffer once it is in. Reading must go on: the host's data for a
+                    // command that holds a buffer (and will free it) may be behind it.
+                    let spill = &mut self.slots[s].spill;
+                    spill.clear();
+                    spill.resize(data_len as usize, 0);
+                    self.set(slot, SlotState::RecvSpill);
+                    self.dst = DataDst::Spill { slot };
+                    return Ok(());
+                }
                 None => {
-                    self.set(s as u16, SlotState::NeedBuffer);
-                    if data_len > 0 {
-                        // The data follows on the stream: stop reading until a buffer frees up.
-                        self.stalled = Some((sqe, data_len));
-                    }
+                    self.set(slot, SlotState::NeedBuffer);
                     w.need_buffer.push(slot);
                     return Ok(());
                 }
@@ -595,20 +645,15 @@ impl Conn {
             return;
         }
         self.slots[s].buf = Some(buf);
-        let cid = self.slots[s]
-            .cmd
-            .as_ref()
-            .expect("slot has a command")
-            .sqe
-            .cid();
-        let data_len = match self.stalled {
-            Some((sqe, len)) if sqe.cid() == cid => {
-                self.stalled = None;
-                len
-            }
-            _ => 0,
-        };
-        self.start(slot, data_len, store, now);
+        if std::mem::take(&mut self.slots[s].spilled) {
+            // The in-capsule data came while the pool was empty: the one copy of this path.
+            let n = self.slots[s].spill.len();
+            store.buf(buf)[..n].copy_from_slice(&self.slots[s].spill);
+            self.stats.copied_bytes += n as u64;
+            self.execute(slot, store, now);
+            return;
+        }
+        self.start(slot, 0, store, now);
     }
 
     fn on_h2c_data(&mut self, d: DataPdu) -> Result<(), TcpError> {
@@ -668,7 +713,7 @@ impl Conn {
     }
 
     /// The current PDU's data (and digest) arrived.
-    fn data_done(&mut self, store: &mut dyn Store, digest_ok: bool, now: Instant, _w: &mut Wants) {
+    fn data_done(&mut self, store: &mut dyn Store, digest_ok: bool, now: Instant, w: &mut Wants) {
         let dst = std::mem::replace(&mut self.dst, DataDst::None);
         let got = std::mem::take(&mut self.data_progress);
         match dst {
@@ -689,6 +734,22 @@ impl Conn {
                     ),
                 };
                 self.send_cqe_only(slot, cqe);
+            }
+            DataDst::Spill { slot } => {
+                let s = slot as usize;
+                if !digest_ok {
+                    // As below: Transient Transport Error, and no buffer is needed for it.
+                    let cqe = self.queue.complete_status(
+                        self.slots[s].cmd.as_ref().expect("slot has a command"),
+                        Status::TRANSIENT_TRANSPORT,
+                        now,
+                    );
+                    self.respond(slot, cqe, 0, store);
+                    return;
+                }
+                self.slots[s].spilled = true;
+                self.set(slot, SlotState::NeedBuffer);
+                w.need_buffer.push(slot);
             }
             DataDst::Slot { slot, .. } => {
                 let s = slot as usize;
@@ -866,6 +927,7 @@ impl Conn {
             store.free_buf(b);
         }
         s.cmd = None;
+        s.spilled = false;
         self.set(slot, SlotState::Free);
         self.free_slots.push(slot);
     }
@@ -897,7 +959,7 @@ impl Conn {
         }
         let before = self.tx.queued_bytes();
         let mut rel = std::mem::take(&mut self.released);
-        let r = self.tx.flush(&self.sock, |t| rel.push(t));
+        let r = self.tx.flush(&mut self.wire, |t| rel.push(t));
         self.stats.tx_bytes += (before - self.tx.queued_bytes()) as u64;
         for &t in &rel {
             if t & PIECE_SENT != 0 {
@@ -964,7 +1026,7 @@ impl Conn {
         let bytes = TermReq::new(&e, self.rx.offending_header()).encode(false);
         // Best effort, after the whole PDUs already queued; the connection closes either way.
         if self.flush(store, now) {
-            write_bounded(&self.sock, &bytes, Duration::from_millis(100));
+            write_bounded(&mut self.wire, &bytes, Duration::from_millis(100));
         }
         self.stats.errors += 1;
         self.close(store, e.reason);
@@ -984,27 +1046,30 @@ impl Conn {
         debug!(peer = %self.peer, qid = ?self.queue.qid(), reason, "closing connection");
         self.phase = Phase::Closing;
         self.queue.disconnected();
-        let _ = self.sock.shutdown(std::net::Shutdown::Both);
+        self.wire.shutdown();
         self.tx.clear(|_| {});
         for s in 0..self.slots.len() {
             if self.slots[s].state != SlotState::Executing {
                 self.release_slot(s as u16, store);
             }
         }
-        self.stalled = None;
         self.dst = DataDst::None;
     }
 }
 
-/// Write `bytes` to a non-blocking socket, giving up after `limit`.
-fn write_bounded(mut sock: &TcpStream, bytes: &[u8], limit: Duration) {
+/// Write `bytes` to a non-blocking stream, giving up after `limit`.
+fn write_bounded(wire: &mut impl Wire, bytes: &[u8], limit: Duration) {
     let deadline = Instant::now() + limit;
     let mut off = 0;
     while off < bytes.len() && Instant::now() < deadline {
-        match sock.write(&bytes[off..]) {
-            Ok(n) => off += n,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => std::thread::yield_now(),
+        match wire.send(&[IoSlice::new(&bytes[off..])]) {
+            Ok(Some(n)) => off += n,
+            Ok(None) => std::thread::yield_now(),
             Err(_) => return,
         }
     }
 }
+
+#[cfg(test)]
+#[path = "tcp_tests.rs"]
+mod tests;

@@ -140,11 +140,6 @@ impl Conns for TcpConns {
             return;
         };
         c.buffer_granted(slot as u16, buf, cx.store, cx.now);
-        if !c.is_stalled() {
-            // Staged bytes may be waiting behind the stalled capsule.
-            c.on_readable(cx.store, cx.now, &mut self.wants);
-            self.take_wants(conn, cx);
-        }
     }
 
     fn tick(&mut self, cx: &mut Cx<'_>) {

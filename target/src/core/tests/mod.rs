@@ -28,12 +28,12 @@ use nvme::{Cqe, Sqe, Status, DISCOVERY_NQN};
 
 use super::*;
 
-pub(super) const SUBNQN: &str = "nqn.2024-01.io.nvmf-rs:test";
+pub(crate) const SUBNQN: &str = "nqn.2024-01.io.nvmf-rs:test";
 pub(super) const RESTRICTED: &str = "nqn.2024-01.io.nvmf-rs:restricted";
-pub(super) const HOSTNQN: &str =
+pub(crate) const HOSTNQN: &str =
     "nqn.2014-08.org.nvmexpress:uuid:0c4f6c1e-1111-2222-3333-444455556666";
 pub(super) const OTHER_HOST: &str = "nqn.2014-08.org.nvmexpress:uuid:other";
-pub(super) const HOSTID: [u8; 16] = [0x0c, 0x4f, 0x6c, 0x1e, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6];
+pub(crate) const HOSTID: [u8; 16] = [0x0c, 0x4f, 0x6c, 0x1e, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6];
 
 pub(super) fn ns(nsid: u32, blocks: u64, lba_shift: u8, device: u32) -> NamespaceSpec {
     let mut nguid = [0u8; 16];
@@ -86,7 +86,7 @@ pub(super) fn test_listeners() -> Vec<ListenerInfo> {
     ]
 }
 
-pub(super) fn test_target() -> Arc<Target> {
+pub(crate) fn test_target() -> Arc<Target> {
     Target::new(
         test_subsystems(),
         test_listeners(),
@@ -98,7 +98,7 @@ pub(super) fn test_target() -> Arc<Target> {
     )
 }
 
-pub(super) fn tcp_caps() -> TransportCaps {
+pub(crate) fn tcp_caps() -> TransportCaps {
     TransportCaps {
         trtype: TrType::Tcp,
         in_capsule_data: 8192,
@@ -120,7 +120,7 @@ pub(super) fn rdma_caps() -> TransportCaps {
 
 /// What a submitted command turned into.
 #[derive(Debug)]
-pub(super) enum Reply {
+pub(crate) enum Reply {
     /// `parse` refused it.
     Rejected(Cqe),
     /// `execute` finished it; the data that went to the host.
@@ -160,7 +160,7 @@ impl Reply {
 }
 
 /// A host's end of one queue, with a virtual clock.
-pub(super) struct Host {
+pub(crate) struct Host {
     pub q: Queue,
     pub now: Instant,
     /// The command buffer of the last command `execute` handed to the backend, as it left it.
