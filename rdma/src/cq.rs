@@ -276,6 +276,16 @@ impl Clone for WorkCompletion {
 }
 
 impl WorkCompletion {
+    /// A completion of work request `wr_id` with `status` and `byte_len`, as a device would
+    /// report it (for code that stands in for a device, such as tests of a request machine).
+    pub fn new(wr_id: u64, status: WcStatus, byte_len: u32) -> WorkCompletion {
+        let mut wc = WorkCompletion::default();
+        wc.0.wr_id = wr_id;
+        wc.0.status = status.to_raw();
+        wc.0.byte_len = byte_len;
+        wc
+    }
+
     /// The `wr_id` of the work request that completed.
     pub fn wr_id(&self) -> u64 {
         self.0.wr_id

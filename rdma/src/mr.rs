@@ -438,6 +438,17 @@ pub(crate) fn check_range(offset: usize, len: usize, region_len: usize) -> Resul
 pub struct Sge(pub(crate) ibv_sge);
 
 impl Sge {
+    /// An entry of `len` bytes at `addr` under local key `lkey`, as given. [`Mr::sge`] builds
+    /// checked ones; this one is for code that stands in for a device (a posted entry is
+    /// checked against its region by the device itself).
+    pub fn new(addr: u64, len: u32, lkey: u32) -> Sge {
+        Sge(ibv_sge {
+            addr,
+            length: len,
+            lkey,
+        })
+    }
+
     /// Start address.
     pub fn addr(&self) -> u64 {
         self.0.addr

@@ -108,7 +108,7 @@ pub(crate) fn tcp_caps() -> TransportCaps {
     }
 }
 
-pub(super) fn rdma_caps() -> TransportCaps {
+pub(crate) fn rdma_caps() -> TransportCaps {
     TransportCaps {
         trtype: TrType::Rdma,
         in_capsule_data: 4096,

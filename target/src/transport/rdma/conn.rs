@@ -45,14 +45,14 @@ use ::rdma::{
 use nvme::rdma::CmReply;
 use nvme::sgl::Sgl;
 use nvme::{Sqe, Status};
+use std::net::SocketAddr;
 use tracing::{debug, info, warn};
 
 use super::params::{split_wr_id, wr_id, QueueSizing, WrKind, CQE_BYTES, SQE_BYTES};
-use super::poller::{DevRes, RegionInfo, RegionKind};
+use super::poller::{DevRes, RegionInfo};
 use super::request::{Req, ReqState, StagedSend, StateCounts};
-use crate::backend::BufId;
+use super::verbs::{DevLink, QpLink, QpRes};
 use crate::core::{Cmd, Exec, Queue, QueueEvent, QueueLimits, Target, TransportCaps, Xfer};
-use crate::store::RingStore;
 use crate::transport::{ConnStats, ReqRef, Store};
 
 /// How long a closing connection waits for the flush completions of its posted work requests
@@ -68,9 +68,9 @@ const DRAIN_LIMIT: Duration = Duration::from_secs(5);
 const LAST_WQE_WAIT: Duration = Duration::from_secs(1);
 
 /// What a connection borrows from its poller while it handles an event.
-pub(super) struct Env<'a> {
-    pub store: &'a mut RingStore,
-    pub dev: &'a DevRes,
+pub(super) struct Env<'a, D: DevLink = DevRes> {
+    pub store: &'a mut dyn Store,
+    pub dev: &'a D,
     /// The poller's FIFO of requests (of every transport) waiting for a pool buffer.
     pub need_buf: &'a mut VecDeque<ReqRef>,
     pub now: Instant,
@@ -106,13 +106,33 @@ pub(super) struct Setup<'a> {
     pub waker: crate::core::Waker,
 }
 
-/// One NVMe/RDMA connection (one NVMe queue).
-pub(super) struct Conn {
-    // Field order is drop order: the QP first (it holds the CM id, PD and CQ alive), then the
-    // CM id, the CQ, and the buffers the QP used.
-    qp: Option<Qp>,
-    id: Arc<CmId>,
-    cq: Arc<Cq>,
+/// What [`Conn::with_link`] builds a connection with besides its queue pair.
+pub(super) struct LinkSetup {
+    pub tag: u64,
+    pub key: u32,
+    pub dev_index: usize,
+    pub cm_qid: u16,
+    pub sizing: QueueSizing,
+    pub ord: u8,
+    /// The QP takes its RECVs from the device's shared receive queue.
+    pub srq: bool,
+    pub send_with_inv: bool,
+    pub inline_rsp: bool,
+    /// Send-queue entries the connection may use.
+    pub sq_depth: u32,
+    pub target: Arc<Target>,
+    pub caps: TransportCaps,
+    pub peer: String,
+    pub local: Option<SocketAddr>,
+    pub waker: crate::core::Waker,
+}
+
+/// One NVMe/RDMA connection (one NVMe queue): the request machine, on a queue pair `Q` of a
+/// device `D` ([`QpRes`] and [`DevRes`] in the daemon; recording stand-ins in the unit tests).
+pub(super) struct Conn<Q: QpLink = QpRes, D: DevLink = DevRes> {
+    // Field order is drop order: the queue pair and its memory first, then the requests
+    // (per-I/O READ sinks on pool memory).
+    link: Q,
     /// Response SENDs carry the 16-byte CQE inline (copied into the work request at post
     /// time). Besides sparing the device a memory lookup, this avoids a soft-iWARP race: siw
     /// copies a SEND of at most a header's worth of bytes from the sender's memory when it
@@ -123,10 +143,7 @@ pub(super) struct Conn {
     /// inline SEND is copied from the work request, never from user memory. (The kernel target
     /// posts from kernel memory and never takes that path.)
     inline_rsp: bool,
-    /// The connection's own RECV buffers; None on a shared receive queue.
-    recv_mr: Option<Mr>,
-    rsp_mr: Mr,
-    slots: Vec<Req>,
+    slots: Vec<Req<D::Sink>>,
     /// rdma_cm tag of this connection (what the CM thread names it by).
     pub tag: u64,
     /// Index in the poller's connection table (backend user_data upper half).
@@ -137,7 +154,6 @@ pub(super) struct Conn {
     cm_qid: u16,
     sizing: QueueSizing,
     ord: u32,
-    iwarp: bool,
     send_with_inv: bool,
     queue: Queue,
     phase: Phase,
@@ -174,13 +190,12 @@ pub(super) struct Conn {
     pub stats: ConnStats,
 }
 
-impl Conn {
+impl Conn<QpRes, DevRes> {
     /// Creates the CQ and QP on the connection's id, allocates and registers the RECV and
     /// response buffers and posts every RECV. The caller accepts next.
     pub fn new(s: Setup<'_>) -> Result<Conn, ::rdma::Error> {
         let dev = s.dev;
         let z = s.sizing;
-        let waker = s.waker.clone();
         let cq = Arc::new(Cq::with_channel(
             &dev.ctx,
             z.cq_entries,
@@ -212,7 +227,7 @@ impl Conn {
             }
             Err(e) => return Err(e),
         };
-        let inline_rsp = qp.caps().max_inline_data >= CQE_BYTES as u32;
+        let caps = qp.caps();
         let srq = dev.srq.is_some();
         let recv_mr = if srq {
             None
@@ -228,89 +243,38 @@ impl Conn {
             s.id.peer_addr()
                 .map(|a| a.to_string())
                 .unwrap_or_else(|| "?".into());
-        let mut slots = Vec::with_capacity(z.slots as usize);
-        slots.resize_with(z.slots as usize, Req::new);
         let local = s.id.local_addr();
-        let mut c = Conn {
-            inline_rsp,
-            // The provider may round the send queue up; credits use what was asked for.
-            sq_free: z.max_send_wr.min(qp.caps().max_send_wr),
+        let link = QpRes {
             qp: Some(qp),
             id: s.id,
             cq,
             recv_mr,
+            recv_stride: z.recv_stride,
             rsp_mr,
-            slots,
-            tag: s.tag,
-            key: s.key,
-            dev: s.dev_index,
-            // The core validates Connect (qid, SQSIZE) and in-capsule SGLs against what this
-            // connection was set up for.
-            queue: Queue::with_limits(
-                s.target,
-                s.caps,
-                QueueLimits {
-                    in_capsule_admin: s.sizing.in_capsule,
-                    in_capsule_io: s.sizing.in_capsule,
-                    max_depth: Some(s.sizing.recvs.min(u32::from(u16::MAX)) as u16),
-                    qid: Some(s.cm_qid),
-                },
-                peer.clone(),
-            ),
-            peer,
-            cm_qid: s.cm_qid,
-            sizing: z,
-            ord: u32::from(s.ord),
-            iwarp: dev.iwarp,
-            send_with_inv: s.send_with_inv,
-            phase: Phase::Accepting,
-            counts: StateCounts::new(z.slots),
-            free_slots: (0..z.slots).rev().collect(),
-            reads_out: 0,
-            read_wait: VecDeque::with_capacity(z.slots as usize),
-            send_wait: VecDeque::with_capacity(z.slots as usize),
-            staged: Vec::with_capacity(z.slots as usize),
-            capsule_wait: VecDeque::with_capacity(z.recvs as usize),
-            recvs_posted: 0,
-            srq,
-            last_wqe: false,
-            signaled_out: 0,
-            io_inflight: 0,
-            io_mrs: 0,
-            io_mrs_total: 0,
-            last_read_sink: None,
-            stats: ConnStats::default(),
         };
-        // Which listener the host came through (what it serves, its ANA states).
-        if let Some(local) = local {
-            c.queue.set_local_addr(local);
-        }
-        if !c.srq {
-            c.post_all_recvs()?;
-        }
-        c.queue.set_waker(waker);
+        let mut c = Conn::with_link(
+            link,
+            LinkSetup {
+                tag: s.tag,
+                key: s.key,
+                dev_index: s.dev_index,
+                cm_qid: s.cm_qid,
+                sizing: z,
+                ord: s.ord,
+                srq,
+                send_with_inv: s.send_with_inv,
+                inline_rsp: caps.max_inline_data >= CQE_BYTES as u32,
+                // The provider may round the send queue up; credits use what was asked for.
+                sq_depth: z.max_send_wr.min(caps.max_send_wr),
+                target: s.target,
+                caps: s.caps,
+                peer,
+                local,
+                waker: s.waker,
+            },
+        );
+        c.post_all_recvs()?;
         Ok(c)
-    }
-
-    fn post_all_recvs(&mut self) -> Result<(), ::rdma::Error> {
-        let stride = self.sizing.recv_stride;
-        let Some(mr) = self.recv_mr.as_ref() else {
-            return Ok(());
-        };
-        let qp = self.qp.as_ref().expect("a new connection has its QP");
-        let n = self.sizing.recvs as usize;
-        match qp.post_recv_slots(mr, stride, n, wr_id(WrKind::Recv, 0)) {
-            Ok(()) => {
-                self.recvs_posted = self.sizing.recvs;
-                Ok(())
-            }
-            Err(e) => {
-                if let ::rdma::Error::Post { posted, .. } = e {
-                    self.recvs_posted = posted as u32;
-                }
-                Err(e)
-            }
-        }
     }
 
     /// `rdma_accept` with the NVMe/RDMA reply (crqsize = the RECVs posted; on a shared
@@ -322,7 +286,7 @@ impl Conn {
             crqsize: self.sizing.recvs as u16,
         }
         .encode();
-        self.id.accept(&ConnParam {
+        self.link.id.accept(&ConnParam {
             private_data: &rep,
             responder_resources: 0,
             initiator_depth: self.ord as u8,
@@ -333,11 +297,89 @@ impl Conn {
     }
 
     pub fn qp_num(&self) -> Option<u32> {
-        self.qp.as_ref().map(|q| q.qp_num())
+        self.link.qp.as_ref().map(|q| q.qp_num())
     }
 
     pub fn cq(&self) -> &Arc<Cq> {
-        &self.cq
+        &self.link.cq
+    }
+}
+
+impl<Q: QpLink, D: DevLink> Conn<Q, D> {
+    /// The request machine on `link`, before any RECV is posted.
+    pub(super) fn with_link(link: Q, s: LinkSetup) -> Conn<Q, D> {
+        let z = s.sizing;
+        let mut slots = Vec::with_capacity(z.slots as usize);
+        slots.resize_with(z.slots as usize, Req::new);
+        let mut c = Conn {
+            link,
+            inline_rsp: s.inline_rsp,
+            sq_free: s.sq_depth,
+            slots,
+            tag: s.tag,
+            key: s.key,
+            dev: s.dev_index,
+            // The core validates Connect (qid, SQSIZE) and in-capsule SGLs against what this
+            // connection was set up for.
+            queue: Queue::with_limits(
+                s.target,
+                s.caps,
+                QueueLimits {
+                    in_capsule_admin: z.in_capsule,
+                    in_capsule_io: z.in_capsule,
+                    max_depth: Some(z.recvs.min(u32::from(u16::MAX)) as u16),
+                    qid: Some(s.cm_qid),
+                },
+                s.peer.clone(),
+            ),
+            peer: s.peer,
+            cm_qid: s.cm_qid,
+            sizing: z,
+            ord: u32::from(s.ord),
+            send_with_inv: s.send_with_inv,
+            phase: Phase::Accepting,
+            counts: StateCounts::new(z.slots),
+            free_slots: (0..z.slots).rev().collect(),
+            reads_out: 0,
+            read_wait: VecDeque::with_capacity(z.slots as usize),
+            send_wait: VecDeque::with_capacity(z.slots as usize),
+            staged: Vec::with_capacity(z.slots as usize),
+            capsule_wait: VecDeque::with_capacity(z.recvs as usize),
+            recvs_posted: 0,
+            srq: s.srq,
+            last_wqe: false,
+            signaled_out: 0,
+            io_inflight: 0,
+            io_mrs: 0,
+            io_mrs_total: 0,
+            last_read_sink: None,
+            stats: ConnStats::default(),
+        };
+        // Which listener the host came through (what it serves, its ANA states).
+        if let Some(local) = s.local {
+            c.queue.set_local_addr(local);
+        }
+        c.queue.set_waker(s.waker);
+        c
+    }
+
+    /// Posts every RECV of the connection's own area (none on a shared receive queue).
+    pub(super) fn post_all_recvs(&mut self) -> Result<(), ::rdma::Error> {
+        if !self.link.has_recv_area() {
+            return Ok(());
+        }
+        match self.link.post_recvs(self.sizing.recvs) {
+            Ok(()) => {
+                self.recvs_posted = self.sizing.recvs;
+                Ok(())
+            }
+            Err(e) => {
+                if let ::rdma::Error::Post { posted, .. } = e {
+                    self.recvs_posted = posted as u32;
+                }
+                Err(e)
+            }
+        }
     }
 
     pub fn qid(&self) -> Option<u16> {
@@ -359,7 +401,7 @@ impl Conn {
     /// destroyed only after IBV_EVENT_QP_LAST_WQE_REACHED, and its CQ is reaped once more
     /// before ([`Conn::reclaim_srq_recvs`]).
     pub fn is_finished(&self) -> bool {
-        self.is_closing() && self.io_inflight == 0 && (self.qp.is_none() || self.drained())
+        self.is_closing() && self.io_inflight == 0 && (!self.link.has_qp() || self.drained())
     }
 
     /// The QP's work requests have all completed (flushed).
@@ -375,19 +417,19 @@ impl Conn {
 
     /// Memory regions the connection holds besides per-I/O READ sinks.
     pub fn regions_held(&self) -> usize {
-        1 + usize::from(self.recv_mr.is_some())
+        self.link.regions_held()
     }
 
     /// Before the connection is dropped: completions still in its CQ that name shared RECVs
     /// (a capsule that arrived, or a flush, not reaped yet) give those buffers back to the
     /// SRQ. Everything else in the CQ is stale (the requests were released).
-    pub fn reclaim_srq_recvs(&mut self, dev: &DevRes) {
-        let Some(q) = dev.srq.as_ref().filter(|_| self.srq) else {
+    pub fn reclaim_srq_recvs(&mut self, dev: &D) {
+        if !self.srq || !dev.has_srq() {
             return;
-        };
+        }
         let mut wcs = vec![WorkCompletion::default(); 16];
         loop {
-            let n = match self.cq.poll(&mut wcs) {
+            let n = match self.link.poll(&mut wcs) {
                 Ok(n) => n,
                 Err(e) => {
                     warn!(peer = %self.peer, error = %e, "polling the completion queue failed");
@@ -396,8 +438,8 @@ impl Conn {
             };
             for wc in &wcs[..n] {
                 if let Some((WrKind::Recv, i)) = split_wr_id(wc.wr_id()) {
-                    if q.completed(i) {
-                        if let Err(e) = q.repost(i) {
+                    if dev.srq_completed(i) {
+                        if let Err(e) = dev.srq_repost(i) {
                             warn!(peer = %self.peer, error = %e, "reposting a shared RECV failed");
                         }
                     }
@@ -413,17 +455,18 @@ impl Conn {
     /// receive queue's) into `dst`.
     fn read_recv(
         &self,
-        dev: &DevRes,
+        dev: &D,
         recv: u32,
         at: usize,
         dst: &mut [u8],
     ) -> Result<(), ::rdma::Error> {
-        let (mr, stride) = match (&self.recv_mr, &dev.srq) {
-            (Some(mr), _) => (mr, self.sizing.recv_stride),
-            (None, Some(q)) if self.srq => (q.mr(), q.stride()),
-            _ => return Err(::rdma::Error::InvalidArgument("no RECV area".into())),
-        };
-        mr.read_at(recv as usize * stride + at, dst)
+        if self.link.has_recv_area() {
+            self.link.read_recv(recv, at, dst)
+        } else if self.srq {
+            dev.srq_read(recv, at, dst)
+        } else {
+            Err(::rdma::Error::InvalidArgument("no RECV area".into()))
+        }
     }
 
     pub fn counts(&self) -> &StateCounts {
@@ -432,7 +475,7 @@ impl Conn {
 
     /// Whether the CQ can still produce completions worth polling.
     pub fn has_qp(&self) -> bool {
-        self.qp.is_some()
+        self.link.has_qp()
     }
 
     fn set(&mut self, slot: u32, to: ReqState) {
@@ -446,7 +489,7 @@ impl Conn {
     // ---- events from the poller ------------------------------------------------------------
 
     /// ESTABLISHED: run the capsules that arrived before it.
-    pub fn established(&mut self, env: &mut Env<'_>) {
+    pub fn established(&mut self, env: &mut Env<'_, D>) {
         if self.phase == Phase::Accepting {
             debug!(peer = %self.peer, cm_qid = self.cm_qid, "NVMe/RDMA queue established");
             self.phase = Phase::Live;
@@ -455,11 +498,11 @@ impl Conn {
     }
 
     /// Polls the CQ once (up to `wcs.len()` completions) and handles them. Returns how many.
-    pub fn poll(&mut self, wcs: &mut [WorkCompletion], env: &mut Env<'_>) -> usize {
-        if self.qp.is_none() {
+    pub fn poll(&mut self, wcs: &mut [WorkCompletion], env: &mut Env<'_, D>) -> usize {
+        if !self.link.has_qp() {
             return 0;
         }
-        let n = match self.cq.poll(wcs) {
+        let n = match self.link.poll(wcs) {
             Ok(n) => n,
             Err(e) => {
                 warn!(peer = %self.peer, error = %e, "polling the completion queue failed");
@@ -476,7 +519,7 @@ impl Conn {
         n
     }
 
-    fn on_wc(&mut self, wc: &WorkCompletion, env: &mut Env<'_>) {
+    fn on_wc(&mut self, wc: &WorkCompletion, env: &mut Env<'_, D>) {
         let Some((kind, idx)) = split_wr_id(wc.wr_id()) else {
             warn!(peer = %self.peer, wr_id = wc.wr_id(), "completion with an unknown work request id");
             return;
@@ -485,7 +528,7 @@ impl Conn {
         match kind {
             WrKind::Recv => {
                 if self.srq {
-                    let known = env.dev.srq.as_ref().is_some_and(|q| q.completed(idx));
+                    let known = env.dev.srq_completed(idx);
                     if !known {
                         warn!(peer = %self.peer, idx, "RECV completion for an unknown shared buffer");
                         return;
@@ -585,12 +628,9 @@ impl Conn {
 
     /// Appends the memory regions this connection holds (for diagnostics and tests).
     pub fn regions(&self, out: &mut Vec<RegionInfo>) {
-        if let Some(mr) = &self.recv_mr {
-            out.push(RegionInfo::of(RegionKind::Recv, mr));
-        }
-        out.push(RegionInfo::of(RegionKind::Response, &self.rsp_mr));
+        self.link.regions(out);
         let sinks = self.slots.iter().filter_map(|r| r.read_mr.as_ref());
-        out.extend(sinks.map(|mr| RegionInfo::of(RegionKind::ReadSink, mr)));
+        out.extend(sinks.map(D::sink_info));
     }
 
     fn slot_state(&self, slot: u32) -> Option<ReqState> {
@@ -599,7 +639,7 @@ impl Conn {
 
     /// A failed completion: a flush is expected while closing; anything else ends the
     /// connection (the QP is in the error state now), as in nvmet_rdma_error_comp.
-    fn wc_error(&mut self, wc: &WorkCompletion, what: &str, env: &mut Env<'_>) {
+    fn wc_error(&mut self, wc: &WorkCompletion, what: &str, env: &mut Env<'_, D>) {
         let status = wc.status();
         if self.is_closing() {
             if status != WcStatus::WrFlushErr {
@@ -619,7 +659,7 @@ impl Conn {
     }
 
     /// A command capsule arrived in RECV `recv`.
-    fn on_capsule(&mut self, recv: u32, byte_len: u32, env: &mut Env<'_>) {
+    fn on_capsule(&mut self, recv: u32, byte_len: u32, env: &mut Env<'_, D>) {
         if self.srq && self.capsule_wait.len() >= self.sizing.recvs as usize {
             // More capsules held than the host's queue depth: they would starve the other
             // queues of the shared pool.
@@ -644,7 +684,7 @@ impl Conn {
     }
 
     /// Takes a slot for the capsule in RECV `recv` and parses it.
-    fn start_capsule(&mut self, recv: u32, byte_len: u32, env: &mut Env<'_>) {
+    fn start_capsule(&mut self, recv: u32, byte_len: u32, env: &mut Env<'_, D>) {
         if (byte_len as usize) < SQE_BYTES {
             // nvmet: "Ctrl Fatal Error: capsule size less than 64 bytes".
             warn!(peer = %self.peer, byte_len, "capsule shorter than 64 bytes: closing the queue");
@@ -736,23 +776,20 @@ impl Conn {
 
     /// Reposts RECV `recv` (a shared one to the SRQ, also while closing). False (and the
     /// connection closes) if the post fails.
-    fn repost(&mut self, recv: u32, env: &mut Env<'_>) -> bool {
-        let r = match (&self.recv_mr, &env.dev.srq) {
-            (None, Some(q)) if self.srq => q.repost(recv),
-            (Some(mr), _) => {
-                let Some(qp) = self.qp.as_ref() else {
-                    return false;
-                };
-                let stride = self.sizing.recv_stride;
-                let r = mr
-                    .sge(recv as usize * stride, stride)
-                    .and_then(|sge| qp.post_recv(wr_id(WrKind::Recv, recv), &[sge]));
-                if r.is_ok() {
-                    self.recvs_posted += 1;
-                }
-                r
+    fn repost(&mut self, recv: u32, env: &mut Env<'_, D>) -> bool {
+        let r = if self.link.has_recv_area() {
+            if !self.link.has_qp() {
+                return false;
             }
-            _ => return false,
+            let r = self.link.repost_recv(recv);
+            if r.is_ok() {
+                self.recvs_posted += 1;
+            }
+            r
+        } else if self.srq && env.dev.has_srq() {
+            env.dev.srq_repost(recv)
+        } else {
+            return false;
         };
         match r {
             Ok(()) => !self.is_closing(),
@@ -770,7 +807,7 @@ impl Conn {
     }
 
     /// The one transition function: moves a request on as far as it can go now.
-    fn advance(&mut self, slot: u32, env: &mut Env<'_>) {
+    fn advance(&mut self, slot: u32, env: &mut Env<'_, D>) {
         loop {
             if self.is_closing() {
                 return;
@@ -820,7 +857,7 @@ impl Conn {
     }
 
     /// A buffer waiting request got one from the poller's FIFO.
-    pub fn buffer_granted(&mut self, slot: u32, buf: u32, env: &mut Env<'_>) {
+    pub fn buffer_granted(&mut self, slot: u32, buf: u32, env: &mut Env<'_, D>) {
         if self.is_closing() || self.slot_state(slot) != Some(ReqState::NeedBuffer) {
             env.store.free_buf(buf);
             return;
@@ -831,7 +868,7 @@ impl Conn {
     }
 
     /// The request has its buffer: bring host data in, or go execute.
-    fn buffer_ready(&mut self, slot: u32, env: &mut Env<'_>) {
+    fn buffer_ready(&mut self, slot: u32, env: &mut Env<'_, D>) {
         let r = &mut self.slots[slot as usize];
         let b = r.buf.expect("buffer just assigned");
         let cmd = r.cmd.as_ref().expect("request has its command");
@@ -861,7 +898,7 @@ impl Conn {
     }
 
     /// Posts the RDMA READ of a request's host data into its buffer.
-    fn post_read(&mut self, slot: u32, env: &mut Env<'_>) {
+    fn post_read(&mut self, slot: u32, env: &mut Env<'_, D>) {
         let s = slot as usize;
         let r = &self.slots[s];
         let b = r.buf.expect("reading request has a buffer");
@@ -870,32 +907,16 @@ impl Conn {
             return;
         };
         let len = remote.len as u32;
-        let bs = env.store.ring().pool().buf_size();
-        let (sge, mr) = if self.iwarp {
-            let ptr = match env.store.ring().pool().buf_ptr(BufId(b as u16)) {
-                Ok(p) => p.as_ptr(),
-                Err(e) => {
-                    warn!(peer = %self.peer, error = %e, "pool buffer lookup failed");
-                    self.fail(slot, Status::INTERNAL, env.now);
-                    return;
-                }
-            };
+        let (sge, mr) = if env.dev.iwarp() {
+            let ptr = env.store.buf(b).as_mut_ptr();
             // SAFETY: [ptr, ptr + len) lies inside pool buffer `b` (len ≤ the transfer limit ≤
             // the buffer size), which this request owns until it is released; the pool memory
-            // outlives every connection of the poller (the store is dropped last), and the MR
+            // outlives every connection of the poller (the store is dropped last), and the sink
             // is deregistered (dropped) when the READ completes or the request is released,
             // which happens before the buffer goes back to the pool. No Rust reference to the
             // buffer exists while the READ is in flight (state TransferringFromHost).
-            let reg = unsafe {
-                Mr::register_external(
-                    &env.dev.pd,
-                    ptr,
-                    len as usize,
-                    AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,
-                )
-            };
-            match reg.and_then(|mr| mr.sge(0, len as usize).map(|sge| (sge, mr))) {
-                Ok((sge, mr)) => (sge, Some(mr)),
+            match unsafe { env.dev.read_sink(ptr, len as usize) } {
+                Ok((sge, sink)) => (sge, Some(sink)),
                 Err(e) => {
                     warn!(peer = %self.peer, error = %e,
                         "registering an RDMA READ sink failed: failing the command");
@@ -904,7 +925,7 @@ impl Conn {
                 }
             }
         } else {
-            match env.dev.pool_mr.sge(b as usize * bs, len as usize) {
+            match env.dev.pool_sge(b, len as usize) {
                 Ok(sge) => (sge, None),
                 Err(e) => {
                     warn!(peer = %self.peer, error = %e, "pool SGE out of range");
@@ -913,16 +934,16 @@ impl Conn {
                 }
             }
         };
-        let Some(qp) = self.qp.as_ref() else {
+        if !self.link.has_qp() {
             return;
-        };
+        }
         let wr = SendWr::read(
             wr_id(WrKind::Read, slot),
             std::slice::from_ref(&sge),
             remote,
         )
         .signaled();
-        match qp.post_send(&[wr]) {
+        match self.link.post_send(&[wr]) {
             Ok(()) => {
                 self.sq_free -= 1;
                 self.reads_out += 1;
@@ -930,7 +951,7 @@ impl Conn {
                 let r = &mut self.slots[s];
                 r.wrs = 1;
                 if let Some(mr) = mr {
-                    self.last_read_sink = Some(RegionInfo::of(RegionKind::ReadSink, &mr));
+                    self.last_read_sink = Some(D::sink_info(&mr));
                     r.read_mr = Some(mr);
                     self.io_mrs += 1;
                     self.io_mrs_total += 1;
@@ -944,7 +965,7 @@ impl Conn {
         }
     }
 
-    fn execute(&mut self, slot: u32, env: &mut Env<'_>) {
+    fn execute(&mut self, slot: u32, env: &mut Env<'_, D>) {
         let s = slot as usize;
         let mut cmd = self.slots[s].cmd.take().expect("request has its command");
         let ex = match self.slots[s].buf {
@@ -971,7 +992,7 @@ impl Conn {
     }
 
     /// A backend operation of this connection completed.
-    pub fn backend_done(&mut self, slot: u32, res: Result<u32, i32>, env: &mut Env<'_>) {
+    pub fn backend_done(&mut self, slot: u32, res: Result<u32, i32>, env: &mut Env<'_, D>) {
         if self.slot_state(slot) != Some(ReqState::Executing) {
             warn!(peer = %self.peer, slot, "backend completion for a request not executing");
             return;
@@ -1031,7 +1052,7 @@ impl Conn {
 
     /// Writes the piece of read data in the request's buffer to the host (signaled; the next
     /// piece is read into the buffer when it completes).
-    fn post_piece_write(&mut self, slot: u32, env: &mut Env<'_>) {
+    fn post_piece_write(&mut self, slot: u32, env: &mut Env<'_, D>) {
         let s = slot as usize;
         let (Some(b), Some(remote)) = (self.slots[s].buf, self.piece_remote(slot)) else {
             self.fail(slot, Status::INTERNAL, env.now);
@@ -1046,25 +1067,28 @@ impl Conn {
             self.advance(slot, env);
             return;
         }
-        let bs = env.store.ring().pool().buf_size();
-        let sge = match env.dev.pool_mr.sge(b as usize * bs, len as usize) {
+        // The request is still `Executing` (its backend op is done): if nothing gets posted it
+        // waits on nothing, so it is released here, or its buffer would never come back.
+        let sge = match env.dev.pool_sge(b, len as usize) {
             Ok(sge) => sge,
             Err(e) => {
                 warn!(peer = %self.peer, error = %e, "pool SGE out of range");
                 self.close("internal error", env);
+                self.release(slot, env);
                 return;
             }
         };
-        let Some(qp) = self.qp.as_ref() else {
+        if !self.link.has_qp() {
+            self.release(slot, env);
             return;
-        };
+        }
         let wr = SendWr::write(
             wr_id(WrKind::Write, slot),
             std::slice::from_ref(&sge),
             remote,
         )
         .signaled();
-        match qp.post_send(&[wr]) {
+        match self.link.post_send(&[wr]) {
             Ok(()) => {
                 self.sq_free -= 1;
                 self.signaled_out += 1;
@@ -1076,6 +1100,7 @@ impl Conn {
             Err(e) => {
                 warn!(peer = %self.peer, error = %e, "posting an RDMA WRITE failed: closing the queue");
                 self.close("RDMA WRITE post failed", env);
+                self.release(slot, env);
             }
         }
     }
@@ -1090,7 +1115,7 @@ impl Conn {
 
     /// Posts the response: RDMA WRITE of the read data (if any) chained with the SEND of the
     /// CQE, one post, only the SEND signaled.
-    fn post_response(&mut self, slot: u32, env: &mut Env<'_>) {
+    fn post_response(&mut self, slot: u32, env: &mut Env<'_, D>) {
         let s = slot as usize;
         let keyed = match self.slots[s].cmd.as_ref().and_then(|c| c.sgl) {
             Some(Sgl::Keyed {
@@ -1109,12 +1134,7 @@ impl Conn {
         let r = &mut self.slots[s];
         let cqe = r.cqe.take().expect("a completing request has its CQE");
         let data_len = r.data_len;
-        let off = s * CQE_BYTES;
-        let rsp = match self
-            .rsp_mr
-            .write_at(off, &cqe.encode())
-            .and_then(|()| self.rsp_mr.sge(off, CQE_BYTES))
-        {
+        let rsp = match self.link.response(s, &cqe.encode()) {
             Ok(sge) => sge,
             Err(e) => {
                 warn!(peer = %self.peer, error = %e, "response buffer out of range");
@@ -1128,7 +1148,7 @@ impl Conn {
             Some((_, len, key, true)) if self.send_with_inv && len > 0 => Some(key),
             _ => None,
         };
-        if self.qp.is_none() {
+        if !self.link.has_qp() {
             return;
         }
         let data = if data_len > 0 {
@@ -1136,8 +1156,7 @@ impl Conn {
             let b = self.slots[s]
                 .buf
                 .expect("read data is in the request's buffer");
-            let bs = env.store.ring().pool().buf_size();
-            let sge = match env.dev.pool_mr.sge(b as usize * bs, data_len as usize) {
+            let sge = match env.dev.pool_sge(b, data_len as usize) {
                 Ok(sge) => sge,
                 Err(e) => {
                     warn!(peer = %self.peer, error = %e, "pool SGE out of range");
@@ -1176,14 +1195,14 @@ impl Conn {
     /// statistics. A failed post closes the queue; the responses it did not post are taken back
     /// (send-queue room and completion count returned) and released with the rest.
     /// Returns whether anything was staged.
-    pub fn flush_sends(&mut self, env: &mut Env<'_>) -> bool {
+    pub fn flush_sends(&mut self, env: &mut Env<'_, D>) -> bool {
         if self.staged.is_empty() {
             return false;
         }
         // Staged entries [0, posted) are on the send queue.
         let mut posted = 0;
         let mut failure = None;
-        if let Some(qp) = self.qp.as_ref() {
+        if self.link.has_qp() {
             let filler = SendWr::send(0, &[]);
             let mut wrs = [filler; MAX_CHAIN];
             while posted < self.staged.len() {
@@ -1212,7 +1231,7 @@ impl Conn {
                     n += 1;
                     end += 1;
                 }
-                match qp.post_send(&wrs[..n]) {
+                match self.link.post_send(&wrs[..n]) {
                     Ok(()) => posted = end,
                     Err(e) => {
                         // A response is posted when its SEND (its last WR) is.
@@ -1267,7 +1286,7 @@ impl Conn {
     }
 
     /// Frees a request's buffer, memory region and slot; reposts a RECV it still held.
-    fn release(&mut self, slot: u32, env: &mut Env<'_>) {
+    fn release(&mut self, slot: u32, env: &mut Env<'_, D>) {
         let s = slot as usize;
         if self.slots[s].state() == ReqState::Free {
             return;
@@ -1297,7 +1316,7 @@ impl Conn {
 
     /// Gives waiting requests what became free: send-queue room to responses first (they
     /// free slots and credits), then READ credits, then slots to waiting capsules.
-    fn serve_waiters(&mut self, env: &mut Env<'_>) {
+    fn serve_waiters(&mut self, env: &mut Env<'_, D>) {
         loop {
             if self.phase != Phase::Live {
                 return;
@@ -1309,6 +1328,9 @@ impl Conn {
                 }
                 self.send_wait.pop_front();
                 self.slots[slot as usize].queued = false;
+                // The front waiter goes now: `advance` would queue it again behind the other
+                // waiters (its rule for newcomers), and two waiters would swap places forever.
+                self.post_response(slot, env);
                 self.advance(slot, env);
                 progress = true;
                 if self.is_closing() {
@@ -1321,6 +1343,8 @@ impl Conn {
                 }
                 self.read_wait.pop_front();
                 self.slots[slot as usize].queued = false;
+                // As above: the front waiter posts its READ now.
+                self.post_read(slot, env);
                 self.advance(slot, env);
                 progress = true;
                 if self.is_closing() {
@@ -1353,7 +1377,7 @@ impl Conn {
 
     /// Keep-alive and other timers, core events (AER completions, teardown requests), and the
     /// drain deadline of a closing connection.
-    pub fn tick(&mut self, env: &mut Env<'_>) {
+    pub fn tick(&mut self, env: &mut Env<'_, D>) {
         match self.phase {
             Phase::Live => {
                 if self.queue.poll_timeout().is_some_and(|t| t <= env.now) {
@@ -1391,7 +1415,7 @@ impl Conn {
                 }
             }
             Phase::Closing { since } => {
-                if self.qp.is_some()
+                if self.link.has_qp()
                     && self.srq
                     && !self.last_wqe
                     && self.signaled_out == 0
@@ -1401,7 +1425,7 @@ impl Conn {
                         state (send queue flushed): destroying the queue pair");
                     self.last_wqe = true;
                 }
-                if self.qp.is_some()
+                if self.link.has_qp()
                     && !self.drained()
                     && env.now.duration_since(since) >= DRAIN_LIMIT
                 {
@@ -1410,7 +1434,7 @@ impl Conn {
                         "flush completions missing after the drain limit: destroying the queue pair");
                     // Destroying the QP ends all DMA on its work requests: their buffers can
                     // go back.
-                    self.qp = None;
+                    self.link.destroy_qp();
                     self.recvs_posted = 0;
                     self.signaled_out = 0;
                     for slot in 0..self.slots.len() as u32 {
@@ -1431,7 +1455,7 @@ impl Conn {
     /// shutdown): the core forgets the queue, rdma_disconnect tells the host, the QP goes to
     /// the error state so every posted work request comes back as a flush, and requests that
     /// wait on nothing but software are released at once.
-    pub fn close(&mut self, reason: &str, env: &mut Env<'_>) {
+    pub fn close(&mut self, reason: &str, env: &mut Env<'_, D>) {
         if self.is_closing() {
             return;
         }
@@ -1442,12 +1466,12 @@ impl Conn {
         // to ReadyToComplete; its nested close returns at once, the phase being set).
         self.flush_sends(env);
         self.queue.disconnected();
-        if let Err(e) = self.id.disconnect() {
+        if let Err(e) = self.link.disconnect() {
             // EINVAL when the connection is already gone.
             debug!(peer = %self.peer, error = %e, "rdma_disconnect");
         }
-        if let Some(qp) = &self.qp {
-            if let Err(e) = qp.set_error() {
+        if self.link.has_qp() {
+            if let Err(e) = self.link.set_error() {
                 warn!(peer = %self.peer, error = %e, "moving the queue pair to the error state failed");
             }
         }
@@ -1475,3 +1499,7 @@ impl Conn {
         }
     }
 }
+
+#[cfg(test)]
+#[path = "conn_tests.rs"]
+mod tests;

@@ -70,6 +70,7 @@ pub mod params;
 pub(crate) mod poller;
 pub mod request;
 mod srq;
+mod verbs;
 
 use std::net::SocketAddr;
 use std::sync::atomic::AtomicBool;

@@ -162,6 +162,8 @@ pub(super) struct DevRes {
     pub ctx: Arc<Context>,
     /// iWARP (siw): READ sinks are registered per I/O with REMOTE_WRITE, 1 SGE.
     pub iwarp: bool,
+    /// Bytes per pool buffer (buffer `i` is at `i * buf_size` in `pool_mr`).
+    pub buf_size: usize,
     pub limits: DeviceLimits,
     /// `max_qp_init_rd_atom`.
     pub max_ord: u32,
@@ -441,6 +443,7 @@ impl RdmaConns {
             pd,
             ctx,
             iwarp,
+            buf_size: pool.buf_size(),
             limits: DeviceLimits {
                 max_qp_wr: attr.max_qp_wr,
                 max_cqe: attr.max_cqe,

@@ -113,8 +113,9 @@ impl ReqState {
     }
 }
 
-/// One request slot (the slot index is the `wr_id` of its SEND/READ/WRITE).
-pub struct Req {
+/// One request slot (the slot index is the `wr_id` of its SEND/READ/WRITE); `S` is the
+/// device's per-I/O READ sink registration.
+pub struct Req<S = Mr> {
     state: ReqState,
     /// The parsed command (kept until the response is sent: SEND_WITH_INV needs its SGL).
     pub cmd: Option<Cmd>,
@@ -133,7 +134,7 @@ pub struct Req {
     pub queued: bool,
     /// iWARP: the per-I/O memory region of this request's RDMA READ sink, deregistered when
     /// the READ completes.
-    pub read_mr: Option<Mr>,
+    pub read_mr: Option<S>,
     /// The response's work requests, built and accounted for, waiting for the connection's
     /// next flush (one `ibv_post_send` for all responses of a poller pass).
     pub send: Option<StagedSend>,
@@ -150,14 +151,14 @@ pub struct StagedSend {
     pub inv: Option<u32>,
 }
 
-impl Default for Req {
-    fn default() -> Req {
+impl<S> Default for Req<S> {
+    fn default() -> Req<S> {
         Req::new()
     }
 }
 
-impl Req {
-    pub fn new() -> Req {
+impl<S> Req<S> {
+    pub fn new() -> Req<S> {
         Req {
             state: ReqState::Free,
             cmd: None,
@@ -190,7 +191,7 @@ impl StateCounts {
     }
 
     /// The one setter of a request's state: keeps the counters and traces the change.
-    pub fn set(&mut self, slot: u32, req: &mut Req, to: ReqState) {
+    pub fn set<S>(&mut self, slot: u32, req: &mut Req<S>, to: ReqState) {
         let from = req.state;
         if from == to {
             return;
@@ -239,7 +240,7 @@ mod tests {
     #[test]
     fn setter_keeps_counts_consistent() {
         let mut c = StateCounts::new(3);
-        let mut reqs = [Req::new(), Req::new(), Req::new()];
+        let mut reqs: [Req; 3] = [Req::new(), Req::new(), Req::new()];
         assert_eq!(c.busy(), 0);
         let path = [
             ReqState::NeedBuffer,
