@@ -600,6 +600,49 @@ impl Bench {
         );
     }
 
+    /// A host that serves one RDMA READ at a time (responder_resources 1 in its CM request)
+    /// with a queue's worth of Writes in flight: the target may have one READ of write data
+    /// outstanding, the others wait their turn (until session 14 two waiters swapped places
+    /// forever and hung the target's poller).
+    fn small_ird_row(&mut self, cntlid: u16, g: Geometry) {
+        let depth = IO_DEPTH as u32;
+        let input = format!(
+            "{depth} Writes of 4 KiB sent at once on a queue whose host serves 1 RDMA READ at a \
+             time (responder_resources 1)"
+        );
+        let got = (|| -> R<(String, bool)> {
+            let pd = cm_req(3, IO_DEPTH, IO_DEPTH - 1, cntlid);
+            let mut q = match RawConn::connect_with_ird(self.dst, &pd, depth + 1, self.t, Some(1))
+                .map_err(|e| e.to_string())?
+            {
+                Outcome::Connected(c, _) => c,
+                Outcome::Rejected { detail, .. } => return Err(format!("rejected: {detail}")),
+                Outcome::Other(t, s) => return Err(format!("CM connect: {t:?} (status {s})")),
+            };
+            match self.fabrics_connect(&mut q, 3, IO_DEPTH - 1, cntlid)? {
+                Event::Cqe(c) if c.status().is_success() => {}
+                e => return Err(format!("I/O queue 3 Connect: {}", ev_str(&e))),
+            }
+            let blocks = 4096 / g.bs.min(4096);
+            for i in 0..depth {
+                let off = 8192 + i as usize * 4096;
+                let slba = g.scratch + u64::from(i * blocks);
+                let mut s = rw(io::WRITE, self.nsid, slba, blocks, q.keyed(off, 4096));
+                s.cid = (0x200 + i as u16).into();
+                q.send(&s, &[]).map_err(|e| e.to_string())?;
+            }
+            let mut ok = 0;
+            while ok < depth {
+                match q.next(self.t).map_err(|e| e.to_string())? {
+                    Event::Cqe(c) if c.status().is_success() => ok += 1,
+                    e => return Ok((format!("{ok} completed, then {}", ev_str(&e)), false)),
+                }
+            }
+            Ok((format!("all {ok} completed with success"), true))
+        })();
+        self.row(&input, "every Write completes with success", got);
+    }
+
     /// Keyed SGLs with an rkey the host never registered, on a controller of their own: the
     /// target's RDMA WRITE (read data) or READ (write data) fails at the host's responder.
     fn bogus_rkey_rows(&mut self) {
@@ -736,6 +779,7 @@ fn main() -> ExitCode {
             b.admin_rows(&mut a);
             b.io_rows(&mut q, g);
             b.overflow_row(g.cntlid);
+            b.small_ird_row(g.cntlid, g);
         }
         Err(e) => b.row(
             "bring up a controller (admin, CC.EN, I/O queue 1)",

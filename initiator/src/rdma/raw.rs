@@ -99,6 +99,18 @@ impl RawConn {
         nrecv: u32,
         timeout: Duration,
     ) -> Result<Outcome, Error> {
+        RawConn::connect_with_ird(dst, private_data, nrecv, timeout, None)
+    }
+
+    /// [`RawConn::connect`] announcing `ird` RDMA READs this host serves at once
+    /// (`responder_resources`; None: the device's maximum, as the Linux host does).
+    pub fn connect_with_ird(
+        dst: SocketAddr,
+        private_data: &[u8],
+        nrecv: u32,
+        timeout: Duration,
+        ird: Option<u8>,
+    ) -> Result<Outcome, Error> {
         let deadline = Instant::now() + timeout;
         let ch = EventChannel::new()?;
         let (id, ctx) =
@@ -126,7 +138,7 @@ impl RawConn {
         qp.post_recv_slots(&rsp, CQE_LEN, nrecv as usize, RECV_FLAG)?;
         let param = ConnParam {
             private_data,
-            responder_resources: attr.max_qp_rd_atom.min(255) as u8,
+            responder_resources: ird.unwrap_or(attr.max_qp_rd_atom.min(255) as u8),
             initiator_depth: 0,
             flow_control: true,
             retry_count: 7,
