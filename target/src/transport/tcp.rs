@@ -738,13 +738,8 @@ impl<W: Wire> Conn<W> {
             DataDst::Spill { slot } => {
                 let s = slot as usize;
                 if !digest_ok {
-                    // As below: Transient Transport Error, and no buffer is needed for it.
-                    let cqe = self.queue.complete_status(
-                        self.slots[s].cmd.as_ref().expect("slot has a command"),
-                        Status::TRANSIENT_TRANSPORT,
-                        now,
-                    );
-                    self.respond(slot, cqe, 0, store);
+                    // No buffer is needed to fail it.
+                    self.digest_failed(slot, store, now);
                     return;
                 }
                 self.slots[s].spilled = true;
@@ -767,19 +762,26 @@ impl<W: Wire> Conn<W> {
                     return; // more H2CData PDUs follow
                 }
                 if self.slots[s].digest_error {
-                    // NVMe/TCP 1.0, 3.6.2.8: a data digest error on host data completes the
-                    // command with Transient Transport Error.
-                    let cqe = self.queue.complete_status(
-                        self.slots[s].cmd.as_ref().expect("slot has a command"),
-                        Status::TRANSIENT_TRANSPORT,
-                        now,
-                    );
-                    self.respond(slot, cqe, 0, store);
+                    self.digest_failed(slot, store, now);
                     return;
                 }
                 self.execute(slot, store, now);
             }
         }
+    }
+
+    /// NVMe/TCP 1.0, 3.6.2.8: a data digest error on host data completes the command with
+    /// Transient Transport Error.
+    fn digest_failed(&mut self, slot: u16, store: &mut dyn Store, now: Instant) {
+        let cqe = self.queue.complete_status(
+            self.slots[slot as usize]
+                .cmd
+                .as_ref()
+                .expect("slot has a command"),
+            Status::TRANSIENT_TRANSPORT,
+            now,
+        );
+        self.respond(slot, cqe, 0, store);
     }
 
     fn execute(&mut self, slot: u16, store: &mut dyn Store, now: Instant) {

@@ -16,7 +16,7 @@ use nvme::{Cqe, Sqe, Status};
 use proptest::prelude::*;
 
 use super::*;
-use crate::core::tests::{tcp_caps, test_target, Host, HOSTID, HOSTNQN, SUBNQN};
+use crate::core::tests::{rw_sqe as rw, tcp_caps, test_target, Host, HOSTID, HOSTNQN, SUBNQN};
 use crate::core::{Target, TrType};
 use crate::transport::mem::{MemStore, MemWire};
 use crate::transport::Kind;
@@ -255,16 +255,6 @@ impl Rig {
         self.conn.state_counts()[SlotState::Free as usize] as usize == self.conn.slots.len()
             && self.store.buffers_in_use() == 0
     }
-}
-
-fn rw(opcode: u8, cid: u16, slba: u64, blocks: u32, sgl: Sgl) -> Sqe {
-    let mut sqe = Sqe::new(opcode, cid);
-    sqe.nsid = 1.into();
-    sqe.cdw10 = (slba as u32).into();
-    sqe.cdw11 = ((slba >> 32) as u32).into();
-    sqe.cdw12 = (blocks - 1).into();
-    sqe.dptr = sgl.encode();
-    sqe
 }
 
 fn read(cid: u16, slba: u64, blocks: u32) -> Sqe {

@@ -118,6 +118,17 @@ pub(crate) fn rdma_caps() -> TransportCaps {
     }
 }
 
+/// A Read/Write-shaped SQE on namespace 1: `blocks` from `slba`, data described by `sgl`.
+pub(crate) fn rw_sqe(opcode: u8, cid: u16, slba: u64, blocks: u32, sgl: Sgl) -> Sqe {
+    let mut sqe = Sqe::new(opcode, cid);
+    sqe.nsid = 1.into();
+    sqe.cdw10 = (slba as u32).into();
+    sqe.cdw11 = ((slba >> 32) as u32).into();
+    sqe.cdw12 = (blocks - 1).into();
+    sqe.dptr = sgl.encode();
+    sqe
+}
+
 /// What a submitted command turned into.
 #[derive(Debug)]
 pub(crate) enum Reply {

@@ -20,7 +20,7 @@ use nvme::{Cqe, Sqe, Status};
 use proptest::prelude::*;
 
 use super::*;
-use crate::core::tests::{test_target, Host, HOSTID, HOSTNQN, SUBNQN};
+use crate::core::tests::{rw_sqe as rw, test_target, Host, HOSTID, HOSTNQN, SUBNQN};
 use crate::core::TrType;
 use crate::transport::mem::MemStore;
 use crate::transport::rdma::params::{size_queue, split_wr_id, DeviceLimits};
@@ -639,16 +639,6 @@ fn keyed(len: u32) -> Sgl {
         key: HOST_RKEY,
         invalidate: true,
     }
-}
-
-fn rw(opcode: u8, cid: u16, slba: u64, blocks: u32, sgl: Sgl) -> Sqe {
-    let mut sqe = Sqe::new(opcode, cid);
-    sqe.nsid = 1.into();
-    sqe.cdw10 = (slba as u32).into();
-    sqe.cdw11 = ((slba >> 32) as u32).into();
-    sqe.cdw12 = (blocks - 1).into();
-    sqe.dptr = sgl.encode();
-    sqe
 }
 
 fn read(cid: u16, slba: u64, blocks: u32) -> Sqe {
