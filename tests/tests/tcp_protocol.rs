@@ -864,3 +864,88 @@ fn large_transfers_through_the_initiator() {
         "a difference in the last MiB"
     );
 }
+
+/// Every buffer of the poller's pool (64: `max_queue_depth` 32, one poller) held by Writes
+/// waiting for their H2CData (31 on queue 1, 31 on queue 2, 2 on queue 3 with 29 more waiting
+/// for a buffer), then an in-capsule Write on each queue with the H2CData that frees the
+/// buffers behind it on the stream. A target that stopped reading a connection until a buffer
+/// freed up hung all three queues for good (found by the connection's property test,
+/// `transport::tcp::tests`); one that reads on answers all 96 commands.
+#[test]
+fn in_capsule_data_behind_writes_holding_every_buffer() {
+    let t = TargetProc::start_with(|port, dir| {
+        format!(
+            "listeners:\n  - {{ transport: tcp, address: 127.0.0.1, port: {port} }}\n\
+             subsystems:\n  - nqn: {TEST_NQN}\n    allow_any_host: true\n    namespaces:\n      \
+             - {{ nsid: 1, path: {}/ns1.img, size: 64MiB }}\n\
+             target: {{ threads: 1, max_queue_depth: 32, keep_alive_ms_min: 1000 }}\n",
+            dir.display()
+        )
+    });
+    let (mut a, cntlid) = admin(t.addr);
+    let mut sqe = Sqe::new(admin::SET_FEATURES, 4);
+    sqe.cdw10 = (feat::NUM_QUEUES as u32).into();
+    sqe.cdw11 = (2u32 | 2 << 16).into();
+    let (c, _) = a.command(&sqe, &[]);
+    assert!(c.status().is_success(), "{c:?}");
+    let mut qs: Vec<RawHost> = (1..=3u16)
+        .map(|qid| {
+            let (mut q, _) = RawHost::connect(t.addr);
+            let c = q.fabrics_connect(TEST_NQN, qid, 31, cntlid);
+            assert!(c.status().is_success(), "{c:?}");
+            q
+        })
+        .collect();
+    let bs = 4096u32;
+    let len = 4 * bs; // above the 8 KiB in-capsule limit: by R2T
+    let h2c = |q: &mut RawHost, r: &nvme::tcp::R2t| {
+        let d = DataPdu {
+            cccid: r.cccid,
+            ttag: r.ttag,
+            datao: r.r2to,
+            datal: r.r2tl,
+            last: true,
+            success: false,
+        };
+        q.send(&Pdu::H2CData(d).encode(&Default::default(), &vec![0x3a; r.r2tl as usize]));
+    };
+    // 31 Writes per queue, one queue after the other: 31 + 31 + 2 R2Ts take the whole pool.
+    let mut r2ts = vec![Vec::new(), Vec::new(), Vec::new()];
+    for (i, q) in qs.iter_mut().enumerate() {
+        for k in 0..31u16 {
+            let slba = (i as u64 * 32 + k as u64) * 4;
+            let sqe = rw(io::WRITE, 100 + k, 1, slba, 4, Sgl::Transport { len });
+            q.send(&capsule(sqe, &[]));
+        }
+        let want = if i < 2 { 31 } else { 2 };
+        while r2ts[i].len() < want {
+            match q.recv().map(|p| p.pdu) {
+                Some(Pdu::R2T(r)) => r2ts[i].push(r),
+                other => panic!("queue {}: expected an R2T, got {other:?}", i + 1),
+            }
+        }
+    }
+    std::thread::sleep(Duration::from_millis(100));
+    // An in-capsule Write on each queue, then the data its R2Ts asked for.
+    for (i, q) in qs.iter_mut().enumerate() {
+        let sgl = Sgl::InCapsule { offset: 0, len: bs };
+        let sqe = rw(io::WRITE, 200, 1, 1000 + i as u64, 1, sgl);
+        q.send(&capsule(sqe, &vec![0xc5; bs as usize]));
+        for r in &r2ts[i] {
+            h2c(q, r);
+        }
+    }
+    for (i, q) in qs.iter_mut().enumerate() {
+        let mut n = 0;
+        while n < 32 {
+            match q.recv().map(|p| p.pdu) {
+                Some(Pdu::R2T(r)) => h2c(q, &r),
+                Some(Pdu::CapsuleResp(c)) => {
+                    assert!(c.status().is_success(), "queue {}: {c:?}", i + 1);
+                    n += 1;
+                }
+                other => panic!("queue {}: {n} of 32 answered, then {other:?}", i + 1),
+            }
+        }
+    }
+}
