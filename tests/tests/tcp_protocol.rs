@@ -910,7 +910,7 @@ fn in_capsule_data_behind_writes_holding_every_buffer() {
         q.send(&Pdu::H2CData(d).encode(&Default::default(), &vec![0x3a; r.r2tl as usize]));
     };
     // 31 Writes per queue, one queue after the other: 31 + 31 + 2 R2Ts take the whole pool.
-    let mut r2ts = vec![Vec::new(), Vec::new(), Vec::new()];
+    let mut r2ts = [Vec::new(), Vec::new(), Vec::new()];
     for (i, q) in qs.iter_mut().enumerate() {
         for k in 0..31u16 {
             let slba = (i as u64 * 32 + k as u64) * 4;
