@@ -1432,6 +1432,9 @@ impl<Q: QpLink, D: DevLink> Conn<Q, D> {
                     warn!(peer = %self.peer, recvs = self.recvs_posted, sends = self.signaled_out,
                         shared_rq = self.srq, last_wqe = self.last_wqe,
                         "flush completions missing after the drain limit: destroying the queue pair");
+                    // Shared RECVs completed in the CQ go back first: some providers (mlx5)
+                    // purge a QP's completions from its CQ when it is destroyed.
+                    self.reclaim_srq_recvs(env.dev);
                     // Destroying the QP ends all DMA on its work requests: their buffers can
                     // go back.
                     self.link.destroy_qp();
