@@ -74,6 +74,16 @@ pub struct Stats {
     /// System calls: `read`/`readv`/`writev`/`poll` over TCP; completion-channel sleeps and
     /// event reads over RDMA (posting is the provider's doorbell and not counted).
     pub syscalls: u64,
+    /// NVMe/RDMA: memory windows bound over a command's buffer (one per command whose data
+    /// the target moves, on devices with windows).
+    pub keys_bound: u64,
+    /// NVMe/RDMA: window keys the target invalidated with its response (SEND_WITH_INV).
+    pub keys_invalidated_by_target: u64,
+    /// NVMe/RDMA: window keys this host invalidated (LOCAL_INV) because the response did not.
+    pub keys_invalidated_locally: u64,
+    /// NVMe/RDMA: buffers registered for one command (devices without windows; two system
+    /// calls each, not counted in `syscalls`).
+    pub keys_registered: u64,
 }
 
 impl Stats {
@@ -93,6 +103,10 @@ impl Stats {
         self.socket_payload_bytes += o.socket_payload_bytes;
         self.memcpy_bytes += o.memcpy_bytes;
         self.syscalls += o.syscalls;
+        self.keys_bound += o.keys_bound;
+        self.keys_invalidated_by_target += o.keys_invalidated_by_target;
+        self.keys_invalidated_locally += o.keys_invalidated_locally;
+        self.keys_registered += o.keys_registered;
     }
 }
 

@@ -284,6 +284,9 @@ impl Context {
             max_srq_wr: nn(a.max_srq_wr),
             max_srq_sge: nn(a.max_srq_sge),
             phys_port_cnt: a.phys_port_cnt,
+            max_mw: nn(a.max_mw),
+            mw_type_2b: a.device_cap_flags & ibv_device_cap_flags::IBV_DEVICE_MEM_WINDOW_TYPE_2B.0
+                != 0,
         })
     }
 
@@ -454,6 +457,10 @@ pub struct DeviceAttr {
     pub max_srq_sge: u32,
     /// Number of physical ports.
     pub phys_port_cnt: u8,
+    /// Maximum number of memory windows (0: none, as on siw).
+    pub max_mw: u32,
+    /// Type 2B memory windows (bound by a work request, invalidated by the peer or locally).
+    pub mw_type_2b: bool,
 }
 
 /// Logical port state.

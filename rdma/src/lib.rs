@@ -35,6 +35,7 @@ mod cq;
 mod device;
 mod error;
 mod mr;
+mod mw;
 mod qp;
 mod srq;
 mod sys;
@@ -48,6 +49,7 @@ pub use device::{
 };
 pub use error::{Error, Result};
 pub use mr::{AccessFlags, Mr, Pd, RemoteBuf, Sge};
+pub use mw::{next_rkey, Mw, MwBind};
 pub use qp::{Qp, QpCaps, QpInitAttr, QpState, RecvWr, SendFlags, SendOp, SendWr, MAX_CHAIN};
 pub use srq::Srq;
 
@@ -61,6 +63,7 @@ mod thread_safety {
         send_sync::<super::Context>();
         send_sync::<super::Pd>();
         send_sync::<super::Mr>();
+        send_sync::<super::Mw>();
         send_sync::<super::CompChannel>();
         send_sync::<super::Cq>();
         send_sync::<super::Srq>();

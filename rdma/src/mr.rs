@@ -67,6 +67,8 @@ bitflags::bitflags! {
         const REMOTE_WRITE = ibv_access_flags::IBV_ACCESS_REMOTE_WRITE.0;
         /// A peer may RDMA READ from the region.
         const REMOTE_READ = ibv_access_flags::IBV_ACCESS_REMOTE_READ.0;
+        /// Memory windows may be bound over the region ([`crate::Mw`]).
+        const MW_BIND = ibv_access_flags::IBV_ACCESS_MW_BIND.0;
     }
 }
 
@@ -257,6 +259,11 @@ impl Mr {
         // SAFETY: raw is the MR just returned; its keys are immutable.
         let (lkey, rkey) = unsafe { ((*raw).lkey, (*raw).rkey) };
         Ok((raw, lkey, rkey))
+    }
+
+    /// The verbs handle (for work requests that name the region, such as a window bind).
+    pub(crate) fn raw_mr(&self) -> *mut ibv_mr {
+        self.raw
     }
 
     /// Start address of the region (what an SGE or a remote peer names).

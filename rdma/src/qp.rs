@@ -11,6 +11,7 @@ use crate::cm::{CmId, CmIdInner};
 use crate::cq::Cq;
 use crate::error::{check_minus1, check_ret, Error, Result};
 use crate::mr::{Mr, Pd, RemoteBuf, Sge};
+use crate::mw::MwBind;
 use crate::srq::Srq;
 
 /// Most work requests one [`Qp::post_send`] / [`Qp::post_recv_list`] call links into a single
@@ -268,27 +269,59 @@ impl Qp {
     /// per chunk, e.g. RDMA_WRITE(s) followed by the response SEND, only the SEND signaled.
     /// On failure, [`Error::Post`] says how many from the start were posted.
     pub fn post_send(&self, wrs: &[SendWr<'_>]) -> Result<()> {
+        self.post_chain(None, wrs)
+    }
+
+    /// Posts a memory window bind followed by `wrs` in one `ibv_post_send` (at most
+    /// [`MAX_CHAIN`] in all): the bind takes effect before the later work requests run, so a
+    /// SEND that names the new key reaches the peer only once the key opens the range. On
+    /// failure, [`Error::Post`] counts the bind as the first work request.
+    pub fn post_bind_send(&self, bind: &MwBind<'_>, wrs: &[SendWr<'_>]) -> Result<()> {
+        bind.validate(&self._pd)?;
+        if wrs.len() >= MAX_CHAIN {
+            return Err(Error::InvalidArgument(format!(
+                "a bind and {} work requests exceed one chain of {MAX_CHAIN}",
+                wrs.len()
+            )));
+        }
+        self.post_chain(Some(bind), wrs)
+    }
+
+    fn post_chain(&self, bind: Option<&MwBind<'_>>, wrs: &[SendWr<'_>]) -> Result<()> {
         for wr in wrs {
             wr.validate(&self.caps)?;
         }
+        let lead = usize::from(bind.is_some());
         let mut posted = 0;
-        for chunk in wrs.chunks(MAX_CHAIN) {
+        let mut rest = wrs;
+        let mut first = true;
+        while first || !rest.is_empty() {
+            let room = if first { MAX_CHAIN - lead } else { MAX_CHAIN };
+            let (chunk, tail) = rest.split_at(rest.len().min(room));
+            let bind = if first { bind } else { None };
+            first = false;
+            rest = tail;
+            let n = chunk.len() + usize::from(bind.is_some());
+            if n == 0 {
+                break;
+            }
             let mut arr: [MaybeUninit<ibv_send_wr>; MAX_CHAIN] =
                 [const { MaybeUninit::uninit() }; MAX_CHAIN];
-            let head = build_send_chain(chunk, &mut arr);
+            let head = build_send_chain(bind, chunk, &mut arr);
             let mut bad: *mut ibv_send_wr = ptr::null_mut();
-            // SAFETY: raw is a live QP; head is a linked list of chunk.len() initialized WRs in
-            // `arr`, whose SGE arrays (borrowed from `wrs`) outlive the call.
+            // SAFETY: raw is a live QP; head is a linked list of n initialized WRs in `arr`,
+            // whose SGE arrays (borrowed from `wrs`) and window/region handles (borrowed by
+            // `bind`) outlive the call.
             let r = unsafe { ibv_post_send(self.raw, head, &mut bad) };
             if r != 0 {
-                let done = failed_index(head, bad, chunk.len());
+                let done = failed_index(head, bad, n);
                 return Err(Error::Post {
                     call: "ibv_post_send",
                     errno: errno_of(r),
                     posted: posted + done,
                 });
             }
-            posted += chunk.len();
+            posted += n;
         }
         Ok(())
     }
@@ -521,6 +554,11 @@ pub enum SendOp {
         /// Peer address and rkey.
         remote: RemoteBuf,
     },
+    /// Invalidates `rkey` (a bound memory window's key) locally; no SGEs. Not on siw.
+    LocalInv {
+        /// The key to invalidate.
+        rkey: u32,
+    },
 }
 
 /// One send work request. Build with [`SendWr::send`], [`SendWr::send_with_inv`],
@@ -571,6 +609,15 @@ impl<'a> SendWr<'a> {
             wr_id,
             op: SendOp::RdmaRead { remote },
             sges,
+            flags: SendFlags::empty(),
+        }
+    }
+    /// LOCAL_INV of `rkey`.
+    pub fn local_inv(wr_id: u64, rkey: u32) -> Self {
+        SendWr {
+            wr_id,
+            op: SendOp::LocalInv { rkey },
+            sges: &[],
             flags: SendFlags::empty(),
         }
     }
@@ -661,24 +708,37 @@ impl<'a> SendWr<'a> {
                     rkey: remote.rkey,
                 };
             }
+            SendOp::LocalInv { rkey } => {
+                w.opcode = ibv_wr_opcode::IBV_WR_LOCAL_INV;
+                w.imm_data_invalidated_rkey_union.invalidated_rkey = rkey;
+            }
         }
         w
     }
 }
 
+/// Links `bind` (if any) and `wrs` into `arr`; returns the head.
 fn build_send_chain(
+    bind: Option<&MwBind<'_>>,
     wrs: &[SendWr<'_>],
     arr: &mut [MaybeUninit<ibv_send_wr>; MAX_CHAIN],
 ) -> *mut ibv_send_wr {
-    debug_assert!(!wrs.is_empty() && wrs.len() <= MAX_CHAIN);
+    let lead = usize::from(bind.is_some());
+    let n = lead + wrs.len();
+    debug_assert!(n > 0 && n <= MAX_CHAIN);
     let base = arr.as_mut_ptr().cast::<ibv_send_wr>();
-    for (i, wr) in wrs.iter().enumerate() {
-        let next = if i + 1 < wrs.len() {
+    let next_of = |i: usize| {
+        if i + 1 < n {
             base.wrapping_add(i + 1)
         } else {
             ptr::null_mut::<ibv_send_wr>()
-        };
-        arr[i].write(wr.to_raw(next));
+        }
+    };
+    if let Some(b) = bind {
+        arr[0].write(b.to_raw(next_of(0)));
+    }
+    for (i, wr) in wrs.iter().enumerate() {
+        arr[lead + i].write(wr.to_raw(next_of(lead + i)));
     }
     base
 }
@@ -719,7 +779,7 @@ mod tests {
             SendWr::send_with_inv(2, &rsp, 0x1234).signaled(),
         ];
         let mut arr = [const { MaybeUninit::uninit() }; MAX_CHAIN];
-        let head = build_send_chain(&wrs, &mut arr);
+        let head = build_send_chain(None, &wrs, &mut arr);
         // SAFETY: build_send_chain initialized two linked entries starting at head.
         unsafe {
             let w0 = &*head;

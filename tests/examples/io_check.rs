@@ -169,6 +169,10 @@ fn async_phase<L: Link>(q: &mut Queue<L>, a: &Args, ns: &NsInfo, rdma: bool, job
         socket_payload_bytes: s1.socket_payload_bytes - s0.socket_payload_bytes,
         memcpy_bytes: s1.memcpy_bytes - s0.memcpy_bytes,
         syscalls: s1.syscalls - s0.syscalls,
+        keys_bound: s1.keys_bound - s0.keys_bound,
+        keys_invalidated_by_target: s1.keys_invalidated_by_target - s0.keys_invalidated_by_target,
+        keys_invalidated_locally: s1.keys_invalidated_locally - s0.keys_invalidated_locally,
+        keys_registered: s1.keys_registered - s0.keys_registered,
     };
     println!(
         "async queue {}: wrote+verified {} MiB at {} MiB in {} KiB I/Os at QD {qd}: write {:.1} MB/s, \
@@ -194,6 +198,27 @@ fn async_phase<L: Link>(q: &mut Queue<L>, a: &Args, ns: &NsInfo, rdma: bool, job
         ensure!(
             s.memcpy_bytes == 0 && s.socket_payload_bytes == 0,
             "the RDMA data path copied: {s:?}"
+        );
+        // Every command whose data the target moved opened its buffer with a key of its own
+        // (a memory window, or a registration on a device without windows), and every window
+        // key was dead before its command completed.
+        let keyed = s.keys_bound + s.keys_registered;
+        println!(
+            "async queue {}: buffer keys: {} windows bound ({} invalidated by the target, {} \
+             locally), {} per-I/O registrations",
+            q.qid(),
+            s.keys_bound,
+            s.keys_invalidated_by_target,
+            s.keys_invalidated_locally,
+            s.keys_registered
+        );
+        ensure!(
+            keyed > 0 && (s.keys_bound == 0 || s.keys_registered == 0),
+            "buffer keys: {s:?}"
+        );
+        ensure!(
+            s.keys_bound == s.keys_invalidated_by_target + s.keys_invalidated_locally,
+            "a window key outlived its command: {s:?}"
         );
     }
     // Flush through the async API too.
@@ -328,10 +353,12 @@ fn run(a: &Args) -> Res<()> {
     if let AnyLink::Rdma(l) = q.link() {
         {
             println!(
-                "rdma queue {} on {}: {} bytes registered for its pool",
+                "rdma queue {} on {}: {} bytes registered for its pool (local access), buffers \
+                 opened per command by {}",
                 q.qid(),
                 l.device(),
-                l.registered_bytes()
+                l.registered_bytes(),
+                l.key_mode()
             );
             // A buffer of another queue's pool is refused, and comes back.
             let other = nsh.queue();

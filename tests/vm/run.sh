@@ -185,17 +185,18 @@ if [ $need_build = 1 ]; then
 fi
 
 # The in-process RDMA wire tests (target/tests/rdma_raw.rs, rdma_host.rs, rdma_access.rs,
-# transport_alloc.rs): built here, run in the guest by the rdma-wire-* scenarios.
+# transport_alloc.rs, rdma/tests/windows.rs): built here, run in the guest by the rdma-wire-*
+# scenarios.
 RDMA_TESTS=
 if [ $need_build = 1 ]; then
-  echo "run.sh: cargo test --release -p nvmf-target --test rdma_raw --test rdma_host --test rdma_access --test transport_alloc --no-run" >&2
-  if (cd "$ROOT" && cargo test --release -p nvmf-target --test rdma_raw --test rdma_host --test rdma_access --test transport_alloc --no-run \
+  echo "run.sh: cargo test --release -p nvmf-target -p nvmf-rdma --test rdma_raw --test rdma_host --test rdma_access --test transport_alloc --test windows --no-run" >&2
+  if (cd "$ROOT" && cargo test --release -p nvmf-target -p nvmf-rdma --test rdma_raw --test rdma_host --test rdma_access --test transport_alloc --test windows --no-run \
       --message-format=json) >"$RESULTS/build-rdma-tests.json" 2>"$RESULTS/build-rdma-tests.log"; then
     RDMA_TESTS=$(python3 -c '
 import json, sys
 for line in open(sys.argv[1]):
     m = json.loads(line)
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] in ("rdma_raw", "rdma_host", "rdma_access", "transport_alloc"):
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] in ("rdma_raw", "rdma_host", "rdma_access", "transport_alloc", "windows"):
         print(m["target"]["name"] + "=" + m["executable"])' "$RESULTS/build-rdma-tests.json" | tr '\n' ' ')
   else
     host_fail "build-rdma-tests" "cargo test --no-run of the RDMA wire tests failed: $(grep -m1 -E '^error' "$RESULTS/build-rdma-tests.log" | cut -c1-160)"

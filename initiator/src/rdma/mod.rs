@@ -17,16 +17,15 @@
 //!
 //! # Data path
 //! - Every command is one signaled SEND of its 64-byte SQE from a per-tag slot. Data is named
-//!   by a Keyed SGL Data Block descriptor with subtype 0 (type byte `0x40`): the target
-//!   RDMA_WRITEs read data into the buffer and RDMA_READs write data out of it, and answers
-//!   with a SEND of the CQE. A write that fits the in-capsule limit (`IOCCSZ * 16 - 64`, only
-//!   on I/O queues and only when Identify SGLS bit 20 is set, as the Linux host decides) goes
-//!   in the capsule instead: one SEND of two SGEs, the SQE and the data.
-//! - Subtype `0xF` (remote invalidation) is never used: the keys here come from `ibv_reg_mr`,
-//!   which recent rxe refuses to invalidate remotely and siw invalidates silently (see
-//!   `shared/notes/rdma-binding.md` section 6). A response that arrives with
-//!   `IBV_WC_WITH_INV` anyway is a target bug and fails the queue ("bogus remote
-//!   invalidation"); a plain SEND is the normal case.
+//!   by a Keyed SGL Data Block descriptor: the target RDMA_WRITEs read data into the buffer and
+//!   RDMA_READs write data out of it, and answers with a SEND of the CQE. A write that fits the
+//!   in-capsule limit (`IOCCSZ * 16 - 64`, only on I/O queues and only when Identify SGLS bit
+//!   20 is set, as the Linux host decides) goes in the capsule instead: one SEND of two SGEs,
+//!   the SQE and the data.
+//! - The key in the descriptor opens that buffer, with the one right the command needs
+//!   (`REMOTE_WRITE` for a read, `REMOTE_READ` for a write), for that command only (see
+//!   "Keys" below). A response with `IBV_WC_WITH_INV` must name the command's own window key;
+//!   anything else is a target bug and fails the queue ("bogus remote invalidation").
 //! - A command ends when both its SEND's completion and its response have been seen, in either
 //!   order (the command state machine the queue keeps for both transports). A RECV is reposted
 //!   before the command it answered completes, so there is always one waiting for every
@@ -39,22 +38,37 @@
 //!   TIMEWAIT_EXIT) fails the queue as well. A failing or dropped queue moves its QP to the
 //!   error state and reaps the flushed work requests before buffers are handed back.
 //!
-//! # Buffers, copies and the rkey trade-off
+//! # Buffers and copies
 //! Each queue has a pool of registered memory ([`RdmaBuf`], from [`crate::Queue::alloc_buf`]):
-//! slabs registered once with `LOCAL_WRITE | REMOTE_READ | REMOTE_WRITE`, cut into
-//! power-of-two buffers that return to the pool on drop. The asynchronous API takes and gives
-//! back these buffers, so its data path copies nothing ([`crate::Stats::memcpy_bytes`] stays 0).
-//! The synchronous [`crate::Namespace`] calls and admin commands copy between the caller's
-//! slice and a pool buffer once per byte, and count it.
+//! slabs registered once for local access only, cut into power-of-two buffers that return to
+//! the pool on drop. The asynchronous API takes and gives back these buffers, so its data path
+//! copies nothing ([`crate::Stats::memcpy_bytes`] stays 0). The synchronous
+//! [`crate::Namespace`] calls and admin commands copy between the caller's slice and a pool
+//! buffer once per byte, and count it.
 //!
-//! **Choice: long-lived registration.** A userspace initiator has no fast registration work
-//! requests (FRWR), so this host registers its pool once and names slices of it by the slab's
-//! rkey. The price: every slab is open to the target for the queue's life. A target that
-//! misbehaves can read or write any pool buffer (including ones the application holds between
-//! I/Os) until the queue is dropped, though never memory outside the pool. The alternative,
-//! `ibv_reg_mr`/`ibv_dereg_mr` around each I/O, bounds the exposure to one I/O (what the Linux
-//! host gets from FRWR) but costs two system calls and a page pin per I/O. Use this initiator
-//! with targets you trust with the pool's contents.
+//! # Keys: a buffer is open to the target only while its command runs
+//! No key of a pool slab opens anything to the target. A command opens its own buffer, as the
+//! Linux host does with fast registration (FRWR), in one of two ways chosen per queue at
+//! connect time ([`crate::RdmaQueue::key_mode`]; `NVMF_RDMA_KEYS=windows|per-io` overrides):
+//! - **Memory windows** (devices with type 2B windows: rxe, mlx5). Each tag has a window. The
+//!   post that sends the command first binds the tag's window over the buffer with a fresh key
+//!   (the low byte rotates), so the SEND that names the key reaches the target only once the
+//!   key is valid; the descriptor has subtype `0xF`, asking the target to invalidate the key
+//!   with its response (SEND_WITH_INV: nvmet, SPDK and nvmf-target on RoCE do). When the
+//!   response comes as a plain SEND, the queue posts a LOCAL_INV and completes the command only
+//!   when it has completed. Cost: a bind work request per command (no system call), and a
+//!   LOCAL_INV when the target does not invalidate. [`crate::Stats`] counts binds and both
+//!   kinds of invalidation.
+//! - **A registration per command** (devices without windows: siw). The buffer is registered
+//!   on its own (`ibv_reg_mr`) when the command is posted and deregistered when its response
+//!   arrives; the descriptor has subtype 0 (recent rxe refuses to invalidate a user MR
+//!   remotely and libsiw reports no invalidation; `shared/notes/rdma-binding.md` section 6).
+//!   Cost: two system calls per command with data.
+//!
+//! Either way the key is dead before the buffer is handed back, or the queue has moved its QP
+//! to the error state (a failing or dropped queue), which no key reaches through. So the bytes
+//! of an [`RdmaBuf`] the application holds change only when the application writes them, and
+//! the buffer hands out plain slices soundly.
 //!
 //! # Without RDMA
 //! On a machine without RDMA devices, connecting fails with [`RdmaError::Verbs`] wrapping

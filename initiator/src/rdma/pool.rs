@@ -6,15 +6,15 @@
 //! registered until the pool and every buffer cut from them are gone, so steady-state I/O
 //! registers nothing and allocates nothing.
 //!
-//! Every slab is registered `LOCAL_WRITE | REMOTE_READ | REMOTE_WRITE`: the target RDMA_WRITEs
-//! read data into a buffer and RDMA_READs write data out of it (see the module doc of
-//! [`crate::rdma`] for what that exposure means).
+//! Slabs are registered for local access only (`LOCAL_WRITE`, plus `MW_BIND` where the queue
+//! uses memory windows): no slab key opens anything to the target. A command opens its own
+//! buffer for the length of the command ([`crate::rdma`] module doc, "Keys").
 
 use std::fmt;
 use std::ops::{Deref, DerefMut};
 use std::sync::{Arc, Mutex};
 
-use rdma::{AccessFlags, Mr, Pd, RemoteBuf, Sge};
+use rdma::{AccessFlags, Mr, Pd, Sge};
 
 use crate::error::Error;
 use crate::queue::Buf;
@@ -56,6 +56,8 @@ struct Chunk {
 
 struct PoolInner {
     pd: Arc<Pd>,
+    /// Access rights of every slab (local only).
+    access: AccessFlags,
     /// Free chunks per class.
     free: Mutex<[Vec<Chunk>; CLASSES]>,
     /// Bytes registered by this pool, and slabs.
@@ -86,10 +88,13 @@ impl fmt::Debug for Pool {
 }
 
 impl Pool {
-    pub(crate) fn new(pd: &Arc<Pd>) -> Pool {
+    /// A pool on `pd` whose slabs are registered with `access` (no remote rights).
+    pub(crate) fn new(pd: &Arc<Pd>, access: AccessFlags) -> Pool {
+        debug_assert!(!access.intersects(AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE));
         Pool {
             inner: Arc::new(PoolInner {
                 pd: pd.clone(),
+                access,
                 free: Mutex::new(Default::default()),
                 registered: Mutex::new((0, 0)),
             }),
@@ -106,11 +111,7 @@ impl Pool {
             // Slow path, once per slab: register a new one under the lock (it is per queue).
             let size = chunk_size(class);
             let n = chunks_per_slab(class);
-            let mr = Arc::new(Mr::alloc(
-                &self.inner.pd,
-                size * n,
-                AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE,
-            )?);
+            let mr = Arc::new(Mr::alloc(&self.inner.pd, size * n, self.inner.access)?);
             {
                 let mut r = self
                     .inner
@@ -203,11 +204,44 @@ impl RdmaBuf {
             .expect("a chunk lies inside its slab and len <= 8 MiB")
     }
 
-    /// Address, length and rkey for a keyed SGL.
-    pub(crate) fn remote(&self) -> RemoteBuf {
-        self.mr
-            .remote(self.off, self.len)
-            .expect("a chunk lies inside its slab")
+    /// The slab the buffer lies in, and the buffer's offset there (what a window bind names).
+    pub(crate) fn slab(&self) -> (&Mr, usize) {
+        (&self.mr, self.off)
+    }
+
+    /// Registers the buffer on its own with `access` for one command (devices without memory
+    /// windows): the registration's rkey opens exactly this buffer until it is dropped.
+    pub(crate) fn register_io(&self, access: AccessFlags) -> Result<IoMr, Error> {
+        // SAFETY: [off, off + len) lies inside the slab's mapping, which the returned IoMr keeps
+        // alive (its Arc) for as long as the registration exists. The queue drops the IoMr when
+        // the command's response arrives, or moves the QP to the error state (so the peer can
+        // no longer reach it) before it hands the buffer back; until then the queue holds the
+        // buffer and no reference to its bytes exists.
+        let mr = unsafe {
+            Mr::register_external(
+                self.mr.pd(),
+                self.mr.as_ptr().add(self.off),
+                self.len,
+                access,
+            )?
+        };
+        Ok(IoMr {
+            mr,
+            _slab: self.mr.clone(),
+        })
+    }
+}
+
+/// A buffer's registration for one command ([`RdmaBuf::register_io`]); deregistered on drop.
+pub(crate) struct IoMr {
+    mr: Mr,
+    _slab: Arc<Mr>,
+}
+
+impl IoMr {
+    /// The key the command's keyed SGL names.
+    pub(crate) fn rkey(&self) -> u32 {
+        self.mr.rkey()
     }
 }
 
@@ -216,10 +250,11 @@ impl Deref for RdmaBuf {
     fn deref(&self) -> &[u8] {
         // SAFETY: [off, off+len) lies inside the slab's mapping (off + capacity <= slab length,
         // len <= capacity), which lives as long as the Arc<Mr> held here. The pool hands each
-        // chunk to one RdmaBuf at a time, so no other buffer aliases it. The device writes it
-        // only while an I/O that owns this buffer is in flight (the queue holds it then), or if
-        // a misbehaving target uses the long-lived rkey: bytes may then change under a reader,
-        // which is a data-integrity matter (any u8 value is valid), as with any DMA memory.
+        // chunk to one RdmaBuf at a time, so no other buffer aliases it. Neither the device nor
+        // the target can write it while the caller holds it: the slab has no remote rights,
+        // and the key a command opened it with (a memory window, or a registration of its
+        // own) was invalidated or deregistered before the queue handed the buffer back, or
+        // the QP was moved to the error state first.
         unsafe { std::slice::from_raw_parts(self.mr.as_ptr().add(self.off), self.len) }
     }
 }

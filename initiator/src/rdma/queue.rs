@@ -14,12 +14,12 @@ use nvme::rdma::{CmReply, CmRequest};
 use nvme::sgl::Sgl;
 use nvme::{Cqe, Sqe};
 use rdma::{
-    active, AccessFlags, CmId, CompChannel, ConnParam, Cq, EventChannel, Mr, Pd, Qp, QpInitAttr,
-    SendWr, WorkCompletion,
+    active, next_rkey, AccessFlags, CmId, CompChannel, ConnParam, Cq, EventChannel, Mr, Mw, MwBind,
+    Pd, Qp, QpInitAttr, SendWr, WorkCompletion,
 };
 
 use super::error::{rejected, RdmaError};
-use super::pool::{Pool, RdmaBuf, RegisteredBuf};
+use super::pool::{IoMr, Pool, RdmaBuf, RegisteredBuf};
 use crate::cmd::Dir;
 use crate::error::{CmdError, Error};
 use crate::queue::{sealed, Carry, Io, Link, PostError, Queue, QueueParams};
@@ -32,6 +32,13 @@ pub(super) const SQE_LEN: usize = 64;
 pub(super) const CQE_LEN: usize = 16;
 /// `wr_id` bit marking a RECV (the low 32 bits are the RECV buffer index); SENDs carry the tag.
 pub(super) const RECV_FLAG: u64 = 1 << 32;
+/// `wr_id` bit marking a memory window bind (low 16 bits: the tag).
+const BIND_FLAG: u64 = 1 << 33;
+/// `wr_id` bit marking a LOCAL_INV (low 16 bits: the tag).
+const INV_FLAG: u64 = 1 << 34;
+/// Environment override of how commands open their buffers to the target: `windows`,
+/// `per-io` or `auto` (the default: windows where the device has type 2B windows).
+pub const KEYS_ENV: &str = "NVMF_RDMA_KEYS";
 /// Work completions taken per `ibv_poll_cq`.
 const POLL_BATCH: usize = 32;
 /// Longest wait for the flush completions of a failed or closing queue.
@@ -43,12 +50,16 @@ const MAX_DEPTH: u16 = 4096;
 /// completion channel (the rdma crate forces the destruction order).
 struct Conn {
     qid: u16,
-    /// Send-queue entries that may still be posted (one per command; returned by its SEND's
-    /// completion), so the SQ never overflows.
+    /// Send-queue entries that may still be posted, so the SQ never overflows: a command takes
+    /// one for its SEND, and with a memory window two more (the bind, and the LOCAL_INV it may
+    /// need); the SEND's completion returns the SEND's and the bind's, the response or the
+    /// LOCAL_INV's completion the last.
     sq_free: u32,
+    /// Signaled send work requests (SENDs, LOCAL_INVs) posted and not yet completed: what a
+    /// drain waits for (an unsignaled bind completes, or is flushed, before its SEND).
+    signaled_out: u32,
     /// RECVs posted and not yet completed.
     recv_posted: u32,
-    nsend: u32,
     timeout: Duration,
     wcs: Box<[WorkCompletion]>,
     /// Shut after a failure ([`Link::shut`]): the drop has nothing left to drain.
@@ -65,7 +76,8 @@ struct Conn {
 
 /// The NVMe/RDMA link of a [`Queue`]; `B` is the queue's buffer type ([`RdmaBuf`] for an
 /// [`crate::RdmaQueue`], [`crate::AnyBuf`] inside an [`crate::AnyQueue`]). See the
-/// [module doc](crate::rdma) for the data path, the buffer pool and the rkey exposure it implies.
+/// [module doc](crate::rdma) for the data path, the buffer pool and the keys that open a buffer
+/// to the target for one command.
 pub struct RdmaLink<B = RdmaBuf> {
     qid: u16,
     conn: Conn,
@@ -78,10 +90,37 @@ pub struct RdmaLink<B = RdmaBuf> {
     tags: u16,
     /// Tags the target can hold at once (its CM reply's crqsize, when smaller).
     usable: u16,
-    /// Per tag: the rkey named in its keyed SGL (none for in-capsule or no data).
+    /// How commands open their buffers to the target.
+    keys: Keys,
+    /// Per tag: the key named in its keyed SGL (none for in-capsule or no data).
     rkeys: Box<[Option<u32>]>,
+    /// Per tag: send-queue entries its SEND's completion returns (1, or 2 after a bind).
+    send_wrs: Box<[u8]>,
+    /// Per tag: a LOCAL_INV is out; the response is delivered when it completes.
+    inv_pending: Box<[bool]>,
     icd_max: u32,
     _buf: PhantomData<fn() -> B>,
+}
+
+/// How a command opens its buffer to the target, and only for the command (the [module
+/// doc](crate::rdma), "Keys").
+enum Keys {
+    /// A type 2 memory window per tag, bound over the buffer in the post that sends the
+    /// command (a fresh key each time) and invalidated by the target's SEND_WITH_INV or a
+    /// LOCAL_INV before the command completes. `rkey`: each window's last key.
+    Windows { mws: Box<[Mw]>, rkey: Box<[u32]> },
+    /// A registration of the buffer per command, dropped when its response arrives (devices
+    /// without windows: siw). Two system calls per command with data.
+    PerIo { mrs: Box<[Option<IoMr>]> },
+}
+
+impl Keys {
+    fn name(&self) -> &'static str {
+        match self {
+            Keys::Windows { .. } => "memory windows",
+            Keys::PerIo { .. } => "per-I/O registration",
+        }
+    }
 }
 
 impl<B> fmt::Debug for RdmaLink<B> {
@@ -94,6 +133,7 @@ impl<B> fmt::Debug for RdmaLink<B> {
             .field("depth", &self.tags)
             .field("recvs", &self.nrecv)
             .field("icd_max", &self.icd_max)
+            .field("keys", &self.keys.name())
             .field("pool", &self.pool)
             .finish_non_exhaustive()
     }
@@ -111,9 +151,16 @@ impl<B: RegisteredBuf> Queue<RdmaLink<B>> {
         self.link().device()
     }
 
-    /// Bytes of memory this queue's pool has registered (and so exposed to the target).
+    /// Bytes of memory this queue's pool has registered (for local access only: a command
+    /// opens its own buffer to the target, for the command).
     pub fn registered_bytes(&self) -> usize {
         self.link().registered_bytes()
+    }
+
+    /// How this queue's commands open their buffers to the target: `"memory windows"` or
+    /// `"per-I/O registration"`.
+    pub fn key_mode(&self) -> &'static str {
+        self.link().key_mode()
     }
 }
 
@@ -142,8 +189,19 @@ impl<B: RegisteredBuf> RdmaLink<B> {
         let (id, ctx) = active::resolve(&ch, qid as u64, *dst, deadline)
             .map_err(|e| connect_error(qid, p.timeout, e))?;
         let attr = ctx.query_device()?;
+        let iwarp = ctx.transport() == rdma::Transport::Iwarp;
+        let windows = match std::env::var(KEYS_ENV).as_deref() {
+            Ok("per-io") => false,
+            Ok("windows") => true,
+            _ => attr.mw_type_2b && attr.max_mw >= tags as u32 && !iwarp,
+        };
         let nrecv = tags as u32 + 1;
-        let nsend = tags as u32 + 1;
+        // A SEND per command, plus a bind and a LOCAL_INV with windows.
+        let nsend = if windows {
+            3 * tags as u32 + 1
+        } else {
+            tags as u32 + 1
+        };
         if nsend > attr.max_qp_wr {
             return Err(limit_error("work requests", nsend, attr.max_qp_wr, tags));
         }
@@ -162,6 +220,21 @@ impl<B: RegisteredBuf> RdmaLink<B> {
                 ..QpInitAttr::new(&cq, nsend, nrecv)
             },
         )?;
+        let keys = if windows {
+            let mws = (0..tags)
+                .map(|_| Mw::alloc(&pd))
+                .collect::<Result<Box<[Mw]>, _>>()?;
+            let rkey = mws.iter().map(Mw::rkey).collect();
+            Keys::Windows { mws, rkey }
+        } else {
+            Keys::PerIo {
+                mrs: (0..tags).map(|_| None).collect(),
+            }
+        };
+        let slab_access = match keys {
+            Keys::Windows { .. } => AccessFlags::LOCAL_WRITE | AccessFlags::MW_BIND,
+            Keys::PerIo { .. } => AccessFlags::LOCAL_WRITE,
+        };
         let cmd_mr = Mr::alloc(&pd, tags as usize * SQE_LEN, AccessFlags::empty())?;
         let rsp_mr = Mr::alloc(&pd, nrecv as usize * CQE_LEN, AccessFlags::LOCAL_WRITE)?;
         // Every RECV before rdma_connect: the target may answer as soon as it is connected.
@@ -199,16 +272,16 @@ impl<B: RegisteredBuf> RdmaLink<B> {
                 usable = rep.crqsize;
             }
         }
-        let iwarp = ctx.transport() == rdma::Transport::Iwarp;
         let dev = ctx.name();
-        tracing::debug!(qid, device = %dev, iwarp, depth = usable, "NVMe/RDMA queue connected");
+        tracing::debug!(qid, device = %dev, iwarp, depth = usable, keys = keys.name(),
+            "NVMe/RDMA queue connected");
         Ok(RdmaLink {
             qid,
             conn: Conn {
                 qid,
                 sq_free: nsend,
+                signaled_out: 0,
                 recv_posted: nrecv,
-                nsend,
                 timeout: p.timeout,
                 wcs: (0..POLL_BATCH).map(|_| WorkCompletion::default()).collect(),
                 shut: false,
@@ -223,10 +296,13 @@ impl<B: RegisteredBuf> RdmaLink<B> {
             cmd_mr,
             rsp_mr,
             nrecv,
-            pool: Pool::new(&pd),
+            pool: Pool::new(&pd, slab_access),
             tags,
             usable,
+            keys,
             rkeys: vec![None; tags as usize].into_boxed_slice(),
+            send_wrs: vec![1; tags as usize].into_boxed_slice(),
+            inv_pending: vec![false; tags as usize].into_boxed_slice(),
             icd_max: 0,
             _buf: PhantomData,
         })
@@ -243,7 +319,10 @@ impl<B: RegisteredBuf> RdmaLink<B> {
             pool: self.pool,
             tags: self.tags,
             usable: self.usable,
+            keys: self.keys,
             rkeys: self.rkeys,
+            send_wrs: self.send_wrs,
+            inv_pending: self.inv_pending,
             icd_max: self.icd_max,
             _buf: PhantomData,
         }
@@ -254,9 +333,15 @@ impl<B: RegisteredBuf> RdmaLink<B> {
         &self.conn.dev
     }
 
-    /// Bytes of memory this link's pool has registered (and so exposed to the target).
+    /// Bytes of memory this link's pool has registered (local access only).
     pub fn registered_bytes(&self) -> usize {
         self.pool.registered().0
+    }
+
+    /// How the link's commands open their buffers to the target: `"memory windows"` or
+    /// `"per-I/O registration"`.
+    pub fn key_mode(&self) -> &'static str {
+        self.keys.name()
     }
 
     fn protocol_error(&self, msg: String) -> Error {
@@ -281,25 +366,49 @@ impl<B: RegisteredBuf> RdmaLink<B> {
 
     fn on_wc(&mut self, io: &mut Io<'_, '_, B>, wc: &WorkCompletion) -> Result<(), Error> {
         let id = wc.wr_id();
-        let recv = id & RECV_FLAG != 0;
-        if recv {
+        let tag = (id & 0xffff) as u16;
+        let op = if id & RECV_FLAG != 0 {
             self.conn.recv_posted -= 1;
-        } else {
+            "RECV"
+        } else if id & BIND_FLAG != 0 {
+            // Unsignaled: only a failed or flushed bind reports; its entry came back (or
+            // comes back) with its SEND's completion.
+            "memory window bind"
+        } else if id & INV_FLAG != 0 {
             self.conn.sq_free += 1;
-        }
+            self.conn.signaled_out -= 1;
+            "LOCAL_INV"
+        } else {
+            let t = tag as usize;
+            let n = self.send_wrs.get(t).copied().unwrap_or(1);
+            self.conn.sq_free += u32::from(n);
+            self.conn.signaled_out -= 1;
+            if let Some(w) = self.send_wrs.get_mut(t) {
+                *w = 1;
+            }
+            "capsule SEND"
+        };
         if !wc.is_ok() {
             return Err(RdmaError::Completion {
                 qid: self.qid,
-                op: if recv { "RECV" } else { "capsule SEND" },
+                op,
                 status: wc.status(),
                 vendor_err: wc.vendor_err(),
             }
             .into());
         }
-        if recv {
+        if id & RECV_FLAG != 0 {
             self.on_response(io, (id & 0xffff_ffff) as usize, wc)
+        } else if id & BIND_FLAG != 0 {
+            Ok(())
+        } else if id & INV_FLAG != 0 {
+            // The key is dead: the response recorded before can complete the command.
+            if let Some(p) = self.inv_pending.get_mut(tag as usize) {
+                *p = false;
+            }
+            io.event(tag, CmdEvent::Response)
+                .map_err(|msg| self.protocol_error(msg))
         } else {
-            let tag = (id & 0xffff) as u16;
             io.event(tag, CmdEvent::SendCompleted)
                 .map_err(|msg| self.protocol_error(msg))
         }
@@ -332,15 +441,43 @@ impl<B: RegisteredBuf> RdmaLink<B> {
                 "response for command {tag}, which is not waiting for one (bad command_id)"
             )));
         }
-        if let Some(inv) = wc.invalidated_rkey() {
-            // Every keyed SGL of this host has subtype 0 (no invalidation): a target that
-            // invalidates anyway has just killed a pool slab's key (nvme_rdma_process_nvme_rsp:
-            // "Bogus remote invalidation").
-            let named = self.rkeys[tag as usize];
-            return Err(self.protocol_error(format!(
-                "bogus remote invalidation of rkey {inv:#x} by the response to command {tag} \
-                 (its SGL named {named:x?} and asked for no invalidation)"
-            )));
+        let named = self.rkeys[tag as usize].take();
+        let windows = matches!(self.keys, Keys::Windows { .. });
+        // Whether the command's key is dead once this returns (else a LOCAL_INV is out).
+        let mut dead = true;
+        match (wc.invalidated_rkey(), named) {
+            (Some(inv), Some(k)) if windows && inv == k => {
+                // The target invalidated the window with its response: return the entry kept
+                // for the LOCAL_INV.
+                self.conn.sq_free += 1;
+                io.stats().keys_invalidated_by_target += 1;
+            }
+            (Some(inv), _) => {
+                // Only a window's key may be invalidated, and only the one the command named
+                // (nvme_rdma_process_nvme_rsp: "Bogus remote invalidation").
+                return Err(self.protocol_error(format!(
+                    "bogus remote invalidation of rkey {inv:#x} by the response to command \
+                     {tag} (its SGL named {named:x?})"
+                )));
+            }
+            (None, Some(k)) if windows => {
+                // The target sent a plain SEND: invalidate the key here, and complete the
+                // command when that is done (nvme_rdma_inv_rkey).
+                self.conn
+                    .qp
+                    .post_send(&[SendWr::local_inv(INV_FLAG | tag as u64, k).signaled()])?;
+                self.conn.signaled_out += 1;
+                self.inv_pending[tag as usize] = true;
+                io.stats().keys_invalidated_locally += 1;
+                dead = false;
+            }
+            (None, Some(_)) => {
+                if let Keys::PerIo { mrs } = &mut self.keys {
+                    // Deregistered: the key opens nothing any more.
+                    mrs[tag as usize] = None;
+                }
+            }
+            (None, None) => {}
         }
         let st = cqe.status();
         io.record(
@@ -351,6 +488,9 @@ impl<B: RegisteredBuf> RdmaLink<B> {
                 Err(CmdError::Status(st))
             },
         );
+        if !dead {
+            return Ok(());
+        }
         io.event(tag, CmdEvent::Response)
             .map_err(|msg| self.protocol_error(msg))
     }
@@ -449,15 +589,25 @@ impl<B: RegisteredBuf> Link for RdmaLink<B> {
     }
 
     fn post(&mut self, io: &mut Io<'_, '_, B>, tag: u16, sqe: &mut Sqe) -> Result<(), PostError> {
-        if self.conn.sq_free == 0 {
-            // Cannot happen while every tag holds at most one send WR; refuse rather than
-            // overflow the SQ.
-            return Err(PostError::Refused(Error::QueueFull));
-        }
         let slot = io.slot(tag).expect("the queue posts its own tags");
         let (dir, len) = (slot.dir, slot.len);
         let buf = slot.own_buf().and_then(RegisteredBuf::as_rdma);
         let incapsule = dir == Dir::ToCtrl && len > 0 && len <= self.icd_max;
+        let keyed = buf.is_some() && !incapsule;
+        let windows = matches!(self.keys, Keys::Windows { .. });
+        let need = if keyed && windows { 3 } else { 1 };
+        if self.conn.sq_free < need {
+            // Cannot happen: the SQ has room for every tag's work requests; refuse rather than
+            // overflow it.
+            return Err(PostError::Refused(Error::QueueFull));
+        }
+        // The rights the command gives the target over its buffer: it RDMA_WRITEs read data
+        // and RDMA_READs write data.
+        let access = if dir == Dir::FromCtrl {
+            AccessFlags::REMOTE_WRITE
+        } else {
+            AccessFlags::REMOTE_READ
+        };
         let (sgl, rkey) = match buf {
             // No data: keyed, all zero (nvme_rdma_set_sg_null).
             None => (
@@ -471,15 +621,24 @@ impl<B: RegisteredBuf> Link for RdmaLink<B> {
             ),
             Some(_) if incapsule => (Sgl::InCapsule { offset: 0, len }, None),
             Some(b) => {
-                let r = b.remote();
+                let key = match &mut self.keys {
+                    Keys::Windows { rkey, .. } => next_rkey(rkey[tag as usize]),
+                    Keys::PerIo { mrs } => {
+                        let m = b.register_io(access).map_err(PostError::Refused)?;
+                        let k = m.rkey();
+                        mrs[tag as usize] = Some(m);
+                        k
+                    }
+                };
                 (
                     Sgl::Keyed {
-                        addr: r.addr,
+                        addr: b.addr(),
                         len,
-                        key: r.rkey,
-                        invalidate: false,
+                        key,
+                        // A window's key is the target's to invalidate with its response.
+                        invalidate: windows,
                     },
-                    Some(r.rkey),
+                    Some(key),
                 )
             }
         };
@@ -489,12 +648,29 @@ impl<B: RegisteredBuf> Link for RdmaLink<B> {
             .cmd_mr
             .write_at(off, &sqe.encode())
             .and_then(|()| self.cmd_mr.sge(off, SQE_LEN))
-            .and_then(|sqe_sge| match buf {
-                Some(b) if incapsule => {
+            .and_then(|sqe_sge| match (buf, &self.keys, rkey) {
+                (Some(b), _, _) if incapsule => {
                     let sges = [sqe_sge, b.sge()];
                     self.conn
                         .qp
                         .post_send(&[SendWr::send(tag as u64, &sges).signaled()])
+                }
+                (Some(b), Keys::Windows { mws, .. }, Some(key)) => {
+                    let (mr, offset) = b.slab();
+                    let bind = MwBind {
+                        wr_id: BIND_FLAG | tag as u64,
+                        mw: &mws[tag as usize],
+                        mr,
+                        offset,
+                        len: len as usize,
+                        access,
+                        rkey: key,
+                        signaled: false,
+                    };
+                    let sges = [sqe_sge];
+                    self.conn
+                        .qp
+                        .post_bind_send(&bind, &[SendWr::send(tag as u64, &sges).signaled()])
                 }
                 _ => {
                     let sges = [sqe_sge];
@@ -504,9 +680,22 @@ impl<B: RegisteredBuf> Link for RdmaLink<B> {
                 }
             });
         if let Err(e) = posted {
+            if let Keys::PerIo { mrs } = &mut self.keys {
+                mrs[tag as usize] = None;
+            }
             return Err(PostError::Failed(e.into()));
         }
-        self.conn.sq_free -= 1;
+        match (&mut self.keys, rkey) {
+            (Keys::Windows { rkey: last, .. }, Some(k)) => {
+                last[tag as usize] = k;
+                io.stats().keys_bound += 1;
+            }
+            (Keys::PerIo { .. }, Some(_)) => io.stats().keys_registered += 1,
+            _ => {}
+        }
+        self.conn.sq_free -= need;
+        self.conn.signaled_out += 1;
+        self.send_wrs[tag as usize] = if keyed && windows { 2 } else { 1 };
         self.rkeys[tag as usize] = rkey;
         Ok(())
     }
@@ -552,6 +741,12 @@ impl<B: RegisteredBuf> Link for RdmaLink<B> {
     fn shut(&mut self) {
         self.conn.shut = true;
         self.conn.quiesce(true);
+        // The QP is in the error state: no key reaches a buffer any more. Drop the per-command
+        // registrations before the queue hands the buffers back.
+        if let Keys::PerIo { mrs } = &mut self.keys {
+            mrs.iter_mut().for_each(|m| *m = None);
+        }
+        self.inv_pending.iter_mut().for_each(|p| *p = false);
     }
 }
 
@@ -568,10 +763,10 @@ impl Conn {
             tracing::debug!(qid = self.qid, error = %e, "rdma_disconnect failed");
         }
         let end = Instant::now() + self.timeout.min(DRAIN_WAIT);
-        while self.recv_posted > 0 || self.sq_free < self.nsend {
+        while self.recv_posted > 0 || self.signaled_out > 0 {
             match self.cq.poll(&mut self.wcs) {
                 Ok(0) if Instant::now() >= end => {
-                    let (recvs, sends) = (self.recv_posted, self.nsend - self.sq_free);
+                    let (recvs, sends) = (self.recv_posted, self.signaled_out);
                     if failed {
                         tracing::debug!(qid = self.qid, recvs, sends, "work requests not flushed");
                     } else {
@@ -582,10 +777,11 @@ impl Conn {
                 Ok(0) => std::thread::sleep(Duration::from_micros(200)),
                 Ok(n) => {
                     for wc in &self.wcs[..n] {
-                        if wc.wr_id() & RECV_FLAG != 0 {
+                        let id = wc.wr_id();
+                        if id & RECV_FLAG != 0 {
                             self.recv_posted = self.recv_posted.saturating_sub(1);
-                        } else {
-                            self.sq_free = (self.sq_free + 1).min(self.nsend);
+                        } else if id & BIND_FLAG == 0 {
+                            self.signaled_out = self.signaled_out.saturating_sub(1);
                         }
                     }
                 }
@@ -626,9 +822,18 @@ mod tests {
     }
 
     #[test]
-    fn keyed_sgl_is_subtype_zero() {
-        // The descriptor this queue puts in every data command (never 0x4F: see rdma-binding
-        // notes, section 6).
+    fn keyed_sgls_of_both_key_modes() {
+        // With a memory window the target is asked to invalidate the key (subtype 0xF).
+        let w = Sgl::Keyed {
+            addr: 0x7f00_1234_5000,
+            len: 4096,
+            key: 0x0102_0304,
+            invalidate: true,
+        }
+        .encode();
+        assert_eq!(w[15], 0x4f);
+        // A per-command registration is never invalidated remotely (subtype 0: recent rxe
+        // refuses to invalidate a user MR, see rdma-binding notes, section 6).
         let d = Sgl::Keyed {
             addr: 0x7f00_1234_5000,
             len: 131072,
