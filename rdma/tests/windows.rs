@@ -149,7 +149,7 @@ fn host_kills_key(kill: Kill, port: u16) {
     let (id, ctx): (CmId, Arc<Context>) = active::resolve(&ch, 7, addr, deadline).unwrap();
     let attr = ctx.query_device().unwrap();
     let pd = Arc::new(Pd::new(&ctx).unwrap());
-    if !attr.mw_type_2b {
+    if !attr.mw_type_2b && attr.max_mw == 0 {
         // siw: no windows. The host falls back to a registration per command.
         assert!(
             Mw::alloc(&pd).is_err(),
@@ -174,7 +174,14 @@ fn host_kills_key(kill: Kill, port: u16) {
     // The buffer: local access and window binding only; no key of the region opens it.
     let buf = Mr::alloc(&pd, DATA, AccessFlags::LOCAL_WRITE | AccessFlags::MW_BIND).unwrap();
     buf.fill(0, DATA, 0x5a).unwrap();
-    let mw = Mw::alloc(&pd).unwrap();
+    let mw = Mw::alloc(&pd).unwrap_or_else(|e| {
+        panic!(
+            "{} announces windows (type 2B {}, max_mw {}) but Mw::alloc failed: {e}",
+            ctx.name(),
+            attr.mw_type_2b,
+            attr.max_mw
+        )
+    });
     let msg = Mr::alloc(&pd, MSG, AccessFlags::empty()).unwrap();
     active::connect(
         &ch,

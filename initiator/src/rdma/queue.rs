@@ -37,7 +37,7 @@ const BIND_FLAG: u64 = 1 << 33;
 /// `wr_id` bit marking a LOCAL_INV (low 16 bits: the tag).
 const INV_FLAG: u64 = 1 << 34;
 /// Environment override of how commands open their buffers to the target: `windows`,
-/// `per-io` or `auto` (the default: windows where the device has type 2B windows).
+/// `per-io` or `auto` (the default: windows where the device has them, else per-I/O).
 pub const KEYS_ENV: &str = "NVMF_RDMA_KEYS";
 /// Work completions taken per `ibv_poll_cq`.
 const POLL_BATCH: usize = 32;
@@ -190,10 +190,11 @@ impl<B: RegisteredBuf> RdmaLink<B> {
             .map_err(|e| connect_error(qid, p.timeout, e))?;
         let attr = ctx.query_device()?;
         let iwarp = ctx.transport() == rdma::Transport::Iwarp;
-        let windows = match std::env::var(KEYS_ENV).as_deref() {
-            Ok("per-io") => false,
-            Ok("windows") => true,
-            _ => attr.mw_type_2b && attr.max_mw >= tags as u32 && !iwarp,
+        let forced = std::env::var(KEYS_ENV).ok();
+        let windows = match forced.as_deref() {
+            Some("per-io") => false,
+            Some("windows") => true,
+            _ => (attr.mw_type_2b || attr.max_mw > 0) && !iwarp,
         };
         let nrecv = tags as u32 + 1;
         // A SEND per command, plus a bind and a LOCAL_INV with windows.
@@ -220,16 +221,30 @@ impl<B: RegisteredBuf> RdmaLink<B> {
                 ..QpInitAttr::new(&cq, nsend, nrecv)
             },
         )?;
-        let keys = if windows {
-            let mws = (0..tags)
+        let mws = if windows {
+            match (0..tags)
                 .map(|_| Mw::alloc(&pd))
-                .collect::<Result<Box<[Mw]>, _>>()?;
-            let rkey = mws.iter().map(Mw::rkey).collect();
-            Keys::Windows { mws, rkey }
-        } else {
-            Keys::PerIo {
-                mrs: (0..tags).map(|_| None).collect(),
+                .collect::<Result<Box<[Mw]>, _>>()
+            {
+                Ok(m) => Some(m),
+                // Asked for: the caller wants to know.
+                Err(e) if forced.as_deref() == Some("windows") => return Err(e.into()),
+                Err(e) => {
+                    tracing::debug!(qid, error = %e, "no memory windows: a registration per command");
+                    None
+                }
             }
+        } else {
+            None
+        };
+        let keys = match mws {
+            Some(mws) => {
+                let rkey = mws.iter().map(Mw::rkey).collect();
+                Keys::Windows { mws, rkey }
+            }
+            None => Keys::PerIo {
+                mrs: (0..tags).map(|_| None).collect(),
+            },
         };
         let slab_access = match keys {
             Keys::Windows { .. } => AccessFlags::LOCAL_WRITE | AccessFlags::MW_BIND,
