@@ -14,22 +14,29 @@ use crate::error::{from_errno, Error, Result};
 use crate::mr::{AccessFlags, Mr, Pd};
 
 /// A type 2 memory window (`ibv_alloc_mw(IBV_MW_TYPE_2)`), bound with [`crate::Qp::post_bind_send`].
+///
+/// Send but not Sync: a successful bind post records the window's new key in the `ibv_mw`
+/// struct (rxe looks the window up by the key the struct holds and refuses a stale one), so
+/// one thread owns it, like the QP it is bound on.
+///
+/// ```compile_fail
+/// fn shared<T: Sync>() {}
+/// shared::<nvmf_rdma::Mw>(); // a window is owned by the queue that binds it
+/// ```
 pub struct Mw {
     pub(crate) raw: *mut ibv_mw,
-    rkey: u32,
     pd: Arc<Pd>,
 }
 
-// SAFETY: the window handle is a kernel object; binding goes through a QP's post (serialized
-// by the provider), deallocation happens once, in Drop. No method mutates the ibv_mw struct.
+// SAFETY: the window handle is a kernel object and its struct is only touched by the owning
+// thread (binding through a QP's post, the key update after it); deallocation happens once, in
+// Drop.
 unsafe impl Send for Mw {}
-// SAFETY: as above.
-unsafe impl Sync for Mw {}
 
 impl std::fmt::Debug for Mw {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Mw")
-            .field("rkey", &format_args!("{:#x}", self.rkey))
+            .field("rkey", &format_args!("{:#x}", self.rkey()))
             .finish()
     }
 }
@@ -44,19 +51,26 @@ impl Mw {
             Some(p) if !p.is_null() => p,
             _ => return Err(from_errno("ibv_alloc_mw")),
         };
-        // SAFETY: raw is the window just allocated.
-        let rkey = unsafe { (*raw).rkey };
         Ok(Mw {
             raw,
-            rkey,
             pd: pd.clone(),
         })
     }
 
-    /// The key the window was allocated with. Each bind names a key with the same upper 24
-    /// bits and new low 8 bits ([`next_rkey`]).
+    /// The window's current key: the one it was allocated with, then the key of its last bind
+    /// posted. Each bind names a key with the same upper 24 bits and new low 8 bits
+    /// ([`next_rkey`]).
     pub fn rkey(&self) -> u32 {
-        self.rkey
+        // SAFETY: raw is the live window; only this thread touches its struct (not Sync).
+        unsafe { (*self.raw).rkey }
+    }
+
+    /// After a bind to `rkey` was posted: the provider names the window by the key in its
+    /// struct in the next bind.
+    pub(crate) fn set_rkey(&self, rkey: u32) {
+        // SAFETY: as in `rkey`; a plain store into the provider's struct, which the provider
+        // reads only while this thread posts.
+        unsafe { (*self.raw).rkey = rkey }
     }
 
     /// The PD the window belongs to.

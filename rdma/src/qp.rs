@@ -275,7 +275,9 @@ impl Qp {
     /// Posts a memory window bind followed by `wrs` in one `ibv_post_send` (at most
     /// [`MAX_CHAIN`] in all): the bind takes effect before the later work requests run, so a
     /// SEND that names the new key reaches the peer only once the key opens the range. On
-    /// failure, [`Error::Post`] counts the bind as the first work request.
+    /// success the window's [`Mw::rkey`](crate::Mw::rkey) is the new key. On failure,
+    /// [`Error::Post`] counts the bind as the first work request (a partial post leaves the
+    /// window's key as it was: fail the queue pair).
     pub fn post_bind_send(&self, bind: &MwBind<'_>, wrs: &[SendWr<'_>]) -> Result<()> {
         bind.validate(&self._pd)?;
         if wrs.len() >= MAX_CHAIN {
@@ -284,7 +286,9 @@ impl Qp {
                 wrs.len()
             )));
         }
-        self.post_chain(Some(bind), wrs)
+        self.post_chain(Some(bind), wrs)?;
+        bind.mw.set_rkey(bind.rkey);
+        Ok(())
     }
 
     fn post_chain(&self, bind: Option<&MwBind<'_>>, wrs: &[SendWr<'_>]) -> Result<()> {

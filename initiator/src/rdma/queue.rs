@@ -81,6 +81,9 @@ struct Conn {
 pub struct RdmaLink<B = RdmaBuf> {
     qid: u16,
     conn: Conn,
+    /// How commands open their buffers to the target. Dropped after the QP is drained and
+    /// before the pool: rxe refuses to deregister a region a window is still bound to.
+    keys: Keys,
     /// `tags` SQE slots (local access only: they are SENT, never addressed by the target).
     cmd_mr: Mr,
     /// `nrecv` CQE RECV buffers.
@@ -90,8 +93,6 @@ pub struct RdmaLink<B = RdmaBuf> {
     tags: u16,
     /// Tags the target can hold at once (its CM reply's crqsize, when smaller).
     usable: u16,
-    /// How commands open their buffers to the target.
-    keys: Keys,
     /// Per tag: the key named in its keyed SGL (none for in-capsule or no data).
     rkeys: Box<[Option<u32>]>,
     /// Per tag: send-queue entries its SEND's completion returns (1, or 2 after a bind).
@@ -107,8 +108,8 @@ pub struct RdmaLink<B = RdmaBuf> {
 enum Keys {
     /// A type 2 memory window per tag, bound over the buffer in the post that sends the
     /// command (a fresh key each time) and invalidated by the target's SEND_WITH_INV or a
-    /// LOCAL_INV before the command completes. `rkey`: each window's last key.
-    Windows { mws: Box<[Mw]>, rkey: Box<[u32]> },
+    /// LOCAL_INV before the command completes.
+    Windows { mws: Box<[Mw]> },
     /// A registration of the buffer per command, dropped when its response arrives (devices
     /// without windows: siw). Two system calls per command with data.
     PerIo { mrs: Box<[Option<IoMr>]> },
@@ -238,10 +239,7 @@ impl<B: RegisteredBuf> RdmaLink<B> {
             None
         };
         let keys = match mws {
-            Some(mws) => {
-                let rkey = mws.iter().map(Mw::rkey).collect();
-                Keys::Windows { mws, rkey }
-            }
+            Some(mws) => Keys::Windows { mws },
             None => Keys::PerIo {
                 mrs: (0..tags).map(|_| None).collect(),
             },
@@ -637,7 +635,7 @@ impl<B: RegisteredBuf> Link for RdmaLink<B> {
             Some(_) if incapsule => (Sgl::InCapsule { offset: 0, len }, None),
             Some(b) => {
                 let key = match &mut self.keys {
-                    Keys::Windows { rkey, .. } => next_rkey(rkey[tag as usize]),
+                    Keys::Windows { mws } => next_rkey(mws[tag as usize].rkey()),
                     Keys::PerIo { mrs } => {
                         let m = b.register_io(access).map_err(PostError::Refused)?;
                         let k = m.rkey();
@@ -670,7 +668,7 @@ impl<B: RegisteredBuf> Link for RdmaLink<B> {
                         .qp
                         .post_send(&[SendWr::send(tag as u64, &sges).signaled()])
                 }
-                (Some(b), Keys::Windows { mws, .. }, Some(key)) => {
+                (Some(b), Keys::Windows { mws }, Some(key)) => {
                     let (mr, offset) = b.slab();
                     let bind = MwBind {
                         wr_id: BIND_FLAG | tag as u64,
@@ -700,11 +698,8 @@ impl<B: RegisteredBuf> Link for RdmaLink<B> {
             }
             return Err(PostError::Failed(e.into()));
         }
-        match (&mut self.keys, rkey) {
-            (Keys::Windows { rkey: last, .. }, Some(k)) => {
-                last[tag as usize] = k;
-                io.stats().keys_bound += 1;
-            }
+        match (&self.keys, rkey) {
+            (Keys::Windows { .. }, Some(_)) => io.stats().keys_bound += 1,
             (Keys::PerIo { .. }, Some(_)) => io.stats().keys_registered += 1,
             _ => {}
         }
