@@ -71,8 +71,9 @@ pub struct Stats {
     pub socket_payload_bytes: u64,
     /// Payload bytes copied in user space.
     pub memcpy_bytes: u64,
-    /// System calls: `read`/`readv`/`writev`/`poll` over TCP; completion-channel sleeps and
-    /// event reads over RDMA (posting is the provider's doorbell and not counted).
+    /// System calls: `read`/`readv`/`writev`/`poll` over TCP; completion-channel sleeps, event
+    /// reads and per-command registrations over RDMA (posting is the provider's doorbell and
+    /// not counted).
     pub syscalls: u64,
     /// NVMe/RDMA: memory windows bound over a command's buffer (one per command whose data
     /// the target moves, on devices with windows).
@@ -82,7 +83,7 @@ pub struct Stats {
     /// NVMe/RDMA: window keys this host invalidated (LOCAL_INV) because the response did not.
     pub keys_invalidated_locally: u64,
     /// NVMe/RDMA: buffers registered for one command (devices without windows; two system
-    /// calls each, not counted in `syscalls`).
+    /// calls each, counted in `syscalls`).
     pub keys_registered: u64,
 }
 

@@ -700,7 +700,11 @@ impl<B: RegisteredBuf> Link for RdmaLink<B> {
         }
         match (&self.keys, rkey) {
             (Keys::Windows { .. }, Some(_)) => io.stats().keys_bound += 1,
-            (Keys::PerIo { .. }, Some(_)) => io.stats().keys_registered += 1,
+            (Keys::PerIo { .. }, Some(_)) => {
+                // ibv_reg_mr now, ibv_dereg_mr at the response.
+                io.stats().keys_registered += 1;
+                io.stats().syscalls += 2;
+            }
             _ => {}
         }
         self.conn.sq_free -= need;
