@@ -222,7 +222,8 @@ impl RdmaBuf {
                 self.mr.pd(),
                 self.mr.as_ptr().add(self.off),
                 self.len,
-                access,
+                // Verbs refuse REMOTE_WRITE without LOCAL_WRITE.
+                access | AccessFlags::LOCAL_WRITE,
             )?
         };
         Ok(IoMr {
