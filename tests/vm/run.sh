@@ -40,6 +40,7 @@ ORDER=(
   kernel-host-tcp kernel-host-rdma-rxe kernel-host-rdma-siw
   initiator-vs-kernel-target-tcp initiator-vs-kernel-target-rdma-rxe initiator-vs-kernel-target-rdma-siw
   initiator-vs-our-target-tcp initiator-vs-our-target-rdma-rxe initiator-vs-our-target-rdma-siw
+  initiator-local-inv-rdma-rxe
   bench-compare-tcp-rdma-rxe bench-suite-rdma-rxe host-killed-mid-io-rdma-rxe host-killed-mid-io-rdma-siw
   bad-input-rdma-rxe bad-input-rdma-siw
   target-restart-rdma-rxe target-restart-rdma-siw link-drop-rdma-rxe link-drop-rdma-siw
@@ -62,6 +63,7 @@ CI_TIER=(
   kernel-host-tcp kernel-host-rdma-rxe kernel-host-rdma-siw
   initiator-vs-kernel-target-tcp initiator-vs-kernel-target-rdma-siw
   initiator-vs-our-target-tcp initiator-vs-our-target-rdma-rxe initiator-vs-our-target-rdma-siw
+  initiator-local-inv-rdma-rxe
   host-killed-mid-io-rdma-siw bad-input-rdma-rxe target-restart-rdma-rxe link-drop-rdma-siw
   kernel-host-reload-tcp soak-randrw-rdma-siw ana-multipath-kernel-host-rdma-rxe
   auth-kernel-host-rdma-rxe auth-initiator-vs-kernel-target-rdma-rxe

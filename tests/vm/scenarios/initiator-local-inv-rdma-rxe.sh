@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# initiator-local-inv-rdma-rxe: our initiator (io_check) against our target on rxe0 with the
+# target's SEND_WITH_INVALIDATE off (NVMF_RDMA_SEND_WITH_INV=off): every memory window key the
+# initiator binds comes back alive in a plain SEND, and the initiator must invalidate it itself
+# (LOCAL_INV) before the command completes: io_check verifies the data and checks that every
+# window bound was invalidated; here every one of them locally.
+# vm-needs: build rdma
+# vm-timeout: 600
+source "$(dirname "$0")/../lib.sh"
+label=$SCENARIO
+if need_rdma RXE_IP; then
+  teardown
+  log "case $label: rdma $RXE_IP:$PORT, target SEND_WITH_INV off"
+  if dev=$(vm_ramdisk $RAMDISK_MB); then
+    NVMF_VM_TARGET_ENV="NVMF_RDMA_SEND_WITH_INV=off ${NVMF_VM_TARGET_ENV:-}" start_our_target rdma "$RXE_IP" "$dev"; rc=$?
+    if [ $rc != 0 ]; then
+      fail "$label" "$REASON"
+    elif ! run_iocheck rdma "$RXE_IP" "$OUR_NQN"; then
+      fail "$label" "$REASON"
+    elif ! grep -qE 'buffer keys: [1-9][0-9]* windows bound \(0 invalidated by the target, [1-9][0-9]* locally\)' "$OUT/io_check-rdma.txt"; then
+      fail "$label" "io_check did not invalidate its window keys locally: $(grep -m1 'buffer keys' "$OUT/io_check-rdma.txt")"
+    elif ! stop_our_target || ! check_target_log; then
+      fail "$label" "$REASON"
+    else
+      log "ok: $(grep -m1 'buffer keys' "$OUT/io_check-rdma.txt")"
+      pass "$label"
+    fi
+  else
+    fail "$label" "vm_ramdisk $RAMDISK_MB failed"
+  fi
+fi
