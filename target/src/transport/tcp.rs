@@ -183,10 +183,6 @@ impl Conn<TcpStream> {
         sock.set_nodelay(true)?;
         Ok(Conn::with_wire(sock, target, caps, waker))
     }
-
-    pub fn fd(&self) -> &TcpStream {
-        &self.wire
-    }
 }
 
 impl<W: Wire> Conn<W> {
@@ -250,6 +246,7 @@ impl<W: Wire> Conn<W> {
         &self.wire
     }
 
+    /// The byte stream, mutably.
     pub fn wire_mut(&mut self) -> &mut W {
         &mut self.wire
     }

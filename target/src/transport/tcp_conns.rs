@@ -61,7 +61,7 @@ impl TcpConns {
             }
         };
         let ev = EpollEvent::new(EpollFlags::EPOLLIN | EpollFlags::EPOLLRDHUP, k as u64);
-        if let Err(e) = cx.epoll.add(conn.fd(), ev) {
+        if let Err(e) = cx.epoll.add(conn.wire(), ev) {
             warn!(error = %e, "epoll add failed");
             self.free_keys.push(k as u32);
             return;
@@ -81,7 +81,7 @@ impl TcpConns {
 
     fn remove(&mut self, k: usize, cx: &mut Cx<'_>) {
         if let Some(c) = self.conns[k].take() {
-            let _ = cx.epoll.delete(c.fd());
+            let _ = cx.epoll.delete(c.wire());
             self.closed_totals.add(&c.stats_now());
             self.free_keys.push(k as u32);
             self.live -= 1;
@@ -165,7 +165,7 @@ impl Conns for TcpConns {
                 if !drained {
                     f |= EpollFlags::EPOLLOUT;
                 }
-                let _ = cx.epoll.modify(c.fd(), &mut EpollEvent::new(f, k as u64));
+                let _ = cx.epoll.modify(c.wire(), &mut EpollEvent::new(f, k as u64));
                 self.out_armed[k] = !drained;
             }
             if c.is_finished() {
