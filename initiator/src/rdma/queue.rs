@@ -64,6 +64,10 @@ struct Conn {
     wcs: Box<[WorkCompletion]>,
     /// Shut after a failure ([`Link::shut`]): the drop has nothing left to drain.
     shut: bool,
+    /// How commands open their buffers to the target. Dropped after the drain and before the
+    /// QP and the pool: a bound rxe window holds a reference on its QP (destroying the QP then
+    /// stalls in the kernel) and on its region (which rxe then refuses to deregister).
+    keys: Keys,
     qp: Qp,
     cq: Arc<Cq>,
     comp: Arc<CompChannel>,
@@ -81,9 +85,6 @@ struct Conn {
 pub struct RdmaLink<B = RdmaBuf> {
     qid: u16,
     conn: Conn,
-    /// How commands open their buffers to the target. Dropped after the QP is drained and
-    /// before the pool: rxe refuses to deregister a region a window is still bound to.
-    keys: Keys,
     /// `tags` SQE slots (local access only: they are SENT, never addressed by the target).
     cmd_mr: Mr,
     /// `nrecv` CQE RECV buffers.
@@ -134,7 +135,7 @@ impl<B> fmt::Debug for RdmaLink<B> {
             .field("depth", &self.tags)
             .field("recvs", &self.nrecv)
             .field("icd_max", &self.icd_max)
-            .field("keys", &self.keys.name())
+            .field("keys", &self.conn.keys.name())
             .field("pool", &self.pool)
             .finish_non_exhaustive()
     }
@@ -298,6 +299,7 @@ impl<B: RegisteredBuf> RdmaLink<B> {
                 timeout: p.timeout,
                 wcs: (0..POLL_BATCH).map(|_| WorkCompletion::default()).collect(),
                 shut: false,
+                keys,
                 qp,
                 cq,
                 comp,
@@ -312,7 +314,6 @@ impl<B: RegisteredBuf> RdmaLink<B> {
             pool: Pool::new(&pd, slab_access),
             tags,
             usable,
-            keys,
             rkeys: vec![None; tags as usize].into_boxed_slice(),
             send_wrs: vec![1; tags as usize].into_boxed_slice(),
             inv_pending: vec![false; tags as usize].into_boxed_slice(),
@@ -332,7 +333,6 @@ impl<B: RegisteredBuf> RdmaLink<B> {
             pool: self.pool,
             tags: self.tags,
             usable: self.usable,
-            keys: self.keys,
             rkeys: self.rkeys,
             send_wrs: self.send_wrs,
             inv_pending: self.inv_pending,
@@ -354,7 +354,7 @@ impl<B: RegisteredBuf> RdmaLink<B> {
     /// How the link's commands open their buffers to the target: `"memory windows"` or
     /// `"per-I/O registration"`.
     pub fn key_mode(&self) -> &'static str {
-        self.keys.name()
+        self.conn.keys.name()
     }
 
     fn protocol_error(&self, msg: String) -> Error {
@@ -455,7 +455,7 @@ impl<B: RegisteredBuf> RdmaLink<B> {
             )));
         }
         let named = self.rkeys[tag as usize].take();
-        let windows = matches!(self.keys, Keys::Windows { .. });
+        let windows = matches!(self.conn.keys, Keys::Windows { .. });
         // Whether the command's key is dead once this returns (else a LOCAL_INV is out).
         let mut dead = true;
         match (wc.invalidated_rkey(), named) {
@@ -485,7 +485,7 @@ impl<B: RegisteredBuf> RdmaLink<B> {
                 dead = false;
             }
             (None, Some(_)) => {
-                if let Keys::PerIo { mrs } = &mut self.keys {
+                if let Keys::PerIo { mrs } = &mut self.conn.keys {
                     // Deregistered: the key opens nothing any more.
                     mrs[tag as usize] = None;
                 }
@@ -607,7 +607,7 @@ impl<B: RegisteredBuf> Link for RdmaLink<B> {
         let buf = slot.own_buf().and_then(RegisteredBuf::as_rdma);
         let incapsule = dir == Dir::ToCtrl && len > 0 && len <= self.icd_max;
         let keyed = buf.is_some() && !incapsule;
-        let windows = matches!(self.keys, Keys::Windows { .. });
+        let windows = matches!(self.conn.keys, Keys::Windows { .. });
         let need = if keyed && windows { 3 } else { 1 };
         if self.conn.sq_free < need {
             // Cannot happen: the SQ has room for every tag's work requests; refuse rather than
@@ -634,7 +634,7 @@ impl<B: RegisteredBuf> Link for RdmaLink<B> {
             ),
             Some(_) if incapsule => (Sgl::InCapsule { offset: 0, len }, None),
             Some(b) => {
-                let key = match &mut self.keys {
+                let key = match &mut self.conn.keys {
                     Keys::Windows { mws } => next_rkey(mws[tag as usize].rkey()),
                     Keys::PerIo { mrs } => {
                         let m = b.register_io(access).map_err(PostError::Refused)?;
@@ -661,7 +661,7 @@ impl<B: RegisteredBuf> Link for RdmaLink<B> {
             .cmd_mr
             .write_at(off, &sqe.encode())
             .and_then(|()| self.cmd_mr.sge(off, SQE_LEN))
-            .and_then(|sqe_sge| match (buf, &self.keys, rkey) {
+            .and_then(|sqe_sge| match (buf, &self.conn.keys, rkey) {
                 (Some(b), _, _) if incapsule => {
                     let sges = [sqe_sge, b.sge()];
                     self.conn
@@ -693,12 +693,12 @@ impl<B: RegisteredBuf> Link for RdmaLink<B> {
                 }
             });
         if let Err(e) = posted {
-            if let Keys::PerIo { mrs } = &mut self.keys {
+            if let Keys::PerIo { mrs } = &mut self.conn.keys {
                 mrs[tag as usize] = None;
             }
             return Err(PostError::Failed(e.into()));
         }
-        match (&self.keys, rkey) {
+        match (&self.conn.keys, rkey) {
             (Keys::Windows { .. }, Some(_)) => io.stats().keys_bound += 1,
             (Keys::PerIo { .. }, Some(_)) => {
                 // ibv_reg_mr now, ibv_dereg_mr at the response.
@@ -757,7 +757,7 @@ impl<B: RegisteredBuf> Link for RdmaLink<B> {
         self.conn.quiesce(true);
         // The QP is in the error state: no key reaches a buffer any more. Drop the per-command
         // registrations before the queue hands the buffers back.
-        if let Keys::PerIo { mrs } = &mut self.keys {
+        if let Keys::PerIo { mrs } = &mut self.conn.keys {
             mrs.iter_mut().for_each(|m| *m = None);
         }
         self.inv_pending.iter_mut().for_each(|p| *p = false);
