@@ -316,17 +316,24 @@ impl WorkCompletion {
         WcFlags::from_bits_retain(self.0.wc_flags)
     }
 
-    /// The rkey the peer invalidated with SEND_WITH_INV: flag `WITH_INV`, or on a RECV flag
-    /// `RXE_WITH_INV`, the bit rxe sets instead (measured in the test VM, Linux 6.1: rxe writes
-    /// the kernel's `IB_WC_WITH_INVALIDATE`, bit 2, into user CQEs, where libibverbs reads bit 2
-    /// as `IBV_WC_IP_CSUM_OK`, which no provider sets on an RC RECV). siw's user library never
-    /// reports an invalidation (rdma-binding notes §4).
+    /// The rkey the peer invalidated with SEND_WITH_INV (flag `WITH_INV`). siw's user library
+    /// never reports it (rdma-binding notes §4); rxe reports it its own way
+    /// ([`rxe_invalidated_rkey`](Self::rxe_invalidated_rkey)).
     pub fn invalidated_rkey(&self) -> Option<u32> {
         // SAFETY: both union members are u32, so either read is a valid u32.
         let rkey = unsafe { self.0.imm_data_invalidated_rkey_union.invalidated_rkey };
-        let f = self.flags();
-        (f.contains(WcFlags::WITH_INV)
-            || (f.contains(WcFlags::RXE_WITH_INV) && self.opcode() == WcOpcode::Recv))
+        self.flags().contains(WcFlags::WITH_INV).then_some(rkey)
+    }
+
+    /// The key field of a RECV with bit 2 (`RXE_WITH_INV`) set: how rxe reports a SEND_WITH_INV
+    /// (measured in the test VM, Linux 6.1: rxe writes the kernel's `IB_WC_WITH_INVALIDATE`,
+    /// bit 2, into user CQEs, where libibverbs reads `IBV_WC_IP_CSUM_OK`). Another provider may
+    /// set that bit for its own meaning (checksum offload), so this is a hint: believe it only
+    /// when the key is the one the receiver asked the peer to invalidate.
+    pub fn rxe_invalidated_rkey(&self) -> Option<u32> {
+        // SAFETY: as in `invalidated_rkey`.
+        let rkey = unsafe { self.0.imm_data_invalidated_rkey_union.invalidated_rkey };
+        (self.flags().contains(WcFlags::RXE_WITH_INV) && self.opcode() == WcOpcode::Recv)
             .then_some(rkey)
     }
 
@@ -374,7 +381,8 @@ bitflags::bitflags! {
         /// The peer invalidated an rkey (SEND_WITH_INV); see `invalidated_rkey`.
         const WITH_INV = ibv_wc_flags::IBV_WC_WITH_INV.0;
         /// Bit 2: `IBV_WC_IP_CSUM_OK` in libibverbs, but what rxe sets on a RECV whose SEND
-        /// invalidated a key (the kernel's `IB_WC_WITH_INVALIDATE`); see `invalidated_rkey`.
+        /// invalidated a key (the kernel's `IB_WC_WITH_INVALIDATE`); see
+        /// `rxe_invalidated_rkey`.
         const RXE_WITH_INV = ibv_wc_flags::IBV_WC_IP_CSUM_OK.0;
     }
 }
@@ -551,11 +559,13 @@ mod tests {
         assert_eq!(c.invalidated_rkey(), Some(0xabcd));
         wc.0.wc_flags = 0;
         assert_eq!(wc.invalidated_rkey(), None);
+        assert_eq!(wc.rxe_invalidated_rkey(), None);
         // rxe's encoding (GRH | kernel IB_WC_WITH_INVALIDATE), as seen in the test VM.
         wc.0.wc_flags = ibv_wc_flags::IBV_WC_GRH.0 | (1 << 2);
-        assert_eq!(wc.invalidated_rkey(), Some(0xabcd));
+        assert_eq!(wc.invalidated_rkey(), None);
+        assert_eq!(wc.rxe_invalidated_rkey(), Some(0xabcd));
         wc.0.opcode = ibv_wc_opcode::IBV_WC_SEND;
-        assert_eq!(wc.invalidated_rkey(), None, "only a RECV carries one");
+        assert_eq!(wc.rxe_invalidated_rkey(), None, "only a RECV carries one");
         wc.0.opcode = ibv_wc_opcode::IBV_WC_RECV;
         wc.0.wc_flags = 0;
         wc.0.status = ibv_wc_status::IBV_WC_WR_FLUSH_ERR;

@@ -59,11 +59,14 @@
 //!   when it has completed. Cost: a bind work request per command (no system call), and a
 //!   LOCAL_INV when the target does not invalidate. [`crate::Stats`] counts binds and both
 //!   kinds of invalidation. rxe reports the target's invalidation in a bit of its own
-//!   ([`rdma::WorkCompletion::invalidated_rkey`] reads it), and rxe in Linux 6.1 crashes the
+//!   ([`rdma::WorkCompletion::rxe_invalidated_rkey`]; believed when it names the command's
+//!   key, since other providers may use that bit for checksum offload), and rxe in Linux 6.1 crashes the
 //!   kernel on a LOCAL_INV of a window that is already invalid (`rxe_invalidate_mw` puts the
 //!   NULL region of an unbound window; seen in the test VM): the queue posts a LOCAL_INV only
-//!   for a key no response invalidated, and a response that invalidates a key its command did
-//!   not name fails the queue before anything else is posted.
+//!   for a key no response invalidated, and a response flagged (the standard way) as
+//!   invalidating a key its command did not name fails the queue before anything else is
+//!   posted. (rxe's own bit cannot tell another key's invalidation from nothing: on rxe a
+//!   target that invalidates keys it was not given can still reach that kernel bug.)
 //! - **A registration per command** (devices without windows: siw). The buffer is registered
 //!   on its own (`ibv_reg_mr`) when the command is posted and deregistered when its response
 //!   arrives; the descriptor has subtype 0 (recent rxe refuses to invalidate a user MR

@@ -456,9 +456,15 @@ impl<B: RegisteredBuf> RdmaLink<B> {
         }
         let named = self.rkeys[tag as usize].take();
         let windows = matches!(self.conn.keys, Keys::Windows { .. });
+        // The key the response invalidated: the standard flag says so (and any key it names
+        // must be the command's); rxe's own bit counts only when it names the command's key.
+        let inv = wc.invalidated_rkey().or_else(|| {
+            wc.rxe_invalidated_rkey()
+                .filter(|&k| windows && Some(k) == named)
+        });
         // Whether the command's key is dead once this returns (else a LOCAL_INV is out).
         let mut dead = true;
-        match (wc.invalidated_rkey(), named) {
+        match (inv, named) {
             (Some(inv), Some(k)) if windows && inv == k => {
                 // The target invalidated the window with its response: return the entry kept
                 // for the LOCAL_INV.
