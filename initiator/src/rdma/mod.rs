@@ -49,7 +49,9 @@
 //! # Keys: a buffer is open to the target only while its command runs
 //! No key of a pool slab opens anything to the target. A command opens its own buffer, as the
 //! Linux host does with fast registration (FRWR), in one of two ways chosen per queue at
-//! connect time ([`crate::RdmaQueue::key_mode`]; `NVMF_RDMA_KEYS=windows|per-io` overrides):
+//! connect time ([`crate::RdmaQueue::key_mode`]): a registration per command, the default, or
+//! memory windows with `NVMF_RDMA_KEYS=windows` (opt-in: rxe in Linux 6.1 replays a bind when it
+//! retransmits and fails it with MW_BIND_ERR, which failed a queue in the test VM under load):
 //! - **Memory windows** (devices with type 2B windows: rxe, mlx5). Each tag has a window. The
 //!   post that sends the command first binds the tag's window over the buffer with a fresh key
 //!   (the low byte rotates), so the SEND that names the key reaches the target only once the
@@ -67,7 +69,8 @@
 //!   invalidating a key its command did not name fails the queue before anything else is
 //!   posted. (rxe's own bit cannot tell another key's invalidation from nothing: on rxe a
 //!   target that invalidates keys it was not given can still reach that kernel bug.)
-//! - **A registration per command** (devices without windows: siw). The buffer is registered
+//! - **A registration per command** (the default, and on devices without windows: siw). The
+//!   buffer is registered
 //!   on its own (`ibv_reg_mr`) when the command is posted and deregistered when its response
 //!   arrives; the descriptor has subtype 0 (recent rxe refuses to invalidate a user MR
 //!   remotely and libsiw reports no invalidation; `shared/notes/rdma-binding.md` section 6).

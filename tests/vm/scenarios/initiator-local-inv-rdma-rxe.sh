@@ -7,6 +7,8 @@
 # vm-needs: build rdma
 # vm-timeout: 600
 source "$(dirname "$0")/../lib.sh"
+# Memory windows are opt-in (the initiator's default is a registration per command).
+export NVMF_RDMA_KEYS=windows
 label=$SCENARIO
 if need_rdma RXE_IP; then
   teardown
