@@ -50,8 +50,9 @@
 //! No key of a pool slab opens anything to the target. A command opens its own buffer, as the
 //! Linux host does with fast registration (FRWR), in one of two ways chosen per queue at
 //! connect time ([`crate::RdmaQueue::key_mode`]): a registration per command, the default, or
-//! memory windows with `NVMF_RDMA_KEYS=windows` (opt-in: rxe in Linux 6.1 replays a bind when it
-//! retransmits and fails it with MW_BIND_ERR, which failed a queue in the test VM under load):
+//! memory windows with `NVMF_RDMA_KEYS=windows` (opt-in: under load in the test VM a bind on
+//! rxe in Linux 6.1 failed with MW_BIND_ERR after a 2 s stall, most likely a retransmission
+//! replaying the bind, and failed the queue):
 //! - **Memory windows** (devices with type 2B windows: rxe, mlx5). Each tag has a window. The
 //!   post that sends the command first binds the tag's window over the buffer with a fresh key
 //!   (the low byte rotates), so the SEND that names the key reaches the target only once the

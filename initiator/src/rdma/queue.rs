@@ -193,8 +193,8 @@ impl<B: RegisteredBuf> RdmaLink<B> {
         let attr = ctx.query_device()?;
         let iwarp = ctx.transport() == rdma::Transport::Iwarp;
         let forced = std::env::var(KEYS_ENV).ok();
-        // Windows only when asked for: rxe (Linux 6.1) replays a bind when it retransmits
-        // and fails it (MW_BIND_ERR), seen in the test VM under load with a 2 s retransmission.
+        // Windows only when asked for: under load in the test VM a bind on rxe (Linux 6.1)
+        // failed with MW_BIND_ERR after a 2 s stall, most likely a retransmission replaying it.
         let windows = match forced.as_deref() {
             Some("windows") => (attr.mw_type_2b || attr.max_mw > 0) && !iwarp,
             _ => false,
