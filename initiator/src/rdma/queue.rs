@@ -98,8 +98,6 @@ pub struct RdmaLink<B = RdmaBuf> {
     rkeys: Box<[Option<u32>]>,
     /// Per tag: send-queue entries its SEND's completion returns (1, or 2 after a bind).
     send_wrs: Box<[u8]>,
-    /// Per tag: a LOCAL_INV is out; the response is delivered when it completes.
-    inv_pending: Box<[bool]>,
     icd_max: u32,
     _buf: PhantomData<fn() -> B>,
 }
@@ -317,7 +315,6 @@ impl<B: RegisteredBuf> RdmaLink<B> {
             usable,
             rkeys: vec![None; tags as usize].into_boxed_slice(),
             send_wrs: vec![1; tags as usize].into_boxed_slice(),
-            inv_pending: vec![false; tags as usize].into_boxed_slice(),
             icd_max: 0,
             _buf: PhantomData,
         })
@@ -336,7 +333,6 @@ impl<B: RegisteredBuf> RdmaLink<B> {
             usable: self.usable,
             rkeys: self.rkeys,
             send_wrs: self.send_wrs,
-            inv_pending: self.inv_pending,
             icd_max: self.icd_max,
             _buf: PhantomData,
         }
@@ -417,9 +413,6 @@ impl<B: RegisteredBuf> RdmaLink<B> {
             Ok(())
         } else if id & INV_FLAG != 0 {
             // The key is dead: the response recorded before can complete the command.
-            if let Some(p) = self.inv_pending.get_mut(tag as usize) {
-                *p = false;
-            }
             io.event(tag, CmdEvent::Response)
                 .map_err(|msg| self.protocol_error(msg))
         } else {
@@ -487,7 +480,6 @@ impl<B: RegisteredBuf> RdmaLink<B> {
                     .qp
                     .post_send(&[SendWr::local_inv(INV_FLAG | tag as u64, k).signaled()])?;
                 self.conn.signaled_out += 1;
-                self.inv_pending[tag as usize] = true;
                 io.stats().keys_invalidated_locally += 1;
                 dead = false;
             }
@@ -767,7 +759,6 @@ impl<B: RegisteredBuf> Link for RdmaLink<B> {
         if let Keys::PerIo { mrs } = &mut self.conn.keys {
             mrs.iter_mut().for_each(|m| *m = None);
         }
-        self.inv_pending.iter_mut().for_each(|p| *p = false);
     }
 }
 
