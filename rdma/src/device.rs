@@ -416,6 +416,10 @@ pub fn cm_contexts() -> Result<Vec<Arc<Context>>> {
         .collect())
 }
 
+/// The vendor id Soft-RoCE (rxe) reports: it has no PCI vendor (`RXE_VENDOR_ID` in Linux's
+/// `drivers/infiniband/sw/rxe/rxe_param.h`).
+pub const RXE_VENDOR_ID: u32 = 0x00FF_FFFF;
+
 /// Device limits from `ibv_query_device` (negative values reported by a provider read as 0).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeviceAttr {
@@ -461,6 +465,19 @@ pub struct DeviceAttr {
     pub max_mw: u32,
     /// Type 2B memory windows (bound by a work request, invalidated by the peer or locally).
     pub mw_type_2b: bool,
+}
+
+impl DeviceAttr {
+    /// Whether the device is Soft-RoCE (rxe), whose quirks some callers must know: it reports
+    /// a remote invalidation in a bit of its own
+    /// ([`WorkCompletion::rxe_invalidated_rkey`](crate::WorkCompletion::rxe_invalidated_rkey)),
+    /// and in Linux 6.1 it replays memory window binds when it retransmits (`rxe_req.c`:
+    /// `req_retry` rewinds to the oldest unacknowledged work request and the requester runs
+    /// every local operation after it again, so a bind of a window that is already bound fails
+    /// with `MW_BIND_ERR`).
+    pub fn is_rxe(&self) -> bool {
+        self.vendor_id == RXE_VENDOR_ID
+    }
 }
 
 /// Logical port state.

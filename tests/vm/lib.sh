@@ -30,6 +30,9 @@ FIO_SIZE_OUR=${NVMF_VM_FIO_SIZE:-64M}      # fio data against our target
 FIO_SIZE_SANITY=${NVMF_VM_SANITY_SIZE:-32M} # fio data for the kernel<->kernel sanity checks
 BENCH_SIZE=${NVMF_VM_BENCH_SIZE:-32M}
 IOCHECK_SIZE=${NVMF_VM_IOCHECK_SIZE:-64M} # io_check's write/read/verify (the whole RAM disk)
+# NVMF_VM_RDMA_KEYS: how our initiator opens its buffers (its NVMF_RDMA_KEYS: auto, windows,
+# register) in every scenario that runs it.
+[ -z "${NVMF_VM_RDMA_KEYS:-}" ] || export NVMF_RDMA_KEYS="$NVMF_VM_RDMA_KEYS"
 # How our target says that it cannot serve an rdma listener (case-insensitive, on its log).
 NO_RDMA_PATTERN='rdma.*(not supported|unsupported|not (yet )?implemented|unknown variant|no rdma)|unknown variant .rdma'
 

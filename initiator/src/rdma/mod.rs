@@ -49,11 +49,15 @@
 //! # Keys: a buffer is open to the target only while its command runs
 //! No key of a pool slab opens anything to the target. A command opens its own buffer, as the
 //! Linux host does with fast registration (FRWR), in one of two ways chosen per queue at
-//! connect time ([`crate::RdmaQueue::key_mode`]): a registration per command, the default, or
-//! memory windows with `NVMF_RDMA_KEYS=windows` (opt-in: under load in the test VM a bind on
-//! rxe in Linux 6.1 failed with MW_BIND_ERR after a 2 s stall, most likely a retransmission
-//! replaying the bind, and failed the queue):
-//! - **Memory windows** (devices with type 2B windows: rxe, mlx5). Each tag has a window. The
+//! connect time ([`crate::RdmaQueue::key_mode`]): memory windows where the device has them and
+//! is not rxe (mlx5), else a registration per command (rxe, siw). `NVMF_RDMA_KEYS` overrides
+//! the choice: `windows` (wherever the device has them, rxe too), `register` (everywhere) or
+//! `auto` (the default). rxe gets registrations by default because Linux 6.1's rxe replays
+//! binds: when it retransmits, `req_retry` rewinds to the oldest unacknowledged work request
+//! and the requester runs every local operation after it again, and a second bind of a bound
+//! window fails with MW_BIND_ERR and fails the queue (seen once in three CI runs of a loaded
+//! test VM: a 2 s stall, the retransmission timeout, then the error).
+//! - **Memory windows** (devices with type 2B windows: mlx5, rxe). Each tag has a window. The
 //!   post that sends the command first binds the tag's window over the buffer with a fresh key
 //!   (the low byte rotates), so the SEND that names the key reaches the target only once the
 //!   key is valid; the descriptor has subtype `0xF`, asking the target to invalidate the key
@@ -62,15 +66,16 @@
 //!   when it has completed. Cost: a bind work request per command (no system call), and a
 //!   LOCAL_INV when the target does not invalidate. [`crate::Stats`] counts binds and both
 //!   kinds of invalidation. rxe reports the target's invalidation in a bit of its own
-//!   ([`rdma::WorkCompletion::rxe_invalidated_rkey`]; believed when it names the command's
-//!   key, since other providers may use that bit for checksum offload), and rxe in Linux 6.1 crashes the
+//!   ([`rdma::WorkCompletion::rxe_invalidated_rkey`]; read only on rxe, and
+//!   believed only when it names the command's key: other providers may use that bit for
+//!   checksum offload), and rxe in Linux 6.1 crashes the
 //!   kernel on a LOCAL_INV of a window that is already invalid (`rxe_invalidate_mw` puts the
 //!   NULL region of an unbound window; seen in the test VM): the queue posts a LOCAL_INV only
 //!   for a key no response invalidated, and a response flagged (the standard way) as
 //!   invalidating a key its command did not name fails the queue before anything else is
 //!   posted. (rxe's own bit cannot tell another key's invalidation from nothing: on rxe a
 //!   target that invalidates keys it was not given can still reach that kernel bug.)
-//! - **A registration per command** (the default, and on devices without windows: siw). The
+//! - **A registration per command** (devices without windows, siw, and rxe). The
 //!   buffer is registered
 //!   on its own (`ibv_reg_mr`) when the command is posted and deregistered when its response
 //!   arrives; the descriptor has subtype 0 (recent rxe refuses to invalidate a user MR

@@ -36,8 +36,9 @@ pub(super) const RECV_FLAG: u64 = 1 << 32;
 const BIND_FLAG: u64 = 1 << 33;
 /// `wr_id` bit marking a LOCAL_INV (low 16 bits: the tag).
 const INV_FLAG: u64 = 1 << 34;
-/// How commands open their buffers to the target: `windows` (memory windows where the device
-/// has them) or anything else: a registration per command (the default).
+/// How commands open their buffers to the target: `auto` (the default: memory windows where
+/// the device has them and is not rxe, else a registration per command), `windows` (wherever
+/// the device has them, rxe too) or `register` (a registration per command everywhere).
 pub const KEYS_ENV: &str = "NVMF_RDMA_KEYS";
 /// Work completions taken per `ibv_poll_cq`.
 const POLL_BATCH: usize = 32;
@@ -75,7 +76,43 @@ struct Conn {
     ch: EventChannel,
     /// The device is iWARP (siw): reported in Debug, used by the bring-up log.
     iwarp: bool,
+    /// The device is rxe: its own remote-invalidation bit is read
+    /// ([`WorkCompletion::rxe_invalidated_rkey`]), and no other provider's.
+    rxe: bool,
     dev: String,
+}
+
+/// What [`KEYS_ENV`] asks for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum KeyPolicy {
+    Auto,
+    Windows,
+    Register,
+}
+
+impl KeyPolicy {
+    fn parse(v: Option<&str>) -> Result<Self, Error> {
+        match v {
+            None | Some("" | "auto") => Ok(KeyPolicy::Auto),
+            Some("windows") => Ok(KeyPolicy::Windows),
+            Some("register") => Ok(KeyPolicy::Register),
+            Some(v) => Err(Error::InvalidArgument(format!(
+                "{KEYS_ENV}={v:?}: expected auto, windows or register"
+            ))),
+        }
+    }
+
+    /// Whether a queue uses memory windows on a device that has (type 2) windows or not, and
+    /// is rxe or not. Not on rxe unless asked: rxe in Linux 6.1 replays a bind when it
+    /// retransmits and fails it ([`rdma::DeviceAttr::is_rxe`]); one CI run in three of a
+    /// loaded VM hit it.
+    fn windows(self, has_windows: bool, rxe: bool) -> bool {
+        match self {
+            KeyPolicy::Auto => has_windows && !rxe,
+            KeyPolicy::Windows => has_windows,
+            KeyPolicy::Register => false,
+        }
+    }
 }
 
 /// The NVMe/RDMA link of a [`Queue`]; `B` is the queue's buffer type ([`RdmaBuf`] for an
@@ -129,6 +166,7 @@ impl<B> fmt::Debug for RdmaLink<B> {
             .field("qid", &self.qid)
             .field("device", &self.conn.dev)
             .field("iwarp", &self.conn.iwarp)
+            .field("rxe", &self.conn.rxe)
             .field("qp_num", &self.conn.qp.qp_num())
             .field("depth", &self.tags)
             .field("recvs", &self.nrecv)
@@ -190,13 +228,9 @@ impl<B: RegisteredBuf> RdmaLink<B> {
             .map_err(|e| connect_error(qid, p.timeout, e))?;
         let attr = ctx.query_device()?;
         let iwarp = ctx.transport() == rdma::Transport::Iwarp;
-        let forced = std::env::var(KEYS_ENV).ok();
-        // Windows only when asked for: under load in the test VM a bind on rxe (Linux 6.1)
-        // failed with MW_BIND_ERR after a 2 s stall, most likely a retransmission replaying it.
-        let windows = match forced.as_deref() {
-            Some("windows") => (attr.mw_type_2b || attr.max_mw > 0) && !iwarp,
-            _ => false,
-        };
+        let policy = KeyPolicy::parse(std::env::var(KEYS_ENV).ok().as_deref())?;
+        let rxe = attr.is_rxe();
+        let windows = policy.windows((attr.mw_type_2b || attr.max_mw > 0) && !iwarp, rxe);
         let nrecv = tags as u32 + 1;
         // A SEND per command, plus a bind and a LOCAL_INV with windows.
         let nsend = if windows {
@@ -229,7 +263,7 @@ impl<B: RegisteredBuf> RdmaLink<B> {
             {
                 Ok(m) => Some(m),
                 // Asked for: the caller wants to know.
-                Err(e) if forced.as_deref() == Some("windows") => return Err(e.into()),
+                Err(e) if policy == KeyPolicy::Windows => return Err(e.into()),
                 Err(e) => {
                     tracing::debug!(qid, error = %e, "no memory windows: a registration per command");
                     None
@@ -305,6 +339,7 @@ impl<B: RegisteredBuf> RdmaLink<B> {
                 id,
                 ch,
                 iwarp,
+                rxe,
                 dev,
             },
             cmd_mr,
@@ -454,7 +489,7 @@ impl<B: RegisteredBuf> RdmaLink<B> {
         // must be the command's); rxe's own bit counts only when it names the command's key.
         let inv = wc.invalidated_rkey().or_else(|| {
             wc.rxe_invalidated_rkey()
-                .filter(|&k| windows && Some(k) == named)
+                .filter(|&k| self.conn.rxe && windows && Some(k) == named)
         });
         // Whether the command's key is dead once this returns (else a LOCAL_INV is out).
         let mut dead = true;
@@ -831,6 +866,27 @@ mod tests {
         assert_eq!(r & 0xffff_ffff, 4095);
         // hrqsize = depth + 1 fits the 16-bit CM field at the deepest queue.
         assert!((MAX_DEPTH as u32 + 1) <= u16::MAX as u32);
+    }
+
+    #[test]
+    fn memory_windows_by_default_where_the_device_has_them_and_is_not_rxe() {
+        use KeyPolicy::*;
+        assert_eq!(KeyPolicy::parse(None).unwrap(), Auto);
+        assert_eq!(KeyPolicy::parse(Some("")).unwrap(), Auto);
+        assert_eq!(KeyPolicy::parse(Some("auto")).unwrap(), Auto);
+        assert_eq!(KeyPolicy::parse(Some("windows")).unwrap(), Windows);
+        assert_eq!(KeyPolicy::parse(Some("register")).unwrap(), Register);
+        let e = KeyPolicy::parse(Some("fast")).unwrap_err().to_string();
+        assert!(
+            e.contains("NVMF_RDMA_KEYS=\"fast\"") && e.contains("register"),
+            "{e}"
+        );
+        // (has windows, rxe) -> windows: mlx5-like, rxe, siw-like.
+        let cases = [(true, false), (true, true), (false, false)];
+        let got = |p: KeyPolicy| cases.map(|(w, rxe)| p.windows(w, rxe));
+        assert_eq!(got(Auto), [true, false, false]);
+        assert_eq!(got(Windows), [true, true, false]);
+        assert_eq!(got(Register), [false, false, false]);
     }
 
     #[test]

@@ -7,7 +7,8 @@
 # vm-needs: build rdma
 # vm-timeout: 600
 source "$(dirname "$0")/../lib.sh"
-# Memory windows are opt-in (the initiator's default is a registration per command).
+# rxe gets a registration per command by default (it replays binds when it retransmits): ask
+# for windows.
 export NVMF_RDMA_KEYS=windows
 label=$SCENARIO
 if need_rdma RXE_IP; then
