@@ -3,9 +3,9 @@
 # against target A and target B, each with a null namespace on the other core (CPU 0), over
 # NVMe/TCP on loopback. A and B are `spdk` (SPDK's nvmf_tgt on one core), `ours` (this tree's
 # nvmf-target, `threads: 1`) or the path of another nvmf-target binary (an older build, to check
-# for a regression). Each round starts A, runs every workload, stops it, then does the same with
-# B (the order alternates between rounds, and only one target runs at a time: SPDK's busy-polls
-# its core), so each pair sees the same moment of a shared machine. Prints per round both IOPS
+# for a regression). Each round runs every workload on a freshly started A, then on a freshly
+# started B (the order alternates between rounds, and only one target runs at a time: SPDK's
+# busy-polls its core), so each pair sees the same moment of a shared machine. Prints per round both IOPS
 # and their ratio B/A, then per workload the median of the paired ratios. A measurement, not a
 # test: exit 0 whatever the ratios. Not part of CI or scripts/test.sh.
 #
@@ -13,6 +13,8 @@
 #   scripts/bench-targets.sh                              # A=spdk B=ours, 5 rounds of 5 s
 #   A=/tmp/base-build/release/nvmf-target B=ours scripts/bench-targets.sh   # before/after
 #   ROUNDS=7 RUNTIME=10 WORKLOADS="randread:4k:1 randread:4k:32 read:128k:8" (the default)
+#   A=ours B=ours B_SETTINGS="c2h_success: always" scripts/bench-targets.sh  # a setting's effect
+# A_SETTINGS / B_SETTINGS: more `target:` settings for that side when it is one of ours.
 #
 # SPDK's apps need hugepages: the script reserves HUGEPAGES (default 1024 x 2 MiB) and mounts
 # hugetlbfs on /dev/hugepages when it is not there (root).
@@ -37,13 +39,13 @@ start() {
     case $1 in
         spdk) start_spdk ;;
         ours)
-            start_target ours "{ nsid: 1, null: 1GiB }" "threads: 1"
+            start_target ours "{ nsid: 1, null: 1GiB }" "threads: 1${SETTINGS:+, $SETTINGS}"
             taskset -pc "$TGT_CPU" "$pid" >/dev/null
             ;;
         *)
             local saved=$BIN
             BIN=$(dirname "$1")
-            start_target other "{ nsid: 1, null: 1GiB }" "threads: 1"
+            start_target other "{ nsid: 1, null: 1GiB }" "threads: 1${SETTINGS:+, $SETTINGS}"
             BIN=$saved
             taskset -pc "$TGT_CPU" "$pid" >/dev/null
             ;;
@@ -62,15 +64,18 @@ median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] 
 echo "spdk_nvme_perf against A=$A and B=$B: NVMe/TCP 127.0.0.1, null namespace, target on CPU $TGT_CPU, client on CPU $CLIENT_CPU; $ROUNDS rounds of ${RUNTIME}s per target and workload"
 declare -A iops ratios
 for r in $(seq "$ROUNDS"); do
-    for t in $([ $((r % 2)) = 1 ] && echo "A B" || echo "B A"); do
-        tgt=${!t}
-        start "$tgt"
-        for wl in $WORKLOADS; do
-            IFS=: read -r rw bs qd <<<"$wl"
+    # Per workload A and B back to back (a fresh target each run), so the two runs of a pair
+    # are seconds apart: this machine's speed changes over tens of seconds.
+    for wl in $WORKLOADS; do
+        IFS=: read -r rw bs qd <<<"$wl"
+        for t in $([ $((r % 2)) = 1 ] && echo "A B" || echo "B A"); do
+            tgt=${!t}
+            settings_var=${t}_SETTINGS
+            SETTINGS=${!settings_var:-} start "$tgt"
             spdk_perf "$rw" "$bs" "$qd"
             iops[$t,$wl]=$IOPS
+            stop "$tgt"
         done
-        stop "$tgt"
     done
     for wl in $WORKLOADS; do
         IFS=: read -r rw bs qd <<<"$wl"

@@ -13,9 +13,9 @@ use crate::error::{join, Report};
 use std::collections::BTreeMap;
 
 use crate::model::{
-    default_dhchap_dhgroups, default_dhchap_hashes, default_serial, AnaState, Backing, Config,
-    DhGroup, HashId, Host, Key, Listener, Metrics, Namespace, Polling, Subsystem, TargetSettings,
-    Transport, Uuid, DEFAULT_MODEL, DEFAULT_PORT, MAX_ANA_GROUP,
+    default_dhchap_dhgroups, default_dhchap_hashes, default_serial, AnaState, Backing, C2hSuccess,
+    Config, DhGroup, HashId, Host, Key, Listener, Metrics, Namespace, Polling, Subsystem,
+    TargetSettings, Transport, Uuid, DEFAULT_MODEL, DEFAULT_PORT, MAX_ANA_GROUP,
 };
 use crate::size::Size;
 use crate::yaml::{Kind, Location, Node};
@@ -62,6 +62,7 @@ const TARGET_KEYS: &[&str] = &[
     "sqpoll_idle_ms",
     "iopoll",
     "rdma_srq_depth",
+    "c2h_success",
 ];
 const METRICS_KEYS: &[&str] = &["listen"];
 
@@ -544,6 +545,22 @@ impl Decoder<'_> {
                         );
                         None
                     }
+                }
+            }),
+            c2h_success: optional(r, &m, "c2h_success", d.c2h_success, |r, n, p| match string(
+                r, n, p,
+            )?
+            .as_str()
+            {
+                "spec" => Some(C2hSuccess::Spec),
+                "always" => Some(C2hSuccess::Always),
+                other => {
+                    r.error_at(
+                        n.at,
+                        p,
+                        format!("unknown c2h_success mode `{other}` (expected spec or always)"),
+                    );
+                    None
                 }
             }),
         }

@@ -427,6 +427,33 @@ pub struct TargetSettings {
     /// serves one shared receive queue of this many RECV buffers, used by all of its queue
     /// pairs on that device: 32–65536, lowered to the device's `max_srq_wr`.
     pub rdma_srq_depth: u32,
+    /// `c2h_success`: NVMe/TCP only. When the C2HData PDU that ends a read's data also
+    /// completes the command (its SUCCESS flag; no response capsule follows): `spec` (only
+    /// when the host disabled SQ flow control at Connect, as the NVMe/TCP specification and
+    /// the Linux target have it) or `always` (whenever the command succeeded, as SPDK's target
+    /// does by default: one PDU fewer per read for hosts that keep SQ flow control on; the
+    /// Linux and SPDK hosts accept it).
+    pub c2h_success: C2hSuccess,
+}
+
+/// When a C2HData PDU may complete its command (`target.c2h_success`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum C2hSuccess {
+    /// Only on queues whose host disabled SQ flow control.
+    #[default]
+    Spec,
+    /// Whenever the command succeeded.
+    Always,
+}
+
+impl fmt::Display for C2hSuccess {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            C2hSuccess::Spec => "spec",
+            C2hSuccess::Always => "always",
+        })
+    }
 }
 
 /// How poller threads wait for work (`target.polling`).
@@ -471,6 +498,7 @@ impl Default for TargetSettings {
             sqpoll_idle_ms: 10,
             iopoll: false,
             rdma_srq_depth: 0,
+            c2h_success: C2hSuccess::Spec,
         }
     }
 }

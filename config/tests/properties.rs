@@ -127,6 +127,7 @@ fn target() -> impl Strategy<Value = TargetSettings> {
         any::<bool>(),
         (any::<bool>(), 1u32..=60_000, any::<bool>()),
         prop_oneof![Just(0u32), 32u32..=65_536],
+        any::<bool>(),
     )
         .prop_map(
             |(
@@ -139,6 +140,7 @@ fn target() -> impl Strategy<Value = TargetSettings> {
                 busy,
                 (sqpoll, sqpoll_idle_ms, iopoll),
                 rdma_srq_depth,
+                success_always,
             )| {
                 let max_io_size = Size(4096 << shift);
                 // The buffer: half the largest command, 4KiB at least.
@@ -160,6 +162,11 @@ fn target() -> impl Strategy<Value = TargetSettings> {
                     sqpoll_idle_ms,
                     iopoll,
                     rdma_srq_depth,
+                    c2h_success: if success_always {
+                        nvmf_config::C2hSuccess::Always
+                    } else {
+                        nvmf_config::C2hSuccess::Spec
+                    },
                 }
             },
         )

@@ -422,6 +422,7 @@ impl Daemon {
                 caps: caps.clone(),
                 idle_poll,
                 stop: stop.clone(),
+                c2h_success: t.c2h_success,
                 rdma: rdma_prep.as_ref().map(|p| p.setup.clone()),
             };
             let h = poller::spawn(target.clone(), pc, make_store.clone())

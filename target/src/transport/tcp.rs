@@ -161,6 +161,9 @@ pub struct Conn<W: Wire = TcpStream> {
     pub conn_key: u32,
     /// Scratch list of the markers one flush passed (kept to avoid allocating per flush).
     released: Vec<u32>,
+    /// `target.c2h_success: always`: a read's last C2HData completes a successful command
+    /// even when its host kept SQ flow control on.
+    success_always: bool,
 }
 
 /// What a connection asks its poller to do after an event.
@@ -238,7 +241,15 @@ impl<W: Wire> Conn<W> {
             stats: ConnStats::default(),
             conn_key: 0,
             released: Vec::with_capacity(n),
+            success_always: false,
         }
+    }
+
+    /// When a read's last C2HData PDU completes its command (`target.c2h_success`): by
+    /// default only where the host disabled SQ flow control (NVMe/TCP 1.0, 3.6.2.7, as nvmet);
+    /// with `always` whenever the command succeeded, as SPDK's target does.
+    pub fn set_c2h_success(&mut self, mode: config::C2hSuccess) {
+        self.success_always = mode == config::C2hSuccess::Always;
     }
 
     /// The byte stream.
@@ -866,8 +877,9 @@ impl<W: Wire> Conn<W> {
         self.set(slot, SlotState::Sending);
         if data_len > 0 {
             // Only with SQ flow control disabled may C2HData carry SUCCESS (NVMe/TCP 1.0,
-            // 3.6.2.7).
-            let success = cqe.status().is_success() && self.queue.sq_flow_control_disabled();
+            // 3.6.2.7), unless the target is set to send it always (as SPDK's does).
+            let success = cqe.status().is_success()
+                && (self.queue.sq_flow_control_disabled() || self.success_always);
             self.push_data(slot, data_len, success, store);
             if !success {
                 self.push_cqe(&cqe);

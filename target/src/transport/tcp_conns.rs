@@ -26,14 +26,21 @@ pub(super) struct TcpConns {
     live: usize,
     wants: Wants,
     closed_totals: ConnStats,
+    c2h_success: config::C2hSuccess,
 }
 
 impl TcpConns {
-    pub fn new(poller: usize, target: Arc<Target>, caps: TransportCaps) -> TcpConns {
+    pub fn new(
+        poller: usize,
+        target: Arc<Target>,
+        caps: TransportCaps,
+        c2h_success: config::C2hSuccess,
+    ) -> TcpConns {
         TcpConns {
             poller,
             target,
             caps,
+            c2h_success,
             conns: Vec::new(),
             out_armed: Vec::new(),
             free_keys: Vec::new(),
@@ -52,6 +59,7 @@ impl TcpConns {
                 return;
             }
         };
+        conn.set_c2h_success(self.c2h_success);
         let k = match self.free_keys.pop() {
             Some(k) => k as usize,
             None => {

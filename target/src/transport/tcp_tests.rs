@@ -86,6 +86,11 @@ impl Rig {
 
     /// IC exchange and Connect of I/O queue 1 (SQSIZE 31).
     fn connected(bufs: usize, ddgst: bool) -> Rig {
+        Rig::connected_cattr(bufs, ddgst, 0)
+    }
+
+    /// Connected with Connect's attributes `cattr` (bit 2: SQ flow control disabled).
+    fn connected_cattr(bufs: usize, ddgst: bool, cattr: u8) -> Rig {
         let mut r = Rig::new(bufs);
         r.ic(ddgst);
         let d = ConnectData::new(HOSTID, r.cntlid, SUBNQN, HOSTNQN);
@@ -93,7 +98,7 @@ impl Rig {
             1,
             1,
             31,
-            0,
+            cattr,
             0,
             Sgl::InCapsule {
                 offset: 0,
@@ -341,6 +346,42 @@ fn write_by_r2t_and_read_in_pieces() {
     }
     assert!(r.cqe().status().is_success());
     assert!(r.idle());
+}
+
+#[test]
+fn a_reads_data_completes_it_where_the_host_disabled_sq_flow_control_or_the_target_says_always() {
+    // (SQ flow control disabled, target.c2h_success, the C2HData completes the command)
+    for (sqfc_off, mode, implicit) in [
+        (false, config::C2hSuccess::Spec, false),
+        (true, config::C2hSuccess::Spec, true),
+        (false, config::C2hSuccess::Always, true),
+        (true, config::C2hSuccess::Always, true),
+    ] {
+        let mut r = Rig::connected_cattr(2, false, if sqfc_off { 0x04 } else { 0 });
+        r.conn.set_c2h_success(mode);
+        r.capsule(&read(3, 0, 1), &[]);
+        r.run();
+        let p = r.next();
+        let Pdu::C2HData(d) = p.pdu else {
+            panic!("expected C2HData, got {:?}", p.pdu)
+        };
+        assert!(d.last);
+        assert_eq!(
+            d.success, implicit,
+            "sq flow control off {sqfc_off}, {mode}"
+        );
+        if !implicit {
+            assert!(r.cqe().status().is_success());
+        }
+        assert!(r.got.is_empty(), "nothing more for the read: {:?}", r.got);
+        assert!(r.idle());
+        // A failed read still gets its response capsule, and no SUCCESS.
+        r.capsule(&read(4, u64::MAX / 2, 1), &[]);
+        r.run();
+        let c = r.cqe();
+        assert!(!c.status().is_success(), "{c:?}");
+        assert!(r.idle());
+    }
 }
 
 #[test]
