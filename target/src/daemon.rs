@@ -1,10 +1,9 @@
 //! Wiring: configuration → devices, controller core, listeners and poller threads.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use config::{Backing, Config, Transport};
@@ -19,6 +18,9 @@ use crate::core::{
 };
 use crate::resv_store::{state_file, FileResvStore};
 use crate::store::RingStore;
+use crate::transport::listen::{
+    bind_tcp, BindError, Bound, Listeners, RdmaListenerSet, TcpListeners,
+};
 use crate::transport::poller::{self, PollerConfig, PollerHandle, PollerStats};
 use crate::transport::rdma::{
     ListenError, RdmaListeners, RdmaOptions, RdmaTransport, SendWithInvalidate,
@@ -63,6 +65,28 @@ pub enum ReloadError {
     Register { index: u32, reason: String },
     #[error(transparent)]
     RdmaListen(#[from] crate::transport::rdma::ListenError),
+}
+
+impl From<BindError> for ReloadError {
+    fn from(e: BindError) -> ReloadError {
+        match e {
+            BindError::Tcp { addr, source } => ReloadError::Listen { addr, source },
+            BindError::Rdma(e) => ReloadError::RdmaListen(e),
+        }
+    }
+}
+
+impl From<BindError> for StartError {
+    fn from(e: BindError) -> StartError {
+        match e {
+            BindError::Tcp { addr, source } => StartError::Listen {
+                addr,
+                transport: "tcp",
+                source,
+            },
+            BindError::Rdma(e) => StartError::Rdma(e),
+        }
+    }
 }
 
 /// What a reload did, for the log.
@@ -220,60 +244,14 @@ fn subsystem_specs(
         .collect()
 }
 
-/// A running NVMe/TCP listener and its acceptor thread.
-struct TcpRun {
-    listener: config::Listener,
-    bound: SocketAddr,
-    stop: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
-}
-
-impl TcpRun {
-    fn stop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
-fn bind_tcp(l: &config::Listener) -> std::io::Result<(TcpListener, SocketAddr)> {
-    let addr = SocketAddr::new(l.address, l.port);
-    let sock = TcpListener::bind(addr)?;
-    let bound = sock.local_addr().unwrap_or(addr);
-    Ok((sock, bound))
-}
-
-fn spawn_acceptor(
-    listener: config::Listener,
-    sock: TcpListener,
-    bound: SocketAddr,
-    pollers: &Arc<Vec<PollerHandle>>,
-) -> std::io::Result<TcpRun> {
-    info!(address = %bound, "NVMe/TCP listener up");
-    // Each acceptor has its own stop flag, so a reload can close one listener.
-    let stop = Arc::new(AtomicBool::new(false));
-    let (p, s) = (pollers.clone(), stop.clone());
-    let thread = std::thread::Builder::new()
-        .name(format!("nvmf-accept-{bound}"))
-        .spawn(move || poller::run_acceptor(sock, p, s))?;
-    Ok(TcpRun {
-        listener,
-        bound,
-        stop,
-        thread: Some(thread),
-    })
-}
-
 /// A running target.
 pub struct Daemon {
     target: Arc<Target>,
     stop: Arc<AtomicBool>,
     pollers: Arc<Vec<PollerHandle>>,
-    tcp: Vec<TcpRun>,
-    rdma: Option<RdmaTransport>,
-    /// RDMA listeners as configured and bound (fixed for the daemon's life).
-    rdma_listeners: Vec<(config::Listener, SocketAddr)>,
+    /// Each transport's listeners, NVMe/TCP first (the discovery log's order): NVMe/TCP always
+    /// (a reload may add its first listener), NVMe/RDMA when the target started with one.
+    transports: Vec<Box<dyn Listeners>>,
     /// The configuration running now (target settings and metrics as started).
     cfg: Config,
     /// Backend device slots (index = the core's device number); `None` once released.
@@ -344,16 +322,13 @@ impl Daemon {
             .iter()
             .filter(|l| l.transport == Transport::Tcp)
         {
-            let (sock, bound) = bind_tcp(l).map_err(|source| StartError::Listen {
-                addr: SocketAddr::new(l.address, l.port),
-                transport: "tcp",
-                source,
-            })?;
-            tcp.push((l.clone(), sock, bound));
+            tcp.push(bind_tcp(l)?);
         }
-        let tcp_bound: Vec<(config::Listener, SocketAddr)> =
-            tcp.iter().map(|(l, _, b)| (l.clone(), *b)).collect();
-        let infos = listener_infos(&tcp_bound, &rdma_listeners);
+        let tcp_bound: Vec<(config::Listener, SocketAddr)> = tcp
+            .iter()
+            .map(|b| (b.listener().clone(), b.addr()))
+            .collect();
+        let infos = listener_infos(tcp_bound.iter().chain(&rdma_listeners));
 
         let t = &cfg.target;
         let target = Target::new(
@@ -430,35 +405,49 @@ impl Daemon {
             pollers.push(h);
         }
         let pollers = Arc::new(pollers);
-        let rdma = match (rdma_bind, rdma_prep) {
-            (Some(listeners), Some(prep)) => Some(
-                RdmaTransport::start(listeners, pollers.clone(), prep, stop.clone())
-                    .map_err(StartError::Poller)?,
-            ),
-            _ => None,
-        };
-        let mut runs = Vec::new();
-        for (l, sock, bound) in tcp {
-            runs.push(spawn_acceptor(l, sock, bound, &pollers).map_err(StartError::Poller)?);
+        let mut transports: Vec<Box<dyn Listeners>> = Vec::new();
+        let mut tcp_set = TcpListeners::new(pollers.clone());
+        for b in tcp {
+            tcp_set.start(b).map_err(StartError::Poller)?;
         }
-        let rdma_addrs = rdma
-            .as_ref()
-            .map(|r| r.local_addrs().to_vec())
-            .unwrap_or_default();
-        Ok(Daemon {
+        transports.push(Box::new(tcp_set));
+        if let (Some(listeners), Some(prep)) = (rdma_bind, rdma_prep) {
+            let rdma = RdmaTransport::start(listeners, pollers.clone(), prep, stop.clone())
+                .map_err(StartError::Poller)?;
+            transports.push(Box::new(RdmaListenerSet::new(rdma, rdma_listeners)));
+        }
+        let mut d = Daemon {
             target,
             stop,
             pollers,
-            tcp_addrs: runs.iter().map(|r| r.bound).collect(),
-            tcp: runs,
-            rdma,
-            rdma_listeners,
+            transports,
             cfg: cfg.clone(),
             devices,
             ns_slots,
             resv_store,
-            rdma_addrs,
-        })
+            tcp_addrs: Vec::new(),
+            rdma_addrs: Vec::new(),
+        };
+        d.note_addrs();
+        Ok(d)
+    }
+
+    /// `tcp_addrs` and `rdma_addrs` from the running listeners.
+    fn note_addrs(&mut self) {
+        let addrs = |t: Transport| -> Vec<SocketAddr> {
+            self.transports
+                .iter()
+                .filter(|s| s.transport() == t)
+                .flat_map(|s| s.running())
+                .map(|(_, a)| a)
+                .collect()
+        };
+        (self.tcp_addrs, self.rdma_addrs) = (addrs(Transport::Tcp), addrs(Transport::Rdma));
+    }
+
+    /// Every running listener with its bound address, NVMe/TCP first.
+    fn running(&self) -> Vec<(config::Listener, SocketAddr)> {
+        self.transports.iter().flat_map(|t| t.running()).collect()
     }
 
     /// The configuration running now.
@@ -477,12 +466,14 @@ impl Daemon {
 
     /// Whether the target serves NVMe/RDMA (it started with an RDMA listener).
     pub fn has_rdma(&self) -> bool {
-        self.rdma.is_some()
+        self.transports
+            .iter()
+            .any(|t| t.transport() == Transport::Rdma)
     }
 
     /// The number of running listeners (TCP and RDMA).
     pub fn listener_count(&self) -> usize {
-        self.tcp.len() + self.rdma_listeners.len()
+        self.running().len()
     }
 
     /// Apply a new (already validated) configuration: namespaces, subsystems, allowed hosts
@@ -506,23 +497,31 @@ impl Daemon {
                 .push("`metrics` (the endpoint changes at the next start)".into());
             new.metrics = self.cfg.metrics.clone();
         }
-        // New listeners join the running transport; a transport the target started without
-        // has no threads to serve them, so they wait for a restart.
-        let rdma_new = listeners_of(&new, Transport::Rdma);
-        let rdma_add = listeners_to_add(
-            &rdma_new,
-            |l| self.rdma_listeners.iter().any(|(o, _)| o.same_endpoint(l)),
-            self.rdma.is_some(),
-            "NVMe/RDMA listeners: this target started without one, so it has no RDMA transport",
-            &mut report,
-        );
-        // TCP needs nothing but the pollers, which serve every transport.
-        let tcp_new = listeners_of(&new, Transport::Tcp);
-        let to_bind: Vec<config::Listener> = tcp_new
-            .iter()
-            .filter(|l| !self.tcp.iter().any(|r| r.listener.same_endpoint(l)))
-            .cloned()
-            .collect();
+        // New listeners join their running transport; a transport the target started without
+        // has no threads to serve them, so they wait for a restart. (NVMe/TCP needs nothing
+        // but the pollers, which serve every transport: it always runs.)
+        let mut to_bind: Vec<(usize, config::Listener)> = Vec::new();
+        for tr in [Transport::Tcp, Transport::Rdma] {
+            let wanted = listeners_of(&new, tr);
+            match self.transports.iter().position(|t| t.transport() == tr) {
+                Some(ti) => {
+                    let running = self.transports[ti].running();
+                    to_bind.extend(
+                        wanted
+                            .into_iter()
+                            .filter(|l| !running.iter().any(|(o, _)| o.same_endpoint(l)))
+                            .map(|l| (ti, l)),
+                    );
+                }
+                None if !wanted.is_empty() => report.not_applied.push(format!(
+                    "new {} listeners: this target started without one, so it has no {} \
+                     transport (restart to add the first)",
+                    transport_name(tr),
+                    transport_name(tr),
+                )),
+                None => {}
+            }
+        }
 
         // 1. Open storage for new and changed namespaces.
         let plan = plan_namespaces(&self.ns_slots, &new, |slot| self.file_resized(slot));
@@ -531,27 +530,14 @@ impl Daemon {
             let dev = Arc::new(Device::open(&device_spec(ns))?);
             opened.push((key.clone(), ns.clone(), dev));
         }
-        // 2. Bind new TCP listeners.
+        // 2. Bind the new listeners (given back below if a later step fails).
         let mut bound = Vec::new();
-        for l in &to_bind {
-            let (sock, addr) = bind_tcp(l).map_err(|source| ReloadError::Listen {
-                addr: SocketAddr::new(l.address, l.port),
-                source,
-            })?;
-            bound.push((l.clone(), sock, addr));
-        }
-        // 2b. New RDMA listeners (undone below if a later step fails).
-        let mut rdma_bound: Vec<(config::Listener, SocketAddr)> = Vec::new();
-        if let Some(r) = self.rdma.as_mut() {
-            for l in &rdma_add {
-                match r.listen(SocketAddr::new(l.address, l.port)) {
-                    Ok(addr) => rdma_bound.push((l.clone(), addr)),
-                    Err(e) => {
-                        for (_, a) in &rdma_bound {
-                            r.unlisten(*a);
-                        }
-                        return Err(e.into());
-                    }
+        for (ti, l) in &to_bind {
+            match self.transports[*ti].bind(l) {
+                Ok(b) => bound.push((*ti, b)),
+                Err(e) => {
+                    self.release(bound);
+                    return Err(e.into());
                 }
             }
         }
@@ -568,11 +554,7 @@ impl Daemon {
                 for (index, _) in &added[..=i] {
                     let _ = self.update_pollers(*index, None);
                 }
-                if let Some(r) = self.rdma.as_mut() {
-                    for (_, a) in &rdma_bound {
-                        r.unlisten(*a);
-                    }
-                }
+                self.release(bound);
                 return Err(ReloadError::Register {
                     index: *index,
                     reason,
@@ -598,57 +580,28 @@ impl Daemon {
         }
         self.ns_slots = slots;
 
-        // 4. Listeners: stop the removed TCP ones, start the new ones; the ones kept take what
+        // 4. Listeners: close the removed ones, start the new ones; the ones kept take what
         // they serve and their ANA states from the new configuration.
-        let mut i = 0;
-        while i < self.tcp.len() {
-            if let Some(n) = tcp_new
-                .iter()
-                .find(|n| n.same_endpoint(&self.tcp[i].listener))
-            {
-                self.tcp[i].listener = n.clone();
-                i += 1;
-            } else {
-                let mut r = self.tcp.remove(i);
-                r.stop();
-                info!(address = %r.bound, "NVMe/TCP listener closed (connected hosts stay)");
-                report.listeners_removed.push(r.bound);
-            }
-        }
-        for (l, sock, addr) in bound {
-            match spawn_acceptor(l, sock, addr, &self.pollers) {
-                Ok(r) => {
-                    report.listeners_added.push(addr);
-                    self.tcp.push(r);
-                }
-                Err(e) => warn!(address = %addr, error = %e, "cannot start the acceptor thread"),
-            }
-        }
-        self.tcp_addrs = self.tcp.iter().map(|r| r.bound).collect();
-        if let Some(r) = self.rdma.as_mut() {
-            self.rdma_listeners.retain_mut(|(l, a)| {
-                match rdma_new.iter().find(|n| n.same_endpoint(l)) {
-                    Some(n) => {
-                        *l = n.clone();
-                        true
-                    }
+        for t in self.transports.iter_mut() {
+            for (l, addr) in t.running() {
+                match new.listeners.iter().find(|n| n.same_endpoint(&l)) {
+                    Some(n) => t.update(addr, n.clone()),
                     None => {
-                        r.unlisten(*a);
-                        report.listeners_removed.push(*a);
-                        false
+                        t.close(addr);
+                        report.listeners_removed.push(addr);
                     }
                 }
-            });
+            }
         }
-        for (l, a) in rdma_bound {
-            report.listeners_added.push(a);
-            self.rdma_listeners.push((l, a));
+        for (ti, b) in bound {
+            let addr = b.addr();
+            match self.transports[ti].start(b) {
+                Ok(a) => report.listeners_added.push(a),
+                Err(e) => warn!(address = %addr, error = %e, "cannot start the listener"),
+            }
         }
-        let tcp_bound: Vec<(config::Listener, SocketAddr)> = self
-            .tcp
-            .iter()
-            .map(|r| (r.listener.clone(), r.bound))
-            .collect();
+        self.note_addrs();
+        let running = self.running();
 
         // 5. The core: subsystems, hosts, namespaces (hosts get their AENs here).
         let specs = subsystem_specs(&new, &self.ns_slots, &self.devices);
@@ -656,7 +609,7 @@ impl Daemon {
             .set(resv_files(&self.ns_slots, &self.devices));
         report.core = self
             .target
-            .reconfigure(specs, listener_infos(&tcp_bound, &self.rdma_listeners));
+            .reconfigure(specs, listener_infos(running.iter()));
 
         // 6. Storage no namespace uses any more: the rings forget it, its file is closed.
         for slot in plan.release {
@@ -668,13 +621,16 @@ impl Daemon {
             }
             report.devices_released += 1;
         }
-        new.listeners = tcp_bound
-            .iter()
-            .chain(&self.rdma_listeners)
-            .map(|(l, _)| l.clone())
-            .collect();
+        new.listeners = running.into_iter().map(|(l, _)| l).collect();
         self.cfg = new;
         Ok(report)
+    }
+
+    /// Give back listeners a failed reload bound.
+    fn release(&mut self, bound: Vec<(usize, Bound)>) {
+        for (ti, b) in bound {
+            self.transports[ti].release(b);
+        }
     }
 
     /// Whether the regular file behind device slot `slot` is no longer the length it was
@@ -724,17 +680,15 @@ impl Daemon {
 
     /// Stop accepting, close every connection (in-flight backend operations are waited for,
     /// bounded), join the threads.
-    pub fn shutdown(mut self) {
+    pub fn shutdown(self) {
         self.stop.store(true, Ordering::Relaxed);
         for p in self.pollers.iter() {
             p.wake();
         }
-        for r in self.tcp.iter_mut() {
-            r.stop();
-        }
-        // The rdma_cm thread first: no connection is routed to a poller that is stopping.
-        if let Some(r) = self.rdma.take() {
-            r.join();
+        // The listeners first (the rdma_cm thread too): no connection is routed to a poller
+        // that is stopping.
+        for t in self.transports {
+            t.shut();
         }
         match Arc::try_unwrap(self.pollers) {
             Ok(mut ps) => ps.iter_mut().for_each(|p| p.join()),
@@ -743,7 +697,14 @@ impl Daemon {
     }
 }
 
-/// The discovery log's listeners: TCP then RDMA, port ids in that order from 1.
+/// How the logs name a transport.
+fn transport_name(t: Transport) -> &'static str {
+    match t {
+        Transport::Tcp => "NVMe/TCP",
+        Transport::Rdma => "NVMe/RDMA",
+    }
+}
+
 /// The listeners of `transport` in `cfg`.
 fn listeners_of(cfg: &Config, transport: Transport) -> Vec<config::Listener> {
     cfg.listeners
@@ -753,34 +714,18 @@ fn listeners_of(cfg: &Config, transport: Transport) -> Vec<config::Listener> {
         .collect()
 }
 
-/// Those of `wanted` that are not `running` yet; none (reported in `not_applied` as `why`)
-/// when their transport is not up.
-fn listeners_to_add(
-    wanted: &[config::Listener],
-    running: impl Fn(&config::Listener) -> bool,
-    transport_up: bool,
-    why: &str,
-    report: &mut ReloadReport,
-) -> Vec<config::Listener> {
-    let add: Vec<config::Listener> = wanted.iter().filter(|l| !running(l)).cloned().collect();
-    if !add.is_empty() && !transport_up {
-        report
-            .not_applied
-            .push(format!("new {why} (restart to add the first)"));
-        return Vec::new();
-    }
-    add
-}
-
-fn listener_infos(
-    tcp: &[(config::Listener, SocketAddr)],
-    rdma: &[(config::Listener, SocketAddr)],
+/// The discovery log's entries for `listeners` (with their bound addresses), port ids from 1
+/// in that order.
+fn listener_infos<'a>(
+    listeners: impl Iterator<Item = &'a (config::Listener, SocketAddr)>,
 ) -> Vec<ListenerInfo> {
-    tcp.iter()
-        .map(|(l, b)| (TrType::Tcp, l, b))
-        .chain(rdma.iter().map(|(l, b)| (TrType::Rdma, l, b)))
+    listeners
         .enumerate()
-        .map(|(i, (trtype, l, b))| {
+        .map(|(i, (l, b))| {
+            let trtype = match l.transport {
+                Transport::Tcp => TrType::Tcp,
+                Transport::Rdma => TrType::Rdma,
+            };
             let mut info = ListenerInfo::new(
                 trtype,
                 b.ip().to_string(),
@@ -875,16 +820,21 @@ mod tests {
     }
 
     #[test]
-    fn listener_ports_are_numbered_tcp_first() {
+    fn listener_ports_are_numbered_in_order_with_their_transport() {
         let l = |t, p| {
             (
                 config::Listener::new(t, [127, 0, 0, 1].into(), p),
                 SocketAddr::from(([127, 0, 0, 1], p)),
             )
         };
+        // `Daemon::running` lists NVMe/TCP first.
         let infos = listener_infos(
-            &[l(Transport::Tcp, 4420), l(Transport::Tcp, 4421)],
-            &[l(Transport::Rdma, 4420)],
+            [
+                l(Transport::Tcp, 4420),
+                l(Transport::Tcp, 4421),
+                l(Transport::Rdma, 4420),
+            ]
+            .iter(),
         );
         let got: Vec<(TrType, &str, u16)> = infos
             .iter()

@@ -1,6 +1,7 @@
 //! Transports: they move capsules and data between hosts and `core::Queue`s. No controller
 //! logic here.
 
+pub mod listen;
 #[cfg(any(test, feature = "testing"))]
 pub mod mem;
 pub mod poller;

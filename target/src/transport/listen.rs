@@ -1,0 +1,238 @@
+//! The daemon's one interface to the transports' listeners ([`Listeners`]): NVMe/TCP acceptor
+//! threads ([`TcpListeners`]) and the NVMe/RDMA rdma_cm thread ([`RdmaListenerSet`]). Both
+//! hand connections to the same pollers, through which the daemon also updates devices and
+//! reads statistics, so listening is the only thing it asks of a transport.
+
+use std::net::{SocketAddr, TcpListener};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use config::Transport;
+use tracing::info;
+
+use super::poller::{self, PollerHandle};
+use super::rdma::{ListenError, RdmaTransport};
+
+/// Why a listener could not be bound.
+#[derive(Debug, thiserror::Error)]
+pub enum BindError {
+    #[error("listener {addr} (tcp): {source}")]
+    Tcp {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Rdma(#[from] ListenError),
+}
+
+/// A listener [`Listeners::bind`] set up: it serves once [`Listeners::start`]ed, or is given
+/// back with [`Listeners::release`].
+pub struct Bound {
+    listener: config::Listener,
+    addr: SocketAddr,
+    /// NVMe/TCP: the bound socket (nothing accepts from it before `start`).
+    sock: Option<TcpListener>,
+}
+
+impl Bound {
+    /// The address it is bound to (port 0 in the configuration resolved).
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The listener as configured.
+    pub fn listener(&self) -> &config::Listener {
+        &self.listener
+    }
+}
+
+/// The listeners of one transport, as the daemon drives them at start, on reload and at
+/// shutdown. A reload binds every new listener first, then starts them all, or releases them
+/// all when a later step fails, so a failed reload leaves the listeners as they were.
+pub trait Listeners: Send {
+    fn transport(&self) -> Transport;
+    /// The listeners serving now with their bound addresses, in the order they started.
+    fn running(&self) -> Vec<(config::Listener, SocketAddr)>;
+    /// Bind `l`. NVMe/RDMA listens at once (the rdma_cm thread owns its listeners); NVMe/TCP
+    /// accepts nothing before `start`.
+    fn bind(&mut self, l: &config::Listener) -> Result<Bound, BindError>;
+    /// Serve a bound listener; its address.
+    fn start(&mut self, b: Bound) -> std::io::Result<SocketAddr>;
+    /// Give a bound listener up (a failed reload).
+    fn release(&mut self, b: Bound);
+    /// The listener bound to `addr` takes `l`'s settings (subsystems, ANA states).
+    fn update(&mut self, addr: SocketAddr, l: config::Listener);
+    /// Stop listening on `addr`; connected hosts stay.
+    fn close(&mut self, addr: SocketAddr);
+    /// After the daemon's stop flag is set: stop listening and join the transport's threads.
+    fn shut(self: Box<Self>);
+}
+
+/// A running NVMe/TCP listener and its acceptor thread.
+struct TcpRun {
+    listener: config::Listener,
+    bound: SocketAddr,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl TcpRun {
+    fn stop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Bind an NVMe/TCP listener (before the pollers exist, at start).
+pub fn bind_tcp(l: &config::Listener) -> Result<Bound, BindError> {
+    let addr = SocketAddr::new(l.address, l.port);
+    let sock = TcpListener::bind(addr).map_err(|source| BindError::Tcp { addr, source })?;
+    Ok(Bound {
+        listener: l.clone(),
+        addr: sock.local_addr().unwrap_or(addr),
+        sock: Some(sock),
+    })
+}
+
+/// NVMe/TCP listeners: one acceptor thread each, handing connections to the pollers.
+pub struct TcpListeners {
+    pollers: Arc<Vec<PollerHandle>>,
+    runs: Vec<TcpRun>,
+}
+
+impl TcpListeners {
+    pub fn new(pollers: Arc<Vec<PollerHandle>>) -> TcpListeners {
+        TcpListeners {
+            pollers,
+            runs: Vec::new(),
+        }
+    }
+}
+
+impl Listeners for TcpListeners {
+    fn transport(&self) -> Transport {
+        Transport::Tcp
+    }
+
+    fn running(&self) -> Vec<(config::Listener, SocketAddr)> {
+        self.runs
+            .iter()
+            .map(|r| (r.listener.clone(), r.bound))
+            .collect()
+    }
+
+    fn bind(&mut self, l: &config::Listener) -> Result<Bound, BindError> {
+        bind_tcp(l)
+    }
+
+    fn start(&mut self, b: Bound) -> std::io::Result<SocketAddr> {
+        let sock = b.sock.expect("an NVMe/TCP listener is bound to a socket");
+        let bound = b.addr;
+        // Each acceptor has its own stop flag, so a reload can close one listener.
+        let stop = Arc::new(AtomicBool::new(false));
+        let (p, s) = (self.pollers.clone(), stop.clone());
+        let thread = std::thread::Builder::new()
+            .name(format!("nvmf-accept-{bound}"))
+            .spawn(move || poller::run_acceptor(sock, p, s))?;
+        info!(address = %bound, "NVMe/TCP listener up");
+        self.runs.push(TcpRun {
+            listener: b.listener,
+            bound,
+            stop,
+            thread: Some(thread),
+        });
+        Ok(bound)
+    }
+
+    fn release(&mut self, b: Bound) {
+        drop(b);
+    }
+
+    fn update(&mut self, addr: SocketAddr, l: config::Listener) {
+        if let Some(r) = self.runs.iter_mut().find(|r| r.bound == addr) {
+            r.listener = l;
+        }
+    }
+
+    fn close(&mut self, addr: SocketAddr) {
+        if let Some(i) = self.runs.iter().position(|r| r.bound == addr) {
+            let mut r = self.runs.remove(i);
+            r.stop();
+            info!(address = %r.bound, "NVMe/TCP listener closed (connected hosts stay)");
+        }
+    }
+
+    fn shut(mut self: Box<Self>) {
+        for r in self.runs.iter_mut() {
+            r.stop();
+        }
+    }
+}
+
+/// NVMe/RDMA listeners: the rdma_cm thread listens on all of them and routes connection
+/// requests to the pollers.
+pub struct RdmaListenerSet {
+    transport: RdmaTransport,
+    /// As configured, with the bound address, in the order they started.
+    listeners: Vec<(config::Listener, SocketAddr)>,
+}
+
+impl RdmaListenerSet {
+    /// `listeners`: those `transport` started with.
+    pub fn new(
+        transport: RdmaTransport,
+        listeners: Vec<(config::Listener, SocketAddr)>,
+    ) -> RdmaListenerSet {
+        RdmaListenerSet {
+            transport,
+            listeners,
+        }
+    }
+}
+
+impl Listeners for RdmaListenerSet {
+    fn transport(&self) -> Transport {
+        Transport::Rdma
+    }
+
+    fn running(&self) -> Vec<(config::Listener, SocketAddr)> {
+        self.listeners.clone()
+    }
+
+    fn bind(&mut self, l: &config::Listener) -> Result<Bound, BindError> {
+        let addr = self.transport.listen(SocketAddr::new(l.address, l.port))?;
+        Ok(Bound {
+            listener: l.clone(),
+            addr,
+            sock: None,
+        })
+    }
+
+    fn start(&mut self, b: Bound) -> std::io::Result<SocketAddr> {
+        self.listeners.push((b.listener, b.addr));
+        Ok(b.addr)
+    }
+
+    fn release(&mut self, b: Bound) {
+        self.transport.unlisten(b.addr);
+    }
+
+    fn update(&mut self, addr: SocketAddr, l: config::Listener) {
+        if let Some(e) = self.listeners.iter_mut().find(|(_, a)| *a == addr) {
+            e.0 = l;
+        }
+    }
+
+    fn close(&mut self, addr: SocketAddr) {
+        self.transport.unlisten(addr);
+        self.listeners.retain(|(_, a)| *a != addr);
+    }
+
+    fn shut(self: Box<Self>) {
+        // The rdma_cm thread first: no connection is routed to a poller that is stopping.
+        self.transport.join();
+    }
+}
