@@ -131,12 +131,27 @@ pub struct RdmaLink<B = RdmaBuf> {
     tags: u16,
     /// Tags the target can hold at once (its CM reply's crqsize, when smaller).
     usable: u16,
-    /// Per tag: the key named in its keyed SGL (none for in-capsule or no data).
-    rkeys: Box<[Option<u32>]>,
-    /// Per tag: send-queue entries its SEND's completion returns (1, or 2 after a bind).
-    send_wrs: Box<[u8]>,
+    /// Per tag: its command's key and send-queue entries (the tag's window or registration
+    /// is in `conn.keys`, dropped in its own order).
+    per_tag: Box<[TagState]>,
     icd_max: u32,
     _buf: PhantomData<fn() -> B>,
+}
+
+/// What a tag's command in flight holds besides its slot.
+#[derive(Clone, Copy, Debug)]
+struct TagState {
+    /// The key named in its keyed SGL (none for in-capsule or no data).
+    rkey: Option<u32>,
+    /// Send-queue entries its SEND's completion returns (1, or 2 after a bind).
+    send_wrs: u8,
+}
+
+impl TagState {
+    const IDLE: TagState = TagState {
+        rkey: None,
+        send_wrs: 1,
+    };
 }
 
 /// How a command opens its buffer to the target, and only for the command (the [module
@@ -348,8 +363,7 @@ impl<B: RegisteredBuf> RdmaLink<B> {
             pool: Pool::new(&pd, slab_access),
             tags,
             usable,
-            rkeys: vec![None; tags as usize].into_boxed_slice(),
-            send_wrs: vec![1; tags as usize].into_boxed_slice(),
+            per_tag: vec![TagState::IDLE; tags as usize].into_boxed_slice(),
             icd_max: 0,
             _buf: PhantomData,
         })
@@ -366,8 +380,7 @@ impl<B: RegisteredBuf> RdmaLink<B> {
             pool: self.pool,
             tags: self.tags,
             usable: self.usable,
-            rkeys: self.rkeys,
-            send_wrs: self.send_wrs,
+            per_tag: self.per_tag,
             icd_max: self.icd_max,
             _buf: PhantomData,
         }
@@ -425,11 +438,11 @@ impl<B: RegisteredBuf> RdmaLink<B> {
             "LOCAL_INV"
         } else {
             let t = tag as usize;
-            let n = self.send_wrs.get(t).copied().unwrap_or(1);
+            let n = self.per_tag.get(t).map_or(1, |s| s.send_wrs);
             self.conn.sq_free += u32::from(n);
             self.conn.signaled_out -= 1;
-            if let Some(w) = self.send_wrs.get_mut(t) {
-                *w = 1;
+            if let Some(s) = self.per_tag.get_mut(t) {
+                s.send_wrs = 1;
             }
             "capsule SEND"
         };
@@ -483,7 +496,7 @@ impl<B: RegisteredBuf> RdmaLink<B> {
                 "response for command {tag}, which is not waiting for one (bad command_id)"
             )));
         }
-        let named = self.rkeys[tag as usize].take();
+        let named = self.per_tag[tag as usize].rkey.take();
         let windows = matches!(self.conn.keys, Keys::Windows { .. });
         // The key the response invalidated: the standard flag says so (and any key it names
         // must be the command's); rxe's own bit counts only when it names the command's key.
@@ -743,8 +756,10 @@ impl<B: RegisteredBuf> Link for RdmaLink<B> {
         }
         self.conn.sq_free -= need;
         self.conn.signaled_out += 1;
-        self.send_wrs[tag as usize] = if keyed && windows { 2 } else { 1 };
-        self.rkeys[tag as usize] = rkey;
+        self.per_tag[tag as usize] = TagState {
+            rkey,
+            send_wrs: if keyed && windows { 2 } else { 1 },
+        };
         Ok(())
     }
 
