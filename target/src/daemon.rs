@@ -56,24 +56,11 @@ pub enum StartError {
 pub enum ReloadError {
     #[error("namespace storage: {0}")]
     Device(#[from] crate::backend::DeviceError),
-    #[error("listener {addr} (tcp): {source}")]
-    Listen {
-        addr: SocketAddr,
-        source: std::io::Error,
-    },
+    /// A new listener could not be bound (its transport's error, as it says it).
+    #[error(transparent)]
+    Bind(#[from] BindError),
     #[error("registering device {index} with the pollers' rings: {reason}")]
     Register { index: u32, reason: String },
-    #[error(transparent)]
-    RdmaListen(#[from] crate::transport::rdma::ListenError),
-}
-
-impl From<BindError> for ReloadError {
-    fn from(e: BindError) -> ReloadError {
-        match e {
-            BindError::Tcp { addr, source } => ReloadError::Listen { addr, source },
-            BindError::Rdma(e) => ReloadError::RdmaListen(e),
-        }
-    }
 }
 
 impl From<BindError> for StartError {
