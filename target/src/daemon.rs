@@ -325,6 +325,7 @@ impl Daemon {
                 keep_alive_ms_min: t.keep_alive_ms_min,
                 resv_store: Some(resv_store.clone()),
                 auth_timeout: crate::core::AUTH_TIMEOUT,
+                data_completes_always: t.c2h_success == config::C2hSuccess::Always,
             },
         );
         let caps = TransportCaps {
@@ -384,7 +385,6 @@ impl Daemon {
                 caps: caps.clone(),
                 idle_poll,
                 stop: stop.clone(),
-                c2h_success: t.c2h_success,
                 rdma: rdma_prep.as_ref().map(|p| p.setup.clone()),
             };
             let h = poller::spawn(target.clone(), pc, make_store.clone())

@@ -70,6 +70,7 @@ fn no_heap_allocation_per_io_command_in_the_core() {
             keep_alive_ms_min: 1000,
             resv_store: None,
             auth_timeout: nvmf_target::core::AUTH_TIMEOUT,
+            data_completes_always: false,
         },
     );
     // Admin queue: Connect, CC.EN.

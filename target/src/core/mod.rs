@@ -261,6 +261,10 @@ pub struct TargetParams {
     pub resv_store: Option<Arc<dyn ResvStore>>,
     /// How long a DH-HMAC-CHAP transaction may take before the queue is torn down.
     pub auth_timeout: std::time::Duration,
+    /// Whether the data that ends a successful read completes it whatever the host's SQ flow
+    /// control (NVMe/TCP `target.c2h_success: always`, as SPDK's target does); false: only
+    /// where the host disabled SQ flow control, as the specification says.
+    pub data_completes_always: bool,
 }
 
 /// The default [`TargetParams::auth_timeout`].
@@ -596,6 +600,13 @@ impl Queue {
     /// FFFFh, and an NVMe/TCP C2HData PDU may then complete the command (SUCCESS flag).
     pub fn sq_flow_control_disabled(&self) -> bool {
         self.sqhd_disabled
+    }
+    /// Whether the data transfer that ends a successful command may complete it without a
+    /// response capsule (NVMe/TCP: the SUCCESS flag on the last C2HData PDU, TP 8000 / NVMe/TCP
+    /// 1.0 section 3.6.2.7): where the host disabled SQ flow control, or everywhere when the
+    /// target is set to (`target.c2h_success: always`).
+    pub fn data_completes_success(&self) -> bool {
+        self.sqhd_disabled || self.target.inner().params.data_completes_always
     }
     /// Queue id, once connected.
     pub fn qid(&self) -> Option<u16> {

@@ -145,8 +145,6 @@ pub struct PollerConfig {
     pub caps: TransportCaps,
     pub idle_poll: Duration,
     pub stop: Arc<AtomicBool>,
-    /// `target.c2h_success` (NVMe/TCP connections).
-    pub c2h_success: config::C2hSuccess,
     /// Set when the target has RDMA listeners.
     pub(crate) rdma: Option<RdmaSetup>,
 }
@@ -330,7 +328,7 @@ impl Poller {
         });
         Ok(Poller {
             rdma,
-            tcp: TcpConns::new(cfg.id, target, cfg.caps.clone(), cfg.c2h_success),
+            tcp: TcpConns::new(cfg.id, target, cfg.caps.clone()),
             store,
             cfg,
             rx,

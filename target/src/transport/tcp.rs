@@ -161,9 +161,6 @@ pub struct Conn<W: Wire = TcpStream> {
     pub conn_key: u32,
     /// Scratch list of the markers one flush passed (kept to avoid allocating per flush).
     released: Vec<u32>,
-    /// `target.c2h_success: always`: a read's last C2HData completes a successful command
-    /// even when its host kept SQ flow control on.
-    success_always: bool,
 }
 
 /// What a connection asks its poller to do after an event.
@@ -241,15 +238,7 @@ impl<W: Wire> Conn<W> {
             stats: ConnStats::default(),
             conn_key: 0,
             released: Vec::with_capacity(n),
-            success_always: false,
         }
-    }
-
-    /// When a read's last C2HData PDU completes its command (`target.c2h_success`): by
-    /// default only where the host disabled SQ flow control (NVMe/TCP 1.0, 3.6.2.7, as nvmet);
-    /// with `always` whenever the command succeeded, as SPDK's target does.
-    pub fn set_c2h_success(&mut self, mode: config::C2hSuccess) {
-        self.success_always = mode == config::C2hSuccess::Always;
     }
 
     /// The byte stream.
@@ -876,10 +865,8 @@ impl<W: Wire> Conn<W> {
     fn respond(&mut self, slot: u16, cqe: Cqe, data_len: u32, store: &mut dyn Store) {
         self.set(slot, SlotState::Sending);
         if data_len > 0 {
-            // Only with SQ flow control disabled may C2HData carry SUCCESS (NVMe/TCP 1.0,
-            // 3.6.2.7), unless the target is set to send it always (as SPDK's does).
-            let success = cqe.status().is_success()
-                && (self.queue.sq_flow_control_disabled() || self.success_always);
+            // The core says when C2HData may carry SUCCESS (`target.c2h_success`).
+            let success = cqe.status().is_success() && self.queue.data_completes_success();
             self.push_data(slot, data_len, success, store);
             if !success {
                 self.push_cqe(&cqe);

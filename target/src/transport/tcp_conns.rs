@@ -26,21 +26,14 @@ pub(super) struct TcpConns {
     live: usize,
     wants: Wants,
     closed_totals: ConnStats,
-    c2h_success: config::C2hSuccess,
 }
 
 impl TcpConns {
-    pub fn new(
-        poller: usize,
-        target: Arc<Target>,
-        caps: TransportCaps,
-        c2h_success: config::C2hSuccess,
-    ) -> TcpConns {
+    pub fn new(poller: usize, target: Arc<Target>, caps: TransportCaps) -> TcpConns {
         TcpConns {
             poller,
             target,
             caps,
-            c2h_success,
             conns: Vec::new(),
             out_armed: Vec::new(),
             free_keys: Vec::new(),
@@ -59,7 +52,6 @@ impl TcpConns {
                 return;
             }
         };
-        conn.set_c2h_success(self.c2h_success);
         let k = match self.free_keys.pop() {
             Some(k) => k as usize,
             None => {

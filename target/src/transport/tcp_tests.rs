@@ -16,7 +16,9 @@ use nvme::{Cqe, Sqe, Status};
 use proptest::prelude::*;
 
 use super::*;
-use crate::core::tests::{rw_sqe as rw, tcp_caps, test_target, Host, HOSTID, HOSTNQN, SUBNQN};
+use crate::core::tests::{
+    rw_sqe as rw, tcp_caps, test_target, test_target_with, Host, HOSTID, HOSTNQN, SUBNQN,
+};
 use crate::core::{Target, TrType};
 use crate::transport::mem::{MemStore, MemWire};
 use crate::transport::Kind;
@@ -56,7 +58,11 @@ struct Rig {
 impl Rig {
     /// An I/O queue connection (not yet IC-exchanged) with `bufs` pool buffers.
     fn new(bufs: usize) -> Rig {
-        let target = test_target();
+        Rig::on(test_target(), bufs)
+    }
+
+    /// As [`Rig::new`], on `target`.
+    fn on(target: Arc<Target>, bufs: usize) -> Rig {
         let now = Instant::now();
         let mut admin = Host::new(&target, tcp_caps(), now);
         let cntlid = admin.bring_up(SUBNQN, HOSTNQN);
@@ -91,7 +97,12 @@ impl Rig {
 
     /// Connected with Connect's attributes `cattr` (bit 2: SQ flow control disabled).
     fn connected_cattr(bufs: usize, ddgst: bool, cattr: u8) -> Rig {
-        let mut r = Rig::new(bufs);
+        Rig::connected_on(test_target(), bufs, ddgst, cattr)
+    }
+
+    /// As [`Rig::connected_cattr`], on `target`.
+    fn connected_on(target: Arc<Target>, bufs: usize, ddgst: bool, cattr: u8) -> Rig {
+        let mut r = Rig::on(target, bufs);
         r.ic(ddgst);
         let d = ConnectData::new(HOSTID, r.cntlid, SUBNQN, HOSTNQN);
         let sqe = connect_sqe(
@@ -351,14 +362,14 @@ fn write_by_r2t_and_read_in_pieces() {
 #[test]
 fn a_reads_data_completes_it_where_the_host_disabled_sq_flow_control_or_the_target_says_always() {
     // (SQ flow control disabled, target.c2h_success, the C2HData completes the command)
-    for (sqfc_off, mode, implicit) in [
-        (false, config::C2hSuccess::Spec, false),
-        (true, config::C2hSuccess::Spec, true),
-        (false, config::C2hSuccess::Always, true),
-        (true, config::C2hSuccess::Always, true),
+    for (sqfc_off, always, implicit) in [
+        (false, false, false),
+        (true, false, true),
+        (false, true, true),
+        (true, true, true),
     ] {
-        let mut r = Rig::connected_cattr(2, false, if sqfc_off { 0x04 } else { 0 });
-        r.conn.set_c2h_success(mode);
+        let target = test_target_with(|p| p.data_completes_always = always);
+        let mut r = Rig::connected_on(target, 2, false, if sqfc_off { 0x04 } else { 0 });
         r.capsule(&read(3, 0, 1), &[]);
         r.run();
         let p = r.next();
@@ -368,7 +379,7 @@ fn a_reads_data_completes_it_where_the_host_disabled_sq_flow_control_or_the_targ
         assert!(d.last);
         assert_eq!(
             d.success, implicit,
-            "sq flow control off {sqfc_off}, {mode}"
+            "sq flow control off {sqfc_off}, always {always}"
         );
         if !implicit {
             assert!(r.cqe().status().is_success());

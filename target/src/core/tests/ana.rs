@@ -232,6 +232,7 @@ fn test_target_params() -> TargetParams {
         keep_alive_ms_min: 1000,
         resv_store: None,
         auth_timeout: crate::core::AUTH_TIMEOUT,
+        data_completes_always: false,
     }
 }
 

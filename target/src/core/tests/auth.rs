@@ -37,6 +37,7 @@ fn keyed_target(ctrl_key: Option<Secret>, policy: Policy) -> Arc<Target> {
             keep_alive_ms_min: 1000,
             resv_store: None,
             auth_timeout: Duration::from_secs(10),
+            data_completes_always: false,
         },
     )
 }

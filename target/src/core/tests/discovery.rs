@@ -179,6 +179,7 @@ fn wildcard_listeners_report_the_local_address() {
             keep_alive_ms_min: 0,
             resv_store: None,
             auth_timeout: crate::core::AUTH_TIMEOUT,
+            data_completes_always: false,
         },
     );
     let mut h = Host::new(&t, tcp_caps(), Instant::now());

@@ -87,15 +87,19 @@ pub(super) fn test_listeners() -> Vec<ListenerInfo> {
 }
 
 pub(crate) fn test_target() -> Arc<Target> {
-    Target::new(
-        test_subsystems(),
-        test_listeners(),
-        TargetParams {
-            keep_alive_ms_min: 1000,
-            resv_store: None,
-            auth_timeout: crate::core::AUTH_TIMEOUT,
-        },
-    )
+    test_target_with(|_| {})
+}
+
+/// The test target with its parameters changed by `f`.
+pub(crate) fn test_target_with(f: impl FnOnce(&mut TargetParams)) -> Arc<Target> {
+    let mut params = TargetParams {
+        keep_alive_ms_min: 1000,
+        resv_store: None,
+        auth_timeout: crate::core::AUTH_TIMEOUT,
+        data_completes_always: false,
+    };
+    f(&mut params);
+    Target::new(test_subsystems(), test_listeners(), params)
 }
 
 pub(crate) fn tcp_caps() -> TransportCaps {
