@@ -18,9 +18,7 @@ use crate::core::{
 };
 use crate::resv_store::{state_file, FileResvStore};
 use crate::store::RingStore;
-use crate::transport::listen::{
-    bind_tcp, BindError, Bound, Listeners, RdmaListenerSet, TcpListeners,
-};
+use crate::transport::listen::{bind_tcp, BindError, Listeners, RdmaListenerSet, TcpListeners};
 use crate::transport::poller::{self, PollerConfig, PollerHandle, PollerStats};
 use crate::transport::rdma::{
     ListenError, RdmaListeners, RdmaOptions, RdmaTransport, SendWithInvalidate,
@@ -522,10 +520,8 @@ impl Daemon {
         for (ti, l) in &to_bind {
             match self.transports[*ti].bind(l) {
                 Ok(b) => bound.push((*ti, b)),
-                Err(e) => {
-                    self.release(bound);
-                    return Err(e.into());
-                }
+                // `bound` is dropped: the listeners bound so far are given back.
+                Err(e) => return Err(e.into()),
             }
         }
         // 3. Every poller's ring learns the new devices (slots are never reused).
@@ -541,7 +537,7 @@ impl Daemon {
                 for (index, _) in &added[..=i] {
                     let _ = self.update_pollers(*index, None);
                 }
-                self.release(bound);
+                drop(bound);
                 return Err(ReloadError::Register {
                     index: *index,
                     reason,
@@ -611,13 +607,6 @@ impl Daemon {
         new.listeners = running.into_iter().map(|(l, _)| l).collect();
         self.cfg = new;
         Ok(report)
-    }
-
-    /// Give back listeners a failed reload bound.
-    fn release(&mut self, bound: Vec<(usize, Bound)>) {
-        for (ti, b) in bound {
-            self.transports[ti].release(b);
-        }
     }
 
     /// Whether the regular file behind device slot `slot` is no longer the length it was

@@ -291,3 +291,45 @@ fn a_grown_backing_file_is_reported_as_changed() {
     c.shutdown().unwrap();
     assert!(t.terminate(), "{}", t.log_text());
 }
+
+#[test]
+fn a_reload_that_cannot_bind_its_second_new_listener_gives_the_first_back() {
+    let t = TargetProc::start_with(|port, dir| yaml(port, dir, &[1]));
+    let port = t.addr.port();
+    let free = nvmf_tests::free_port();
+    // Held by someone else: the reload's second new listener cannot bind.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let busy = taken.local_addr().unwrap().port();
+    let two_more = yaml(port, &t.dir.0, &[1]).replace(
+        "subsystems:",
+        &format!(
+            "  - {{ transport: tcp, address: 127.0.0.1, port: {free} }}\n  \
+             - {{ transport: tcp, address: 127.0.0.1, port: {busy} }}\nsubsystems:"
+        ),
+    );
+    rewrite(&t, &two_more);
+    t.sighup();
+    let log = t.wait_log("the running configuration is unchanged", 1);
+    assert!(
+        log.lines()
+            .any(|l| l.contains("reload rejected") && l.contains(&format!(":{busy}"))),
+        "the error names the listener that could not bind:\n{log}"
+    );
+    // The first new listener was bound, then given back with the failed reload.
+    assert!(
+        std::net::TcpStream::connect(("127.0.0.1", free)).is_err(),
+        "port {free} of the rejected reload does not listen:\n{log}"
+    );
+    drop(taken);
+    // The original listener still serves, and the same reload succeeds once the port is free.
+    let mut c = connect(&t);
+    t.sighup();
+    t.wait_log("reload applied", 1);
+    let mut o = ConnectOptions::tcp("127.0.0.1", free, TEST_NQN);
+    o.queues = 1;
+    let d = Controller::connect(o).expect("connect on the listener added by the second reload");
+    c.shutdown().unwrap();
+    d.shutdown().unwrap();
+    let mut t = t;
+    assert!(t.terminate(), "{}", t.log_text());
+}

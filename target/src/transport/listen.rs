@@ -12,7 +12,7 @@ use config::Transport;
 use tracing::info;
 
 use super::poller::{self, PollerHandle};
-use super::rdma::{ListenError, RdmaTransport};
+use super::rdma::{ListenError, Listening, RdmaTransport};
 
 /// Why a listener could not be bound.
 #[derive(Debug, thiserror::Error)]
@@ -26,13 +26,20 @@ pub enum BindError {
     Rdma(#[from] ListenError),
 }
 
-/// A listener [`Listeners::bind`] set up: it serves once [`Listeners::start`]ed, or is given
-/// back with [`Listeners::release`].
+/// A listener [`Listeners::bind`] set up: it serves once [`Listeners::start`]ed; dropped
+/// instead, it is given back (its socket closed, or the rdma_cm thread stops listening).
 pub struct Bound {
     listener: config::Listener,
     addr: SocketAddr,
+    end: BoundEnd,
+}
+
+/// What a [`Bound`] holds of its transport.
+enum BoundEnd {
     /// NVMe/TCP: the bound socket (nothing accepts from it before `start`).
-    sock: Option<TcpListener>,
+    Tcp(TcpListener),
+    /// NVMe/RDMA: the rdma_cm thread already listens.
+    Rdma(Listening),
 }
 
 impl Bound {
@@ -48,8 +55,8 @@ impl Bound {
 }
 
 /// The listeners of one transport, as the daemon drives them at start, on reload and at
-/// shutdown. A reload binds every new listener first, then starts them all, or releases them
-/// all when a later step fails, so a failed reload leaves the listeners as they were.
+/// shutdown. A reload binds every new listener first, then starts them all, or drops them all
+/// when a later step fails, so a failed reload leaves the listeners as they were.
 pub trait Listeners: Send {
     fn transport(&self) -> Transport;
     /// The listeners serving now with their bound addresses, in the order they started.
@@ -57,10 +64,8 @@ pub trait Listeners: Send {
     /// Bind `l`. NVMe/RDMA listens at once (the rdma_cm thread owns its listeners); NVMe/TCP
     /// accepts nothing before `start`.
     fn bind(&mut self, l: &config::Listener) -> Result<Bound, BindError>;
-    /// Serve a bound listener; its address.
+    /// Serve a bound listener (one this transport bound); its address.
     fn start(&mut self, b: Bound) -> std::io::Result<SocketAddr>;
-    /// Give a bound listener up (a failed reload).
-    fn release(&mut self, b: Bound);
     /// The listener bound to `addr` takes `l`'s settings (subsystems, ANA states).
     fn update(&mut self, addr: SocketAddr, l: config::Listener);
     /// Stop listening on `addr`; connected hosts stay.
@@ -93,7 +98,7 @@ pub fn bind_tcp(l: &config::Listener) -> Result<Bound, BindError> {
     Ok(Bound {
         listener: l.clone(),
         addr: sock.local_addr().unwrap_or(addr),
-        sock: Some(sock),
+        end: BoundEnd::Tcp(sock),
     })
 }
 
@@ -129,7 +134,9 @@ impl Listeners for TcpListeners {
     }
 
     fn start(&mut self, b: Bound) -> std::io::Result<SocketAddr> {
-        let sock = b.sock.expect("an NVMe/TCP listener is bound to a socket");
+        let BoundEnd::Tcp(sock) = b.end else {
+            return Err(std::io::Error::other("not an NVMe/TCP listener"));
+        };
         let bound = b.addr;
         // Each acceptor has its own stop flag, so a reload can close one listener.
         let stop = Arc::new(AtomicBool::new(false));
@@ -145,10 +152,6 @@ impl Listeners for TcpListeners {
             thread: Some(thread),
         });
         Ok(bound)
-    }
-
-    fn release(&mut self, b: Bound) {
-        drop(b);
     }
 
     fn update(&mut self, addr: SocketAddr, l: config::Listener) {
@@ -203,21 +206,21 @@ impl Listeners for RdmaListenerSet {
     }
 
     fn bind(&mut self, l: &config::Listener) -> Result<Bound, BindError> {
-        let addr = self.transport.listen(SocketAddr::new(l.address, l.port))?;
+        let listening = self.transport.listen(SocketAddr::new(l.address, l.port))?;
         Ok(Bound {
             listener: l.clone(),
-            addr,
-            sock: None,
+            addr: listening.addr(),
+            end: BoundEnd::Rdma(listening),
         })
     }
 
     fn start(&mut self, b: Bound) -> std::io::Result<SocketAddr> {
-        self.listeners.push((b.listener, b.addr));
-        Ok(b.addr)
-    }
-
-    fn release(&mut self, b: Bound) {
-        self.transport.unlisten(b.addr);
+        let BoundEnd::Rdma(listening) = b.end else {
+            return Err(std::io::Error::other("not an NVMe/RDMA listener"));
+        };
+        let addr = listening.keep();
+        self.listeners.push((b.listener, addr));
+        Ok(addr)
     }
 
     fn update(&mut self, addr: SocketAddr, l: config::Listener) {

@@ -267,9 +267,37 @@ pub use ::rdma::{local_rdma_ipv4, RdmaAddress};
 /// the pollers, which serve the connections).
 pub struct RdmaTransport {
     cm: Option<JoinHandle<()>>,
-    addrs: Vec<SocketAddr>,
     /// To the CM thread (listeners added and removed by a reload).
     notes: mpsc::Sender<CmNote>,
+}
+
+/// A listener [`RdmaTransport::listen`] added: the CM thread stops listening on it when this
+/// is dropped, unless it was [`kept`](Listening::keep) (a reload that fails after binding
+/// gives its new listeners back by dropping them).
+pub struct Listening {
+    addr: SocketAddr,
+    notes: Option<mpsc::Sender<CmNote>>,
+}
+
+impl Listening {
+    /// The bound address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Keep listening (until [`RdmaTransport::unlisten`]); the bound address.
+    pub fn keep(mut self) -> SocketAddr {
+        self.notes = None;
+        self.addr
+    }
+}
+
+impl Drop for Listening {
+    fn drop(&mut self) {
+        if let Some(notes) = self.notes.take() {
+            let _ = notes.send(CmNote::Unlisten { addr: self.addr });
+        }
+    }
 }
 
 /// What the pollers need before the rdma_cm thread starts ([`RdmaTransport::prepare`]).
@@ -298,8 +326,7 @@ impl RdmaTransport {
         prep: RdmaPrepared,
         stop: Arc<AtomicBool>,
     ) -> std::io::Result<RdmaTransport> {
-        let addrs = listeners.local_addrs();
-        for a in &addrs {
+        for a in listeners.local_addrs() {
             info!(address = %a, "NVMe/RDMA listener up");
         }
         let notes = prep.setup.notes.clone();
@@ -309,18 +336,12 @@ impl RdmaTransport {
             .spawn(move || t.run())?;
         Ok(RdmaTransport {
             cm: Some(cm),
-            addrs,
             notes,
         })
     }
 
-    /// The listeners' bound addresses.
-    pub fn local_addrs(&self) -> &[SocketAddr] {
-        &self.addrs
-    }
-
-    /// Listen on `addr` too (on the CM thread's event channel); the bound address.
-    pub fn listen(&mut self, addr: SocketAddr) -> Result<SocketAddr, ListenError> {
+    /// Listen on `addr` too (on the CM thread's event channel).
+    pub fn listen(&mut self, addr: SocketAddr) -> Result<Listening, ListenError> {
         let (reply, rx) = mpsc::channel();
         let gone = || ListenError {
             addr,
@@ -336,14 +357,15 @@ impl RdmaTransport {
             .recv_timeout(std::time::Duration::from_secs(10))
             .map_err(|_| gone())?
             .map_err(|source| ListenError { addr, source })?;
-        self.addrs.push(bound);
-        Ok(bound)
+        Ok(Listening {
+            addr: bound,
+            notes: Some(self.notes.clone()),
+        })
     }
 
     /// Stop listening on the bound address `bound`; connected hosts stay.
     pub fn unlisten(&mut self, bound: SocketAddr) {
         let _ = self.notes.send(CmNote::Unlisten { addr: bound });
-        self.addrs.retain(|a| *a != bound);
     }
 
     /// After the stop flag is set: joins the CM thread (closing the listeners). The pollers
