@@ -322,7 +322,7 @@ fn a_reload_that_cannot_bind_its_second_new_listener_gives_the_first_back() {
     );
     drop(taken);
     // The original listener still serves, and the same reload succeeds once the port is free.
-    let mut c = connect(&t);
+    let c = connect(&t);
     t.sighup();
     t.wait_log("reload applied", 1);
     let mut o = ConnectOptions::tcp("127.0.0.1", free, TEST_NQN);
