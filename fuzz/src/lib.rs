@@ -131,6 +131,7 @@ pub fn fuzz_target_core() -> Arc<Target> {
             keep_alive_ms_min: 1000,
             resv_store: None,
             auth_timeout: std::time::Duration::from_secs(30),
+            data_completes_always: false,
         },
     )
 }
