@@ -289,10 +289,16 @@ impl Controller {
     /// to keep I/O threads from bouncing the cache line, a non-forced touch only stores when
     /// the stamp is older than 1/16 of KATO.
     pub fn touch(&self, now: Instant, force: bool) {
+        if self.kato_ms() != 0 {
+            self.touch_ns(self.since_base(now), force);
+        }
+    }
+
+    /// [`Controller::touch`] at `t`, ns on this controller's clock ([`Controller::since_base`]).
+    pub(crate) fn touch_ns(&self, t: u64, force: bool) {
         if self.kato_ms() == 0 {
             return;
         }
-        let t = self.since_base(now);
         let last = self.last_seen_ns.load(Ordering::Relaxed);
         let slack = self.kato_ms() as u64 * 1_000_000 / 16;
         if t > last && (force || t - last > slack) {

@@ -172,6 +172,7 @@ impl Queue {
 
     fn install(&mut self, link: Link, c: &ConnectCmd, depth: u16) {
         self.link = link;
+        self.clock.set(None);
         self.qid = c.qid.get();
         self.depth = depth;
         // The Connect itself was the first entry consumed.

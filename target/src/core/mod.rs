@@ -551,6 +551,10 @@ pub struct Queue {
     sqhd_disabled: bool,
     /// Identity of this queue (a qid can be reused by a later connection).
     token: u64,
+    /// The last `now` the transport passed in and it on the controller's clock (ns since the
+    /// controller's creation): the commands of one poller pass share one `now`, so each I/O's
+    /// start, keep-alive stamp and completion reuse one conversion.
+    clock: std::cell::Cell<Option<(Instant, u64)>>,
     counters: Arc<queue::Counters>,
     ns_cache: Option<(u64, Arc<subsystem::NsTable>)>,
     events: VecDeque<QueueEvent>,

@@ -263,6 +263,7 @@ impl Queue {
             sqhd: 0,
             sqhd_disabled: false,
             token,
+            clock: std::cell::Cell::new(None),
             counters: Arc::new(Counters::default()),
             ns_cache: None,
             fence: None,
@@ -434,9 +435,21 @@ impl Queue {
     /// ns on the controller's clock. The core reads no clock: the transport passes its time in.
     fn io_clock(&self, sqe: &Sqe, now: Instant) -> Option<u64> {
         match &self.link {
-            Link::Io { ctrl, .. } if !sqe.is_fabrics() => Some(ctrl.since_base(now)),
+            Link::Io { ctrl, .. } if !sqe.is_fabrics() => Some(self.ctrl_ns(ctrl, now)),
             _ => None,
         }
+    }
+
+    /// `now` on the clock of `ctrl` (this queue's controller), converted once per `now`.
+    pub(super) fn ctrl_ns(&self, ctrl: &Controller, now: Instant) -> u64 {
+        if let Some((at, ns)) = self.clock.get() {
+            if at == now {
+                return ns;
+            }
+        }
+        let ns = ctrl.since_base(now);
+        self.clock.set(Some((now, ns)));
+        ns
     }
 
     /// A parsed I/O command completed with `status`: per-namespace statistics.
@@ -629,7 +642,7 @@ impl Queue {
                 if ctrl.gone() != Gone::Alive {
                     return Err(Reject::new(Status::ABORT_QUEUE, loc::NONE));
                 }
-                ctrl.touch(now, false);
+                ctrl.touch_ns(self.ctrl_ns(&ctrl, now), false);
                 if sqe.is_fabrics() {
                     self.exec_fabrics(sqe, buf, now)
                 } else if !ctrl.ready() {
@@ -646,7 +659,7 @@ impl Queue {
                 if ctrl.gone() != Gone::Alive || ctrl.io_epoch() != *epoch {
                     return Err(Reject::new(Status::ABORT_QUEUE, loc::NONE));
                 }
-                ctrl.touch(now, false);
+                ctrl.touch_ns(self.ctrl_ns(ctrl, now), false);
                 let ready = ctrl.ready();
                 if sqe.is_fabrics() {
                     self.exec_fabrics(sqe, buf, now)
