@@ -1302,17 +1302,25 @@ impl Deframer {
                 ))
             }
             Need::Header(_) | Need::DataDigest(_) => {
-                let buf = self.header_buf();
-                let n = buf.len().min(input.len());
-                buf[..n].copy_from_slice(&input[..n]);
-                let ev = self.advance(n)?;
-                Ok((
-                    n,
-                    ev.map(|e| match e {
-                        Event::Header(p) => Fed::Header(p),
-                        Event::DataDone(r) => Fed::DataDone(r),
-                    }),
-                ))
+                // Header steps (the common header, then the rest) follow one another within
+                // one call while the input lasts: one call per PDU header, not one per step.
+                let mut used = 0;
+                loop {
+                    let buf = self.header_buf();
+                    let n = buf.len().min(input.len() - used);
+                    buf[..n].copy_from_slice(&input[used..used + n]);
+                    used += n;
+                    if let Some(e) = self.advance(n)? {
+                        let fed = match e {
+                            Event::Header(p) => Fed::Header(p),
+                            Event::DataDone(r) => Fed::DataDone(r),
+                        };
+                        return Ok((used, Some(fed)));
+                    }
+                    if n == 0 || used == input.len() || !matches!(self.need(), Need::Header(_)) {
+                        return Ok((used, None));
+                    }
+                }
             }
         }
     }
