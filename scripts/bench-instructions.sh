@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# The target's user-space instructions per I/O, counted by valgrind's callgrind: a count, not a
+# time, so it repeats on a shared, noisy machine where IOPS ratios swing by 2x between rounds.
+# Target A and target B (`ours`, this tree's nvmf-target, or the path of another nvmf-target
+# binary) each run under callgrind (`threads: 1`, a 1 GiB null namespace, NVMe/TCP on 127.0.0.1,
+# CPU 0) while a client (CPU 1) reads from it for RUNTIME seconds; the poller thread's
+# instructions (`Poller::run` and all it calls) divided by the I/Os the client completed are
+# printed per round, then the median ratio B/A. Only user space is counted: system calls and
+# the kernel's TCP path (most of the CPU on loopback) are not. A measurement, not a test.
+#
+#   scripts/bench-instructions.sh                         # A=ours B=ours: the count's spread
+#   A=/tmp/base-build/release/nvmf-target B=ours scripts/bench-instructions.sh   # before/after
+#   CLIENT=perf (spdk_nvme_perf: ../shared/tools/build-spdk.sh first) or bench (nvmf-bench, the
+#   default); RW=randread BS=4k QD=32 RUNTIME=10 ROUNDS=1; TARGET_SETTINGS (default
+#   "c2h_success: always").
+NAME=bench-instructions
+source "$(dirname "$0")/bench-lib.sh"
+A=${A:-ours}
+B=${B:-ours}
+CLIENT=${CLIENT:-bench}
+RW=${RW:-randread} BS=${BS:-4k} QD=${QD:-32}
+RUNTIME=${RUNTIME:-10}
+ROUNDS=${ROUNDS:-1}
+TARGET_SETTINGS=${TARGET_SETTINGS:-c2h_success: always}
+NQN=nqn.2026-11.io.nvmf-rs:bench-instructions
+HOSTNQN=nqn.2014-08.org.nvmexpress:uuid:6b1c2a52-2f4e-4f0e-9d1e-5e0f3c2a7b10
+TGT_CPU=0 CLIENT_CPU=1
+command -v valgrind >/dev/null || { echo "$NAME: needs valgrind" >&2; exit 2; }
+[ "$CLIENT" != perf ] || source "$(dirname "$0")/spdk-lib.sh"
+
+binary() { if [ "$1" = ours ]; then echo "$BIN/nvmf-target"; else echo "$1"; fi; }
+
+# count TAG BINARY: sets PER_IO (instructions per I/O) and IOS.
+count() {
+    local tag=$1 bin=$2 ir
+    port=$(free_port)
+    {
+        printf 'listeners:\n  - { transport: tcp, address: 127.0.0.1, port: %s }\n' "$port"
+        printf 'subsystems:\n  - nqn: %s\n    allow_any_host: true\n' "$NQN"
+        printf '    namespaces:\n      - { nsid: 1, null: 1GiB }\n'
+        printf 'target: { threads: 1, %s }\n' "$TARGET_SETTINGS"
+    } >"$dir/$tag.yaml"
+    taskset -c "$TGT_CPU" valgrind --tool=callgrind --callgrind-out-file="$dir/$tag.cg" \
+        --collect-atstart=no --toggle-collect='*Poller*run*' \
+        "$bin" --config "$dir/$tag.yaml" --control-socket "$dir/$tag.sock" 2>"$dir/$tag.log" &
+    pid=$!
+    for _ in $(seq 600); do
+        (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break
+        kill -0 "$pid" 2>/dev/null || { echo "$NAME: $bin did not start:" >&2; cat "$dir/$tag.log" >&2; exit 1; }
+        sleep 0.1
+    done
+    if [ "$CLIENT" = perf ]; then
+        spdk_perf "$RW" "$BS" "$QD"
+        IOS=$((IOPS * RUNTIME))
+    else
+        taskset -c "$CLIENT_CPU" "$BIN/nvmf-bench" --transport tcp --traddr 127.0.0.1 \
+            --trsvcid "$port" --subnqn "$NQN" --nsid 1 --rw "$RW" --bs "$BS" --iodepth "$QD" \
+            --runtime "$RUNTIME" --output-format json >"$dir/bench.json" 2>"$dir/bench.err" ||
+            { echo "$NAME: nvmf-bench failed:" >&2; cat "$dir/bench.err" >&2; exit 1; }
+        IOS=$(jq -r "$TCP_RESULT.total.iops * $RUNTIME | floor" "$dir/bench.json")
+    fi
+    kill "$pid"
+    wait "$pid" || true
+    pid=
+    ir=$(awk '/^summary:/ { print $2 }' "$dir/$tag.cg")
+    [ -n "$ir" ] && [ "$IOS" -gt 0 ] || { echo "$NAME: no count from $bin" >&2; exit 1; }
+    PER_IO=$((ir / IOS))
+}
+
+median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+
+echo "$NAME: callgrind instructions per I/O of the poller thread; $RW $BS QD$QD, client $CLIENT, ${RUNTIME}s; A=$A B=$B"
+ratios=()
+for r in $(seq "$ROUNDS"); do
+    for side in $([ $((r % 2)) = 1 ] && echo "A B" || echo "B A"); do
+        if [ "$side" = A ]; then count a "$(binary "$A")"; a=$PER_IO a_ios=$IOS
+        else count b "$(binary "$B")"; b=$PER_IO b_ios=$IOS; fi
+    done
+    ratio=$(awk -v a="$a" -v b="$b" 'BEGIN { printf "%.3f", b / a }')
+    ratios+=("$ratio")
+    printf 'round %s  A %6s instr/IO (%s I/Os)  B %6s instr/IO (%s I/Os)  B/A %s\n' \
+        "$r" "$a" "$a_ios" "$b" "$b_ios" "$ratio"
+done
+printf 'median B/A %.3f (rounds: %s)\n' "$(printf '%s\n' "${ratios[@]}" | median)" "${ratios[*]}"
