@@ -18,11 +18,9 @@ use crate::core::{
 };
 use crate::resv_store::{state_file, FileResvStore};
 use crate::store::RingStore;
-use crate::transport::listen::{bind_tcp, BindError, Listeners, RdmaListenerSet, TcpListeners};
+use crate::transport::listen::{BindError, Bound, Listeners, RdmaListenerSet, TcpListeners};
 use crate::transport::poller::{self, PollerConfig, PollerHandle, PollerStats};
-use crate::transport::rdma::{
-    ListenError, RdmaListeners, RdmaOptions, RdmaTransport, SendWithInvalidate,
-};
+use crate::transport::rdma::{ListenError, RdmaOptions, SendWithInvalidate};
 use crate::transport::DeviceUpdate;
 
 /// Why the daemon could not start.
@@ -271,49 +269,33 @@ impl Daemon {
         let resv_store = Arc::new(FileResvStore::default());
         resv_store.set(resv_files(&ns_slots, &devices));
 
-        // Listeners. RDMA ones are bound first, all on one rdma_cm event channel, so that a
-        // machine without RDMA fails before anything else is set up.
-        let rdma_wanted: Vec<(usize, SocketAddr)> = cfg
-            .listeners
-            .iter()
-            .enumerate()
-            .filter(|(_, l)| l.transport == Transport::Rdma)
-            .map(|(i, l)| (i, SocketAddr::new(l.address, l.port)))
-            .collect();
-        let rdma_options = RdmaOptions {
-            send_with_invalidate: SendWithInvalidate::from_env().map_err(StartError::RdmaOption)?,
-            inline_responses: crate::transport::rdma::inline_responses_from_env()
-                .map_err(StartError::RdmaOption)?,
-            srq_depth: cfg.target.rdma_srq_depth,
-        };
-        let rdma_bind = if rdma_wanted.is_empty() {
-            None
-        } else {
-            let addrs: Vec<SocketAddr> = rdma_wanted.iter().map(|&(_, a)| a).collect();
-            Some(RdmaListeners::bind(&addrs)?)
-        };
-        let rdma_bound = rdma_bind
-            .as_ref()
-            .map(|l| l.local_addrs())
-            .unwrap_or_default();
-        let rdma_listeners: Vec<(config::Listener, SocketAddr)> = rdma_wanted
-            .iter()
-            .zip(&rdma_bound)
-            .map(|(&(i, _), &b)| (cfg.listeners[i].clone(), b))
-            .collect();
-        let mut tcp = Vec::new();
-        for l in cfg
-            .listeners
-            .iter()
-            .filter(|l| l.transport == Transport::Tcp)
-        {
-            tcp.push(bind_tcp(l)?);
+        // Listeners, through the same interface a reload uses: NVMe/TCP always (a reload may
+        // add its first listener), NVMe/RDMA when configured. The RDMA ones are bound first,
+        // so that a machine without RDMA fails before anything else is set up; the discovery
+        // log lists them in the transports' order (NVMe/TCP first), each in the file's order.
+        let mut transports: Vec<Box<dyn Listeners>> = vec![Box::new(TcpListeners::default())];
+        if !listeners_of(cfg, Transport::Rdma).is_empty() {
+            let options = RdmaOptions {
+                send_with_invalidate: SendWithInvalidate::from_env()
+                    .map_err(StartError::RdmaOption)?,
+                inline_responses: crate::transport::rdma::inline_responses_from_env()
+                    .map_err(StartError::RdmaOption)?,
+                srq_depth: cfg.target.rdma_srq_depth,
+            };
+            transports.push(Box::new(RdmaListenerSet::new(options)));
         }
-        let tcp_bound: Vec<(config::Listener, SocketAddr)> = tcp
+        let mut bound: Vec<(usize, Bound)> = Vec::new();
+        for ti in (0..transports.len()).rev() {
+            for l in listeners_of(cfg, transports[ti].transport()) {
+                bound.push((ti, transports[ti].bind(&l)?));
+            }
+        }
+        bound.sort_by_key(|&(ti, _)| ti);
+        let bound_addrs: Vec<(config::Listener, SocketAddr)> = bound
             .iter()
-            .map(|b| (b.listener().clone(), b.addr()))
+            .map(|(_, b)| (b.listener().clone(), b.addr()))
             .collect();
-        let infos = listener_infos(tcp_bound.iter().chain(&rdma_listeners));
+        let infos = listener_infos(bound_addrs.iter());
 
         let t = &cfg.target;
         let target = Target::new(
@@ -372,34 +354,29 @@ impl Daemon {
             );
             Ok(RingStore::new(ring))
         };
-        // One poller per thread, each serving both transports.
-        let rdma_prep = rdma_bind
-            .as_ref()
-            .map(|_| RdmaTransport::prepare(rdma_options));
+        // One poller per thread, each serving every transport.
         let mut pollers = Vec::new();
         for id in 0..t.threads as usize {
-            let pc = PollerConfig {
+            let mut pc = PollerConfig {
                 id,
                 caps: caps.clone(),
                 idle_poll,
                 stop: stop.clone(),
-                rdma: rdma_prep.as_ref().map(|p| p.setup.clone()),
+                rdma: None,
             };
+            for tr in &transports {
+                tr.configure_poller(&mut pc);
+            }
             let h = poller::spawn(target.clone(), pc, make_store.clone())
                 .map_err(StartError::Poller)?;
             pollers.push(h);
         }
         let pollers = Arc::new(pollers);
-        let mut transports: Vec<Box<dyn Listeners>> = Vec::new();
-        let mut tcp_set = TcpListeners::new(pollers.clone());
-        for b in tcp {
-            tcp_set.start(b).map_err(StartError::Poller)?;
+        for tr in transports.iter_mut() {
+            tr.serve(&pollers, &stop).map_err(StartError::Poller)?;
         }
-        transports.push(Box::new(tcp_set));
-        if let (Some(listeners), Some(prep)) = (rdma_bind, rdma_prep) {
-            let rdma = RdmaTransport::start(listeners, pollers.clone(), prep, stop.clone())
-                .map_err(StartError::Poller)?;
-            transports.push(Box::new(RdmaListenerSet::new(rdma, rdma_listeners)));
+        for (ti, b) in bound {
+            transports[ti].start(b).map_err(StartError::Poller)?;
         }
         let mut d = Daemon {
             target,

@@ -1,7 +1,8 @@
 //! The daemon's one interface to the transports' listeners ([`Listeners`]): NVMe/TCP acceptor
 //! threads ([`TcpListeners`]) and the NVMe/RDMA rdma_cm thread ([`RdmaListenerSet`]). Both
 //! hand connections to the same pollers, through which the daemon also updates devices and
-//! reads statistics, so listening is the only thing it asks of a transport.
+//! reads statistics, so listening is the only thing it asks of a transport. Start-up and
+//! reload go through the same calls: bind every listener, then start them all.
 
 use std::net::{SocketAddr, TcpListener};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -11,8 +12,8 @@ use std::thread::JoinHandle;
 use config::Transport;
 use tracing::info;
 
-use super::poller::{self, PollerHandle};
-use super::rdma::{ListenError, Listening, RdmaTransport};
+use super::poller::{self, PollerConfig, PollerHandle};
+use super::rdma::{ListenError, Listening, RdmaOptions, RdmaStarting, RdmaTransport};
 
 /// Why a listener could not be bound.
 #[derive(Debug, thiserror::Error)]
@@ -55,12 +56,24 @@ impl Bound {
 }
 
 /// The listeners of one transport, as the daemon drives them at start, on reload and at
-/// shutdown. A reload binds every new listener first, then starts them all, or drops them all
+/// shutdown. Start-up binds every configured listener (so the discovery log can name the bound
+/// addresses), starts the pollers (each [`configure_poller`](Self::configure_poller)d by every
+/// transport), has each transport [`serve`](Self::serve) through them, then starts the bound
+/// listeners. A reload binds every new listener first, then starts them all, or drops them all
 /// when a later step fails, so a failed reload leaves the listeners as they were.
 pub trait Listeners: Send {
     fn transport(&self) -> Transport;
     /// The listeners serving now with their bound addresses, in the order they started.
     fn running(&self) -> Vec<(config::Listener, SocketAddr)>;
+    /// What each poller needs from this transport (before the pollers start).
+    fn configure_poller(&self, _pc: &mut PollerConfig) {}
+    /// The pollers run: start the transport's own threads, handing connections to `pollers`,
+    /// until `stop` is set. [`start`](Self::start) needs this; [`bind`](Self::bind) does not.
+    fn serve(
+        &mut self,
+        pollers: &Arc<Vec<PollerHandle>>,
+        stop: &Arc<AtomicBool>,
+    ) -> std::io::Result<()>;
     /// Bind `l`. NVMe/RDMA listens at once (the rdma_cm thread owns its listeners); NVMe/TCP
     /// accepts nothing before `start`.
     fn bind(&mut self, l: &config::Listener) -> Result<Bound, BindError>;
@@ -91,8 +104,8 @@ impl TcpRun {
     }
 }
 
-/// Bind an NVMe/TCP listener (before the pollers exist, at start).
-pub fn bind_tcp(l: &config::Listener) -> Result<Bound, BindError> {
+/// Bind an NVMe/TCP listener.
+fn bind_tcp(l: &config::Listener) -> Result<Bound, BindError> {
     let addr = SocketAddr::new(l.address, l.port);
     let sock = TcpListener::bind(addr).map_err(|source| BindError::Tcp { addr, source })?;
     Ok(Bound {
@@ -103,18 +116,11 @@ pub fn bind_tcp(l: &config::Listener) -> Result<Bound, BindError> {
 }
 
 /// NVMe/TCP listeners: one acceptor thread each, handing connections to the pollers.
+#[derive(Default)]
 pub struct TcpListeners {
-    pollers: Arc<Vec<PollerHandle>>,
+    /// Set by [`Listeners::serve`].
+    pollers: Option<Arc<Vec<PollerHandle>>>,
     runs: Vec<TcpRun>,
-}
-
-impl TcpListeners {
-    pub fn new(pollers: Arc<Vec<PollerHandle>>) -> TcpListeners {
-        TcpListeners {
-            pollers,
-            runs: Vec::new(),
-        }
-    }
 }
 
 impl Listeners for TcpListeners {
@@ -129,6 +135,17 @@ impl Listeners for TcpListeners {
             .collect()
     }
 
+    fn serve(
+        &mut self,
+        pollers: &Arc<Vec<PollerHandle>>,
+        _stop: &Arc<AtomicBool>,
+    ) -> std::io::Result<()> {
+        // The acceptors have their own stop flags (a reload closes one listener); `shut`
+        // sets them all.
+        self.pollers = Some(pollers.clone());
+        Ok(())
+    }
+
     fn bind(&mut self, l: &config::Listener) -> Result<Bound, BindError> {
         bind_tcp(l)
     }
@@ -137,10 +154,13 @@ impl Listeners for TcpListeners {
         let BoundEnd::Tcp(sock) = b.end else {
             return Err(std::io::Error::other("not an NVMe/TCP listener"));
         };
+        let Some(pollers) = &self.pollers else {
+            return Err(std::io::Error::other("NVMe/TCP is not serving yet"));
+        };
         let bound = b.addr;
         // Each acceptor has its own stop flag, so a reload can close one listener.
         let stop = Arc::new(AtomicBool::new(false));
-        let (p, s) = (self.pollers.clone(), stop.clone());
+        let (p, s) = (pollers.clone(), stop.clone());
         let thread = std::thread::Builder::new()
             .name(format!("nvmf-accept-{bound}"))
             .spawn(move || poller::run_acceptor(sock, p, s))?;
@@ -178,20 +198,24 @@ impl Listeners for TcpListeners {
 /// NVMe/RDMA listeners: the rdma_cm thread listens on all of them and routes connection
 /// requests to the pollers.
 pub struct RdmaListenerSet {
-    transport: RdmaTransport,
+    state: RdmaState,
     /// As configured, with the bound address, in the order they started.
     listeners: Vec<(config::Listener, SocketAddr)>,
 }
 
+enum RdmaState {
+    /// Before [`Listeners::serve`]: binding on the channel the rdma_cm thread will own.
+    Starting(RdmaStarting),
+    Serving(RdmaTransport),
+    /// `serve` failed.
+    Gone,
+}
+
 impl RdmaListenerSet {
-    /// `listeners`: those `transport` started with.
-    pub fn new(
-        transport: RdmaTransport,
-        listeners: Vec<(config::Listener, SocketAddr)>,
-    ) -> RdmaListenerSet {
+    pub fn new(options: RdmaOptions) -> RdmaListenerSet {
         RdmaListenerSet {
-            transport,
-            listeners,
+            state: RdmaState::Starting(RdmaStarting::new(options)),
+            listeners: Vec::new(),
         }
     }
 }
@@ -205,8 +229,44 @@ impl Listeners for RdmaListenerSet {
         self.listeners.clone()
     }
 
+    fn configure_poller(&self, pc: &mut PollerConfig) {
+        if let RdmaState::Starting(s) = &self.state {
+            pc.rdma = Some(s.poller_setup());
+        }
+    }
+
+    fn serve(
+        &mut self,
+        pollers: &Arc<Vec<PollerHandle>>,
+        stop: &Arc<AtomicBool>,
+    ) -> std::io::Result<()> {
+        match std::mem::replace(&mut self.state, RdmaState::Gone) {
+            RdmaState::Starting(s) => {
+                self.state = RdmaState::Serving(s.start(pollers.clone(), stop.clone())?);
+                Ok(())
+            }
+            other => {
+                self.state = other;
+                Err(std::io::Error::other("NVMe/RDMA is already serving"))
+            }
+        }
+    }
+
     fn bind(&mut self, l: &config::Listener) -> Result<Bound, BindError> {
-        let listening = self.transport.listen(SocketAddr::new(l.address, l.port))?;
+        let addr = SocketAddr::new(l.address, l.port);
+        let listening = match &mut self.state {
+            RdmaState::Starting(s) => s.listen(addr)?,
+            RdmaState::Serving(t) => t.listen(addr)?,
+            RdmaState::Gone => {
+                return Err(BindError::Rdma(ListenError {
+                    addr,
+                    source: ::rdma::Error::Verbs {
+                        call: "rdma_listen (the NVMe/RDMA transport did not start)",
+                        errno: libc::ESHUTDOWN,
+                    },
+                }))
+            }
+        };
         Ok(Bound {
             listener: l.clone(),
             addr: listening.addr(),
@@ -218,6 +278,9 @@ impl Listeners for RdmaListenerSet {
         let BoundEnd::Rdma(listening) = b.end else {
             return Err(std::io::Error::other("not an NVMe/RDMA listener"));
         };
+        if !matches!(self.state, RdmaState::Serving(_)) {
+            return Err(std::io::Error::other("NVMe/RDMA is not serving yet"));
+        }
         let addr = listening.keep();
         self.listeners.push((b.listener, addr));
         Ok(addr)
@@ -230,12 +293,16 @@ impl Listeners for RdmaListenerSet {
     }
 
     fn close(&mut self, addr: SocketAddr) {
-        self.transport.unlisten(addr);
+        if let RdmaState::Serving(t) = &mut self.state {
+            t.unlisten(addr);
+        }
         self.listeners.retain(|(_, a)| *a != addr);
     }
 
     fn shut(self: Box<Self>) {
         // The rdma_cm thread first: no connection is routed to a poller that is stopping.
-        self.transport.join();
+        if let RdmaState::Serving(t) = self.state {
+            t.join();
+        }
     }
 }

@@ -195,68 +195,103 @@ pub struct ListenError {
     pub source: ::rdma::Error,
 }
 
-/// Bound and listening rdma_cm ids, before the transport starts (so the discovery log can
-/// name their addresses).
-pub struct RdmaListeners {
-    ch: EventChannel,
-    listeners: Vec<cm::Listener>,
-}
-
 /// How long start-up waits for an RDMA device to serve a listener's address (ENODEV).
 const DEVICE_WAIT: Duration = Duration::from_secs(10);
 
-impl RdmaListeners {
-    /// Creates the event channel and one listening id per address (port 0 picks a port).
+/// The NVMe/RDMA transport before its rdma_cm thread runs: the event channel the thread will
+/// own (created by the first [`listen`](Self::listen), so that a machine without RDMA fails
+/// there), the ids listening on it, and what the pollers need ([`poller_setup`]
+/// (Self::poller_setup)). [`start`](Self::start) hands it all to the thread.
+pub struct RdmaStarting {
+    ch: Option<EventChannel>,
+    listeners: Vec<cm::Listener>,
+    prep: RdmaPrepared,
+}
+
+impl RdmaStarting {
+    pub fn new(options: RdmaOptions) -> RdmaStarting {
+        RdmaStarting {
+            ch: None,
+            listeners: Vec::new(),
+            prep: RdmaTransport::prepare(options),
+        }
+    }
+
+    /// Bind and listen on `addr` (port 0 picks a port).
     ///
     /// Without kernel RDMA support this fails with [`::rdma::Error::NoRdma`] ("no usable RDMA
     /// on this machine: rdma_create_event_channel failed: No such device ..."); an address
-    /// that is not on an RDMA-capable interface fails in `rdma_bind_addr`.
-    pub fn bind(addrs: &[SocketAddr]) -> Result<RdmaListeners, ListenError> {
-        let first = addrs
-            .first()
-            .copied()
-            .unwrap_or(SocketAddr::from(([0, 0, 0, 0], 0)));
-        let ch = EventChannel::new().map_err(|source| ListenError {
-            addr: first,
-            source,
-        })?;
-        let mut listeners = Vec::with_capacity(addrs.len());
-        for (i, &addr) in addrs.iter().enumerate() {
-            let err = |source| ListenError { addr, source };
-            // ENODEV: the address is on a netdev, but no RDMA device serves it (yet). At boot
-            // the service can start before the RDMA link exists (a NIC driver still probing,
-            // `rdma link add` of rxe/siw not run yet; seen in the VM right after siw came up),
-            // so wait a little for it; any other error, or the same after the wait, fails.
-            let deadline = Instant::now() + DEVICE_WAIT;
-            let mut waited = false;
-            let id = loop {
-                let id = ch.create_id(cm::LISTENER_TAG | i as u64).map_err(err)?;
-                match id.bind_addr(addr) {
-                    Ok(()) => break id,
-                    Err(e) if e.errno() == Some(libc::ENODEV) && Instant::now() < deadline => {
-                        if !waited {
-                            warn!(%addr, wait_s = DEVICE_WAIT.as_secs(),
-                                "no RDMA device serves this address yet: waiting for one");
-                            waited = true;
-                        }
-                        std::thread::sleep(Duration::from_millis(200));
+    /// that is not on an RDMA-capable interface fails in `rdma_bind_addr`. The listener goes
+    /// with this value: dropping the returned [`Listening`] alone does not close it (start-up
+    /// starts every listener it bound or drops the whole transport).
+    pub fn listen(&mut self, addr: SocketAddr) -> Result<Listening, ListenError> {
+        let err = |source| ListenError { addr, source };
+        let ch = match &mut self.ch {
+            Some(ch) => ch,
+            None => self.ch.insert(EventChannel::new().map_err(err)?),
+        };
+        let tag = cm::LISTENER_TAG | self.listeners.len() as u64;
+        // ENODEV: the address is on a netdev, but no RDMA device serves it (yet). At boot the
+        // service can start before the RDMA link exists (a NIC driver still probing, `rdma
+        // link add` of rxe/siw not run yet; seen in the VM right after siw came up), so wait a
+        // little for it; any other error, or the same after the wait, fails.
+        let deadline = Instant::now() + DEVICE_WAIT;
+        let mut waited = false;
+        let id = loop {
+            let id = ch.create_id(tag).map_err(err)?;
+            match id.bind_addr(addr) {
+                Ok(()) => break id,
+                Err(e) if e.errno() == Some(libc::ENODEV) && Instant::now() < deadline => {
+                    if !waited {
+                        warn!(%addr, wait_s = DEVICE_WAIT.as_secs(),
+                            "no RDMA device serves this address yet: waiting for one");
+                        waited = true;
                     }
-                    Err(e) => return Err(err(e)),
+                    std::thread::sleep(Duration::from_millis(200));
                 }
-            };
-            if waited {
-                info!(%addr, "RDMA device for the listener appeared");
+                Err(e) => return Err(err(e)),
             }
-            id.listen(BACKLOG).map_err(err)?;
-            let bound = id.local_addr().unwrap_or(addr);
-            listeners.push(cm::Listener { id, addr: bound });
+        };
+        if waited {
+            info!(%addr, "RDMA device for the listener appeared");
         }
-        Ok(RdmaListeners { ch, listeners })
+        id.listen(BACKLOG).map_err(err)?;
+        let bound = id.local_addr().unwrap_or(addr);
+        self.listeners.push(cm::Listener { id, addr: bound });
+        Ok(Listening {
+            addr: bound,
+            notes: None,
+        })
     }
 
-    /// The bound addresses, in the order given to [`bind`](Self::bind).
-    pub fn local_addrs(&self) -> Vec<SocketAddr> {
-        self.listeners.iter().map(|l| l.addr).collect()
+    /// For every poller's [`PollerConfig`](crate::transport::poller::PollerConfig).
+    pub(crate) fn poller_setup(&self) -> poller::RdmaSetup {
+        self.prep.setup.clone()
+    }
+
+    /// Starts the rdma_cm thread serving the listeners bound so far, routing connections to
+    /// `pollers` (each set up with [`poller_setup`](Self::poller_setup)), until `stop`.
+    pub fn start(
+        self,
+        pollers: Arc<Vec<PollerHandle>>,
+        stop: Arc<AtomicBool>,
+    ) -> std::io::Result<RdmaTransport> {
+        let ch = match self.ch {
+            Some(ch) => ch,
+            None => EventChannel::new().map_err(std::io::Error::other)?,
+        };
+        for l in &self.listeners {
+            info!(address = %l.addr, "NVMe/RDMA listener up");
+        }
+        let notes = self.prep.setup.notes.clone();
+        let t = cm::CmThread::new(ch, self.listeners, pollers, self.prep.notes, stop);
+        let cm = std::thread::Builder::new()
+            .name("nvmf-rdma-cm".into())
+            .spawn(move || t.run())?;
+        Ok(RdmaTransport {
+            cm: Some(cm),
+            notes,
+        })
     }
 }
 
@@ -301,43 +336,20 @@ impl Drop for Listening {
 }
 
 /// What the pollers need before the rdma_cm thread starts ([`RdmaTransport::prepare`]).
-pub(crate) struct RdmaPrepared {
-    /// For every poller's [`PollerConfig`](crate::transport::poller::PollerConfig).
-    pub setup: poller::RdmaSetup,
+struct RdmaPrepared {
+    setup: poller::RdmaSetup,
     notes: mpsc::Receiver<CmNote>,
 }
 
 impl RdmaTransport {
-    /// The channel the pollers' RDMA halves report on: hand `setup` to every poller, then
-    /// [`RdmaTransport::start`] the rdma_cm thread with the rest.
-    pub(crate) fn prepare(options: RdmaOptions) -> RdmaPrepared {
+    /// The channel the pollers' RDMA halves report on: `setup` goes to every poller, the
+    /// receiver to the rdma_cm thread.
+    fn prepare(options: RdmaOptions) -> RdmaPrepared {
         let (tx, rx) = mpsc::channel();
         RdmaPrepared {
             setup: poller::RdmaSetup { options, notes: tx },
             notes: rx,
         }
-    }
-
-    /// Starts the rdma_cm thread serving `listeners`, routing connections to `pollers` (set
-    /// up with `prep.setup`), until `stop`.
-    pub(crate) fn start(
-        listeners: RdmaListeners,
-        pollers: Arc<Vec<PollerHandle>>,
-        prep: RdmaPrepared,
-        stop: Arc<AtomicBool>,
-    ) -> std::io::Result<RdmaTransport> {
-        for a in listeners.local_addrs() {
-            info!(address = %a, "NVMe/RDMA listener up");
-        }
-        let notes = prep.setup.notes.clone();
-        let t = cm::CmThread::new(listeners.ch, listeners.listeners, pollers, prep.notes, stop);
-        let cm = std::thread::Builder::new()
-            .name("nvmf-rdma-cm".into())
-            .spawn(move || t.run())?;
-        Ok(RdmaTransport {
-            cm: Some(cm),
-            notes,
-        })
     }
 
     /// Listen on `addr` too (on the CM thread's event channel).
