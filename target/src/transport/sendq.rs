@@ -6,6 +6,8 @@
 use std::collections::VecDeque;
 use std::io::{self, IoSlice};
 
+use arrayvec::ArrayVec;
+
 use super::wire::Wire;
 
 /// Bytes of inline storage per item: any PDU header region (header, header digest, padding to
@@ -130,29 +132,31 @@ impl SendQueue {
             if self.items.is_empty() {
                 return Ok(true);
             }
-            let mut iov = [IoSlice::new(&[]); MAX_IOV];
-            let mut n = 0;
-            for it in self.items.iter() {
-                if n == MAX_IOV {
-                    break;
-                }
-                match it {
-                    Item::Inline { buf, len, off } => {
-                        iov[n] = IoSlice::new(&buf[*off as usize..*len as usize]);
-                        n += 1;
+            // The gather list borrows the items; it ends before they are popped.
+            let sent = {
+                // Not an array of MAX_IOV empty slices: filling one in costs more than gathering.
+                let mut iov = ArrayVec::<IoSlice<'_>, MAX_IOV>::new();
+                for it in self.items.iter() {
+                    if iov.is_full() {
+                        break;
                     }
-                    Item::Data { ptr, len, off } => {
-                        // SAFETY: `off < len` and [ptr, ptr+len) stays valid and unchanged
-                        // until its release marker is reported (the push_data contract).
-                        iov[n] = IoSlice::new(unsafe {
-                            std::slice::from_raw_parts(ptr.add(*off), len - off)
-                        });
-                        n += 1;
+                    match it {
+                        Item::Inline { buf, len, off } => {
+                            iov.push(IoSlice::new(&buf[*off as usize..*len as usize]));
+                        }
+                        Item::Data { ptr, len, off } => {
+                            // SAFETY: `off < len` and [ptr, ptr+len) stays valid and unchanged
+                            // until its release marker is reported (the push_data contract).
+                            iov.push(IoSlice::new(unsafe {
+                                std::slice::from_raw_parts(ptr.add(*off), len - off)
+                            }));
+                        }
+                        Item::Release(_) => {}
                     }
-                    Item::Release(_) => {}
                 }
-            }
-            let Some(mut sent) = wire.send(&iov[..n])? else {
+                wire.send(&iov)?
+            };
+            let Some(mut sent) = sent else {
                 return Ok(false);
             };
             self.queued_bytes -= sent;
