@@ -13,6 +13,7 @@ use super::wire::Wire;
 /// Bytes of inline storage per item: any PDU header region (header, header digest, padding to
 /// a host PDA of up to 128 bytes) fits.
 pub const INLINE_MAX: usize = 136;
+const _: () = assert!(nvme::tcp::MAX_TX_HEADER_REGION <= INLINE_MAX);
 
 /// At most this many iovecs per send.
 const MAX_IOV: usize = 64;
@@ -62,6 +63,20 @@ impl SendQueue {
     /// Bytes not yet handed to the kernel.
     pub fn queued_bytes(&self) -> usize {
         self.queued_bytes
+    }
+
+    /// Queue a PDU header region (a fixed-size copy, no call to memcpy).
+    #[inline]
+    pub fn push_header(&mut self, h: &nvme::tcp::TxHeader) {
+        let len = h.as_bytes().len();
+        let mut buf = [0u8; INLINE_MAX];
+        buf[..nvme::tcp::MAX_TX_HEADER_REGION].copy_from_slice(h.padded());
+        self.queued_bytes += len;
+        self.items.push_back(Item::Inline {
+            buf,
+            len: len as u8,
+            off: 0,
+        });
     }
 
     /// Queue a copy of `bytes` (at most [`INLINE_MAX`]).

@@ -631,7 +631,7 @@ impl<W: Wire> Conn<W> {
         };
         self.set(slot, SlotState::RecvH2C);
         let h = TxHeader::r2t(&self.txcfg, &r);
-        self.tx.push_inline(h.as_bytes());
+        self.tx.push_header(&h);
     }
 
     /// A slot that waited for a buffer got one.
@@ -893,7 +893,7 @@ impl<W: Wire> Conn<W> {
             success,
         };
         let h = TxHeader::c2h_data(&self.txcfg, &d);
-        self.tx.push_inline(h.as_bytes());
+        self.tx.push_header(&h);
         // SAFETY: the slot keeps its buffer until the marker queued after this data is
         // reported by the send queue (flush or clear), and the pool outlives every
         // connection of its poller.
@@ -907,7 +907,7 @@ impl<W: Wire> Conn<W> {
 
     fn push_cqe(&mut self, cqe: &Cqe) {
         let h = TxHeader::capsule_resp(&self.txcfg, cqe);
-        self.tx.push_inline(h.as_bytes());
+        self.tx.push_header(&h);
     }
 
     fn send_cqe_only(&mut self, slot: u16, cqe: Cqe) {
