@@ -15,6 +15,10 @@
 #   ROUNDS=7 RUNTIME=10 WORKLOADS="randread:4k:1 randread:4k:32 read:128k:8" (the default)
 #   A=ours B=ours B_SETTINGS="c2h_success: always" scripts/bench-targets.sh  # a setting's effect
 # A_SETTINGS / B_SETTINGS: more `target:` settings for that side when it is one of ours.
+# RAW=1 also measures, per round and workload, the ceiling both sit on: a plain loopback TCP
+# socket pair doing the same exchange with no protocol at all (nvmf-bench --raw-tcp-cpus: a
+# busy-polling server on CPU 0 answering each 72-byte request with a BS-byte reply, a spinning
+# client on CPU 1 keeping QD requests in flight), and prints A and B as fractions of it.
 #
 # SPDK's apps need hugepages: the script reserves HUGEPAGES (default 1024 x 2 MiB) and mounts
 # hugetlbfs on /dev/hugepages when it is not there (root).
@@ -25,6 +29,7 @@ RUNTIME=${RUNTIME:-5}
 A=${A:-spdk}
 B=${B:-ours}
 WORKLOADS=${WORKLOADS:-randread:4k:1 randread:4k:32 read:128k:8}
+RAW=${RAW:-0}
 NQN=nqn.2026-11.io.nvmf-rs:bench-targets
 HOSTNQN=nqn.2014-08.org.nvmexpress:uuid:6b1c2a52-2f4e-4f0e-9d1e-5e0f3c2a7b10
 TGT_CPU=0 CLIENT_CPU=1
@@ -59,6 +64,18 @@ stop() {
     fi
 }
 
+# raw RW BS QD: sets RAW_IOPS, the raw TCP ping-pong's reply rate (nvmf-bench runs its NVMe
+# job against a fresh nvmf-target first, then the baseline with its threads pinned).
+raw() {
+    start ours
+    taskset -c "$CLIENT_CPU" "$BIN/nvmf-bench" --transport tcp --traddr 127.0.0.1 --trsvcid "$port" \
+        --subnqn "$NQN" --rw "$1" --bs "$2" --iodepth "$3" --runtime "$RUNTIME" --hipri \
+        --raw-tcp-cpus "$TGT_CPU,$CLIENT_CPU" --output-format json >"$dir/raw.json" 2>"$dir/raw.err" ||
+        { echo "$NAME: nvmf-bench --raw-tcp-cpus failed:" >&2; cat "$dir/raw.err" >&2; exit 1; }
+    stop ours
+    RAW_IOPS=$(jq -r '.workloads[0].raw_tcp_baseline.pingpong.iops | floor' "$dir/raw.json")
+}
+
 median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 
 echo "spdk_nvme_perf against A=$A and B=$B: NVMe/TCP 127.0.0.1, null namespace, target on CPU $TGT_CPU, client on CPU $CLIENT_CPU; $ROUNDS rounds of ${RUNTIME}s per target and workload"
@@ -76,12 +93,24 @@ for r in $(seq "$ROUNDS"); do
             iops[$t,$wl]=$IOPS
             stop "$tgt"
         done
+        if [ "$RAW" = 1 ]; then
+            raw "$rw" "$bs" "$qd"
+            iops[raw,$wl]=$RAW_IOPS
+        fi
     done
     for wl in $WORKLOADS; do
         IFS=: read -r rw bs qd <<<"$wl"
         ratio=$(awk -v b="${iops[B,$wl]}" -v a="${iops[A,$wl]}" 'BEGIN { printf "%.3f", b / a }')
         ratios[$wl]="${ratios[$wl]:-} $ratio"
-        printf 'round %d  %-16s A %9s  B %9s  B/A %s\n' "$r" "$rw $bs QD$qd" "${iops[A,$wl]}" "${iops[B,$wl]}" "$ratio"
+        printf 'round %d  %-16s A %9s  B %9s  B/A %s' "$r" "$rw $bs QD$qd" "${iops[A,$wl]}" "${iops[B,$wl]}" "$ratio"
+        if [ "$RAW" = 1 ]; then
+            read -r ra rb < <(awk -v a="${iops[A,$wl]}" -v b="${iops[B,$wl]}" -v r="${iops[raw,$wl]}" \
+                'BEGIN { printf "%.3f %.3f\n", a / r, b / r }')
+            ratios[A/raw,$wl]="${ratios[A/raw,$wl]:-} $ra"
+            ratios[B/raw,$wl]="${ratios[B/raw,$wl]:-} $rb"
+            printf '  raw %9s  A/raw %s  B/raw %s' "${iops[raw,$wl]}" "$ra" "$rb"
+        fi
+        printf '\n'
     done
 done
 echo
@@ -90,4 +119,11 @@ for wl in $WORKLOADS; do
     # shellcheck disable=SC2086
     m=$(printf '%s\n' ${ratios[$wl]} | median)
     printf '%-16s median B/A %.2f (rounds:%s)\n' "$rw $bs QD$qd" "$m" "${ratios[$wl]}"
+    if [ "$RAW" = 1 ]; then
+        for side in A B; do
+            # shellcheck disable=SC2086
+            m=$(printf '%s\n' ${ratios[$side/raw,$wl]} | median)
+            printf '%-16s median %s/raw %.2f (rounds:%s)\n' "" "$side" "$m" "${ratios[$side/raw,$wl]}"
+        done
+    fi
 done

@@ -180,6 +180,13 @@ pub struct Args {
     #[arg(long = "raw-tcp-baseline", alias = "raw_tcp_baseline")]
     pub raw_tcp_baseline: bool,
 
+    /// Pin the raw TCP baseline's threads: its server (the target's side) to the first CPU,
+    /// its client to the second, as a benchmark script pins the target and the bench (e.g.
+    /// `0,1`). Implies --raw-tcp-baseline. Without it the scheduler places them.
+    #[arg(long = "raw-tcp-cpus", alias = "raw_tcp_cpus", value_name = "SERVER,CLIENT",
+          value_parser = parse_cpu_pair)]
+    pub raw_tcp_cpus: Option<(usize, usize)>,
+
     /// nvmf-target's control socket (its --control-socket): read the target's CPU time and
     /// command count before and after each run and report target CPU per I/O.
     #[arg(long = "target-stats", alias = "target_stats", value_name = "SOCKET")]
@@ -425,6 +432,16 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
         }
     };
     Duration::try_from_secs_f64(secs).map_err(|_| format!("{s:?}: time out of range"))
+}
+
+/// `--raw-tcp-cpus`: two CPU numbers, `SERVER,CLIENT`.
+fn parse_cpu_pair(s: &str) -> Result<(usize, usize), String> {
+    let bad = || format!("{s:?}: expected two CPU numbers, SERVER,CLIENT (e.g. 0,1)");
+    let (a, b) = s.split_once(',').ok_or_else(bad)?;
+    Ok((
+        a.trim().parse().map_err(|_| bad())?,
+        b.trim().parse().map_err(|_| bad())?,
+    ))
 }
 
 #[cfg(test)]

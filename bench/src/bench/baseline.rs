@@ -78,6 +78,8 @@ fn pair() -> io::Result<(TcpStream, TcpStream)> {
 
 /// Measure both, each for `each`.
 /// `spin`: the client side busy-polls (the initiator's `--hipri`) instead of blocking.
+/// `cpus`: run the server side (the receiver of the stream) on the first CPU and the client
+/// side on the second.
 pub fn run(
     bs: usize,
     depth: usize,
@@ -85,14 +87,31 @@ pub fn run(
     reads: bool,
     spin: bool,
     each: Duration,
+    cpus: Option<(usize, usize)>,
 ) -> io::Result<Baseline> {
     Ok(Baseline {
-        stream: stream(bs, jobs, each)?,
-        pingpong: pingpong(bs, depth, jobs, reads, spin, each)?,
+        stream: stream(bs, jobs, each, cpus)?,
+        pingpong: pingpong(bs, depth, jobs, reads, spin, each, cpus)?,
     })
 }
 
-fn stream(bs: usize, jobs: usize, dur: Duration) -> io::Result<Stream> {
+/// Run the calling thread on `cpu` (no-op for `None`).
+fn pin(cpu: Option<usize>) -> io::Result<()> {
+    let Some(cpu) = cpu else {
+        return Ok(());
+    };
+    let mut set = nix::sched::CpuSet::new();
+    set.set(cpu).map_err(io::Error::from)?;
+    nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set).map_err(io::Error::from)
+}
+
+fn stream(
+    bs: usize,
+    jobs: usize,
+    dur: Duration,
+    cpus: Option<(usize, usize)>,
+) -> io::Result<Stream> {
+    let (server, client) = (cpus.map(|c| c.0), cpus.map(|c| c.1));
     // The receiver reads in pieces as large as the sender's writes.
     let rx_len = bs.max(STREAM_CHUNK);
     let pairs: Vec<(TcpStream, TcpStream)> = (0..jobs).map(|_| pair()).collect::<Result<_, _>>()?;
@@ -102,6 +121,7 @@ fn stream(bs: usize, jobs: usize, dur: Duration) -> io::Result<Stream> {
         let mut hs = Vec::new();
         for (mut tx, mut rx) in pairs {
             hs.push(s.spawn(move || -> io::Result<u64> {
+                pin(server)?;
                 let mut buf = vec![0u8; rx_len];
                 let mut n = 0u64;
                 loop {
@@ -114,6 +134,7 @@ fn stream(bs: usize, jobs: usize, dur: Duration) -> io::Result<Stream> {
                 }
             }));
             hs.push(s.spawn(move || -> io::Result<u64> {
+                pin(client)?;
                 let buf = vec![0x5au8; bs.max(STREAM_CHUNK)];
                 // At least one write, however late this thread gets a core.
                 loop {
@@ -192,7 +213,9 @@ fn pingpong(
     reads: bool,
     spin: bool,
     dur: Duration,
+    cpus: Option<(usize, usize)>,
 ) -> io::Result<PingPong> {
+    let (server, client) = (cpus.map(|c| c.0), cpus.map(|c| c.1));
     let (req_len, resp_len) = if reads { (REQ_LEN, bs) } else { (bs, RESP_LEN) };
     let pairs: Vec<(TcpStream, TcpStream)> = (0..jobs).map(|_| pair()).collect::<Result<_, _>>()?;
     for (c, s) in &pairs {
@@ -207,6 +230,7 @@ fn pingpong(
         let mut clients = Vec::new();
         for (mut c, mut srv) in pairs {
             s.spawn(move || -> io::Result<()> {
+                pin(server)?;
                 let mut rx = vec![0u8; (BATCH * req_len).max(64 << 10)];
                 let replies = vec![0xa5u8; BATCH * resp_len];
                 let mut partial = 0usize;
@@ -222,6 +246,7 @@ fn pingpong(
                 }
             });
             clients.push(s.spawn(move || -> io::Result<(DirStats, Instant)> {
+                pin(client)?;
                 let requests = vec![0x3cu8; BATCH * req_len];
                 let mut rx = vec![0u8; (BATCH * resp_len).max(64 << 10)];
                 // Send times of the requests in flight, oldest at `head` (replies come in
@@ -302,7 +327,17 @@ mod tests {
 
     #[test]
     fn baseline_moves_bytes_and_measures_round_trips() {
-        let b = run(4096, 4, 1, true, false, Duration::from_millis(200)).unwrap();
+        // Both sides pinned to CPU 0 (which every machine has): the pinning path runs too.
+        let b = run(
+            4096,
+            4,
+            1,
+            true,
+            false,
+            Duration::from_millis(200),
+            Some((0, 0)),
+        )
+        .unwrap();
         assert!(b.stream.bytes > 4096, "{:?}", b.stream);
         let p = &b.pingpong;
         assert!(p.stats.ios > 0);
@@ -310,7 +345,7 @@ mod tests {
         assert_eq!(p.stats.hist.len(), p.stats.ios);
         assert!(p.stats.hist.min() > 0);
         assert_eq!((p.request_bytes, p.reply_bytes), (72, 4096));
-        let w = pingpong(8192, 1, 2, false, true, Duration::from_millis(100)).unwrap();
+        let w = pingpong(8192, 1, 2, false, true, Duration::from_millis(100), None).unwrap();
         assert_eq!(
             (w.request_bytes, w.reply_bytes, w.connections),
             (8192, 24, 2)

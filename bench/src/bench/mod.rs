@@ -50,6 +50,8 @@ struct Plan {
     workloads: Vec<Workload>,
     transports: Vec<TransportKind>,
     baseline: bool,
+    /// Where the baseline's server and client threads run (`--raw-tcp-cpus`).
+    baseline_cpus: Option<(usize, usize)>,
     format: OutputFormat,
 }
 
@@ -122,6 +124,7 @@ fn execute(plan: &Plan) -> Vec<WorkloadOutcome> {
                 reads,
                 plan.target.busy_poll,
                 each.max(Duration::from_millis(200)),
+                plan.baseline_cpus,
             )
             .map_err(|e| e.to_string());
             if text {
@@ -290,6 +293,7 @@ fn demo(a: &Args, dhchap: &Option<initiator::DhchapOptions>) -> ExitCode {
         ],
         transports,
         baseline: true,
+        baseline_cpus: None,
         format: a.output_format,
     };
     let intro = format!(
@@ -391,7 +395,8 @@ pub fn main() -> ExitCode {
         target: target_spec(&a, &dhchap),
         workloads: vec![w],
         transports: a.transports(),
-        baseline: a.raw_tcp_baseline,
+        baseline: a.raw_tcp_baseline || a.raw_tcp_cpus.is_some(),
+        baseline_cpus: a.raw_tcp_cpus,
         format: a.output_format,
     };
     let outcomes = execute(&plan);

@@ -298,7 +298,7 @@ fn run_in(o: &SuiteOpts, file: &Path) -> Result<(String, bool), String> {
             let reads = w.rw.read_percent(w.rwmixread) >= 50;
             let (bs, qd, jobs) = (w.bs as usize, w.iodepth as usize, threads as usize);
             let baseline = match o.rdma {
-                None => baseline::run(bs, qd, jobs, reads, o.busy_poll, each)
+                None => baseline::run(bs, qd, jobs, reads, o.busy_poll, each, None)
                     .map(Limits::Tcp)
                     .map_err(|e| format!("raw TCP baseline: {e}")),
                 Some(ip) => rdma_baseline::run(ip, bs, qd, jobs, reads, o.busy_poll, each)
