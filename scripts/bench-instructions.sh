@@ -49,11 +49,12 @@ binary() {
 
 # count TAG BINARY: sets PER_IO (instructions per I/O) and IOS. BINARY is the side counted.
 count() {
-    local tag=$1 bin=$2 ir tgt=$2 cg=() bench_bin=$BIN/nvmf-bench
+    local tag=$1 bin=$2 ir tgt=$2 bench_bin=$BIN/nvmf-bench
+    local vg=(valgrind --tool=callgrind --callgrind-out-file="$dir/$tag.cg" --collect-atstart=no)
+    local on_target=("${vg[@]}" --toggle-collect='*Poller*run*') on_client=()
     if [ "$SIDE" = client ]; then
         tgt=$BIN/nvmf-target bench_bin=$2
-        cg=(valgrind --tool=callgrind --callgrind-out-file="$dir/$tag.cg" --collect-atstart=no
-            --toggle-collect='*run_job*')
+        on_target=() on_client=("${vg[@]}" --toggle-collect='*run_job*')
     fi
     port=$(free_port)
     {
@@ -62,10 +63,7 @@ count() {
         printf '    namespaces:\n      - { nsid: 1, null: 1GiB }\n'
         printf 'target: { threads: 1, %s }\n' "$TARGET_SETTINGS"
     } >"$dir/$tag.yaml"
-    local tcg=(valgrind --tool=callgrind --callgrind-out-file="$dir/$tag.cg" --collect-atstart=no
-        --toggle-collect='*Poller*run*')
-    [ "$SIDE" = target ] || tcg=()
-    taskset -c "$TGT_CPU" "${tcg[@]}" "$tgt" --config "$dir/$tag.yaml" --control-socket "$dir/$tag.sock" 2>"$dir/$tag.log" &
+    taskset -c "$TGT_CPU" "${on_target[@]}" "$tgt" --config "$dir/$tag.yaml" --control-socket "$dir/$tag.sock" 2>"$dir/$tag.log" &
     pid=$!
     for _ in $(seq 600); do
         (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break
@@ -76,7 +74,7 @@ count() {
         spdk_perf "$RW" "$BS" "$QD"
         IOS=$((IOPS * RUNTIME))
     else
-        taskset -c "$CLIENT_CPU" "${cg[@]}" "$bench_bin" --transport tcp --traddr 127.0.0.1 \
+        taskset -c "$CLIENT_CPU" "${on_client[@]}" "$bench_bin" --transport tcp --traddr 127.0.0.1 \
             --trsvcid "$port" --subnqn "$NQN" --nsid 1 --rw "$RW" --bs "$BS" --iodepth "$QD" \
             --runtime "$RUNTIME" --output-format json >"$dir/bench.json" 2>"$dir/bench.err" ||
             { echo "$NAME: nvmf-bench failed:" >&2; cat "$dir/bench.err" >&2; exit 1; }

@@ -111,7 +111,6 @@ fn stream(
     dur: Duration,
     cpus: Option<(usize, usize)>,
 ) -> io::Result<Stream> {
-    let (server, client) = (cpus.map(|c| c.0), cpus.map(|c| c.1));
     // The receiver reads in pieces as large as the sender's writes.
     let rx_len = bs.max(STREAM_CHUNK);
     let pairs: Vec<(TcpStream, TcpStream)> = (0..jobs).map(|_| pair()).collect::<Result<_, _>>()?;
@@ -121,7 +120,7 @@ fn stream(
         let mut hs = Vec::new();
         for (mut tx, mut rx) in pairs {
             hs.push(s.spawn(move || -> io::Result<u64> {
-                pin(server)?;
+                pin(cpus.map(|(server, _)| server))?;
                 let mut buf = vec![0u8; rx_len];
                 let mut n = 0u64;
                 loop {
@@ -134,7 +133,7 @@ fn stream(
                 }
             }));
             hs.push(s.spawn(move || -> io::Result<u64> {
-                pin(client)?;
+                pin(cpus.map(|(_, client)| client))?;
                 let buf = vec![0x5au8; bs.max(STREAM_CHUNK)];
                 // At least one write, however late this thread gets a core.
                 loop {
@@ -215,7 +214,6 @@ fn pingpong(
     dur: Duration,
     cpus: Option<(usize, usize)>,
 ) -> io::Result<PingPong> {
-    let (server, client) = (cpus.map(|c| c.0), cpus.map(|c| c.1));
     let (req_len, resp_len) = if reads { (REQ_LEN, bs) } else { (bs, RESP_LEN) };
     let pairs: Vec<(TcpStream, TcpStream)> = (0..jobs).map(|_| pair()).collect::<Result<_, _>>()?;
     for (c, s) in &pairs {
@@ -230,7 +228,7 @@ fn pingpong(
         let mut clients = Vec::new();
         for (mut c, mut srv) in pairs {
             s.spawn(move || -> io::Result<()> {
-                pin(server)?;
+                pin(cpus.map(|(server, _)| server))?;
                 let mut rx = vec![0u8; (BATCH * req_len).max(64 << 10)];
                 let replies = vec![0xa5u8; BATCH * resp_len];
                 let mut partial = 0usize;
@@ -246,7 +244,7 @@ fn pingpong(
                 }
             });
             clients.push(s.spawn(move || -> io::Result<(DirStats, Instant)> {
-                pin(client)?;
+                pin(cpus.map(|(_, client)| client))?;
                 let requests = vec![0x3cu8; BATCH * req_len];
                 let mut rx = vec![0u8; (BATCH * resp_len).max(64 << 10)];
                 // Send times of the requests in flight, oldest at `head` (replies come in

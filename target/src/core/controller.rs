@@ -289,9 +289,7 @@ impl Controller {
     /// to keep I/O threads from bouncing the cache line, a non-forced touch only stores when
     /// the stamp is older than 1/16 of KATO.
     pub fn touch(&self, now: Instant, force: bool) {
-        if self.kato_ms() != 0 {
-            self.touch_ns(self.since_base(now), force);
-        }
+        self.touch_ns(self.since_base(now), force);
     }
 
     /// [`Controller::touch`] at `t`, ns on this controller's clock ([`Controller::since_base`]).

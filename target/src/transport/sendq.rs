@@ -68,15 +68,9 @@ impl SendQueue {
     /// Queue a PDU header region (a fixed-size copy, no call to memcpy).
     #[inline]
     pub fn push_header(&mut self, h: &nvme::tcp::TxHeader) {
-        let len = h.as_bytes().len();
         let mut buf = [0u8; INLINE_MAX];
         buf[..nvme::tcp::MAX_TX_HEADER_REGION].copy_from_slice(h.padded());
-        self.queued_bytes += len;
-        self.items.push_back(Item::Inline {
-            buf,
-            len: len as u8,
-            off: 0,
-        });
+        self.push_inline_buf(buf, h.as_bytes().len());
     }
 
     /// Queue a copy of `bytes` (at most [`INLINE_MAX`]).
@@ -89,15 +83,21 @@ impl SendQueue {
             "inline item of {} bytes",
             bytes.len()
         );
-        if bytes.is_empty() {
-            return;
-        }
         let mut buf = [0u8; INLINE_MAX];
         buf[..bytes.len()].copy_from_slice(bytes);
-        self.queued_bytes += bytes.len();
+        self.push_inline_buf(buf, bytes.len());
+    }
+
+    /// Queue the first `len` bytes of `buf` (nothing for 0).
+    #[inline]
+    fn push_inline_buf(&mut self, buf: [u8; INLINE_MAX], len: usize) {
+        if len == 0 {
+            return;
+        }
+        self.queued_bytes += len;
         self.items.push_back(Item::Inline {
             buf,
-            len: bytes.len() as u8,
+            len: len as u8,
             off: 0,
         });
     }
