@@ -155,7 +155,21 @@ pub(crate) struct Slot<B> {
     pub len: u32,
     /// The response's result (set when it arrives, or by the failure).
     pub result: Option<Result<u64, CmdError>>,
-    pub deadline: Option<Instant>,
+    pub deadline: Deadline,
+}
+
+/// When a command in flight times out. A command is stamped at the first clock reading after
+/// it was posted (a wait's deadline check), not at its submission: at deep queue depths many
+/// commands share one reading and most complete before any. So a deadline is never earlier
+/// than submission + timeout, and at most one check interval (1024 spins, or the start of a
+/// sleep) later.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Deadline {
+    /// None (an Asynchronous Event Request waits for an event, however long).
+    Never,
+    /// The queue timeout applies from the next clock reading.
+    Unstamped,
+    At(Instant),
 }
 
 impl<B> Default for Slot<B> {
@@ -169,7 +183,7 @@ impl<B> Default for Slot<B> {
             dir: Dir::None,
             len: 0,
             result: None,
-            deadline: None,
+            deadline: Deadline::Never,
         }
     }
 }
@@ -208,7 +222,7 @@ impl<B> Core<B> {
 
     fn finish(&mut self, tag: u16) {
         let slot = &mut self.slots[tag as usize];
-        slot.deadline = None;
+        slot.deadline = Deadline::Never;
         self.stats.completed += 1;
         if matches!(slot.result, Some(Ok(_))) {
             self.stats.payload_bytes += slot.len as u64;
@@ -316,13 +330,14 @@ pub(crate) struct QueueParams {
     pub spin: Spin,
 }
 
-/// A command's completion deadline: the queue timeout, except for an Asynchronous Event
-/// Request, which by design completes only when the controller has an event to report.
-fn deadline_for(sqe: &Sqe, qid: u16, timeout: Duration) -> Option<Instant> {
+/// A command's completion deadline: the queue timeout (stamped later, see [`Deadline`]),
+/// except for an Asynchronous Event Request, which by design completes only when the
+/// controller has an event to report.
+fn deadline_for(sqe: &Sqe, qid: u16) -> Deadline {
     if qid == 0 && sqe.opcode == nvme::opcode::admin::ASYNC_EVENT_REQUEST {
-        None
+        Deadline::Never
     } else {
-        Some(Instant::now() + timeout)
+        Deadline::Unstamped
     }
 }
 
@@ -576,7 +591,7 @@ impl<L: Link> Queue<L> {
             dir,
             len,
             result: None,
-            deadline: deadline_for(&sqe, self.qid, self.timeout),
+            deadline: deadline_for(&sqe, self.qid),
         };
         let posted = self.link.post(
             &mut Io {
@@ -666,13 +681,22 @@ impl<L: Link> Queue<L> {
             return Ok(());
         }
         let now = Instant::now();
-        let oldest = self
-            .core
-            .slots
-            .iter()
-            .filter(|s| s.state.in_flight() && s.result.is_none())
-            .filter_map(|s| s.deadline)
-            .min();
+        let mut oldest: Option<Instant> = None;
+        for s in self.core.slots.iter_mut() {
+            if !s.state.in_flight() || s.result.is_some() {
+                continue;
+            }
+            let d = match s.deadline {
+                Deadline::Never => continue,
+                Deadline::Unstamped => {
+                    let d = now + self.timeout;
+                    s.deadline = Deadline::At(d);
+                    d
+                }
+                Deadline::At(d) => d,
+            };
+            oldest = Some(oldest.map_or(d, |o| o.min(d)));
+        }
         if oldest.is_some_and(|d| d <= now) {
             return Err(self.fail(Error::Timeout(self.timeout, "a command completion")));
         }
