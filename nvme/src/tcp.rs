@@ -1216,6 +1216,7 @@ impl Deframer {
     ///
     /// # Panics
     /// If `n` exceeds the length of `header_buf()` (a caller bug).
+    #[inline]
     pub fn advance(&mut self, n: usize) -> Result<Option<Event>, TcpError> {
         match self.state {
             State::Failed(e) => Err(e),
@@ -1296,6 +1297,9 @@ impl Deframer {
     /// Take what the deframer needs from `input` (bytes already received). Returns how many
     /// bytes were consumed and what, if anything, completed. Call again with the rest.
     pub fn feed<'a>(&mut self, input: &'a [u8]) -> Result<(usize, Option<Fed<'a>>), TcpError> {
+        if let Some(pdu) = self.whole_capsule(input) {
+            return Ok((hlen::CAPSULE_CMD, Some(Fed::Header(pdu))));
+        }
         match self.need() {
             Need::Failed => Err(match self.state {
                 State::Failed(e) => e,
@@ -1345,6 +1349,39 @@ impl Deframer {
         }
     }
 
+    /// The controller's common case taken whole: at a PDU boundary, `input` starts with a
+    /// complete command capsule without in-capsule data or digests. Accepts exactly what the
+    /// step-by-step path accepts for such a header (type valid in this direction after the IC
+    /// exchange, HLEN 72, HDGSTF clear as negotiated, PLEN 72) and leaves the same state
+    /// behind (the header kept for [`Deframer::offending_header`]); anything else, `None`, and
+    /// the general path decides.
+    #[inline]
+    fn whole_capsule(&mut self, input: &[u8]) -> Option<Pdu> {
+        let hdr = input.get(..hlen::CAPSULE_CMD)?;
+        if self.state != State::Header
+            || self.have != 0
+            || !self.ic_done
+            || self.cfg.role != Role::Controller
+            || self.cfg.hdgst
+        {
+            return None;
+        }
+        let (h, _) = CapsuleCmdHdr::ref_from_prefix(hdr).ok()?;
+        if h.ch.pdu_type != pdu_type::CAPSULE_CMD
+            || h.ch.hlen as usize != hlen::CAPSULE_CMD
+            || h.ch.flags & flags::HDGSTF != 0
+            || h.ch.plen.get() as usize != hlen::CAPSULE_CMD
+        {
+            return None;
+        }
+        self.buf[..hlen::CAPSULE_CMD].copy_from_slice(hdr);
+        self.last_len = hlen::CAPSULE_CMD;
+        Some(Pdu::CapsuleCmd {
+            sqe: h.sqe,
+            data_len: 0,
+        })
+    }
+
     fn reset(&mut self) {
         self.state = State::Header;
         self.have = 0;
@@ -1357,6 +1394,7 @@ impl Deframer {
     }
 
     /// The 8-byte common header is in; validate it and size the rest of the header region.
+    #[inline]
     fn common_header_done(&mut self) -> Result<Option<Event>, TcpError> {
         let ch = *CommonHeader::ref_from_prefix(&self.buf[..])
             .expect("8 bytes")
@@ -1489,6 +1527,7 @@ impl Deframer {
     }
 
     /// The whole header region is in: check the header digest and decode.
+    #[inline]
     fn header_done(&mut self) -> Result<Option<Event>, TcpError> {
         let ch = *CommonHeader::ref_from_prefix(&self.buf[..])
             .expect("8 bytes")
@@ -2285,6 +2324,60 @@ mod tests {
                 prop_assert_eq!(g.pdu, *p);
                 prop_assert_eq!(&g.data, d);
             }
+        }
+
+        /// A header the controller's whole-capsule path may take (`Deframer::whole_capsule`)
+        /// gets the same verdict, the same state and the same quotable header as when it
+        /// arrives in pieces (the step-by-step path), for valid and corrupted common headers.
+        #[test]
+        fn whole_capsule_path_matches_the_steps(
+            sqe in arb_sqe(),
+            pokes in prop_oneof![Just(vec![]), proptest::collection::vec((0usize..8, any::<u8>()), 1..3)],
+            plen_delta in prop_oneof![Just(0i64), -80i64..200],
+            tail in proptest::collection::vec(any::<u8>(), 0..100),
+            // Mostly what the whole-capsule path takes, so both of its outcomes are common.
+            role in proptest::bool::weighted(0.2), hdgst in proptest::bool::weighted(0.2),
+            ddgst: bool, ic_done in proptest::bool::weighted(0.8),
+        ) {
+            let mut wire = Pdu::CapsuleCmd { sqe, data_len: 0 }.encode(&TxConfig::default(), &[]);
+            let plen = (hlen::CAPSULE_CMD as i64 + plen_delta).max(0) as u32;
+            wire[4..8].copy_from_slice(&plen.to_le_bytes());
+            for (at, v) in pokes {
+                wire[at] = v;
+            }
+            wire.extend_from_slice(&tail);
+            let cfg = RxConfig {
+                ic_done,
+                ..if role { host(hdgst, ddgst) } else { ctrl(hdgst, ddgst) }
+            };
+            // Until the first header or error: whole (one call per step, as a transport
+            // feeds), then a byte at a time (never a whole header in one call).
+            let run = |step: usize| {
+                let mut d = Deframer::new(cfg);
+                let mut at = 0;
+                let verdict = loop {
+                    if at == wire.len() {
+                        break Ok(None);
+                    }
+                    let end = (at + step).min(wire.len());
+                    match d.feed(&wire[at..end]) {
+                        Ok((n, fed)) => {
+                            at += n;
+                            match fed {
+                                Some(Fed::Header(p)) => break Ok(Some(p)),
+                                Some(_) => break Ok(None),
+                                None if n == 0 => break Ok(None),
+                                None => {}
+                            }
+                        }
+                        Err(e) => break Err(e),
+                    }
+                };
+                // An error consumes nothing a caller can count on (the connection ends).
+                let at = if verdict.is_ok() { at } else { 0 };
+                (verdict, at, d.need(), d.at_boundary(), d.offending_header().to_vec())
+            };
+            prop_assert_eq!(run(wire.len()), run(1));
         }
 
         #[test]
