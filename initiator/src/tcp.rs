@@ -43,7 +43,7 @@ use arrayvec::ArrayVec;
 use nix::poll::{poll, PollFd, PollFlags};
 use nvme::sgl::Sgl;
 use nvme::tcp::{
-    self, DataPdu, Deframer, Event, Fes, IcReq, Need, Pdu, R2t, RxConfig, TcpError, TermReq,
+    self, DataPdu, Deframer, Event, Fed, Fes, IcReq, Need, Pdu, R2t, RxConfig, TcpError, TermReq,
     TxConfig, TxHeader,
 };
 use nvme::{Cqe, Sqe};
@@ -434,14 +434,19 @@ impl<B: Buf> TcpLink<B> {
                 Ok(())
             }
             Need::Header(_) | Need::DataDigest(_) => {
-                let buf = self.rx.header_buf();
-                let k = buf.len().min(avail);
-                buf[..k].copy_from_slice(&self.rxbuf[self.rx_pos..self.rx_pos + k]);
+                // A whole header in the buffer (the usual case) is taken in one step.
+                let (k, fed) = match self.rx.feed(&self.rxbuf[self.rx_pos..self.rx_end]) {
+                    Ok(r) => r,
+                    Err(e) => return Err(self.protocol_error(e)),
+                };
                 self.rx_pos += k;
-                match self.rx.advance(k) {
-                    Ok(Some(ev)) => self.on_event(io, ev),
-                    Ok(None) => Ok(()),
-                    Err(e) => Err(self.protocol_error(e)),
+                match fed {
+                    None => Ok(()),
+                    Some(Fed::Header(p)) => self.on_event(io, Event::Header(p)),
+                    Some(Fed::DataDone(r)) => self.on_event(io, Event::DataDone(r)),
+                    Some(Fed::Data { .. }) => {
+                        unreachable!("the deframer hands out data only while data is expected")
+                    }
                 }
             }
             Need::Failed => unreachable!("the queue fails with the deframer"),

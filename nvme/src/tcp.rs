@@ -1297,8 +1297,8 @@ impl Deframer {
     /// Take what the deframer needs from `input` (bytes already received). Returns how many
     /// bytes were consumed and what, if anything, completed. Call again with the rest.
     pub fn feed<'a>(&mut self, input: &'a [u8]) -> Result<(usize, Option<Fed<'a>>), TcpError> {
-        if let Some(pdu) = self.whole_capsule(input) {
-            return Ok((hlen::CAPSULE_CMD, Some(Fed::Header(pdu))));
+        if let Some((n, pdu)) = self.whole_header(input) {
+            return Ok((n, Some(Fed::Header(pdu))));
         }
         match self.need() {
             Need::Failed => Err(match self.state {
@@ -1349,37 +1349,94 @@ impl Deframer {
         }
     }
 
-    /// The controller's common case taken whole: at a PDU boundary, `input` starts with a
-    /// complete command capsule without in-capsule data or digests. Accepts exactly what the
-    /// step-by-step path accepts for such a header (type valid in this direction after the IC
-    /// exchange, HLEN 72, HDGSTF clear as negotiated, PLEN 72) and leaves the same state
-    /// behind (the header kept for [`Deframer::offending_header`]); anything else, `None`, and
-    /// the general path decides.
+    /// The common headers taken whole: at a PDU boundary, `input` starts with a complete
+    /// header of a command capsule without in-capsule data (controller), a response capsule
+    /// (host), or a data PDU whose data follows its header directly (H2CData to a controller,
+    /// C2HData to a host; no padding, no data digest). Accepts exactly what the step-by-step
+    /// path accepts for such a header and leaves the same state behind (the header kept for
+    /// [`Deframer::offending_header`], a data PDU's data expected next); anything else, `None`,
+    /// and the general path decides. Returns the header's length and the PDU.
     #[inline]
-    fn whole_capsule(&mut self, input: &[u8]) -> Option<Pdu> {
-        let hdr = input.get(..hlen::CAPSULE_CMD)?;
-        if self.state != State::Header
-            || self.have != 0
-            || !self.ic_done
-            || self.cfg.role != Role::Controller
-            || self.cfg.hdgst
-        {
+    fn whole_header(&mut self, input: &[u8]) -> Option<(usize, Pdu)> {
+        if self.state != State::Header || self.have != 0 || !self.ic_done || self.cfg.hdgst {
             return None;
         }
-        let (h, _) = CapsuleCmdHdr::ref_from_prefix(hdr).ok()?;
-        if h.ch.pdu_type != pdu_type::CAPSULE_CMD
-            || h.ch.hlen as usize != hlen::CAPSULE_CMD
-            || h.ch.flags & flags::HDGSTF != 0
-            || h.ch.plen.get() as usize != hlen::CAPSULE_CMD
-        {
+        let (ch, _) = CommonHeader::ref_from_prefix(input).ok()?;
+        if ch.flags & flags::HDGSTF != 0 {
             return None;
         }
-        self.buf[..hlen::CAPSULE_CMD].copy_from_slice(hdr);
-        self.last_len = hlen::CAPSULE_CMD;
-        Some(Pdu::CapsuleCmd {
-            sqe: h.sqe,
-            data_len: 0,
-        })
+        let plen = ch.plen.get() as usize;
+        let controller = self.cfg.role == Role::Controller;
+        let (len, pdu) = match ch.pdu_type {
+            pdu_type::CAPSULE_CMD if controller => {
+                if ch.hlen as usize != hlen::CAPSULE_CMD || plen != hlen::CAPSULE_CMD {
+                    return None;
+                }
+                let (h, _) = CapsuleCmdHdr::ref_from_prefix(input).ok()?;
+                let pdu = Pdu::CapsuleCmd {
+                    sqe: h.sqe,
+                    data_len: 0,
+                };
+                (hlen::CAPSULE_CMD, pdu)
+            }
+            pdu_type::CAPSULE_RESP if !controller => {
+                if ch.hlen as usize != hlen::CAPSULE_RESP || plen != hlen::CAPSULE_RESP {
+                    return None;
+                }
+                let (h, _) = CapsuleRespHdr::ref_from_prefix(input).ok()?;
+                (hlen::CAPSULE_RESP, Pdu::CapsuleResp(h.cqe))
+            }
+            t @ (pdu_type::H2C_DATA | pdu_type::C2H_DATA)
+                if (t == pdu_type::H2C_DATA) == controller =>
+            {
+                if ch.hlen as usize != hlen::DATA
+                    || ch.pdo as usize != hlen::DATA
+                    || plen <= hlen::DATA
+                    || self.cfg.pda != 0
+                    || self.cfg.ddgst
+                    || ch.flags & flags::DDGSTF != 0
+                {
+                    return None;
+                }
+                let (h, _) = DataHdr::ref_from_prefix(input).ok()?;
+                let data_len = plen - hlen::DATA;
+                let (datao, datal) = (h.datao.get(), h.datal.get());
+                let last = ch.flags & flags::LAST_PDU != 0;
+                let success = t == pdu_type::C2H_DATA && ch.flags & flags::SUCCESS != 0;
+                if data_len as u64 > u64::from(self.cfg.max_data_pdu)
+                    || datal as usize != data_len
+                    || datao.checked_add(datal).is_none()
+                    || (success && !last)
+                {
+                    return None;
+                }
+                let d = DataPdu {
+                    cccid: h.cccid.get(),
+                    ttag: h.ttag.get(),
+                    datao,
+                    datal,
+                    last,
+                    success,
+                };
+                self.state = State::Data;
+                self.want = hlen::DATA;
+                self.hdr_len = hlen::DATA;
+                self.data_len = datal;
+                self.data_got = 0;
+                self.with_ddgst = false;
+                self.crc = Crc32c::new();
+                let pdu = if t == pdu_type::C2H_DATA {
+                    Pdu::C2HData(d)
+                } else {
+                    Pdu::H2CData(d)
+                };
+                (hlen::DATA, pdu)
+            }
+            _ => return None,
+        };
+        self.buf[..len].copy_from_slice(&input[..len]);
+        self.last_len = len;
+        Some((len, pdu))
     }
 
     fn reset(&mut self) {
@@ -2326,56 +2383,93 @@ mod tests {
             }
         }
 
-        /// A header the controller's whole-capsule path may take (`Deframer::whole_capsule`)
-        /// gets the same verdict, the same state and the same quotable header as when it
-        /// arrives in pieces (the step-by-step path), for valid and corrupted common headers.
+        /// A header the whole-header path may take (`Deframer::whole_header`: command and
+        /// response capsules, H2CData and C2HData) gets the same verdict, the same state and
+        /// the same quotable header as when it arrives in pieces (the step-by-step path), for
+        /// valid and corrupted headers, either role and any negotiated options.
         #[test]
-        fn whole_capsule_path_matches_the_steps(
-            sqe in arb_sqe(),
-            pokes in prop_oneof![Just(vec![]), proptest::collection::vec((0usize..8, any::<u8>()), 1..3)],
+        fn whole_header_path_matches_the_steps(
+            pdu in prop_oneof![
+                arb_sqe().prop_map(|sqe| (Pdu::CapsuleCmd { sqe, data_len: 0 }, vec![])),
+                arb_h2c(),
+                arb_c2h(),
+            ],
+            pokes in prop_oneof![Just(vec![]), proptest::collection::vec((0usize..24, any::<u8>()), 1..3)],
             plen_delta in prop_oneof![Just(0i64), -80i64..200],
             tail in proptest::collection::vec(any::<u8>(), 0..100),
-            // Mostly what the whole-capsule path takes, so both of its outcomes are common.
-            role in proptest::bool::weighted(0.2), hdgst in proptest::bool::weighted(0.2),
-            ddgst: bool, ic_done in proptest::bool::weighted(0.8),
+            // Mostly what the whole-header path takes, so both of its outcomes are common.
+            role: bool,
+            hdgst in proptest::bool::weighted(0.2),
+            ddgst in proptest::bool::weighted(0.2),
+            ic_done in proptest::bool::weighted(0.8),
+            pda in prop_oneof![3 => Just(0u8), 1 => 1u8..8],
+            max_data_pdu in prop_oneof![3 => Just(u32::MAX), 1 => 0u32..1000],
+            // A data offset near the top of the range (DATAO + DATAL may overflow).
+            datao in proptest::option::weighted(0.2, (u32::MAX - 2000)..=u32::MAX),
+            flag_bits in proptest::option::of(
+                proptest::sample::select(vec![0, flags::LAST_PDU, flags::SUCCESS, flags::LAST_PDU | flags::SUCCESS])
+            ),
         ) {
-            let mut wire = Pdu::CapsuleCmd { sqe, data_len: 0 }.encode(&TxConfig::default(), &[]);
-            let plen = (hlen::CAPSULE_CMD as i64 + plen_delta).max(0) as u32;
+            let (p, data) = pdu;
+            let mut wire = p.encode(&TxConfig::default(), &data);
+            let plen = (wire.len() as i64 + plen_delta).max(0) as u32;
             wire[4..8].copy_from_slice(&plen.to_le_bytes());
             for (at, v) in pokes {
-                wire[at] = v;
+                if at < wire.len() {
+                    wire[at] = v;
+                }
+            }
+            if let Some(o) = datao {
+                wire[12..16].copy_from_slice(&o.to_le_bytes());
+            }
+            if let Some(f) = flag_bits {
+                // LAST_PDU and SUCCESS in any combination, the digest flags left as they were.
+                wire[1] = (wire[1] & !(flags::LAST_PDU | flags::SUCCESS)) | f;
             }
             wire.extend_from_slice(&tail);
             let cfg = RxConfig {
                 ic_done,
+                pda,
+                max_data_pdu,
                 ..if role { host(hdgst, ddgst) } else { ctrl(hdgst, ddgst) }
             };
-            // Until the first header or error: whole (one call per step, as a transport
-            // feeds), then a byte at a time (never a whole header in one call).
+            // Through the first PDU (its header, then its data if any) or to an error: whole
+            // (one call per step, as a transport feeds), then a byte at a time (never a whole
+            // header in one call). Records the header, the data's end, and the state after
+            // each.
             let run = |step: usize| {
                 let mut d = Deframer::new(cfg);
                 let mut at = 0;
+                let mut seen = Vec::new();
                 let verdict = loop {
                     if at == wire.len() {
-                        break Ok(None);
+                        break Ok(());
                     }
                     let end = (at + step).min(wire.len());
                     match d.feed(&wire[at..end]) {
                         Ok((n, fed)) => {
                             at += n;
+                            let state = (d.need(), d.at_boundary(), d.offending_header().to_vec());
                             match fed {
-                                Some(Fed::Header(p)) => break Ok(Some(p)),
-                                Some(_) => break Ok(None),
-                                None if n == 0 => break Ok(None),
+                                Some(Fed::Header(p)) => {
+                                    seen.push((format!("{p:?}"), at, state));
+                                    if p.data_len() == 0 {
+                                        break Ok(());
+                                    }
+                                }
+                                Some(Fed::Data { done: Some(r), .. }) | Some(Fed::DataDone(r)) => {
+                                    seen.push((format!("data done {r:?}"), at, state));
+                                    break Ok(());
+                                }
+                                Some(Fed::Data { done: None, .. }) => {}
+                                None if n == 0 => break Ok(()),
                                 None => {}
                             }
                         }
                         Err(e) => break Err(e),
                     }
                 };
-                // An error consumes nothing a caller can count on (the connection ends).
-                let at = if verdict.is_ok() { at } else { 0 };
-                (verdict, at, d.need(), d.at_boundary(), d.offending_header().to_vec())
+                (verdict, seen, d.need(), d.at_boundary(), d.offending_header().to_vec())
             };
             prop_assert_eq!(run(wire.len()), run(1));
         }
