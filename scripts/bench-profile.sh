@@ -32,24 +32,9 @@ HOSTNQN=nqn.2014-08.org.nvmexpress:uuid:6b1c2a52-2f4e-4f0e-9d1e-5e0f3c2a7b10
 TGT_CPU=0 CLIENT_CPU=1
 command -v perf >/dev/null || { echo "$NAME: needs perf (Debian: apt-get install linux-perf)" >&2; exit 2; }
 [ $((SKIP + RECORD)) -lt "$RUNTIME" ] || { echo "$NAME: SKIP + RECORD must be less than RUNTIME" >&2; exit 2; }
-for t in $TARGETS; do
-    case $t in spdk | ours) ;; *) [ -x "$t" ] || { echo "$NAME: $t: not spdk, ours or an nvmf-target binary" >&2; exit 2; } ;; esac
-done
 source "$(dirname "$0")/spdk-lib.sh"
-
-start() {
-    case $1 in
-        spdk) start_spdk ;;
-        *)
-            local saved=$BIN
-            [ "$1" = ours ] || BIN=$(dirname "$1")
-            start_target tgt "{ nsid: 1, null: 1GiB }" "threads: 1${SETTINGS:+, $SETTINGS}"
-            BIN=$saved
-            taskset -pc "$TGT_CPU" "$pid" >/dev/null
-            ;;
-    esac
-}
-stop() { if [ "$1" = spdk ]; then stop_spdk; else stop_target; fi; }
+# shellcheck disable=SC2086 # TARGETS is a list
+check_targets $TARGETS
 
 # Symbols the kernel runs while the CPU has nothing to do.
 IDLE_RE='pv_native_safe_halt|default_idle|native_safe_halt|intel_idle|acpi_idle|poll_idle|cpuidle|mwait_idle|do_idle'

@@ -34,35 +34,8 @@ NQN=nqn.2026-11.io.nvmf-rs:bench-targets
 HOSTNQN=nqn.2014-08.org.nvmexpress:uuid:6b1c2a52-2f4e-4f0e-9d1e-5e0f3c2a7b10
 TGT_CPU=0 CLIENT_CPU=1
 
-for t in "$A" "$B"; do
-    case $t in spdk | ours) ;; *) [ -x "$t" ] || { echo "$NAME: $t: not spdk, ours or an nvmf-target binary" >&2; exit 2; } ;; esac
-done
 source "$(dirname "$0")/spdk-lib.sh"
-
-# start TARGET: starts it on TGT_CPU listening on 127.0.0.1:$port.
-start() {
-    case $1 in
-        spdk) start_spdk ;;
-        ours)
-            start_target ours "{ nsid: 1, null: 1GiB }" "threads: 1${SETTINGS:+, $SETTINGS}"
-            taskset -pc "$TGT_CPU" "$pid" >/dev/null
-            ;;
-        *)
-            local saved=$BIN
-            BIN=$(dirname "$1")
-            start_target other "{ nsid: 1, null: 1GiB }" "threads: 1${SETTINGS:+, $SETTINGS}"
-            BIN=$saved
-            taskset -pc "$TGT_CPU" "$pid" >/dev/null
-            ;;
-    esac
-}
-stop() {
-    if [ "$1" = spdk ]; then
-        stop_spdk
-    else
-        stop_target
-    fi
-}
+check_targets "$A" "$B"
 
 # raw RW BS QD: sets RAW_IOPS, the raw TCP ping-pong's reply rate (nvmf-bench runs its NVMe
 # job against a fresh nvmf-target first, then the baseline with its threads pinned).

@@ -75,11 +75,8 @@ median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] 
 echo "nvmf-bench vs spdk_nvme_perf: NVMe/TCP 127.0.0.1, null namespace, target on CPU $TGT_CPU, client on CPU $CLIENT_CPU; $ROUNDS rounds of ${RUNTIME}s per client"
 summary=()
 for tgt in $TARGETS; do
-    case $tgt in
-        spdk) start_spdk ;;
-        ours) start_target ours "{ nsid: 1, null: 1GiB }" "threads: 1"; taskset -pc "$TGT_CPU" "$pid" >/dev/null ;;
-        *) echo "$NAME: unknown target $tgt (spdk, ours)" >&2; exit 2 ;;
-    esac
+    case $tgt in spdk | ours) ;; *) echo "$NAME: unknown target $tgt (spdk, ours)" >&2; exit 2 ;; esac
+    SETTINGS= start "$tgt"
     echo
     echo "== target: $([ "$tgt" = spdk ] && echo "SPDK nvmf_tgt" || echo "nvmf-target (ours)")"
     printf '%-16s %5s %11s %11s %7s %13s %13s\n' workload round "perf IOPS" "bench IOPS" ratio "perf us/IO" "bench us/IO"
@@ -101,7 +98,7 @@ for tgt in $TARGETS; do
         m=$(printf '%s\n' "${ratios[@]}" | median)
         summary+=("$(printf '%-6s %-16s median nvmf-bench/perf %.2f (rounds: %s)' "$tgt" "$rw $bs QD$qd" "$m" "${ratios[*]}")")
     done
-    case $tgt in spdk) stop_spdk ;; ours) stop_target ;; esac
+    stop "$tgt"
 done
 echo
 printf '%s\n' "${summary[@]}"

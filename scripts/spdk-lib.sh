@@ -1,7 +1,8 @@
 # SPDK's side of the scripts/bench-*.sh comparisons (sourced after bench-lib.sh, not run): its
 # binaries from SPDK_DIR (default /tmp/spdk-src, built by ../shared/tools/build-spdk.sh),
-# hugepages for DPDK, SPDK's nvmf_tgt with a null namespace, and spdk_nvme_perf. The sourcing
-# script sets NAME, NQN, HOSTNQN, TGT_CPU, CLIENT_CPU and RUNTIME.
+# hugepages for DPDK, SPDK's nvmf_tgt with a null namespace, spdk_nvme_perf, and starting and
+# stopping either target by name. The sourcing script sets NAME, NQN, HOSTNQN, TGT_CPU,
+# CLIENT_CPU and RUNTIME.
 SPDK_DIR=${SPDK_DIR:-/tmp/spdk-src}
 perf_bin=$SPDK_DIR/build/examples/perf
 tgt_bin=$SPDK_DIR/build/bin/nvmf_tgt
@@ -69,3 +70,28 @@ spdk_perf() {
     IOPS=$(awk '/^Total/ { printf "%.0f", $3 }' "$dir/perf.out")
     [ -n "$IOPS" ] || { echo "$NAME: no Total line from spdk_nvme_perf:" >&2; cat "$dir/perf.out" >&2; exit 1; }
 }
+
+# check_targets TARGET...: each is `spdk`, `ours` or the path of an nvmf-target binary.
+check_targets() {
+    local t
+    for t in "$@"; do
+        case $t in spdk | ours) ;; *) [ -x "$t" ] || { echo "$NAME: $t: not spdk, ours or an nvmf-target binary" >&2; exit 2; } ;; esac
+    done
+}
+
+# start TARGET: SPDK's nvmf_tgt (`spdk`), this tree's nvmf-target (`ours`) or another
+# nvmf-target binary (its path; ours and others `threads: 1` plus $SETTINGS) on TGT_CPU with a
+# 1 GiB null namespace, listening on 127.0.0.1:$port. stop TARGET ends it.
+start() {
+    case $1 in
+        spdk) start_spdk ;;
+        *)
+            local saved=$BIN
+            [ "$1" = ours ] || BIN=$(dirname "$1")
+            start_target tgt "{ nsid: 1, null: 1GiB }" "threads: 1${SETTINGS:+, $SETTINGS}"
+            BIN=$saved
+            taskset -pc "$TGT_CPU" "$pid" >/dev/null
+            ;;
+    esac
+}
+stop() { if [ "$1" = spdk ]; then stop_spdk; else stop_target; fi; }
