@@ -40,7 +40,7 @@ use std::os::fd::AsFd;
 use std::time::Instant;
 
 use arrayvec::ArrayVec;
-use nix::poll::{poll, PollFd, PollFlags};
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nvme::sgl::Sgl;
 use nvme::tcp::{
     self, DataPdu, Deframer, Event, Fed, Fes, IcReq, Need, Pdu, R2t, RxConfig, TcpError, TermReq,
@@ -127,6 +127,9 @@ pub struct TcpLink<B = Vec<u8>> {
     rx_data: Option<RxData>,
     /// How much to read into `rxbuf` at a time (see [`LARGE_PDU`]).
     rx_read: usize,
+    /// The last read found the socket empty (or came back short): in a PDU's data, ask
+    /// `poll(2)` before reading again.
+    rx_dry: bool,
     _buf: PhantomData<fn() -> B>,
 }
 
@@ -236,6 +239,7 @@ impl<B: Buf> TcpLink<B> {
             rxbuf: vec![0u8; RXBUF_LEN].into_boxed_slice(),
             rx_pos: 0,
             rx_end: 0,
+            rx_dry: false,
             rx_data: None,
             rx_read: RXBUF_LEN,
             _buf: PhantomData,
@@ -258,6 +262,7 @@ impl<B: Buf> TcpLink<B> {
             rxbuf: self.rxbuf,
             rx_pos: self.rx_pos,
             rx_end: self.rx_end,
+            rx_dry: self.rx_dry,
             rx_data: self.rx_data,
             rx_read: self.rx_read,
             _buf: PhantomData,
@@ -356,6 +361,21 @@ impl<B: Buf> TcpLink<B> {
                 // read would only return EAGAIN.
                 return Ok(());
             }
+            // In the middle of a PDU's data after a read found the socket empty, the rest is
+            // still arriving: ask poll(2), which looks without taking the socket's lock,
+            // before reading again: a spinning reader that takes the lock at every turn
+            // contends with the sender delivering into the socket (on loopback, 128k reads:
+            // medians of 1.07x and 1.03x the IOPS of reading at every turn against SPDK's
+            // target, 1.04x against ours, runs of 5-6 alternating rounds; 4k unchanged).
+            if self.rx_dry && matches!(self.rx.need(), Need::Data(_)) {
+                io.stats().syscalls += 1;
+                let mut fds = [PollFd::new(self.sock.as_fd(), PollFlags::POLLIN)];
+                match poll(&mut fds, PollTimeout::ZERO) {
+                    Ok(0) => return Ok(()),
+                    Ok(_) | Err(nix::errno::Errno::EINTR) => self.rx_dry = false,
+                    Err(e) => return Err(Error::Io(io::Error::from(e))),
+                }
+            }
             io.stats().syscalls += 1;
             let rx_read = self.rx_read;
             let mut asked = rx_read;
@@ -392,6 +412,7 @@ impl<B: Buf> TcpLink<B> {
             };
             if let Ok((k, _)) = res {
                 drained = k < asked;
+                self.rx_dry = drained;
                 if drained {
                     self.fresh = 0;
                 }
@@ -402,6 +423,7 @@ impl<B: Buf> TcpLink<B> {
                 Ok(_) => {}
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                     self.fresh = 0;
+                    self.rx_dry = true;
                     return Ok(());
                 }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
