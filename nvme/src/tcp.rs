@@ -1349,94 +1349,26 @@ impl Deframer {
         }
     }
 
-    /// The common headers taken whole: at a PDU boundary, `input` starts with a complete
-    /// header of a command capsule without in-capsule data (controller), a response capsule
-    /// (host), or a data PDU whose data follows its header directly (H2CData to a controller,
-    /// C2HData to a host; no padding, no data digest). Accepts exactly what the step-by-step
-    /// path accepts for such a header and leaves the same state behind (the header kept for
-    /// [`Deframer::offending_header`], a data PDU's data expected next); anything else, `None`,
-    /// and the general path decides. Returns the header's length and the PDU.
-    #[inline]
+    /// A header taken whole: at a PDU boundary, when `input` starts with a complete header
+    /// region (header, header digest, padding), it is checked and decoded in one step by the
+    /// same rules the step-by-step path applies ([`Deframer::layout`], [`Deframer::decode`]),
+    /// and leaves the same state behind (the header kept for [`Deframer::offending_header`],
+    /// the PDU's data expected next). A header that is not whole, or that breaks a rule, gives
+    /// `None`: the step path then takes it and reports the error. Returns the header region's
+    /// length and the PDU.
+    #[inline(always)]
     fn whole_header(&mut self, input: &[u8]) -> Option<(usize, Pdu)> {
-        if self.state != State::Header || self.have != 0 || !self.ic_done || self.cfg.hdgst {
+        if self.state != State::Header || self.have != 0 {
             return None;
         }
         let (ch, _) = CommonHeader::ref_from_prefix(input).ok()?;
-        if ch.flags & flags::HDGSTF != 0 {
-            return None;
-        }
-        let plen = ch.plen.get() as usize;
-        let controller = self.cfg.role == Role::Controller;
-        let (len, pdu) = match ch.pdu_type {
-            pdu_type::CAPSULE_CMD if controller => {
-                if ch.hlen as usize != hlen::CAPSULE_CMD || plen != hlen::CAPSULE_CMD {
-                    return None;
-                }
-                let (h, _) = CapsuleCmdHdr::ref_from_prefix(input).ok()?;
-                let pdu = Pdu::CapsuleCmd {
-                    sqe: h.sqe,
-                    data_len: 0,
-                };
-                (hlen::CAPSULE_CMD, pdu)
-            }
-            pdu_type::CAPSULE_RESP if !controller => {
-                if ch.hlen as usize != hlen::CAPSULE_RESP || plen != hlen::CAPSULE_RESP {
-                    return None;
-                }
-                let (h, _) = CapsuleRespHdr::ref_from_prefix(input).ok()?;
-                (hlen::CAPSULE_RESP, Pdu::CapsuleResp(h.cqe))
-            }
-            t @ (pdu_type::H2C_DATA | pdu_type::C2H_DATA)
-                if (t == pdu_type::H2C_DATA) == controller =>
-            {
-                if ch.hlen as usize != hlen::DATA
-                    || ch.pdo as usize != hlen::DATA
-                    || plen <= hlen::DATA
-                    || self.cfg.pda != 0
-                    || self.cfg.ddgst
-                    || ch.flags & flags::DDGSTF != 0
-                {
-                    return None;
-                }
-                let (h, _) = DataHdr::ref_from_prefix(input).ok()?;
-                let data_len = plen - hlen::DATA;
-                let (datao, datal) = (h.datao.get(), h.datal.get());
-                let last = ch.flags & flags::LAST_PDU != 0;
-                let success = t == pdu_type::C2H_DATA && ch.flags & flags::SUCCESS != 0;
-                if data_len as u64 > u64::from(self.cfg.max_data_pdu)
-                    || datal as usize != data_len
-                    || datao.checked_add(datal).is_none()
-                    || (success && !last)
-                {
-                    return None;
-                }
-                let d = DataPdu {
-                    cccid: h.cccid.get(),
-                    ttag: h.ttag.get(),
-                    datao,
-                    datal,
-                    last,
-                    success,
-                };
-                self.state = State::Data;
-                self.want = hlen::DATA;
-                self.hdr_len = hlen::DATA;
-                self.data_len = datal;
-                self.data_got = 0;
-                self.with_ddgst = false;
-                self.crc = Crc32c::new();
-                let pdu = if t == pdu_type::C2H_DATA {
-                    Pdu::C2HData(d)
-                } else {
-                    Pdu::H2CData(d)
-                };
-                (hlen::DATA, pdu)
-            }
-            _ => return None,
-        };
-        self.buf[..len].copy_from_slice(&input[..len]);
-        self.last_len = len;
-        Some((len, pdu))
+        let l = self.layout(ch).ok()?;
+        let region = input.get(..l.region)?;
+        let pdu = self.decode(ch, region, l.data_len).ok()?;
+        self.buf[..l.region].copy_from_slice(region);
+        self.set_layout(l);
+        self.header_in(&pdu);
+        Some((l.region, pdu))
     }
 
     fn reset(&mut self) {
@@ -1450,12 +1382,33 @@ impl Deframer {
         self.crc = Crc32c::new();
     }
 
-    /// The 8-byte common header is in; validate it and size the rest of the header region.
+    /// The 8-byte common header is in: validate it and size the rest of the header region.
     #[inline]
     fn common_header_done(&mut self) -> Result<Option<Event>, TcpError> {
         let ch = *CommonHeader::ref_from_prefix(&self.buf[..])
             .expect("8 bytes")
             .0;
+        let l = self.layout(&ch)?;
+        self.set_layout(l);
+        if self.want == self.have {
+            return self.header_done();
+        }
+        Ok(None)
+    }
+
+    #[inline(always)]
+    fn set_layout(&mut self, l: Layout) {
+        self.want = l.region;
+        self.hdr_len = l.region;
+        self.data_len = l.data_len;
+        self.with_ddgst = l.ddgst;
+    }
+
+    /// The rules for a common header (the PDU type in this direction and at this point of the
+    /// connection, HLEN, PLEN, PDO, the digest flags against the negotiated digests, the data
+    /// limits), and where the PDU's parts lie.
+    #[inline(always)]
+    fn layout(&self, ch: &CommonHeader) -> Result<Layout, TcpError> {
         let ty = ch.pdu_type;
         let plen = ch.plen.get() as usize;
         let role = self.cfg.role;
@@ -1497,20 +1450,13 @@ impl Deframer {
             if plen != hlen::IC {
                 return Err(TcpError::field(fei::PLEN, "IC PDU PLEN is not 128"));
             }
-            self.want = hlen::IC;
-            self.hdr_len = hlen::IC;
-            return Ok(None);
+            return Ok(Layout::header_only(hlen::IC));
         }
         if is_term {
             if !(hlen::TERM..=TERM_MAX_PLEN).contains(&plen) {
                 return Err(TcpError::field(fei::PLEN, "TermReq PLEN outside 24..=152"));
             }
-            self.want = plen;
-            self.hdr_len = plen;
-            if self.want == self.have {
-                return self.header_done();
-            }
-            return Ok(None);
+            return Ok(Layout::header_only(plen));
         }
         let hd = if self.cfg.hdgst { DIGEST_LEN } else { 0 };
         if (ch.flags & flags::HDGSTF != 0) != self.cfg.hdgst {
@@ -1528,10 +1474,7 @@ impl Deframer {
             if is_data_pdu {
                 return Err(TcpError::field(fei::PLEN, "data PDU without data"));
             }
-            self.want = hend;
-            self.hdr_len = hend;
-            self.data_len = 0;
-            return Ok(None);
+            return Ok(Layout::header_only(hend));
         }
         // The PDU carries data.
         if matches!(ty, pdu_type::CAPSULE_RESP | pdu_type::R2T) {
@@ -1576,11 +1519,11 @@ impl Deframer {
                 "PDU data larger than the negotiated limit",
             ));
         }
-        self.data_len = data_len as u32;
-        self.with_ddgst = dd != 0;
-        self.want = pdo;
-        self.hdr_len = pdo;
-        Ok(None)
+        Ok(Layout {
+            region: pdo,
+            data_len: data_len as u32,
+            ddgst: dd != 0,
+        })
     }
 
     /// The whole header region is in: check the header digest and decode.
@@ -1589,8 +1532,16 @@ impl Deframer {
         let ch = *CommonHeader::ref_from_prefix(&self.buf[..])
             .expect("8 bytes")
             .0;
+        let pdu = self.decode(&ch, &self.buf[..self.want], self.data_len)?;
+        self.header_in(&pdu);
+        Ok(Some(Event::Header(pdu)))
+    }
+
+    /// The rules for a whole header region `b` whose common header `ch` passed
+    /// [`Deframer::layout`] (the header digest, the fields of each PDU type), and the PDU.
+    #[inline(always)]
+    fn decode(&self, ch: &CommonHeader, b: &[u8], data_len: u32) -> Result<Pdu, TcpError> {
         let hl = ch.hlen as usize;
-        let b = &self.buf[..self.want];
         let digestable = !matches!(
             ch.pdu_type,
             pdu_type::ICREQ | pdu_type::ICRESP | pdu_type::H2C_TERM_REQ | pdu_type::C2H_TERM_REQ
@@ -1606,23 +1557,15 @@ impl Deframer {
             }
         }
         let pdu = match ch.pdu_type {
-            pdu_type::ICREQ => {
-                let r = IcReq::decode(b)?;
-                self.ic_done = true;
-                Pdu::IcReq(r)
-            }
-            pdu_type::ICRESP => {
-                let r = IcResp::decode(b)?;
-                self.ic_done = true;
-                Pdu::IcResp(r)
-            }
+            pdu_type::ICREQ => Pdu::IcReq(IcReq::decode(b)?),
+            pdu_type::ICRESP => Pdu::IcResp(IcResp::decode(b)?),
             pdu_type::H2C_TERM_REQ => Pdu::H2CTermReq(TermReq::decode(b)),
             pdu_type::C2H_TERM_REQ => Pdu::C2HTermReq(TermReq::decode(b)),
             pdu_type::CAPSULE_CMD => {
                 let h = CapsuleCmdHdr::ref_from_prefix(b).expect("72 bytes").0;
                 Pdu::CapsuleCmd {
                     sqe: h.sqe,
-                    data_len: self.data_len,
+                    data_len,
                 }
             }
             pdu_type::CAPSULE_RESP => {
@@ -1638,7 +1581,7 @@ impl Deframer {
                     last: ch.flags & flags::LAST_PDU != 0,
                     success: ch.flags & flags::SUCCESS != 0,
                 };
-                if d.datal != self.data_len {
+                if d.datal != data_len {
                     return Err(TcpError::field(
                         16,
                         "DATAL differs from the data the PDU carries",
@@ -1683,8 +1626,18 @@ impl Deframer {
                 }
                 Pdu::R2T(r)
             }
-            _ => unreachable!("type checked in common_header_done"),
+            _ => unreachable!("type checked in layout"),
         };
+        Ok(pdu)
+    }
+
+    /// A header was taken (its region is in `buf`, its layout set): the PDU's data comes next,
+    /// or the next PDU.
+    #[inline(always)]
+    fn header_in(&mut self, pdu: &Pdu) {
+        if matches!(pdu, Pdu::IcReq(_) | Pdu::IcResp(_)) {
+            self.ic_done = true;
+        }
         self.last_len = self.hdr_len;
         if self.data_len > 0 {
             self.state = State::Data;
@@ -1694,7 +1647,26 @@ impl Deframer {
         } else {
             self.reset();
         }
-        Ok(Some(Event::Header(pdu)))
+    }
+}
+
+/// Where a PDU's parts lie, from its common header.
+#[derive(Debug, Clone, Copy)]
+struct Layout {
+    /// The header region: header, header digest, padding; the data starts here.
+    region: usize,
+    data_len: u32,
+    /// A data digest follows the data.
+    ddgst: bool,
+}
+
+impl Layout {
+    fn header_only(region: usize) -> Layout {
+        Layout {
+            region,
+            data_len: 0,
+            ddgst: false,
+        }
     }
 }
 
@@ -2383,18 +2355,34 @@ mod tests {
             }
         }
 
-        /// A header the whole-header path may take (`Deframer::whole_header`: command and
-        /// response capsules, H2CData and C2HData) gets the same verdict, the same state and
-        /// the same quotable header as when it arrives in pieces (the step-by-step path), for
-        /// valid and corrupted headers, either role and any negotiated options.
+        /// A header taken whole (`Deframer::whole_header`) gets the same verdict, the same
+        /// state and the same quotable header as when it arrives in pieces (the step-by-step
+        /// path), for every PDU type, valid and corrupted, either role, any negotiated options,
+        /// and a sender whose digests and alignment match them or not.
         #[test]
         fn whole_header_path_matches_the_steps(
             pdu in prop_oneof![
                 arb_sqe().prop_map(|sqe| (Pdu::CapsuleCmd { sqe, data_len: 0 }, vec![])),
                 arb_h2c(),
                 arb_c2h(),
+                (0u8..32, any::<bool>(), any::<bool>(), any::<u32>()).prop_map(|(pda, h, d, n)| (
+                    if n % 2 == 0 {
+                        Pdu::IcReq(IcReq { pfv: PFV_1_0, hpda: pda, hdgst: h, ddgst: d, maxr2t: n })
+                    } else {
+                        Pdu::IcResp(IcResp { pfv: PFV_1_0, cpda: pda, hdgst: h, ddgst: d, maxh2cdata: n })
+                    },
+                    vec![]
+                )),
+                (any::<bool>(), any::<u16>(), any::<u32>(), proptest::collection::vec(any::<u8>(), 0..200))
+                    .prop_map(|(h2c, fes, fei, hdr)| {
+                        let t = TermReq::new(&TcpError { fes: Fes::from_u16(fes % 7 + 1).unwrap_or(Fes::InvalidHeaderField), fei, reason: "test" }, &hdr);
+                        (if h2c { Pdu::H2CTermReq(t) } else { Pdu::C2HTermReq(t) }, vec![])
+                    }),
             ],
-            pokes in prop_oneof![Just(vec![]), proptest::collection::vec((0usize..24, any::<u8>()), 1..3)],
+            // The sender's digests and PDA: mostly those the receiver expects.
+            tx_matches in proptest::bool::weighted(0.8),
+            tx_other in (any::<bool>(), any::<bool>(), 0u8..8),
+            pokes in prop_oneof![Just(vec![]), proptest::collection::vec((0usize..80, any::<u8>()), 1..3)],
             plen_delta in prop_oneof![Just(0i64), -80i64..200],
             tail in proptest::collection::vec(any::<u8>(), 0..100),
             // Mostly what the whole-header path takes, so both of its outcomes are common.
@@ -2411,7 +2399,12 @@ mod tests {
             ),
         ) {
             let (p, data) = pdu;
-            let mut wire = p.encode(&TxConfig::default(), &data);
+            let tx = if tx_matches {
+                TxConfig { hdgst, ddgst, pda }
+            } else {
+                TxConfig { hdgst: tx_other.0, ddgst: tx_other.1, pda: tx_other.2 }
+            };
+            let mut wire = p.encode(&tx, &data);
             let plen = (wire.len() as i64 + plen_delta).max(0) as u32;
             wire[4..8].copy_from_slice(&plen.to_le_bytes());
             for (at, v) in pokes {
