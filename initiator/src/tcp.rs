@@ -154,6 +154,17 @@ impl<B: Buf> Queue<TcpLink<B>> {
 }
 
 impl<B: Buf> TcpLink<B> {
+    /// poll(2) the socket for `ev` (no socket lock taken): whether it is ready; an interrupted
+    /// wait counts as ready (the caller reads or polls again).
+    fn wait_ready(&self, ev: PollFlags, timeout: PollTimeout) -> Result<bool, Error> {
+        let mut fds = [PollFd::new(self.sock.as_fd(), ev)];
+        match poll(&mut fds, timeout) {
+            Ok(0) => Ok(false),
+            Ok(_) | Err(nix::errno::Errno::EINTR) => Ok(true),
+            Err(e) => Err(Error::Io(io::Error::from(e))),
+        }
+    }
+
     /// Open the TCP connection and run the ICReq/ICResp exchange.
     pub(crate) fn open(addr: &SocketAddr, p: &QueueParams) -> Result<TcpLink<B>, Error> {
         let sock = TcpStream::connect_timeout(addr, p.timeout).map_err(|e| {
@@ -369,12 +380,10 @@ impl<B: Buf> TcpLink<B> {
             // target, 1.04x against ours, runs of 5-6 alternating rounds; 4k unchanged).
             if self.rx_dry && matches!(self.rx.need(), Need::Data(_)) {
                 io.stats().syscalls += 1;
-                let mut fds = [PollFd::new(self.sock.as_fd(), PollFlags::POLLIN)];
-                match poll(&mut fds, PollTimeout::ZERO) {
-                    Ok(0) => return Ok(()),
-                    Ok(_) | Err(nix::errno::Errno::EINTR) => self.rx_dry = false,
-                    Err(e) => return Err(Error::Io(io::Error::from(e))),
+                if !self.wait_ready(PollFlags::POLLIN, PollTimeout::ZERO)? {
+                    return Ok(());
                 }
+                self.rx_dry = false;
             }
             io.stats().syscalls += 1;
             let rx_read = self.rx_read;
@@ -767,11 +776,7 @@ impl<B: Buf> Link for TcpLink<B> {
             ev |= PollFlags::POLLOUT;
         }
         io.stats().syscalls += 1;
-        let mut fds = [PollFd::new(self.sock.as_fd(), ev)];
-        match poll(&mut fds, poll_timeout(wake)) {
-            Ok(_) | Err(nix::errno::Errno::EINTR) => Ok(()),
-            Err(e) => Err(Error::Io(io::Error::from(e))),
-        }
+        self.wait_ready(ev, poll_timeout(wake)).map(|_| ())
     }
 
     fn check(&mut self, _: &mut Io<'_, '_, B>) -> Result<(), Error> {
