@@ -217,8 +217,7 @@ impl<B: Buf> TcpLink<B> {
                     )));
                 }
                 Err(e) => {
-                    let _ =
-                        (&sock).write_all(&TermReq::new(&e, rx.offending_header()).encode(true));
+                    let _ = (&sock).write_all(&TermReq::of(&e).encode(true, rx.offending_header()));
                     return Err(e.into());
                 }
             }
@@ -226,7 +225,7 @@ impl<B: Buf> TcpLink<B> {
         // The Linux host's checks (nvme_tcp_init_connection): digests echoed, CPDA 0,
         // MAXH2CDATA >= 4096 and a multiple of 4 (checked by the deframer).
         if let Err(e) = resp.check_against(&req) {
-            let _ = (&sock).write_all(&TermReq::new(&e, &resp.encode()).encode(true));
+            let _ = (&sock).write_all(&TermReq::of(&e).encode(true, &resp.encode()));
             return Err(e.into());
         }
         rx.set_digests(p.hdgst, p.ddgst);
@@ -681,7 +680,7 @@ impl<B: Buf> TcpLink<B> {
 
     /// We found the target breaking the protocol: tell it (best effort); the queue fails.
     fn protocol_error(&mut self, e: TcpError) -> Error {
-        let term = TermReq::new(&e, self.rx.offending_header()).encode(true);
+        let term = TermReq::of(&e).encode(true, self.rx.offending_header());
         // The socket is non-blocking; the TermReq is advisory and may not fit. The connection
         // is closed right after anyway.
         let _ = (&self.sock).write(&term);
@@ -1280,10 +1279,11 @@ mod tests {
         let (addr, h) = peer(ic(4096), |mut p| {
             let (sqe, _) = p.cmd();
             p.resp(sqe.cid() + 3, Status::SUCCESS, 0);
-            match p.recv().pdu {
+            let got = p.recv();
+            match got.pdu {
                 Pdu::H2CTermReq(t) => {
                     assert_eq!((t.fes(), t.fei), (Some(Fes::InvalidHeaderField), 20));
-                    assert_eq!(t.offending_header()[0], tcp::pdu_type::CAPSULE_RESP);
+                    assert_eq!(got.data[0], tcp::pdu_type::CAPSULE_RESP);
                 }
                 other => panic!("expected H2CTermReq, got {other:?}"),
             }

@@ -559,34 +559,25 @@ impl IcResp {
     }
 }
 
-/// A TermReq (either direction): why the sender is closing the connection.
-#[derive(Clone, Copy, PartialEq, Eq)]
+/// A TermReq (either direction): why the sender is closing the connection. The copy of the
+/// offending PDU header it carries travels apart: given to [`TermReq::encode`] when sending,
+/// and, when receiving, in the deframer ([`Deframer::term_data`], right after the header) and
+/// in [`OwnedPdu::data`]. This keeps [`Pdu`], which is moved for every PDU, small.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TermReq {
     /// Fatal Error Status (raw; see [`Fes::from_u16`]).
     pub fes: u16,
     /// Fatal Error Information.
     pub fei: u32,
-    header: [u8; TERM_MAX_DATA],
-    header_len: u8,
 }
 
 impl TermReq {
-    /// A TermReq for `err`, carrying (up to 128 bytes of) the offending PDU header.
-    pub fn new(err: &TcpError, offending_header: &[u8]) -> TermReq {
-        let n = offending_header.len().min(TERM_MAX_DATA);
-        let mut header = [0u8; TERM_MAX_DATA];
-        header[..n].copy_from_slice(&offending_header[..n]);
+    /// The TermReq that reports `err`.
+    pub fn of(err: &TcpError) -> TermReq {
         TermReq {
             fes: err.fes as u16,
             fei: err.fei,
-            header,
-            header_len: n as u8,
         }
-    }
-
-    /// The copy of the offending PDU header.
-    pub fn offending_header(&self) -> &[u8] {
-        &self.header[..self.header_len as usize]
     }
 
     /// The defined FES, if the value is one.
@@ -594,14 +585,15 @@ impl TermReq {
         Fes::from_u16(self.fes)
     }
 
-    /// Encode as an H2CTermReq (`to_controller`) or C2HTermReq. Never carries digests.
-    pub fn encode(&self, to_controller: bool) -> Vec<u8> {
+    /// Encode as an H2CTermReq (`to_controller`) or C2HTermReq carrying (up to 128 bytes of)
+    /// `offending_header`. Never carries digests.
+    pub fn encode(&self, to_controller: bool, offending_header: &[u8]) -> Vec<u8> {
         let t = if to_controller {
             pdu_type::H2C_TERM_REQ
         } else {
             pdu_type::C2H_TERM_REQ
         };
-        let data = self.offending_header();
+        let data = &offending_header[..offending_header.len().min(TERM_MAX_DATA)];
         let mut ch = fixed_ch(t, hlen::TERM);
         ch.plen = ((hlen::TERM + data.len()) as u32).into();
         let hdr = TermReqHdr {
@@ -620,29 +612,10 @@ impl TermReq {
         let h = TermReqHdr::ref_from_prefix(b)
             .expect("caller passes at least 24 bytes")
             .0;
-        let data = &b[hlen::TERM..];
-        let n = data.len().min(TERM_MAX_DATA);
-        let mut header = [0u8; TERM_MAX_DATA];
-        header[..n].copy_from_slice(&data[..n]);
         TermReq {
             fes: h.fes.get(),
             fei: h.fei.get(),
-            header,
-            header_len: n as u8,
         }
-    }
-}
-
-impl core::fmt::Debug for TermReq {
-    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        f.debug_struct("TermReq")
-            .field("fes", &self.fes)
-            .field("fei", &self.fei)
-            .field(
-                "offending_header",
-                &format_args!("{:02x?}", self.offending_header()),
-            )
-            .finish()
     }
 }
 
@@ -756,12 +729,17 @@ impl Pdu {
         }
     }
 
-    /// The whole PDU: header, digests, padding and `data`.
+    /// The whole PDU: header, digests, padding and `data` (for a TermReq: the copy of the
+    /// offending header it carries, at most 128 bytes taken).
     ///
     /// # Panics
-    /// If `data.len() != self.data_len()` (a TermReq carries its data inside the value and
-    /// takes an empty `data`).
+    /// If `data.len() != self.data_len()` for a PDU other than a TermReq.
     pub fn encode(&self, tx: &TxConfig, data: &[u8]) -> Vec<u8> {
+        match self {
+            Pdu::H2CTermReq(t) => return t.encode(true, data),
+            Pdu::C2HTermReq(t) => return t.encode(false, data),
+            _ => {}
+        }
         assert_eq!(
             data.len(),
             self.data_len() as usize,
@@ -770,8 +748,7 @@ impl Pdu {
         match self {
             Pdu::IcReq(r) => r.encode().to_vec(),
             Pdu::IcResp(r) => r.encode().to_vec(),
-            Pdu::H2CTermReq(t) => t.encode(true),
-            Pdu::C2HTermReq(t) => t.encode(false),
+            Pdu::H2CTermReq(_) | Pdu::C2HTermReq(_) => unreachable!("encoded above"),
             _ => {
                 let h = self.header(tx);
                 let mut out = Vec::with_capacity(h.plen() as usize);
@@ -1210,6 +1187,17 @@ impl Deframer {
             State::Data | State::DataDigest => self.hdr_len,
         };
         &self.buf[..n.min(TERM_MAX_DATA)]
+    }
+
+    /// Right after a TermReq header was handed out (before anything else is fed): the copy of
+    /// the offending PDU header the TermReq carries. Empty otherwise.
+    pub fn term_data(&self) -> &[u8] {
+        let is_term = matches!(self.buf[0], pdu_type::H2C_TERM_REQ | pdu_type::C2H_TERM_REQ);
+        if self.state == State::Header && self.have == 0 && is_term && self.last_len > hlen::TERM {
+            &self.buf[hlen::TERM..self.last_len]
+        } else {
+            &[]
+        }
     }
 
     /// `n` bytes were written into [`Deframer::header_buf`].
@@ -1674,6 +1662,7 @@ impl Layout {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OwnedPdu {
     pub pdu: Pdu,
+    /// The PDU's data; for a TermReq, the copy of the offending header it carries.
     pub data: Vec<u8>,
     /// The data digest verdict (always `Ok` without data or without data digests).
     pub data_digest: Result<(), DigestMismatch>,
@@ -1707,7 +1696,7 @@ impl PduCollector {
                     if p.data_len() == 0 {
                         out.push(OwnedPdu {
                             pdu: p,
-                            data: Vec::new(),
+                            data: self.deframer.term_data().to_vec(),
                             data_digest: Ok(()),
                         });
                     } else {
@@ -2127,8 +2116,8 @@ mod tests {
     fn term_req_round_trip() {
         let e = TcpError::new(Fes::InvalidHeaderField, 2, "x");
         let hdr = resp_wire(false);
-        let t = TermReq::new(&e, &hdr);
-        let w = t.encode(false);
+        let t = TermReq::of(&e);
+        let w = t.encode(false, &hdr);
         assert_eq!(&w[..8], &[0x03, 0, 24, 0, 48, 0, 0, 0]);
         assert_eq!(&w[8..10], &1u16.to_le_bytes());
         assert_eq!(&w[10..14], &2u32.to_le_bytes());
@@ -2138,10 +2127,30 @@ mod tests {
             Pdu::C2HTermReq(t) => {
                 assert_eq!(t.fes(), Some(Fes::InvalidHeaderField));
                 assert_eq!(t.fei, 2);
-                assert_eq!(t.offending_header(), &hdr[..]);
             }
             ref p => panic!("{p:?}"),
         }
+        assert_eq!(got[0].data, hdr);
+        // Fed whole and a byte at a time, the deframer hands out the same copy.
+        for step in [w.len(), 1] {
+            let mut rx = Deframer::new(RxConfig::host());
+            let mut at = 0;
+            loop {
+                let (n, fed) = rx.feed(&w[at..(at + step).min(w.len())]).unwrap();
+                at += n;
+                if let Some(Fed::Header(Pdu::C2HTermReq(_))) = fed {
+                    break;
+                }
+                assert!(rx.term_data().is_empty());
+            }
+            assert_eq!(rx.term_data(), &hdr[..]);
+        }
+        // Longer than 128 bytes: the first 128 are sent.
+        let long = [0xab; 200];
+        let w2 = t.encode(true, &long);
+        assert_eq!(w2.len(), TERM_MAX_PLEN);
+        let got = PduCollector::new(RxConfig::controller()).push(&w2).unwrap();
+        assert_eq!(got[0].data, &long[..TERM_MAX_DATA]);
         // PLEN above 152 is rejected.
         let mut w = w;
         w[4] = 153;
@@ -2375,8 +2384,8 @@ mod tests {
                 )),
                 (any::<bool>(), any::<u16>(), any::<u32>(), proptest::collection::vec(any::<u8>(), 0..200))
                     .prop_map(|(h2c, fes, fei, hdr)| {
-                        let t = TermReq::new(&TcpError { fes: Fes::from_u16(fes % 7 + 1).unwrap_or(Fes::InvalidHeaderField), fei, reason: "test" }, &hdr);
-                        (if h2c { Pdu::H2CTermReq(t) } else { Pdu::C2HTermReq(t) }, vec![])
+                        let t = TermReq { fes, fei };
+                        (if h2c { Pdu::H2CTermReq(t) } else { Pdu::C2HTermReq(t) }, hdr)
                     }),
             ],
             // The sender's digests and PDA: mostly those the receiver expects.
@@ -2442,7 +2451,7 @@ mod tests {
                     match d.feed(&wire[at..end]) {
                         Ok((n, fed)) => {
                             at += n;
-                            let state = (d.need(), d.at_boundary(), d.offending_header().to_vec());
+                            let state = (d.need(), d.at_boundary(), d.offending_header().to_vec(), d.term_data().to_vec());
                             match fed {
                                 Some(Fed::Header(p)) => {
                                     seen.push((format!("{p:?}"), at, state));

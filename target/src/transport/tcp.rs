@@ -1021,7 +1021,7 @@ impl<W: Wire> Conn<W> {
     fn fatal(&mut self, store: &mut dyn Store, e: TcpError, now: Instant) {
         warn!(peer = %self.peer, fes = ?e.fes, fei = e.fei, reason = e.reason,
             "NVMe/TCP protocol error: terminating the connection");
-        let bytes = TermReq::new(&e, self.rx.offending_header()).encode(false);
+        let bytes = TermReq::of(&e).encode(false, self.rx.offending_header());
         // Best effort, after the whole PDUs already queued; the connection closes either way.
         if self.flush(store, now) {
             write_bounded(&mut self.wire, &bytes, Duration::from_millis(100));
