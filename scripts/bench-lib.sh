@@ -22,6 +22,14 @@ free_port() {
     python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
 }
 
+# The kernel's TCP settings that shape loopback results, for the scripts' header lines: the
+# congestion control (with bbr, large reads on loopback see reordering and fast retransmits
+# that cubic does not: measured with 128k reads at QD8) and the default qdisc.
+tcp_settings() {
+    echo "tcp congestion control $(sysctl -n net.ipv4.tcp_congestion_control 2>/dev/null || echo '?')," \
+        "default qdisc $(sysctl -n net.core.default_qdisc 2>/dev/null || echo '?')"
+}
+
 # CPU ticks (user + system) of a process; hz ticks a second.
 ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
 hz=$(getconf CLK_TCK)

@@ -69,7 +69,7 @@ profile() {
         }'
 }
 
-echo "$NAME: CPU $TGT_CPU per I/O, spdk_nvme_perf $RW $BS QD$QD on CPU $CLIENT_CPU, ${RECORD}s sampled of ${RUNTIME}s; targets: $TARGETS"
+echo "$NAME: CPU $TGT_CPU per I/O, spdk_nvme_perf $RW $BS QD$QD on CPU $CLIENT_CPU, ${RECORD}s sampled of ${RUNTIME}s; targets: $TARGETS; $(tcp_settings)"
 for r in $(seq "$ROUNDS"); do
     [ "$ROUNDS" = 1 ] || echo "round $r"
     order=$TARGETS

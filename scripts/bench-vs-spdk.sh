@@ -72,7 +72,7 @@ run_bench() {
 
 median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 
-echo "nvmf-bench vs spdk_nvme_perf: NVMe/TCP 127.0.0.1, null namespace, target on CPU $TGT_CPU, client on CPU $CLIENT_CPU; $ROUNDS rounds of ${RUNTIME}s per client"
+echo "nvmf-bench vs spdk_nvme_perf: NVMe/TCP 127.0.0.1, null namespace, target on CPU $TGT_CPU, client on CPU $CLIENT_CPU; $ROUNDS rounds of ${RUNTIME}s per client; $(tcp_settings)"
 summary=()
 for tgt in $TARGETS; do
     case $tgt in spdk | ours) ;; *) echo "$NAME: unknown target $tgt (spdk, ours)" >&2; exit 2 ;; esac
