@@ -145,7 +145,8 @@ fn run_feed(cfg: RxConfig, chunks: &[&[u8]]) -> Outcome {
                             if p.data_len() == 0 {
                                 pdus.push(OwnedPdu {
                                     pdu: p,
-                                    data: Vec::new(),
+                                    // A TermReq's copy of the offending header.
+                                    data: rx.term_data().to_vec(),
                                     data_digest: Ok(()),
                                 });
                             } else {
@@ -220,7 +221,7 @@ fn run_transport(cfg: RxConfig, stream: &[u8], chunker: &mut Chunker) -> Outcome
                         if p.data_len() == 0 {
                             pdus.push(OwnedPdu {
                                 pdu: p,
-                                data: Vec::new(),
+                                data: rx.term_data().to_vec(),
                                 data_digest: Ok(()),
                             });
                         } else {
