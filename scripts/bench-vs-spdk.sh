@@ -11,6 +11,7 @@
 #   ../shared/tools/build-spdk.sh first (SPDK v23.01.1 in /tmp/spdk-src), then:
 #   scripts/bench-vs-spdk.sh                       # both targets, 5 rounds of 5 s
 #   TARGETS=ours ROUNDS=7 RUNTIME=10 scripts/bench-vs-spdk.sh
+#   TARGETS="spdk /path/to/older/nvmf-target"    # spdk, ours, or an nvmf-target binary
 #   WORKLOADS="randread:4k:1 randread:4k:32 read:128k:8"   # rw:bs:iodepth (the default)
 #   SPDK_DIR=/path/to/spdk NO_BUILD=1 BIN=build/release
 #
@@ -72,13 +73,14 @@ run_bench() {
 
 median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 
+# shellcheck disable=SC2086 # TARGETS is a list
+check_targets $TARGETS
 echo "nvmf-bench vs spdk_nvme_perf: NVMe/TCP 127.0.0.1, null namespace, target on CPU $TGT_CPU, client on CPU $CLIENT_CPU; $ROUNDS rounds of ${RUNTIME}s per client; $(tcp_settings)"
 summary=()
 for tgt in $TARGETS; do
-    case $tgt in spdk | ours) ;; *) echo "$NAME: unknown target $tgt (spdk, ours)" >&2; exit 2 ;; esac
     SETTINGS= start "$tgt"
     echo
-    echo "== target: $([ "$tgt" = spdk ] && echo "SPDK nvmf_tgt" || echo "nvmf-target (ours)")"
+    echo "== target: $(case $tgt in spdk) echo "SPDK nvmf_tgt" ;; ours) echo "nvmf-target (ours)" ;; *) echo "$tgt" ;; esac)"
     printf '%-16s %5s %11s %11s %7s %13s %13s\n' workload round "perf IOPS" "bench IOPS" ratio "perf us/IO" "bench us/IO"
     for wl in $WORKLOADS; do
         IFS=: read -r rw bs qd <<<"$wl"

@@ -748,7 +748,6 @@ impl Pdu {
         match self {
             Pdu::IcReq(r) => r.encode().to_vec(),
             Pdu::IcResp(r) => r.encode().to_vec(),
-            Pdu::H2CTermReq(_) | Pdu::C2HTermReq(_) => unreachable!("encoded above"),
             _ => {
                 let h = self.header(tx);
                 let mut out = Vec::with_capacity(h.plen() as usize);
