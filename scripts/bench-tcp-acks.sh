@@ -75,12 +75,14 @@ for r in $(seq "$ROUNDS"); do
                 cpu = substr($1, 4) + 0
                 if (cpu > 1) next
                 k = (cpu == 0) ? ++seen0 : ++seen1
-                v[k, cpu] = ($2 ~ /^[0-9]+$/) ? $2 : "n/a"
+                if ($2 ~ /^[0-9]+$/) v[k, cpu] = $2   # else "<not counted>": left out, printed as -
             }
+            function per_io(x) { return (x == "") ? sprintf(" %7s", "-") : sprintf(" %7.3f", x / n) }
             END {
                 printf "%-5s %-6s %8d ", r, c, iops
-                for (k = 1; k <= 3; k++) printf " %7.3f %7.3f", v[k, 0] / n, v[k, 1] / n
-                printf "  %7d\n", v[4, 0] + v[4, 1]
+                for (k = 1; k <= 3; k++) printf "%s%s", per_io(v[k, 0]), per_io(v[k, 1])
+                if (v[4, 0] == "" || v[4, 1] == "") printf "  %7s\n", "-"
+                else printf "  %7d\n", v[4, 0] + v[4, 1]
             }' "$dir/count.csv"
     done
 done
