@@ -66,12 +66,14 @@ stop_target() {
     pid=
 }
 
-# bench JSON ARGS...: nvmf-bench over TCP against the running target (subsystem $NQN), JSON
-# report in the file JSON; exits the script unless the TCP result's status is ok.
+# bench JSON ARGS...: nvmf-bench over TCP against the running target (subsystem $NQN), on CPU
+# $CLIENT_CPU when that is set, JSON report in the file JSON; exits the script unless the TCP
+# result's status is ok.
 bench() {
-    local out=$1
+    local out=$1 pin=()
     shift
-    "$BIN/nvmf-bench" --transport tcp --traddr 127.0.0.1 --trsvcid "$port" --subnqn "$NQN" \
+    [ -z "${CLIENT_CPU:-}" ] || pin=(taskset -c "$CLIENT_CPU")
+    "${pin[@]}" "$BIN/nvmf-bench" --transport tcp --traddr 127.0.0.1 --trsvcid "$port" --subnqn "$NQN" \
         --output-format json "$@" >"$out"
     local st
     st=$(jq -r "$TCP_RESULT.status" "$out")

@@ -51,13 +51,8 @@ count() {
     if [ "$1" = perf ]; then
         spdk_perf "$rw" "$bs" "$qd"
     else
-        # shellcheck disable=SC2086
-        taskset -c "$CLIENT_CPU" "$BIN/nvmf-bench" --transport tcp --traddr 127.0.0.1 --trsvcid "$port" \
-            --subnqn "$NQN" --nsid 1 --rw "$rw" --bs "$bs" --iodepth "$qd" --runtime "$RUNTIME" \
-            --output-format json $BENCH_FLAGS >"$dir/bench.json" 2>"$dir/bench.err" ||
-            { echo "$NAME: nvmf-bench failed:" >&2; cat "$dir/bench.err" >&2; exit 1; }
-        [ "$(jq -r "$TCP_RESULT.status" "$dir/bench.json")" = ok ] ||
-            { echo "$NAME: nvmf-bench: $(jq -c "$TCP_RESULT.status" "$dir/bench.json")" >&2; exit 1; }
+        # shellcheck disable=SC2086 # BENCH_FLAGS is a list
+        bench "$dir/bench.json" --nsid 1 --rw "$rw" --bs "$bs" --iodepth "$qd" --runtime "$RUNTIME" $BENCH_FLAGS
         IOPS=$(jq -r "$TCP_RESULT.total.iops | floor" "$dir/bench.json")
     fi
     wait "$rec" || { echo "$NAME: perf stat failed" >&2; exit 1; }

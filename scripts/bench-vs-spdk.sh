@@ -57,18 +57,12 @@ run_perf() {
 
 # run_bench RW BS QD: sets IOPS and CPU
 run_bench() {
-    local rw=$1 bs=$2 qd=$3 c0 c1 iops
+    local rw=$1 bs=$2 qd=$3 c0 c1
     child_cpu; c0=$CPU_NOW
-    # shellcheck disable=SC2086
-    taskset -c "$CLIENT_CPU" "$BIN/nvmf-bench" --transport tcp --traddr 127.0.0.1 --trsvcid "$port" \
-        --subnqn "$NQN" --nsid 1 --rw "$rw" --bs "$bs" --iodepth "$qd" --runtime "$RUNTIME" \
-        --output-format json $BENCH_FLAGS >"$dir/bench.json" 2>"$dir/bench.err" ||
-        { echo "$NAME: nvmf-bench failed:" >&2; cat "$dir/bench.err" >&2; exit 1; }
+    # shellcheck disable=SC2086 # BENCH_FLAGS is a list
+    bench "$dir/bench.json" --nsid 1 --rw "$rw" --bs "$bs" --iodepth "$qd" --runtime "$RUNTIME" $BENCH_FLAGS
     child_cpu; c1=$CPU_NOW
-    [ "$(jq -r "$TCP_RESULT.status" "$dir/bench.json")" = ok ] ||
-        { echo "$NAME: nvmf-bench: $(jq -c "$TCP_RESULT.status" "$dir/bench.json")" >&2; exit 1; }
-    iops=$(jq -r "$TCP_RESULT.total.iops" "$dir/bench.json")
-    result "$iops" "$c0" "$c1"
+    result "$(jq -r "$TCP_RESULT.total.iops" "$dir/bench.json")" "$c0" "$c1"
 }
 
 median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
