@@ -79,5 +79,12 @@ bench() {
     st=$(jq -r "$TCP_RESULT.status" "$out")
     [ "$st" = ok ] || { echo "$NAME: nvmf-bench $*: $st" >&2; cat "$out" >&2; exit 1; }
 }
+# in_turn ROUND ITEM...: the items in their order in odd rounds and reversed in even ones (so
+# paired runs take turns going first).
+in_turn() {
+    local r=$1
+    shift
+    if [ $((r % 2)) = 1 ]; then echo "$@"; else printf '%s\n' "$@" | tac | tr '\n' ' '; fi
+}
 # The jq path of the TCP result of the first workload.
 TCP_RESULT='.workloads[0].results[] | select(.transport == "tcp")'

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# How each client acknowledges a target's data over loopback NVMe/TCP, and what that asks of the
-# target's core: TARGET (`spdk`: SPDK's nvmf_tgt; `ours`: this tree's nvmf-target, `threads: 1`;
+# What each client's traffic asks of a target's TCP over loopback NVMe/TCP (acknowledgements,
+# data packets, pacing, retransmissions): TARGET (`spdk`: SPDK's nvmf_tgt; `ours`: this tree's nvmf-target, `threads: 1`;
 # or the path of another nvmf-target binary) runs with a 1 GiB null namespace on CPU 0, and
 # spdk_nvme_perf and nvmf-bench (CPU 1) run WORKLOAD in turn, the order flipping every round.
 # `perf stat` counts on each CPU, for RECORD seconds from SKIP seconds into each run: pure ACKs
@@ -62,7 +62,7 @@ echo "$NAME: $rw $bs QD$qd against $TARGET on CPU $TGT_CPU, clients on CPU $CLIE
 printf '%-5s %-6s %8s  %15s  %15s  %15s  %7s\n' round client IOPS "ACKs/IO: CPU0 1" "data/IO: CPU0 1" "pacing/IO: 0 1" retrans
 SETTINGS= start "$TARGET"
 for r in $(seq "$ROUNDS"); do
-    for client in $([ $((r % 2)) = 1 ] && echo "perf bench" || echo "bench perf"); do
+    for client in $(in_turn "$r" perf bench); do
         count "$client"
         # perf stat -x, -A: "CPU0,<count>,,<event>,..." once per event and CPU, in -e order.
         awk -F, -v n="$((IOPS * RECORD))" -v r="$r" -v c="$client" -v iops="$IOPS" '

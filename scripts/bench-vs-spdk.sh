@@ -80,7 +80,7 @@ for tgt in $TARGETS; do
         IFS=: read -r rw bs qd <<<"$wl"
         ratios=()
         for r in $(seq "$ROUNDS"); do
-            for client in $([ $((r % 2)) = 1 ] && echo "perf bench" || echo "bench perf"); do
+            for client in $(in_turn "$r" perf bench); do
                 if [ "$client" = perf ]; then
                     run_perf "$rw" "$bs" "$qd"; p_iops=$IOPS p_cpu=$CPU
                 else
