@@ -81,10 +81,11 @@ step() {
   echo "  -> exit $rc in $((SECONDS - t0)) s" >>"$STEPS"
   if [ $rc -ne 0 ]; then
     REASON="step '$desc' failed (exit $rc): $(grep -v '^[[:space:]]*$' "$WORK/step.out" | tail -n 1 | cut -c1-200)"
-    # A failed Rust test: its panic message (the line after "panicked at") says why.
-    local why
+    # A failed Rust test: its name and its panic message (the line after "panicked at") say why.
+    local why who
     why=$(grep -A1 -m1 'panicked at' "$WORK/step.out" | tail -n 1 | cut -c1-300)
-    [ -n "$why" ] && REASON="$REASON; panic: $why"
+    who=$(grep -m1 -o "thread '[^']*' panicked" "$WORK/step.out" | cut -d"'" -f2)
+    [ -n "$why" ] && REASON="$REASON; panic${who:+ in $who}: $why"
     return 1
   fi
   log "ok: $desc ($((SECONDS - t0)) s)"

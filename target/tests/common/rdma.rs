@@ -21,10 +21,14 @@ use nvmf_target::transport::rdma::RegionKind;
 use rdma::active::{self, ConnectError};
 use rdma::{
     AccessFlags, CmEventType, CmId, ConnParam, Cq, EventChannel, Mr, Pd, Qp, QpInitAttr, RecvWr,
-    SendWr, WcOpcode, WorkCompletion,
+    RemoteBuf, SendWr, WcOpcode, WorkCompletion,
 };
 
 pub const TIMEOUT: Duration = Duration::from_secs(20);
+/// How long [`Host::exec`] waits on iWARP before it nudges the target's receive stream.
+pub const NUDGE_AFTER: Duration = Duration::from_secs(1);
+/// The work request id of that nudge (a zero-length RDMA WRITE).
+const NUDGE_WR_ID: u64 = 1_000_001;
 pub const NQN: &str = "nqn.2026-11.io.nvmf-rs:rdma-raw";
 pub const HOSTNQN: &str = "nqn.2014-08.org.nvmexpress:uuid:5a0c3f52-6d2b-4c1e-9b7a-1d2e3f405162";
 pub const NRECV: usize = 32;
@@ -40,8 +44,16 @@ pub fn rdma_ip() -> Option<IpAddr> {
 }
 
 /// The RDMA address under test, or None when the test is to be skipped (it prints so); with
-/// `NVMF_REQUIRE_RDMA=1` (the VM suite) a missing address fails the test instead.
+/// `NVMF_REQUIRE_RDMA=1` (the VM suite) a missing address fails the test instead. Also sends
+/// the in-process daemon's log (`RUST_LOG`, default `warn`) to the test's output, so a failed
+/// test in the VM suite's steps.log shows what the target said.
 pub fn rdma_ip_or_skip() -> Option<IpAddr> {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_test_writer()
+        .try_init();
     let Some(ip) = rdma_ip() else {
         if std::env::var("NVMF_REQUIRE_RDMA").as_deref() == Ok("1") {
             panic!("NVMF_REQUIRE_RDMA=1 but no RDMA address (NVMF_TEST_RDMA_IP, RXE_IP, SIW_IP)");
@@ -80,6 +92,8 @@ pub struct Host {
     pub subnqn: String,
     pub hostnqn: String,
     pub next_cid: u16,
+    /// iWARP (siw): [`Host::exec`] may have to nudge the target's receive stream.
+    pub iwarp: bool,
 }
 
 pub enum Outcome {
@@ -110,6 +124,7 @@ pub fn open_with(
     let deadline = Instant::now() + TIMEOUT;
     let ch = EventChannel::new().unwrap();
     let (id, ctx) = active::resolve(&ch, 7, addr, deadline).unwrap();
+    let iwarp = ctx.transport() == rdma::Transport::Iwarp;
     let pd = Arc::new(Pd::new(&ctx).unwrap());
     let cq = Arc::new(Cq::new(&ctx, 256).unwrap());
     let qp = Qp::create(&id, &pd, &QpInitAttr::new(&cq, 64, NRECV as u32)).unwrap();
@@ -145,6 +160,7 @@ pub fn open_with(
             hostnqn: HOSTNQN.into(),
             ch,
             next_cid: 1,
+            iwarp,
         })),
         Err(ConnectError::Rejected {
             status,
@@ -206,19 +222,44 @@ impl Host {
     }
 
     /// Sends a capsule (SQE plus in-capsule data) and returns the response.
+    ///
+    /// On iWARP, a response missing for [`NUDGE_AFTER`] gets one zero-length RDMA WRITE behind
+    /// the capsule (it names no memory: the receiver checks no key for zero bytes). Linux siw
+    /// (6.1 in the test VM) installs its receive callback on an accepted connection's socket
+    /// only after sending the MPA reply, so a first capsule that arrives in between stays
+    /// unread in the target's socket until more data comes (seen in the VM suite on a loaded
+    /// machine: a Connect unanswered for 20 s); the WRITE is that data. A target that does not
+    /// answer still fails here after [`TIMEOUT`].
     pub fn exec(&mut self, sqe: &Sqe, inline: &[u8]) -> Cqe {
         let mut capsule = sqe.encode().to_vec();
         capsule.extend_from_slice(inline);
         self.send_raw(&capsule);
-        let deadline = Instant::now() + TIMEOUT;
-        let (mut sent, mut cqe) = (false, None);
+        let t0 = Instant::now();
+        let deadline = t0 + TIMEOUT;
+        let (mut sent, mut cqe, mut nudged) = (false, None, false);
         let mut wc = [WorkCompletion::default()];
         while !sent || cqe.is_none() {
             assert!(
                 Instant::now() < deadline,
-                "no response to {sqe:?} (sent: {sent})"
+                "no response to {sqe:?} (sent: {sent}, stream nudged: {nudged})"
             );
             if self.cq.poll(&mut wc).unwrap() == 0 {
+                if self.iwarp && sent && !nudged && t0.elapsed() >= NUDGE_AFTER {
+                    nudged = true;
+                    eprintln!(
+                        "no response to cid {} after {NUDGE_AFTER:?} on iWARP: a zero-length \
+                         RDMA WRITE to move the target's receive stream (siw accept race)",
+                        sqe.cid()
+                    );
+                    let none = RemoteBuf {
+                        addr: 0,
+                        len: 0,
+                        rkey: 0,
+                    };
+                    self.qp
+                        .post_send(&[SendWr::write(NUDGE_WR_ID, &[], none).signaled()])
+                        .unwrap();
+                }
                 std::thread::sleep(Duration::from_micros(100));
                 continue;
             }
@@ -226,6 +267,7 @@ impl Host {
             assert!(w.is_ok(), "host work request failed: {w:?}");
             match w.opcode() {
                 WcOpcode::Send => sent = true,
+                WcOpcode::RdmaWrite if w.wr_id() == NUDGE_WR_ID => {}
                 WcOpcode::Recv => {
                     assert_eq!(w.byte_len(), 16, "response length");
                     let slot = w.wr_id() as usize;
