@@ -37,6 +37,9 @@
 //!   Any rdma_cm event after ESTABLISHED (DISCONNECTED, DEVICE_REMOVAL, ADDR_CHANGE,
 //!   TIMEWAIT_EXIT) fails the queue as well. A failing or dropped queue moves its QP to the
 //!   error state and reaps the flushed work requests before buffers are handed back.
+//! - On iWARP a new queue without a response 1 s after connecting sends one zero-length RDMA
+//!   WRITE: Linux's siw can leave a connection's first capsule unread in the target's socket
+//!   until more data arrives (DESIGN.md, "A first capsule left unread").
 //!
 //! # Buffers and copies
 //! Each queue has a pool of registered memory ([`RdmaBuf`], from [`crate::Queue::alloc_buf`]):

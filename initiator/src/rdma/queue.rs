@@ -15,7 +15,7 @@ use nvme::sgl::Sgl;
 use nvme::{Cqe, Sqe};
 use rdma::{
     active, next_rkey, AccessFlags, CmId, CompChannel, ConnParam, Cq, EventChannel, Mr, Mw, MwBind,
-    Pd, Qp, QpInitAttr, SendWr, WorkCompletion,
+    Pd, Qp, QpInitAttr, RemoteBuf, SendWr, WorkCompletion,
 };
 
 use super::error::{rejected, RdmaError};
@@ -36,6 +36,16 @@ pub(super) const RECV_FLAG: u64 = 1 << 32;
 const BIND_FLAG: u64 = 1 << 33;
 /// `wr_id` bit marking a LOCAL_INV (low 16 bits: the tag).
 const INV_FLAG: u64 = 1 << 34;
+/// `wr_id` of the zero-length RDMA WRITE that nudges an iWARP target's receive stream.
+const NUDGE_FLAG: u64 = 1 << 35;
+/// iWARP: how long a new queue waits for its first response before it nudges the target's
+/// receive stream with a zero-length RDMA WRITE. Linux's siw (6.1) installs its receive
+/// callback on an accepted connection's socket only after it has sent the MPA reply; a first
+/// capsule that arrives in between stays unread in the target's socket until more data
+/// comes, and the Fabrics Connect waits for it. A zero-length RDMA WRITE names no memory
+/// (no key is checked for zero bytes) and is that data. Seen in the test VM under load: the
+/// in-process wire tests' Connect unanswered for 20 s, 6 times in 60 runs.
+const NUDGE_AFTER: Duration = Duration::from_secs(1);
 /// How commands open their buffers to the target: `auto` (the default: memory windows where
 /// the device has them and is not rxe, else a registration per command), `windows` (wherever
 /// the device has them, rxe too) or `register` (a registration per command everywhere).
@@ -80,6 +90,8 @@ struct Conn {
     /// ([`WorkCompletion::rxe_invalidated_rkey`]), and no other provider's.
     rxe: bool,
     dev: String,
+    /// iWARP, no response yet: when to nudge the target's receive stream ([`NUDGE_AFTER`]).
+    nudge_at: Option<Instant>,
 }
 
 /// What [`KEYS_ENV`] asks for.
@@ -356,6 +368,7 @@ impl<B: RegisteredBuf> RdmaLink<B> {
                 iwarp,
                 rxe,
                 dev,
+                nudge_at: iwarp.then(|| Instant::now() + NUDGE_AFTER),
             },
             cmd_mr,
             rsp_mr,
@@ -427,7 +440,12 @@ impl<B: RegisteredBuf> RdmaLink<B> {
         let tag = (id & 0xffff) as u16;
         let op = if id & RECV_FLAG != 0 {
             self.conn.recv_posted -= 1;
+            self.conn.nudge_at = None;
             "RECV"
+        } else if id & NUDGE_FLAG != 0 {
+            self.conn.sq_free += 1;
+            self.conn.signaled_out -= 1;
+            "zero-length RDMA WRITE"
         } else if id & BIND_FLAG != 0 {
             // Unsignaled: only a failed or flushed bind reports; its entry came back (or
             // comes back) with its SEND's completion.
@@ -457,7 +475,7 @@ impl<B: RegisteredBuf> RdmaLink<B> {
         }
         if id & RECV_FLAG != 0 {
             self.on_response(io, (id & 0xffff_ffff) as usize, wc)
-        } else if id & BIND_FLAG != 0 {
+        } else if id & (BIND_FLAG | NUDGE_FLAG) != 0 {
             Ok(())
         } else if id & INV_FLAG != 0 {
             // The key is dead: the response recorded before can complete the command.
@@ -764,6 +782,9 @@ impl<B: RegisteredBuf> Link for RdmaLink<B> {
     }
 
     fn pump(&mut self, io: &mut Io<'_, '_, B>, _read: bool) -> Result<(), Error> {
+        if self.conn.nudge_at.is_some() {
+            self.conn.nudge_if_due()?;
+        }
         self.process_cq(io).map(|_| ())
     }
 
@@ -771,7 +792,11 @@ impl<B: RegisteredBuf> Link for RdmaLink<B> {
         false
     }
 
-    fn sleep(&mut self, io: &mut Io<'_, '_, B>, wake: Instant) -> Result<(), Error> {
+    fn sleep(&mut self, io: &mut Io<'_, '_, B>, mut wake: Instant) -> Result<(), Error> {
+        if self.conn.nudge_at.is_some() {
+            self.conn.nudge_if_due()?;
+            wake = self.conn.nudge_at.map_or(wake, |at| wake.min(at));
+        }
         // Arm, then look once more: a completion that came before the arm raises no event.
         self.conn.cq.req_notify(false)?;
         if self.process_cq(io)? > 0 {
@@ -813,6 +838,31 @@ impl<B: RegisteredBuf> Link for RdmaLink<B> {
 }
 
 impl Conn {
+    /// iWARP, no response since connecting and [`NUDGE_AFTER`] gone by: one zero-length RDMA
+    /// WRITE, so that a target whose siw left the first capsule unread reads it.
+    fn nudge_if_due(&mut self) -> Result<(), Error> {
+        let Some(at) = self.nudge_at else {
+            return Ok(());
+        };
+        if Instant::now() < at || self.sq_free == 0 {
+            return Ok(());
+        }
+        self.nudge_at = None;
+        let none = RemoteBuf {
+            addr: 0,
+            len: 0,
+            rkey: 0,
+        };
+        self.qp
+            .post_send(&[SendWr::write(NUDGE_FLAG, &[], none).signaled()])?;
+        self.sq_free -= 1;
+        self.signaled_out += 1;
+        tracing::info!(qid = self.qid, device = %self.dev, after = ?NUDGE_AFTER,
+            "no response yet over iWARP: a zero-length RDMA WRITE to move the target's receive \
+             stream (Linux siw can leave a new connection's first capsule unread)");
+        Ok(())
+    }
+
     /// Stop the QP and wait (bounded) until the device has returned every posted work request,
     /// so no buffer handed back afterwards is still addressed by the device. `failed`: the
     /// connection is already broken; siw then may not flush what its dead stream held, which
