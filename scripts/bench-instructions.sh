@@ -93,7 +93,7 @@ median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] 
 echo "$NAME: callgrind instructions per I/O of the $([ "$SIDE" = client ] && echo "client's job thread" || echo "target's poller thread"); $RW $BS QD$QD, client $CLIENT, ${RUNTIME}s; A=$A B=$B"
 ratios=()
 for r in $(seq "$ROUNDS"); do
-    for side in $([ $((r % 2)) = 1 ] && echo "A B" || echo "B A"); do
+    for side in $(in_turn "$r" A B); do
         if [ "$side" = A ]; then count a "$(binary "$A")"; a=$PER_IO a_ios=$IOS
         else count b "$(binary "$B")"; b=$PER_IO b_ios=$IOS; fi
     done

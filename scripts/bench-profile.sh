@@ -72,9 +72,8 @@ profile() {
 echo "$NAME: CPU $TGT_CPU per I/O, spdk_nvme_perf $RW $BS QD$QD on CPU $CLIENT_CPU, ${RECORD}s sampled of ${RUNTIME}s; targets: $TARGETS; $(tcp_settings)"
 for r in $(seq "$ROUNDS"); do
     [ "$ROUNDS" = 1 ] || echo "round $r"
-    order=$TARGETS
-    [ $((r % 2)) = 1 ] || order=$(printf '%s\n' $TARGETS | tac | tr '\n' ' ')
-    for t in $order; do
+    # shellcheck disable=SC2086 # TARGETS is a list of words
+    for t in $(in_turn "$r" $TARGETS); do
         rm -f /dev/hugepages/"$NAME"* 2>/dev/null || true
         profile "$t"
     done

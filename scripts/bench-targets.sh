@@ -58,7 +58,7 @@ for r in $(seq "$ROUNDS"); do
     # are seconds apart: this machine's speed changes over tens of seconds.
     for wl in $WORKLOADS; do
         IFS=: read -r rw bs qd <<<"$wl"
-        for t in $([ $((r % 2)) = 1 ] && echo "A B" || echo "B A"); do
+        for t in $(in_turn "$r" A B); do
             tgt=${!t}
             settings_var=${t}_SETTINGS
             SETTINGS=${!settings_var:-} start "$tgt"
