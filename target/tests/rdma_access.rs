@@ -226,7 +226,14 @@ fn write_refused(h: &Host, remote: RemoteBuf, iwarp: bool, what: &str) -> String
     if !wc.is_ok() {
         return format!("{}", wc.status());
     }
-    match connection_ended(h, Duration::from_secs(10)) {
+    // The WRITE is the attacker's first message: siw may have left it unread in the target's
+    // socket (the accept race `Host::exec` works around), so a connection still up after
+    // NUDGE_AFTER gets a zero-length WRITE behind it, which makes siw read both.
+    let ended = connection_ended(h, NUDGE_AFTER).or_else(|| {
+        h.nudge(&format!("{what}: connection still up"));
+        connection_ended(h, Duration::from_secs(10))
+    });
+    match ended {
         Some(ev @ (CmEventType::Disconnected | CmEventType::ConnectError)) => {
             format!("unacknowledged WRITE, then the target terminated the connection ({ev})")
         }

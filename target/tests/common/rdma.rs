@@ -28,7 +28,7 @@ pub const TIMEOUT: Duration = Duration::from_secs(20);
 /// How long [`Host::exec`] waits on iWARP before it nudges the target's receive stream.
 pub const NUDGE_AFTER: Duration = Duration::from_secs(1);
 /// The work request id of that nudge (a zero-length RDMA WRITE).
-const NUDGE_WR_ID: u64 = 1_000_001;
+pub const NUDGE_WR_ID: u64 = 1_000_001;
 pub const NQN: &str = "nqn.2026-11.io.nvmf-rs:rdma-raw";
 pub const HOSTNQN: &str = "nqn.2014-08.org.nvmexpress:uuid:5a0c3f52-6d2b-4c1e-9b7a-1d2e3f405162";
 pub const NRECV: usize = 32;
@@ -221,6 +221,28 @@ impl Host {
             .unwrap();
     }
 
+    /// Posts a zero-length RDMA WRITE (signaled, wr_id [`NUDGE_WR_ID`]): on iWARP it makes the
+    /// target's siw read what an accept race left in its socket ([`Host::exec`]). It names no
+    /// memory: the receiver checks no key for zero bytes.
+    pub fn nudge(&self, why: &str) {
+        eprintln!(
+            "{why} after {NUDGE_AFTER:?} on iWARP: a zero-length RDMA WRITE to move the target's \
+             receive stream (siw accept race)"
+        );
+        let none = RemoteBuf {
+            addr: 0,
+            len: 0,
+            rkey: 0,
+        };
+        // The connection may have ended meanwhile (its QP in the error state): nothing to move.
+        if let Err(e) = self
+            .qp
+            .post_send(&[SendWr::write(NUDGE_WR_ID, &[], none).signaled()])
+        {
+            eprintln!("the zero-length RDMA WRITE was not posted: {e}");
+        }
+    }
+
     /// Sends a capsule (SQE plus in-capsule data) and returns the response.
     ///
     /// On iWARP, a response missing for [`NUDGE_AFTER`] gets one zero-length RDMA WRITE behind
@@ -246,19 +268,7 @@ impl Host {
             if self.cq.poll(&mut wc).unwrap() == 0 {
                 if self.iwarp && sent && !nudged && t0.elapsed() >= NUDGE_AFTER {
                     nudged = true;
-                    eprintln!(
-                        "no response to cid {} after {NUDGE_AFTER:?} on iWARP: a zero-length \
-                         RDMA WRITE to move the target's receive stream (siw accept race)",
-                        sqe.cid()
-                    );
-                    let none = RemoteBuf {
-                        addr: 0,
-                        len: 0,
-                        rkey: 0,
-                    };
-                    self.qp
-                        .post_send(&[SendWr::write(NUDGE_WR_ID, &[], none).signaled()])
-                        .unwrap();
+                    self.nudge(&format!("no response to cid {}", sqe.cid()));
                 }
                 std::thread::sleep(Duration::from_micros(100));
                 continue;
