@@ -200,8 +200,8 @@ fn connection_ended(h: &Host, limit: Duration) -> Option<CmEventType> {
 /// InfiniBand/RoCE the responder NAKs it and the attacker's completion is a remote access
 /// error. Over iWARP an RDMA WRITE is not acknowledged, so the attacker's completion may be a
 /// success (the bytes left the wire); the target's RNIC then finds the key invalid (or not
-/// writable), terminates the connection (RDMAP/DDP TERMINATE), and nothing is placed.
-/// Returns how the write was refused.
+/// writable), terminates the connection (RDMAP/DDP TERMINATE), and nothing is placed; the
+/// callers compare target memory. Returns how the write was refused.
 fn write_refused(h: &Host, remote: RemoteBuf, iwarp: bool, what: &str) -> String {
     let len = remote.len as usize;
     h.data_mr
@@ -237,9 +237,15 @@ fn write_refused(h: &Host, remote: RemoteBuf, iwarp: bool, what: &str) -> String
         Some(ev @ (CmEventType::Disconnected | CmEventType::ConnectError)) => {
             format!("unacknowledged WRITE, then the target terminated the connection ({ev})")
         }
-        other => panic!(
-            "{what}: the target accepted an RDMA WRITE with key {:#x} at {:#x} \
-             (connection still up, CM event {other:?})",
+        // Rarely (2 in 105 runs of the test VM under heavy host load, none idle) siw neither
+        // terminates nor places anything, nudge or not: the WRITE is one-sided, the kernel's siw
+        // alone judges it, and what the target controls is checked by the callers (target
+        // memory unchanged) and above (no region grants remote access).
+        None => "unacknowledged WRITE, no TERMINATE within 11 s (siw has not acted on it; \
+                 target memory is compared next)"
+            .into(),
+        Some(other) => panic!(
+            "{what}: after an RDMA WRITE with key {:#x} at {:#x}, CM event {other:?}",
             remote.rkey, remote.addr
         ),
     }
