@@ -37,7 +37,7 @@ const BIND_FLAG: u64 = 1 << 33;
 /// `wr_id` bit marking a LOCAL_INV (low 16 bits: the tag).
 const INV_FLAG: u64 = 1 << 34;
 /// `wr_id` of the zero-length RDMA WRITE that nudges an iWARP target's receive stream.
-const NUDGE_FLAG: u64 = 1 << 35;
+pub(super) const NUDGE_FLAG: u64 = 1 << 35;
 /// iWARP: how long a new queue waits for its first response before it nudges the target's
 /// receive stream with a zero-length RDMA WRITE. Linux's siw (6.1) installs its receive
 /// callback on an accepted connection's socket only after it has sent the MPA reply; a first
@@ -45,7 +45,7 @@ const NUDGE_FLAG: u64 = 1 << 35;
 /// comes, and the Fabrics Connect waits for it. A zero-length RDMA WRITE names no memory
 /// (no key is checked for zero bytes) and is that data. Seen in the test VM under load: the
 /// in-process wire tests' Connect unanswered for 20 s, 6 times in 60 runs.
-const NUDGE_AFTER: Duration = Duration::from_secs(1);
+pub(super) const NUDGE_AFTER: Duration = Duration::from_secs(1);
 /// How commands open their buffers to the target: `auto` (the default: memory windows where
 /// the device has them and is not rxe, else a registration per command), `windows` (wherever
 /// the device has them, rxe too) or `register` (a registration per command everywhere).
@@ -782,8 +782,8 @@ impl<B: RegisteredBuf> Link for RdmaLink<B> {
     }
 
     fn pump(&mut self, io: &mut Io<'_, '_, B>, _read: bool) -> Result<(), Error> {
-        if self.conn.nudge_at.is_some() {
-            self.conn.nudge_if_due()?;
+        if let Some(at) = self.conn.nudge_at {
+            self.conn.nudge_if_due(at)?;
         }
         self.process_cq(io).map(|_| ())
     }
@@ -793,8 +793,8 @@ impl<B: RegisteredBuf> Link for RdmaLink<B> {
     }
 
     fn sleep(&mut self, io: &mut Io<'_, '_, B>, mut wake: Instant) -> Result<(), Error> {
-        if self.conn.nudge_at.is_some() {
-            self.conn.nudge_if_due()?;
+        if let Some(at) = self.conn.nudge_at {
+            self.conn.nudge_if_due(at)?;
             wake = self.conn.nudge_at.map_or(wake, |at| wake.min(at));
         }
         // Arm, then look once more: a completion that came before the arm raises no event.
@@ -838,12 +838,10 @@ impl<B: RegisteredBuf> Link for RdmaLink<B> {
 }
 
 impl Conn {
-    /// iWARP, no response since connecting and [`NUDGE_AFTER`] gone by: one zero-length RDMA
-    /// WRITE, so that a target whose siw left the first capsule unread reads it.
-    fn nudge_if_due(&mut self) -> Result<(), Error> {
-        let Some(at) = self.nudge_at else {
-            return Ok(());
-        };
+    /// iWARP, no response since connecting and the nudge's instant `at` (`nudge_at`) gone by:
+    /// one zero-length RDMA WRITE, so that a target whose siw left the first capsule unread
+    /// reads it.
+    fn nudge_if_due(&mut self, at: Instant) -> Result<(), Error> {
         if Instant::now() < at || self.sq_free == 0 {
             return Ok(());
         }

@@ -18,13 +18,13 @@ use nvme::sgl::Sgl;
 use nvme::{Cqe, Sqe};
 use rdma::active::{self, ConnectError, Step};
 use rdma::{
-    AccessFlags, CmEventType, CmId, ConnParam, Cq, EventChannel, Mr, Pd, Qp, QpInitAttr, SendWr,
-    WcStatus, WorkCompletion,
+    AccessFlags, CmEventType, CmId, ConnParam, Cq, EventChannel, Mr, Pd, Qp, QpInitAttr, RemoteBuf,
+    SendWr, Transport, WcStatus, WorkCompletion,
 };
 
 use super::error::rejected;
 use super::queue::connect_error;
-use super::queue::{CQE_LEN, RECV_FLAG, SQE_LEN};
+use super::queue::{CQE_LEN, NUDGE_AFTER, NUDGE_FLAG, RECV_FLAG, SQE_LEN};
 use crate::error::Error;
 
 /// Capsule slots: SENDs that may be in flight at once (the send queue depth).
@@ -78,6 +78,10 @@ pub struct RawConn {
     recvs_out: u32,
     pending: VecDeque<Event>,
     wcs: Box<[WorkCompletion]>,
+    /// iWARP, no response yet: when to nudge the target's receive stream, as the library's
+    /// queues do (Linux siw can leave a new connection's first capsule unread; DESIGN.md, "A
+    /// first capsule left unread"). The nudge's completion is not an [`Event`].
+    nudge_at: Option<Instant>,
 }
 
 impl std::fmt::Debug for RawConn {
@@ -179,6 +183,7 @@ impl RawConn {
             recvs_out: nrecv,
             pending: VecDeque::new(),
             wcs: (0..32).map(|_| WorkCompletion::default()).collect(),
+            nudge_at: (ctx.transport() == Transport::Iwarp).then(|| Instant::now() + NUDGE_AFTER),
         };
         Ok(Outcome::Connected(Box::new(conn), crqsize))
     }
@@ -240,6 +245,7 @@ impl RawConn {
                 if Instant::now() >= end {
                     return Ok(Event::Timeout);
                 }
+                self.nudge_if_due()?;
                 std::thread::sleep(Duration::from_micros(200));
             }
         }
@@ -258,6 +264,30 @@ impl RawConn {
         }
     }
 
+    /// iWARP, no response since connecting and [`NUDGE_AFTER`] gone by: one zero-length RDMA
+    /// WRITE (it names no memory), so that a target whose siw left the first capsule unread
+    /// reads it.
+    fn nudge_if_due(&mut self) -> Result<(), Error> {
+        let Some(at) = self.nudge_at else {
+            return Ok(());
+        };
+        if Instant::now() < at
+            || self.sends_out as usize >= SLOTS.min(self.qp.caps().max_send_wr as usize)
+        {
+            return Ok(());
+        }
+        self.nudge_at = None;
+        let none = RemoteBuf {
+            addr: 0,
+            len: 0,
+            rkey: 0,
+        };
+        self.qp
+            .post_send(&[SendWr::write(NUDGE_FLAG, &[], none).signaled()])?;
+        self.sends_out += 1;
+        Ok(())
+    }
+
     /// One pass over the CQ and the CM channel; returns how many events it queued.
     fn poll_once(&mut self) -> Result<usize, Error> {
         let n = self.cq.poll(&mut self.wcs)?;
@@ -267,8 +297,14 @@ impl RawConn {
             let recv = wc.wr_id() & RECV_FLAG != 0;
             if recv {
                 self.recvs_out -= 1;
+                self.nudge_at = None;
             } else {
                 self.sends_out -= 1;
+            }
+            if wc.wr_id() & NUDGE_FLAG != 0 {
+                // Failed or flushed too when the target has already dropped the connection:
+                // what the caller waits for tells that, not the nudge.
+                continue;
             }
             if !wc.is_ok() {
                 let op = if recv { "RECV" } else { "SEND" };

@@ -28,7 +28,7 @@ pub const TIMEOUT: Duration = Duration::from_secs(20);
 /// How long [`Host::exec`] waits on iWARP before it nudges the target's receive stream.
 pub const NUDGE_AFTER: Duration = Duration::from_secs(1);
 /// The work request id of that nudge (a zero-length RDMA WRITE).
-pub const NUDGE_WR_ID: u64 = 1_000_001;
+const NUDGE_WR_ID: u64 = 1_000_001;
 pub const NQN: &str = "nqn.2026-11.io.nvmf-rs:rdma-raw";
 pub const HOSTNQN: &str = "nqn.2014-08.org.nvmexpress:uuid:5a0c3f52-6d2b-4c1e-9b7a-1d2e3f405162";
 pub const NRECV: usize = 32;
