@@ -566,7 +566,7 @@ pub enum SendOp {
 }
 
 /// One send work request. Build with [`SendWr::send`], [`SendWr::send_with_inv`],
-/// [`SendWr::write`] or [`SendWr::read`], then add flags.
+/// [`SendWr::write`], [`SendWr::zero_length_write`] or [`SendWr::read`], then add flags.
 #[derive(Debug, Clone, Copy)]
 pub struct SendWr<'a> {
     /// Reported back in the completion.
@@ -606,6 +606,21 @@ impl<'a> SendWr<'a> {
             sges,
             flags: SendFlags::empty(),
         }
+    }
+    /// RDMA WRITE of no bytes, naming no memory (the receiver checks no key for zero bytes):
+    /// it touches nothing at the peer but is data on the wire. On iWARP it makes a peer whose
+    /// Linux siw left a new connection's first message unread in its socket read it (DESIGN.md,
+    /// "A first capsule left unread").
+    pub fn zero_length_write(wr_id: u64) -> SendWr<'static> {
+        SendWr::write(
+            wr_id,
+            &[],
+            RemoteBuf {
+                addr: 0,
+                len: 0,
+                rkey: 0,
+            },
+        )
     }
     /// RDMA READ from `remote` into `sges`.
     pub fn read(wr_id: u64, sges: &'a [Sge], remote: RemoteBuf) -> Self {

@@ -15,7 +15,7 @@ use nvme::sgl::Sgl;
 use nvme::{Cqe, Sqe};
 use rdma::{
     active, next_rkey, AccessFlags, CmId, CompChannel, ConnParam, Cq, EventChannel, Mr, Mw, MwBind,
-    Pd, Qp, QpInitAttr, RemoteBuf, SendWr, WorkCompletion,
+    Pd, Qp, QpInitAttr, SendWr, WorkCompletion,
 };
 
 use super::error::{rejected, RdmaError};
@@ -846,13 +846,8 @@ impl Conn {
             return Ok(());
         }
         self.nudge_at = None;
-        let none = RemoteBuf {
-            addr: 0,
-            len: 0,
-            rkey: 0,
-        };
         self.qp
-            .post_send(&[SendWr::write(NUDGE_FLAG, &[], none).signaled()])?;
+            .post_send(&[SendWr::zero_length_write(NUDGE_FLAG).signaled()])?;
         self.sq_free -= 1;
         self.signaled_out += 1;
         tracing::info!(qid = self.qid, device = %self.dev, after = ?NUDGE_AFTER,

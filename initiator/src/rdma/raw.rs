@@ -18,8 +18,8 @@ use nvme::sgl::Sgl;
 use nvme::{Cqe, Sqe};
 use rdma::active::{self, ConnectError, Step};
 use rdma::{
-    AccessFlags, CmEventType, CmId, ConnParam, Cq, EventChannel, Mr, Pd, Qp, QpInitAttr, RemoteBuf,
-    SendWr, Transport, WcStatus, WorkCompletion,
+    AccessFlags, CmEventType, CmId, ConnParam, Cq, EventChannel, Mr, Pd, Qp, QpInitAttr, SendWr,
+    Transport, WcStatus, WorkCompletion,
 };
 
 use super::error::rejected;
@@ -277,13 +277,8 @@ impl RawConn {
             return Ok(());
         }
         self.nudge_at = None;
-        let none = RemoteBuf {
-            addr: 0,
-            len: 0,
-            rkey: 0,
-        };
         self.qp
-            .post_send(&[SendWr::write(NUDGE_FLAG, &[], none).signaled()])?;
+            .post_send(&[SendWr::zero_length_write(NUDGE_FLAG).signaled()])?;
         self.sends_out += 1;
         Ok(())
     }

@@ -21,7 +21,7 @@ use nvmf_target::transport::rdma::RegionKind;
 use rdma::active::{self, ConnectError};
 use rdma::{
     AccessFlags, CmEventType, CmId, ConnParam, Cq, EventChannel, Mr, Pd, Qp, QpInitAttr, RecvWr,
-    RemoteBuf, SendWr, WcOpcode, WorkCompletion,
+    SendWr, WcOpcode, WorkCompletion,
 };
 
 pub const TIMEOUT: Duration = Duration::from_secs(20);
@@ -229,15 +229,10 @@ impl Host {
             "{why} after {NUDGE_AFTER:?} on iWARP: a zero-length RDMA WRITE to move the target's \
              receive stream (siw accept race)"
         );
-        let none = RemoteBuf {
-            addr: 0,
-            len: 0,
-            rkey: 0,
-        };
         // The connection may have ended meanwhile (its QP in the error state): nothing to move.
         if let Err(e) = self
             .qp
-            .post_send(&[SendWr::write(NUDGE_WR_ID, &[], none).signaled()])
+            .post_send(&[SendWr::zero_length_write(NUDGE_WR_ID).signaled()])
         {
             eprintln!("the zero-length RDMA WRITE was not posted: {e}");
         }
