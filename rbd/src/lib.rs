@@ -1,0 +1,601 @@
+//! Safe owner types over librados and librbd: the project's one Ceph FFI crate.
+//!
+//! - [`Cluster`]: a connected `rados_t` (configuration file, user, settings), shut down on drop.
+//! - [`IoCtx`]: a pool (and RADOS namespace) of a cluster.
+//! - [`Image`]: an open RBD image, thread-safe as librbd's handles are: its asynchronous
+//!   operations take a [`Completions`] and a token, and the result comes back through it.
+//! - [`Completions`]: where librbd's completion callbacks (on librbd's own threads) leave
+//!   `(token, result)` pairs, and an eventfd they signal, so the owner learns of them in its
+//!   own event loop (an io_uring POLL_ADD on the eventfd, an epoll) and never blocks on librbd.
+//!   Submitting allocates nothing of ours: the callback's argument points into a table made
+//!   once, one cell per token.
+//!
+//! Errors are negative errnos from librbd, kept as positive `i32` in [`Error`] and in the
+//! results (`Err(errno)`).
+
+use std::ffi::{c_void, CString};
+use std::fmt;
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::ptr;
+use std::sync::{Arc, Mutex, PoisonError};
+
+mod sys;
+
+/// RBD image feature bits (librbd's `RBD_FEATURE_*`).
+pub mod features {
+    pub const LAYERING: u64 = super::sys::RBD_FEATURE_LAYERING as u64;
+    pub const EXCLUSIVE_LOCK: u64 = super::sys::RBD_FEATURE_EXCLUSIVE_LOCK as u64;
+    pub const OBJECT_MAP: u64 = super::sys::RBD_FEATURE_OBJECT_MAP as u64;
+}
+
+/// A failed librados/librbd call: what was attempted, on what, and the errno.
+#[derive(Debug, thiserror::Error)]
+#[error("{context}: {}", io::Error::from_raw_os_error(*errno))]
+pub struct Error {
+    pub context: String,
+    /// Positive errno.
+    pub errno: i32,
+}
+
+impl Error {
+    fn new(context: impl Into<String>, ret: i32) -> Error {
+        Error {
+            context: context.into(),
+            errno: ret.unsigned_abs() as i32,
+        }
+    }
+}
+
+fn cstr(what: &str, s: &str) -> Result<CString, Error> {
+    CString::new(s)
+        .map_err(|_| Error::new(format!("{what} {s:?} contains a NUL byte"), libc::EINVAL))
+}
+
+/// A connected cluster handle.
+pub struct Cluster {
+    h: sys::rados_t,
+    conf: PathBuf,
+    user: String,
+}
+
+// SAFETY: librados cluster handles may be used from any thread (librados is thread-safe; the
+// handle is only read after `rados_connect`).
+unsafe impl Send for Cluster {}
+// SAFETY: as above; every use after connecting goes through librados' own locking.
+unsafe impl Sync for Cluster {}
+
+impl fmt::Debug for Cluster {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Cluster")
+            .field("conf", &self.conf)
+            .field("user", &self.user)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Cluster {
+    /// Reads `conf`, applies `settings` (librados/librbd option names and values) and connects
+    /// as `client.<user>`. Connecting waits at most the `client_mount_timeout` setting (pass it
+    /// in `settings` to bound it).
+    pub fn connect(
+        conf: &Path,
+        user: &str,
+        settings: &[(&str, &str)],
+    ) -> Result<Arc<Cluster>, Error> {
+        let who = format!("cluster {} (client.{user})", conf.display());
+        let cuser = cstr("user", user)?;
+        let mut h: sys::rados_t = ptr::null_mut();
+        // SAFETY: `h` is a live out-pointer; the id is a NUL-terminated string.
+        let r = unsafe { sys::rados_create(&mut h, cuser.as_ptr()) };
+        if r < 0 {
+            return Err(Error::new(format!("{who}: rados_create"), r));
+        }
+        // From here `Drop` shuts the handle down on every error path.
+        let c = Cluster {
+            h,
+            conf: conf.to_owned(),
+            user: user.to_owned(),
+        };
+        let cconf = cstr("configuration path", &conf.to_string_lossy())?;
+        // SAFETY: `c.h` is a created, unconnected handle; the path is NUL-terminated.
+        let r = unsafe { sys::rados_conf_read_file(c.h, cconf.as_ptr()) };
+        if r < 0 {
+            return Err(Error::new(
+                format!("{who}: cannot read the configuration"),
+                r,
+            ));
+        }
+        for (k, v) in settings {
+            let (ck, cv) = (cstr("option", k)?, cstr("value", v)?);
+            // SAFETY: as above; both strings are NUL-terminated and outlive the call.
+            let r = unsafe { sys::rados_conf_set(c.h, ck.as_ptr(), cv.as_ptr()) };
+            if r < 0 {
+                return Err(Error::new(format!("{who}: cannot set {k}={v}"), r));
+            }
+        }
+        // SAFETY: a configured, unconnected handle.
+        let r = unsafe { sys::rados_connect(c.h) };
+        if r < 0 {
+            return Err(Error::new(format!("{who}: cannot connect"), r));
+        }
+        Ok(Arc::new(c))
+    }
+
+    pub fn conf(&self) -> &Path {
+        &self.conf
+    }
+
+    pub fn user(&self) -> &str {
+        &self.user
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        // SAFETY: the handle was created by rados_create; every IoCtx (and so every Image)
+        // holds an Arc of this Cluster, so none is left.
+        unsafe { sys::rados_shutdown(self.h) };
+    }
+}
+
+/// A pool (and RADOS namespace) of a cluster.
+pub struct IoCtx {
+    h: sys::rados_ioctx_t,
+    pool: String,
+    namespace: String,
+    cluster: Arc<Cluster>,
+}
+
+// SAFETY: librados I/O contexts may be shared between threads; the namespace is set once at
+// creation, before the context is shared.
+unsafe impl Send for IoCtx {}
+// SAFETY: as above.
+unsafe impl Sync for IoCtx {}
+
+impl fmt::Debug for IoCtx {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("IoCtx")
+            .field("pool", &self.pool)
+            .field("namespace", &self.namespace)
+            .finish_non_exhaustive()
+    }
+}
+
+impl IoCtx {
+    /// Opens `pool`, in RADOS namespace `namespace` ("" for the default).
+    pub fn open(cluster: &Arc<Cluster>, pool: &str, namespace: &str) -> Result<Arc<IoCtx>, Error> {
+        let cpool = cstr("pool", pool)?;
+        let mut h: sys::rados_ioctx_t = ptr::null_mut();
+        // SAFETY: a connected cluster handle, a live out-pointer, a NUL-terminated name.
+        let r = unsafe { sys::rados_ioctx_create(cluster.h, cpool.as_ptr(), &mut h) };
+        if r < 0 {
+            return Err(Error::new(
+                format!(
+                    "cluster {}: cannot open pool {pool}",
+                    cluster.conf.display()
+                ),
+                r,
+            ));
+        }
+        let io = IoCtx {
+            h,
+            pool: pool.to_owned(),
+            namespace: namespace.to_owned(),
+            cluster: Arc::clone(cluster),
+        };
+        if !namespace.is_empty() {
+            let cns = cstr("namespace", namespace)?;
+            // SAFETY: a live context not yet shared; the name is NUL-terminated (copied).
+            unsafe { sys::rados_ioctx_set_namespace(io.h, cns.as_ptr()) };
+        }
+        Ok(Arc::new(io))
+    }
+
+    pub fn pool(&self) -> &str {
+        &self.pool
+    }
+
+    pub fn cluster(&self) -> &Arc<Cluster> {
+        &self.cluster
+    }
+}
+
+impl Drop for IoCtx {
+    fn drop(&mut self) {
+        // SAFETY: created by rados_ioctx_create; every Image on it holds an Arc of it.
+        unsafe { sys::rados_ioctx_destroy(self.h) };
+    }
+}
+
+type WatchFn = Box<dyn Fn() + Send + Sync>;
+
+/// An open RBD image.
+pub struct Image {
+    h: sys::rbd_image_t,
+    name: String,
+    io: Arc<IoCtx>,
+    /// Update watches: librbd's handle and the callback box its argument points to, freed after
+    /// `rbd_update_unwatch` (which waits for a callback in progress).
+    watches: Mutex<Vec<(u64, *mut WatchFn)>>,
+}
+
+// SAFETY: librbd image handles are thread-safe (librbd serialises internally; QEMU and SPDK
+// issue aio from several threads on one handle); the watch list is behind a mutex and the boxed
+// callbacks are Send + Sync.
+unsafe impl Send for Image {}
+// SAFETY: as above.
+unsafe impl Sync for Image {}
+
+impl fmt::Debug for Image {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Image")
+            .field("pool", &self.io.pool)
+            .field("namespace", &self.io.namespace)
+            .field("name", &self.name)
+            .finish_non_exhaustive()
+    }
+}
+
+extern "C" fn on_update(arg: *mut c_void) {
+    // SAFETY: `arg` is the `*mut WatchFn` registered in `Image::watch`, freed only after
+    // `rbd_update_unwatch` returned, which waits for callbacks in progress.
+    let f = unsafe { &*(arg as *const WatchFn) };
+    // Never unwind into librbd.
+    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+}
+
+impl Image {
+    /// Opens image `name` in `io`'s pool.
+    pub fn open(io: &Arc<IoCtx>, name: &str) -> Result<Image, Error> {
+        let cname = cstr("image", name)?;
+        let mut h: sys::rbd_image_t = ptr::null_mut();
+        // SAFETY: a live I/O context, a NUL-terminated name, a live out-pointer, no snapshot.
+        let r = unsafe { sys::rbd_open(io.h, cname.as_ptr(), &mut h, ptr::null()) };
+        if r < 0 {
+            let ns = if io.namespace.is_empty() {
+                String::new()
+            } else {
+                format!(" (namespace {})", io.namespace)
+            };
+            return Err(Error::new(
+                format!(
+                    "cluster {}: cannot open image {}/{name}{ns}",
+                    io.cluster.conf.display(),
+                    io.pool
+                ),
+                r,
+            ));
+        }
+        Ok(Image {
+            h,
+            name: name.to_owned(),
+            io: Arc::clone(io),
+            watches: Mutex::new(Vec::new()),
+        })
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn ioctx(&self) -> &Arc<IoCtx> {
+        &self.io
+    }
+
+    /// The image's size in bytes, as librbd knows it now (a resize elsewhere is seen after
+    /// librbd refreshes the header, which an update watch announces).
+    pub fn size(&self) -> Result<u64, Error> {
+        let mut size = 0u64;
+        // SAFETY: an open image and a live out-pointer.
+        let r = unsafe { sys::rbd_get_size(self.h, &mut size) };
+        if r < 0 {
+            return Err(Error::new(format!("image {}: rbd_get_size", self.name), r));
+        }
+        Ok(size)
+    }
+
+    /// The image's feature bits ([`features`]).
+    pub fn features(&self) -> Result<u64, Error> {
+        let mut f = 0u64;
+        // SAFETY: an open image and a live out-pointer.
+        let r = unsafe { sys::rbd_get_features(self.h, &mut f) };
+        if r < 0 {
+            return Err(Error::new(
+                format!("image {}: rbd_get_features", self.name),
+                r,
+            ));
+        }
+        Ok(f)
+    }
+
+    /// Calls `f` (on a librbd thread) whenever the image's header changes: a resize, a
+    /// snapshot, a feature change, made by any client. Unregistered when the image closes.
+    pub fn watch(&self, f: impl Fn() + Send + Sync + 'static) -> Result<(), Error> {
+        let boxed: *mut WatchFn = Box::into_raw(Box::new(Box::new(f) as WatchFn));
+        let mut handle = 0u64;
+        // SAFETY: an open image; `boxed` stays allocated until after rbd_update_unwatch (Drop).
+        let r =
+            unsafe { sys::rbd_update_watch(self.h, &mut handle, Some(on_update), boxed.cast()) };
+        if r < 0 {
+            // SAFETY: not registered, so nothing else points to it.
+            drop(unsafe { Box::from_raw(boxed) });
+            return Err(Error::new(
+                format!("image {}: rbd_update_watch", self.name),
+                r,
+            ));
+        }
+        self.watches
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push((handle, boxed));
+        Ok(())
+    }
+
+    /// Reads `len` bytes at `off` into `buf`; the result (bytes read, or an errno) arrives in
+    /// `done` under `token`.
+    ///
+    /// # Safety
+    /// `buf..buf + len` must stay valid for writes, and not be read or written by anyone else,
+    /// until `done` hands back the result for this operation.
+    pub unsafe fn aio_read(
+        &self,
+        done: &Completions,
+        token: u32,
+        off: u64,
+        buf: *mut u8,
+        len: usize,
+    ) -> Result<(), i32> {
+        let c = done.begin(token)?;
+        // SAFETY: an open image, a fresh completion, and the caller's buffer promise.
+        let r = unsafe { sys::rbd_aio_read(self.h, off, len, buf.cast(), c) };
+        done.submitted(c, r)
+    }
+
+    /// Writes `len` bytes from `buf` at `off`; with `fua` the write is durable when it
+    /// completes even if the image has a write-back cache (LIBRADOS_OP_FLAG_FADVISE_FUA).
+    ///
+    /// # Safety
+    /// `buf..buf + len` must stay valid and unchanged until `done` hands back the result (the
+    /// cluster handle is set up for zero-copy writes: librbd sends from this memory).
+    pub unsafe fn aio_write(
+        &self,
+        done: &Completions,
+        token: u32,
+        off: u64,
+        buf: *const u8,
+        len: usize,
+        fua: bool,
+    ) -> Result<(), i32> {
+        let c = done.begin(token)?;
+        let flags = if fua {
+            sys::LIBRADOS_OP_FLAG_FADVISE_FUA as i32
+        } else {
+            0
+        };
+        // SAFETY: an open image, a fresh completion, and the caller's buffer promise.
+        let r = unsafe { sys::rbd_aio_write2(self.h, off, len, buf.cast(), c, flags) };
+        done.submitted(c, r)
+    }
+
+    /// Makes every write completed before it durable (a no-op without a write-back cache).
+    pub fn aio_flush(&self, done: &Completions, token: u32) -> Result<(), i32> {
+        let c = done.begin(token)?;
+        // SAFETY: an open image and a fresh completion.
+        let r = unsafe { sys::rbd_aio_flush(self.h, c) };
+        done.submitted(c, r)
+    }
+
+    /// Discards `len` bytes at `off` (reads back zeroes where `rbd_skip_partial_discard` is
+    /// off: whole objects are removed, partial ones zeroed).
+    pub fn aio_discard(
+        &self,
+        done: &Completions,
+        token: u32,
+        off: u64,
+        len: u64,
+    ) -> Result<(), i32> {
+        let c = done.begin(token)?;
+        // SAFETY: an open image and a fresh completion.
+        let r = unsafe { sys::rbd_aio_discard(self.h, off, len, c) };
+        done.submitted(c, r)
+    }
+
+    /// Zeroes `len` bytes at `off`.
+    pub fn aio_write_zeroes(
+        &self,
+        done: &Completions,
+        token: u32,
+        off: u64,
+        len: u64,
+    ) -> Result<(), i32> {
+        let len = usize::try_from(len).map_err(|_| libc::EINVAL)?;
+        let c = done.begin(token)?;
+        // SAFETY: an open image and a fresh completion.
+        let r = unsafe { sys::rbd_aio_write_zeroes(self.h, off, len, c, 0, 0) };
+        done.submitted(c, r)
+    }
+}
+
+impl Drop for Image {
+    fn drop(&mut self) {
+        let watches = std::mem::take(
+            self.watches
+                .get_mut()
+                .unwrap_or_else(PoisonError::into_inner),
+        );
+        for (handle, boxed) in watches {
+            // SAFETY: a registered watch of this open image; unwatch waits for its callbacks.
+            let r = unsafe { sys::rbd_update_unwatch(self.h, handle) };
+            if r < 0 {
+                // The callback may still be called: leak its box rather than free it.
+                tracing::warn!(image = %self.name, errno = -r, "rbd_update_unwatch failed");
+                continue;
+            }
+            // SAFETY: unregistered above; nothing else points to it.
+            drop(unsafe { Box::from_raw(boxed) });
+        }
+        // SAFETY: an open image; rbd_close waits for the image's operations in flight (their
+        // completions still hold their own references to their `Completions`).
+        let r = unsafe { sys::rbd_close(self.h) };
+        if r < 0 {
+            tracing::warn!(image = %self.name, errno = -r, "rbd_close failed");
+        }
+    }
+}
+
+/// One token's cell: the callback argument of every operation submitted under the token.
+struct Cell {
+    token: u32,
+    owner: *const Inner,
+}
+
+struct Inner {
+    cells: Box<[Cell]>,
+    done: Mutex<Vec<(u32, i64)>>,
+    efd: OwnedFd,
+}
+
+// SAFETY: `Cell::owner` points to the `Inner` that holds the cell (set once at creation, only
+// dereferenced while a strong count is held); everything mutable is behind the mutex or is the
+// kernel's (the eventfd).
+unsafe impl Send for Inner {}
+// SAFETY: as above.
+unsafe impl Sync for Inner {}
+
+impl Inner {
+    fn push(&self, token: u32, result: i64) {
+        let first = {
+            let mut d = self.done.lock().unwrap_or_else(PoisonError::into_inner);
+            d.push((token, result));
+            d.len() == 1
+        };
+        if first {
+            let one: u64 = 1;
+            // SAFETY: writes 8 bytes from a live u64 to an eventfd we own. A full counter
+            // (EAGAIN) still leaves it readable, which is all the reader needs.
+            unsafe { libc::write(self.efd.as_raw_fd(), (&one as *const u64).cast(), 8) };
+        }
+    }
+}
+
+extern "C" fn on_complete(c: sys::rbd_completion_t, arg: *mut c_void) {
+    // SAFETY: `arg` is a `Cell` of an `Inner` kept alive by the strong count `begin` took for
+    // this operation, released below after the last use.
+    let cell = unsafe { &*(arg as *const Cell) };
+    // SAFETY: `c` is this operation's completion, finished (we are its callback); released
+    // once here and never used again (QEMU's block/rbd.c does the same in its callback).
+    let ret = unsafe {
+        let r = sys::rbd_aio_get_return_value(c);
+        sys::rbd_aio_release(c);
+        r
+    };
+    let owner = cell.owner;
+    // SAFETY: the strong count taken in `begin` keeps `owner` alive up to the decrement.
+    unsafe {
+        (*owner).push(cell.token, ret as i64);
+        Arc::decrement_strong_count(owner);
+    }
+}
+
+/// Where the results of asynchronous image operations arrive (see the crate docs). Tokens are
+/// `0..capacity`; several operations may be in flight under one token.
+pub struct Completions {
+    inner: Arc<Inner>,
+}
+
+impl fmt::Debug for Completions {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Completions")
+            .field("capacity", &self.inner.cells.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Completions {
+    /// A table for tokens `0..capacity` and a non-blocking eventfd.
+    pub fn new(capacity: u32) -> io::Result<Completions> {
+        // SAFETY: plain eventfd creation; the descriptor is owned below.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: a fresh descriptor nobody else owns.
+        let efd = unsafe { OwnedFd::from_raw_fd(fd) };
+        let inner = Arc::new_cyclic(|weak| Inner {
+            cells: (0..capacity)
+                .map(|token| Cell {
+                    token,
+                    owner: weak.as_ptr(),
+                })
+                .collect(),
+            done: Mutex::new(Vec::with_capacity(capacity as usize)),
+            efd,
+        });
+        Ok(Completions { inner })
+    }
+
+    /// Readable while results wait in [`Completions::take`].
+    pub fn eventfd(&self) -> BorrowedFd<'_> {
+        self.inner.efd.as_fd()
+    }
+
+    /// Resets the eventfd, then moves the results that arrived into `out` (swapped: pass an
+    /// empty vector and keep it for reuse). A result that arrives after the reset signals again.
+    pub fn take(&self, out: &mut Vec<(u32, i64)>) {
+        let mut v = 0u64;
+        // SAFETY: reads 8 bytes into a live u64 from our non-blocking eventfd.
+        unsafe { libc::read(self.inner.efd.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
+        let mut d = self
+            .inner
+            .done
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        std::mem::swap(&mut *d, out);
+    }
+
+    /// A completion for `token`, holding a strong count of the table for its callback.
+    fn begin(&self, token: u32) -> Result<sys::rbd_completion_t, i32> {
+        let cell = self.inner.cells.get(token as usize).ok_or(libc::EINVAL)?;
+        let mut c: sys::rbd_completion_t = ptr::null_mut();
+        // SAFETY: the cell lives as long as `inner`, which the count taken below keeps alive
+        // until the callback has run; `c` is a live out-pointer.
+        let r = unsafe {
+            sys::rbd_aio_create_completion(
+                (cell as *const Cell).cast_mut().cast(),
+                Some(on_complete),
+                &mut c,
+            )
+        };
+        if r < 0 {
+            return Err(-r);
+        }
+        // SAFETY: `inner` is a live Arc; the count is given back by the callback or `submitted`.
+        unsafe { Arc::increment_strong_count(Arc::as_ptr(&self.inner)) };
+        Ok(c)
+    }
+
+    /// After the aio call: on failure (the operation was not started, so the callback never
+    /// runs) release the completion and its count.
+    fn submitted(&self, c: sys::rbd_completion_t, r: i32) -> Result<(), i32> {
+        if r >= 0 {
+            return Ok(());
+        }
+        // SAFETY: the operation was refused, so librbd holds no reference to `c`, and the count
+        // `begin` took is ours to give back.
+        unsafe {
+            sys::rbd_aio_release(c);
+            Arc::decrement_strong_count(Arc::as_ptr(&self.inner));
+        }
+        Err(-r)
+    }
+}
+
+/// librados' version, "major.minor.extra".
+pub fn rados_version() -> String {
+    let (mut a, mut b, mut c) = (0, 0, 0);
+    // SAFETY: three live out-pointers.
+    unsafe { sys::rados_version(&mut a, &mut b, &mut c) };
+    format!("{a}.{b}.{c}")
+}

@@ -1,0 +1,150 @@
+//! Against the test cluster (`scripts/ceph-cluster.sh start`; `NVMF_CEPH_CONF` names its
+//! ceph.conf, as `scripts/test.sh` sets it). Without it these tests say so and pass nothing.
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use nvmf_rbd::{Cluster, Completions, Image, IoCtx};
+
+fn conf() -> Option<PathBuf> {
+    match std::env::var_os("NVMF_CEPH_CONF") {
+        Some(c) => Some(PathBuf::from(c)),
+        None => {
+            eprintln!("NVMF_CEPH_CONF is not set: no test cluster, test not run");
+            None
+        }
+    }
+}
+
+fn rbd(conf: &PathBuf, args: &[&str]) {
+    let st = Command::new("rbd")
+        .arg("-c")
+        .arg(conf)
+        .args(args)
+        .status()
+        .expect("rbd CLI");
+    assert!(st.success(), "rbd {args:?} failed");
+}
+
+fn image(conf: &PathBuf, name: &str, mib: u32) -> Image {
+    let _ = Command::new("rbd")
+        .arg("-c")
+        .arg(conf)
+        .args(["rm", &format!("rbd/{name}")])
+        .output();
+    rbd(
+        conf,
+        &["create", "--size", &mib.to_string(), &format!("rbd/{name}")],
+    );
+    let c = Cluster::connect(
+        conf,
+        "admin",
+        &[
+            ("rbd_cache", "false"),
+            ("rbd_disable_zero_copy_writes", "false"),
+            ("rbd_skip_partial_discard", "false"),
+        ],
+    )
+    .unwrap();
+    let io = IoCtx::open(&c, "rbd", "").unwrap();
+    Image::open(&io, name).unwrap()
+}
+
+/// Waits for `n` results.
+fn wait(done: &Completions, n: usize) -> Vec<(u32, i64)> {
+    let mut all = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while all.len() < n {
+        let mut pfd = libc::pollfd {
+            fd: std::os::fd::AsRawFd::as_raw_fd(&done.eventfd()),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one live pollfd.
+        unsafe { libc::poll(&mut pfd, 1, 1000) };
+        let mut got = Vec::new();
+        done.take(&mut got);
+        all.extend(got);
+        assert!(Instant::now() < deadline, "results: {all:?}");
+    }
+    all
+}
+
+#[test]
+fn write_read_discard_zeroes_and_watch() {
+    let Some(conf) = conf() else { return };
+    let img = image(&conf, "nvmf-rbd-test", 16);
+    assert_eq!(img.size().unwrap(), 16 << 20);
+    let done = Completions::new(8).unwrap();
+    let data: Vec<u8> = (0..65536u32).map(|i| (i * 7 + 3) as u8).collect();
+    // SAFETY: `data` outlives the wait below and is not touched meanwhile.
+    unsafe { img.aio_write(&done, 3, 8192, data.as_ptr(), data.len(), true) }.unwrap();
+    img.aio_flush(&done, 4).unwrap();
+    let r = wait(&done, 2);
+    assert!(r.iter().all(|&(_, v)| v >= 0), "{r:?}");
+    let mut back = vec![0u8; data.len()];
+    // SAFETY: `back` outlives the wait and is only read after it.
+    unsafe { img.aio_read(&done, 5, 8192, back.as_mut_ptr(), back.len()) }.unwrap();
+    assert_eq!(wait(&done, 1), vec![(5, data.len() as i64)]);
+    assert!(back == data);
+
+    // A partial discard and a write zeroes both read back zeroes.
+    img.aio_discard(&done, 0, 8192, 4096).unwrap();
+    img.aio_write_zeroes(&done, 1, 8192 + 8192, 8192).unwrap();
+    let r = wait(&done, 2);
+    assert!(r.iter().all(|&(_, v)| v >= 0), "{r:?}");
+    // SAFETY: as above.
+    unsafe { img.aio_read(&done, 5, 8192, back.as_mut_ptr(), back.len()) }.unwrap();
+    wait(&done, 1);
+    assert!(back[..4096].iter().all(|&b| b == 0));
+    assert_eq!(back[4096..8192], data[4096..8192]);
+    assert!(back[8192..16384].iter().all(|&b| b == 0));
+    assert_eq!(back[16384..], data[16384..]);
+
+    // Out of range: an error result, not a crash.
+    let mut one = vec![0u8; 4096];
+    // SAFETY: as above.
+    let r = unsafe { img.aio_read(&done, 2, 64 << 20, one.as_mut_ptr(), one.len()) };
+    match r {
+        Err(_) => {}
+        Ok(()) => assert!(wait(&done, 1)[0].1 < 0),
+    }
+    // A token outside the table is refused before librbd sees it.
+    assert_eq!(img.aio_flush(&done, 8), Err(libc::EINVAL));
+
+    // A resize by another client is announced.
+    let seen = Arc::new(AtomicUsize::new(0));
+    let s2 = Arc::clone(&seen);
+    img.watch(move || {
+        s2.fetch_add(1, Ordering::SeqCst);
+    })
+    .unwrap();
+    rbd(&conf, &["resize", "--size", "32", "rbd/nvmf-rbd-test"]);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while seen.load(Ordering::SeqCst) == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "no update callback after a resize"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(img.size().unwrap(), 32 << 20);
+}
+
+#[test]
+fn unreachable_names_what() {
+    let Some(conf) = conf() else { return };
+    let c = Cluster::connect(&conf, "admin", &[]).unwrap();
+    let e = IoCtx::open(&c, "no-such-pool", "").unwrap_err();
+    assert!(e.to_string().contains("no-such-pool"), "{e}");
+    let io = IoCtx::open(&c, "rbd", "").unwrap();
+    let e = Image::open(&io, "no-such-image").unwrap_err();
+    assert!(e.to_string().contains("rbd/no-such-image"), "{e}");
+    assert_eq!(e.errno, libc::ENOENT);
+    let e =
+        Cluster::connect(std::path::Path::new("/nonexistent/ceph.conf"), "admin", &[]).unwrap_err();
+    assert!(e.to_string().contains("/nonexistent/ceph.conf"), "{e}");
+}

@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# A single-node Ceph test cluster: one ceph-mon and one ceph-osd (memstore) on 127.0.0.1, no
+# manager, no authentication, pool `rbd`. Used by the host tests of RBD namespaces and by hand.
+#   scripts/ceph-cluster.sh start [DIR]     installs the packages if needed, starts the daemons
+#                                           (DIR defaults to $CEPH_DIR or /tmp/nvmf-ceph) and
+#                                           prints the path of its ceph.conf
+#   scripts/ceph-cluster.sh stop [DIR]      stops the daemons and removes DIR
+#   scripts/ceph-cluster.sh osd-stop|osd-cont [DIR]   SIGSTOP / SIGCONT the OSD (a store that
+#                                           stops answering, nothing lost: memstore)
+# Idempotent: `start` on a running cluster only prints its conf.
+set -euo pipefail
+cmd=${1:-start}
+dir=${2:-${CEPH_DIR:-/tmp/nvmf-ceph}}
+conf=$dir/ceph.conf
+SUDO=
+[ "$(id -u)" = 0 ] || SUDO=sudo
+
+install_packages() {
+  local pkgs=(ceph-mon ceph-osd ceph-common librbd-dev librados-dev uuid-runtime) missing=()
+  for p in "${pkgs[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  if [ ${#missing[@]} -gt 0 ]; then
+    echo "ceph-cluster: installing ${missing[*]}" >&2
+    export DEBIAN_FRONTEND=noninteractive
+    $SUDO apt-get update -qq
+    $SUDO apt-get install -y -q -o DPkg::Lock::Timeout=600 --no-install-recommends "${missing[@]}" >/dev/null
+  fi
+}
+
+pid_of() { cat "$dir/run/$1.pid" 2>/dev/null || true; }
+alive() { local p; p=$(pid_of "$1"); [ -n "$p" ] && kill -0 "$p" 2>/dev/null; }
+
+stop() {
+  for d in osd.0 mon.a; do
+    local p; p=$(pid_of "$d")
+    if [ -n "$p" ] && kill -0 "$p" 2>/dev/null; then
+      kill -CONT "$p" 2>/dev/null || true
+      kill "$p" 2>/dev/null || true
+      for _ in $(seq 50); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
+      kill -9 "$p" 2>/dev/null || true
+    fi
+  done
+  rm -rf "$dir"
+}
+
+start() {
+  if alive mon.a && alive osd.0; then echo "$conf"; return; fi
+  install_packages
+  stop
+  mkdir -p "$dir"/{mon,osd0,run}
+  local fsid; fsid=$(uuidgen)
+  cat >"$conf" <<EOF
+[global]
+fsid = $fsid
+mon host = 127.0.0.1
+public addr = 127.0.0.1
+auth cluster required = none
+auth service required = none
+auth client required = none
+osd pool default size = 1
+osd pool default min size = 1
+mon allow pool size one = true
+mon allow pool delete = true
+osd objectstore = memstore
+memstore device bytes = ${CEPH_MEMSTORE_BYTES:-1073741824}
+osd data = $dir/osd\$id
+mon data = $dir/mon
+run dir = $dir/run
+pid file = $dir/run/\$name.pid
+log file = $dir/\$name.log
+osd crush chooseleaf type = 0
+mon warn on pool no redundancy = false
+osd pool default pg autoscale mode = off
+[mon]
+admin socket = $dir/run/\$name.asok
+[osd]
+admin socket = $dir/run/\$name.asok
+EOF
+  (cd "$dir" && monmaptool --create --add a 127.0.0.1 --fsid "$fsid" monmap >/dev/null)
+  ceph-mon -c "$conf" --mkfs -i a --monmap "$dir/monmap"
+  ceph-mon -c "$conf" -i a
+  local id; id=$(timeout 60 ceph -c "$conf" osd create)
+  ceph-osd -c "$conf" -i "$id" --mkfs 2>/dev/null
+  ceph-osd -c "$conf" -i "$id"
+  timeout 60 ceph -c "$conf" osd pool create rbd 8 >/dev/null 2>&1
+  timeout 60 rbd -c "$conf" pool init rbd
+  # Up when a write reaches the OSD.
+  for _ in $(seq 60); do
+    if timeout 10 rados -c "$conf" -p rbd put nvmf-ready /dev/null 2>/dev/null; then
+      echo "$conf"
+      return
+    fi
+    sleep 0.5
+  done
+  echo "ceph-cluster: the OSD did not come up (logs in $dir)" >&2
+  exit 1
+}
+
+case $cmd in
+  start) start ;;
+  stop) stop ;;
+  osd-stop) kill -STOP "$(pid_of osd.0)" ;;
+  osd-cont) kill -CONT "$(pid_of osd.0)" ;;
+  *) echo "usage: $0 start|stop|osd-stop|osd-cont [DIR]" >&2; exit 2 ;;
+esac
