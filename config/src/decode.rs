@@ -14,8 +14,9 @@ use std::collections::BTreeMap;
 
 use crate::model::{
     default_dhchap_dhgroups, default_dhchap_hashes, default_serial, AnaState, Backing, C2hSuccess,
-    Config, DhGroup, HashId, Host, Key, Listener, Metrics, Namespace, Polling, Subsystem,
-    TargetSettings, Transport, Uuid, DEFAULT_MODEL, DEFAULT_PORT, MAX_ANA_GROUP,
+    Config, DhGroup, HashId, Host, Key, Listener, Metrics, Namespace, Polling, RbdImage,
+    Subsystem, TargetSettings, Transport, Uuid, DEFAULT_CEPH_CONF, DEFAULT_MODEL, DEFAULT_PORT,
+    MAX_ANA_GROUP,
 };
 use crate::size::Size;
 use crate::yaml::{Kind, Location, Node};
@@ -44,11 +45,13 @@ const NAMESPACE_KEYS: &[&str] = &[
     "path",
     "size",
     "null",
+    "rbd",
     "block_size",
     "read_only",
     "uuid",
     "ana_group",
 ];
+const RBD_KEYS: &[&str] = &["pool", "image", "namespace", "conf", "user"];
 const TARGET_KEYS: &[&str] = &[
     "threads",
     "in_capsule_data",
@@ -427,25 +430,38 @@ impl Decoder<'_> {
             .and_then(|n| int(r, n, &join(path, "nsid"), u32::MAX.into()))
             .map(|v| v as u32);
         let size_value = m.get("size").map(|n| size(r, n, &join(path, "size")));
-        let backing = match (m.get("path"), m.get("null")) {
-            (Some(_), Some(_)) => {
-                let at = m.key_at("null").unwrap_or(m.at);
-                r.error_at(
-                    at,
-                    &join(path, "null"),
-                    "give either `path` or `null`, not both",
-                );
-                None
-            }
-            (None, None) => {
+        let given: Vec<&str> = ["path", "null", "rbd"]
+            .into_iter()
+            .filter(|k| m.get(k).is_some())
+            .collect();
+        let backing = match given.as_slice() {
+            [] => {
                 r.error_at(
                     m.at,
                     path,
-                    "a namespace needs `path: FILE` (a file or block device) or `null: SIZE`",
+                    "a namespace needs `path: FILE` (a file or block device), `null: SIZE` or \
+                     `rbd: { pool, image }`",
                 );
                 None
             }
-            (Some(p), None) => {
+            [_, second, ..] => {
+                let at = m.key_at(second).unwrap_or(m.at);
+                r.error_at(
+                    at,
+                    &join(path, second),
+                    format!(
+                        "give one of `path`, `null` and `rbd`, not {}",
+                        given
+                            .iter()
+                            .map(|k| format!("`{k}`"))
+                            .collect::<Vec<_>>()
+                            .join(" and ")
+                    ),
+                );
+                None
+            }
+            ["path"] => {
+                let p = m.get("path").expect("listed as given");
                 let file = string(r, p, &join(path, "path")).and_then(|text| {
                     if text.is_empty() {
                         r.error_at(p.at, &join(path, "path"), "the path is empty");
@@ -464,16 +480,25 @@ impl Decoder<'_> {
                     }),
                 }
             }
-            (None, Some(n)) => {
+            [kind] => {
+                let n = m.get(kind).expect("listed as given");
                 if size_value.is_some() {
+                    let hint = if *kind == "null" {
+                        "a null namespace's size is the value of `null` (null: 4GiB)"
+                    } else {
+                        "an RBD namespace has its image's size (`rbd resize` changes it)"
+                    };
                     r.error_at(
                         m.key_at("size").unwrap_or(m.at),
                         &join(path, "size"),
-                        "`size` is for `path` namespaces; a null namespace's size is the value \
-                         of `null` (null: 4GiB)",
+                        format!("`size` is for `path` namespaces; {hint}"),
                     );
                 }
-                size(r, n, &join(path, "null")).map(|size| Backing::Null { size })
+                if *kind == "null" {
+                    size(r, n, &join(path, "null")).map(|size| Backing::Null { size })
+                } else {
+                    self.rbd(r, n, &join(path, "rbd")).map(Backing::Rbd)
+                }
             }
         };
         let block_size = optional(r, &m, "block_size", None, |r, n, p| {
@@ -507,6 +532,54 @@ impl Decoder<'_> {
             read_only,
             ana_group,
             uuid,
+        })
+    }
+
+    /// `rbd: { pool, image, namespace, conf, user }`.
+    fn rbd(&self, r: &mut Report, node: &Node, path: &str) -> Option<RbdImage> {
+        let m = map(r, node, path, RBD_KEYS)?;
+        let name = |r: &mut Report, key: &str| -> Option<String> {
+            let n = m.get(key)?;
+            let p = join(path, key);
+            let text = string(r, n, &p)?;
+            if text.is_empty() || text.contains(['/', '@', '\0']) {
+                r.error_at(n.at, &p, format!("`{text}` is not a valid {key} name (empty, or has `/`, `@` or NUL)"));
+                return None;
+            }
+            Some(text)
+        };
+        let pool = required(r, &m, "pool").and_then(|_| name(r, "pool"));
+        let image = required(r, &m, "image").and_then(|_| name(r, "image"));
+        let namespace = match m.get("namespace") {
+            Some(_) => name(r, "namespace"),
+            None => Some(String::new()),
+        };
+        let user = match m.get("user") {
+            Some(_) => name(r, "user").map(|u| u.strip_prefix("client.").map(str::to_owned).unwrap_or(u)),
+            None => Some("admin".to_owned()),
+        };
+        let conf = match m.get("conf") {
+            Some(n) => {
+                let p = join(path, "conf");
+                string(r, n, &p).and_then(|text| {
+                    if text.is_empty() {
+                        r.error_at(n.at, &p, "the path is empty");
+                        return None;
+                    }
+                    Some(match self.base_dir {
+                        Some(base) => base.join(text),
+                        None => PathBuf::from(text),
+                    })
+                })
+            }
+            None => Some(PathBuf::from(DEFAULT_CEPH_CONF)),
+        };
+        Some(RbdImage {
+            pool: pool?,
+            image: image?,
+            namespace: namespace?,
+            conf: conf?,
+            user: user?,
         })
     }
 

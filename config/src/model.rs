@@ -336,12 +336,13 @@ pub fn default_dhchap_dhgroups() -> Vec<DhGroup> {
 /// - { nsid: 1, path: /var/lib/nvmf/disk1.img, size: 1GiB }   # file, created if missing
 /// - { nsid: 2, path: /dev/nvme0n1 }                          # block device
 /// - { nsid: 3, null: 4GiB }                                  # null device
+/// - { nsid: 4, rbd: { pool: rbd, image: img1 } }              # Ceph RBD image
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Namespace {
     /// `nsid`: 1 to 0xFFFFFFFE, unique within the subsystem. Required.
     pub nsid: u32,
-    /// `path` (+ `size`) or `null`: where the blocks live. Exactly one of `path` and `null`.
+    /// `path` (+ `size`), `null` or `rbd`: where the blocks live. Exactly one of them.
     pub backing: Backing,
     /// `block_size`: logical block size, 512 or 4096. Default 4096 for files and null
     /// namespaces; `None` only for a block device given without `block_size`, which then
@@ -377,7 +378,29 @@ pub enum Backing {
         /// Capacity.
         size: Size,
     },
+    /// `rbd: { pool, image }`: a Ceph RBD image, used at its size (a resize of the image is
+    /// seen by the target and announced to the hosts).
+    Rbd(RbdImage),
 }
+
+/// `rbd`: `{ pool: rbd, image: img1, conf: /etc/ceph/ceph.conf, user: admin, namespace: ns1 }`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RbdImage {
+    /// `pool`: the RADOS pool. Required.
+    pub pool: String,
+    /// `image`: the image name in the pool. Required; the image must exist.
+    pub image: String,
+    /// `namespace`: a RADOS namespace of the pool. Default none ("").
+    pub namespace: String,
+    /// `conf`: the cluster's configuration file (monitors, keyring). Default
+    /// `/etc/ceph/ceph.conf`; a relative path is relative to the configuration file.
+    pub conf: PathBuf,
+    /// `user`: the Ceph client name without `client.`. Default `admin`.
+    pub user: String,
+}
+
+/// The default of `rbd.conf`.
+pub const DEFAULT_CEPH_CONF: &str = "/etc/ceph/ceph.conf";
 
 /// A UUID (RFC 9562), written `xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -515,7 +538,7 @@ impl Namespace {
     pub fn path(&self) -> Option<&std::path::Path> {
         match &self.backing {
             Backing::File { path, .. } => Some(path),
-            Backing::Null { .. } => None,
+            Backing::Null { .. } | Backing::Rbd(_) => None,
         }
     }
 }
@@ -533,6 +556,7 @@ impl Serialize for Namespace {
                 }
             }
             Backing::Null { size } => s.serialize_field("null", size)?,
+            Backing::Rbd(img) => s.serialize_field("rbd", img)?,
         }
         match self.block_size {
             Some(bs) => s.serialize_field("block_size", &bs)?,
@@ -698,5 +722,21 @@ mod tests {
         assert_ne!(s, default_serial("nqn.2026-11.io.example:disk2"));
         // FNV-1a 64 of the empty string is its offset basis.
         assert_eq!(default_serial(""), "NVMFCBF29CE484222325");
+    }
+}
+
+impl Serialize for RbdImage {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut s = serializer.serialize_struct("RbdImage", 5)?;
+        s.serialize_field("pool", &self.pool)?;
+        s.serialize_field("image", &self.image)?;
+        if self.namespace.is_empty() {
+            s.skip_field("namespace")?;
+        } else {
+            s.serialize_field("namespace", &self.namespace)?;
+        }
+        s.serialize_field("conf", &self.conf.to_string_lossy())?;
+        s.serialize_field("user", &self.user)?;
+        s.end()
     }
 }

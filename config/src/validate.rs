@@ -330,6 +330,17 @@ fn backing(ns: &mut Namespace, path: &str, r: &mut Report) {
             check_size(*size, "null", r);
             ns.block_size.get_or_insert(DEFAULT_BLOCK_SIZE);
         }
+        Backing::Rbd(img) => {
+            // The cluster is reached when the target opens the image (a clear error there);
+            // here only what can be checked without it.
+            if !img.conf.is_file() {
+                r.error(
+                    &join(path, "rbd.conf"),
+                    format!("`{}`: no such Ceph configuration file", img.conf.display()),
+                );
+            }
+            ns.block_size.get_or_insert(DEFAULT_BLOCK_SIZE);
+        }
         Backing::File { path: file, size } => {
             let p = join(path, "path");
             match file_kind(file) {

@@ -272,6 +272,13 @@ pub fn apply(cfg: &Config, op: &Op) -> Result<Config, String> {
             }
             let now = match &ns.backing {
                 Backing::Null { size } => size.bytes(),
+                Backing::Rbd(img) => {
+                    return Err(format!(
+                        "namespace {nsid} is the RBD image {}/{}: it has the image's size \
+                         (`rbd resize` it; the target sees the change)",
+                        img.pool, img.image
+                    ))
+                }
                 Backing::File { path, .. } => {
                     let m =
                         std::fs::metadata(path).map_err(|e| format!("{}: {e}", path.display()))?;
@@ -293,6 +300,7 @@ pub fn apply(cfg: &Config, op: &Op) -> Result<Config, String> {
             match &mut ns.backing {
                 Backing::Null { size } => *size = want,
                 Backing::File { size, .. } => *size = Some(want),
+                Backing::Rbd(_) => unreachable!("refused above"),
             }
         }
         Op::AddHost { nqn, host } => {

@@ -10,7 +10,7 @@ use config::{Backing, Config, Transport};
 use tracing::{info, warn};
 
 use crate::backend::{
-    BufPool, Deallocate, Device, DeviceSpec, Devices, FileSpec, Ring, RingConfig,
+    BufPool, Deallocate, Device, DeviceSpec, Devices, FileSpec, RbdSpec, Ring, RingConfig,
 };
 use crate::core::{
     HostKeys, HostSpec, ListenerInfo, NamespaceSpec, Reconfigured, SubsystemSpec, Target,
@@ -158,6 +158,15 @@ fn device_spec(ns: &config::Namespace) -> DeviceSpec {
             size: size.bytes(),
             block_size: ns.block_size.unwrap_or(config::DEFAULT_BLOCK_SIZE),
         },
+        Backing::Rbd(img) => DeviceSpec::Rbd(RbdSpec {
+            conf: img.conf.clone(),
+            user: img.user.clone(),
+            pool: img.pool.clone(),
+            namespace: img.namespace.clone(),
+            image: img.image.clone(),
+            block_size: ns.block_size.unwrap_or(config::DEFAULT_BLOCK_SIZE),
+            read_only: ns.read_only,
+        }),
     }
 }
 
@@ -586,12 +595,15 @@ impl Daemon {
         Ok(report)
     }
 
-    /// Whether the regular file behind device slot `slot` is no longer the length it was
-    /// opened with (block devices and null devices: never).
+    /// Whether the regular file (or RBD image) behind device slot `slot` is no longer the
+    /// length it was opened with (block devices and null devices: never).
     fn file_resized(&self, slot: u32) -> bool {
         let Some(Some(d)) = self.devices.get(slot as usize) else {
             return false;
         };
+        if d.kind() == crate::backend::DeviceKind::Rbd {
+            return d.rbd_resized();
+        }
         if d.kind() != crate::backend::DeviceKind::File {
             return false;
         }

@@ -7,6 +7,8 @@ use std::os::fd::{AsFd, AsRawFd, RawFd};
 use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
+use std::sync::Arc;
+
 use super::sys;
 
 /// Smallest and largest logical block sizes accepted.
@@ -20,6 +22,33 @@ pub enum DeviceSpec {
     File(FileSpec),
     /// Discards writes, reads zeroes; no syscalls.
     Null { size: u64, block_size: u32 },
+    /// A Ceph RBD image, at its size (rounded down to the block size).
+    Rbd(RbdSpec),
+}
+
+/// An RBD image backing store.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RbdSpec {
+    /// The cluster's configuration file and the client name (without `client.`).
+    pub conf: PathBuf,
+    pub user: String,
+    pub pool: String,
+    /// RADOS namespace ("" for none).
+    pub namespace: String,
+    pub image: String,
+    pub block_size: u32,
+    pub read_only: bool,
+}
+
+impl RbdSpec {
+    /// `pool/image` or `pool/namespace/image`, as the `rbd` tool names it.
+    pub fn spec(&self) -> String {
+        if self.namespace.is_empty() {
+            format!("{}/{}", self.pool, self.image)
+        } else {
+            format!("{}/{}/{}", self.pool, self.namespace, self.image)
+        }
+    }
 }
 
 /// A file or block device backing store.
@@ -57,6 +86,7 @@ pub enum DeviceKind {
     File,
     BlockDevice,
     Null,
+    Rbd,
 }
 
 /// What Deallocate (Dataset Management, attribute AD) does on a backing store, decided when it
@@ -103,6 +133,13 @@ pub enum DeviceError {
         size: u64,
         block_size: u32,
     },
+    #[error("rbd image {image} (cluster {}, client.{user}): {source}", conf.display())]
+    Rbd {
+        image: String,
+        conf: PathBuf,
+        user: String,
+        source: rbd::Error,
+    },
     #[error("{}: configured size {size} exceeds the device size {device_size}", path.display())]
     TooLarge {
         path: PathBuf,
@@ -127,6 +164,8 @@ pub struct Device {
     /// is 1: it has poll queues): the largest transfer the device takes as one request
     /// (see [`Device::poll_max_bytes`]). 0: cannot be polled.
     poll_max: u32,
+    /// The image of an RBD namespace.
+    rbd: Option<Arc<rbd::Image>>,
 }
 
 impl Device {
@@ -147,9 +186,11 @@ impl Device {
                     direct: false,
                     dealloc: Deallocate::Zeroes,
                     poll_max: 0,
+                    rbd: None,
                 })
             }
             DeviceSpec::File(f) => open_file(f),
+            DeviceSpec::Rbd(r) => open_rbd(r),
         }
     }
 
@@ -203,6 +244,23 @@ impl Device {
     /// The open file (`None` for the null device).
     pub(crate) fn file(&self) -> Option<&File> {
         self.file.as_ref()
+    }
+
+    /// The image of an RBD namespace.
+    pub fn rbd(&self) -> Option<&Arc<rbd::Image>> {
+        self.rbd.as_ref()
+    }
+
+    /// For an RBD namespace, whether the image's size (as librbd knows it now) differs from
+    /// the size the namespace was opened with: the namespace is then opened again.
+    pub fn rbd_resized(&self) -> bool {
+        let Some(img) = &self.rbd else {
+            return false;
+        };
+        match img.size() {
+            Ok(now) => now - now % u64::from(self.block_size) != self.size,
+            Err(_) => false,
+        }
     }
 
     /// The open descriptor (`None` for the null device), for io_uring file registration.
@@ -366,6 +424,7 @@ fn open_file(spec: &FileSpec) -> Result<Device, DeviceError> {
             direct,
             dealloc,
             poll_max,
+            rbd: None,
         });
     }
     if !ft.is_file() {
@@ -439,6 +498,72 @@ fn open_file(spec: &FileSpec) -> Result<Device, DeviceError> {
         // Files are not polled: whether their file system's direct I/O path polls depends on
         // the file system and the disk under it.
         poll_max: 0,
+        rbd: None,
+    })
+}
+
+/// What every RBD namespace's cluster handle is set to: no client-side write-back cache (a
+/// write is on the OSDs when it completes, so Flush and FUA have nothing left to do, and a
+/// gateway that dies loses nothing a host was told is written), zero-copy writes from the
+/// pool's buffers (they stay untouched until the write completes), partial discards that
+/// zero what they cannot free (Deallocate reads back zeroes), and a bounded wait for the
+/// monitors at start-up.
+const RBD_SETTINGS: &[(&str, &str)] = &[
+    ("rbd_cache", "false"),
+    ("rbd_disable_zero_copy_writes", "false"),
+    ("rbd_skip_partial_discard", "false"),
+    ("client_mount_timeout", "15"),
+];
+
+/// One connected cluster per (configuration file, user), shared by its namespaces while any
+/// is open.
+fn rbd_cluster(conf: &Path, user: &str) -> Result<Arc<rbd::Cluster>, rbd::Error> {
+    use std::collections::HashMap;
+    use std::sync::{Mutex, PoisonError, Weak};
+    static CLUSTERS: Mutex<Option<HashMap<(PathBuf, String), Weak<rbd::Cluster>>>> =
+        Mutex::new(None);
+    let mut map = CLUSTERS.lock().unwrap_or_else(PoisonError::into_inner);
+    let map = map.get_or_insert_with(HashMap::new);
+    let key = (conf.to_owned(), user.to_owned());
+    if let Some(c) = map.get(&key).and_then(Weak::upgrade) {
+        return Ok(c);
+    }
+    let c = rbd::Cluster::connect(conf, user, RBD_SETTINGS)?;
+    map.retain(|_, w| w.strong_count() > 0);
+    map.insert(key, Arc::downgrade(&c));
+    Ok(c)
+}
+
+fn open_rbd(spec: &RbdSpec) -> Result<Device, DeviceError> {
+    let path = PathBuf::from(format!("rbd:{}", spec.spec()));
+    check_block_size(&path, spec.block_size)?;
+    let err = |source| DeviceError::Rbd {
+        image: spec.spec(),
+        conf: spec.conf.clone(),
+        user: spec.user.clone(),
+        source,
+    };
+    let cluster = rbd_cluster(&spec.conf, &spec.user).map_err(err)?;
+    let io = rbd::IoCtx::open(&cluster, &spec.pool, &spec.namespace).map_err(err)?;
+    let image = rbd::Image::open(&io, &spec.image).map_err(err)?;
+    let image_size = image.size().map_err(err)?;
+    let size = image_size - image_size % u64::from(spec.block_size);
+    check_size(&path, size, spec.block_size)?;
+    Ok(Device {
+        file: None,
+        path: Some(path),
+        kind: DeviceKind::Rbd,
+        size,
+        block_size: spec.block_size,
+        read_only: spec.read_only,
+        direct: true,
+        dealloc: if spec.read_only {
+            Deallocate::Ignored
+        } else {
+            Deallocate::Zeroes
+        },
+        poll_max: 0,
+        rbd: Some(Arc::new(image)),
     })
 }
 

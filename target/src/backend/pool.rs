@@ -110,6 +110,11 @@ impl fmt::Debug for BufPool {
 }
 
 impl BufPool {
+    /// Never unmaps the pool's memory (see `MmapRegion::leak`).
+    pub(crate) fn leak(&mut self) {
+        self.region.leak();
+    }
+
     /// Maps `count * buf_size` bytes (pre-faulted) and splits them into `count` buffers.
     /// `buf_size` must be a multiple of 4096 so that every buffer is page-aligned, which
     /// O_DIRECT and DMA registration need.

@@ -22,6 +22,7 @@ use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::sync::Arc;
 use std::time::Duration;
 
+use arrayvec::ArrayVec;
 use io_uring::{opcode, types, IoUring};
 
 use super::device::{Deallocate, Device, DeviceKind, Devices};
@@ -36,6 +37,9 @@ const ZERO_BUF_LEN: usize = 256 * 1024;
 
 /// user_data of the POLL_ADD on the discard helper's eventfd (slots are u32).
 const DISCARD_WAKE: u64 = u64::MAX;
+
+/// user_data of the POLL_ADD on the RBD completions' eventfd.
+const RBD_WAKE: u64 = u64::MAX - 1;
 
 /// IORING_ENTER_GETEVENTS.
 const ENTER_GETEVENTS: u32 = 1;
@@ -150,6 +154,8 @@ struct Dev {
     dealloc: Deallocate,
     /// Reads and writes of at most this many bytes go to the polled ring (0: none).
     poll_max: u64,
+    /// An RBD image: every operation goes to librbd (`Ring::rbd_images`).
+    rbd: bool,
 }
 
 /// The ring's view of `d`; `iopoll`: the ring has a polled ring.
@@ -166,6 +172,7 @@ fn dev_of(d: &Device, iopoll: bool) -> Dev {
         } else {
             0
         },
+        rbd: d.kind() == DeviceKind::Rbd,
     }
 }
 
@@ -186,6 +193,7 @@ const ABSENT_DEV: Dev = Dev {
     zero: ZeroMethod::ZeroRange,
     dealloc: Deallocate::Ignored,
     poll_max: 0,
+    rbd: false,
 };
 
 /// Device slots wanted in a ring's file table: room for devices a reload adds, within the
@@ -228,8 +236,20 @@ enum SlotKind {
     Trim,
     /// A job with the discard helper (`pending` is 1 until it reports).
     Discard,
+    /// Operations with librbd (`pending` of them; more than one only for Trim).
+    Rbd(RbdKind),
     /// Finished, on the ready queue.
     Done,
+}
+
+/// What an RBD slot's librbd operations are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum RbdKind {
+    /// A read into the slot's buffer (or a Compare's scratch buffer).
+    Read,
+    Write,
+    /// Flush, Write Zeroes, discards: no data.
+    NoData,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -308,6 +328,16 @@ pub struct Ring {
     discard_armed: bool,
     /// Reused for the helper's finished jobs.
     discard_done: Vec<(u32, Result<(), i32>)>,
+    /// Per device slot, the image of an RBD namespace.
+    rbd_images: Vec<Option<Arc<rbd::Image>>>,
+    /// Where librbd's callbacks leave results (token = slot), made on the first RBD op.
+    rbd_done: Option<rbd::Completions>,
+    /// librbd operations in flight.
+    rbd_inflight: u32,
+    /// A POLL_ADD on `rbd_done`'s eventfd is in the ring.
+    rbd_armed: bool,
+    /// Reused for librbd's results.
+    rbd_results: Vec<(u32, i64)>,
     mode: RingMode,
     /// The kernel sets IORING_SQ_TASKRUN when deferred completions wait for an enter.
     taskrun_flag: bool,
@@ -448,6 +478,7 @@ impl Ring {
             .map(discard_file)
             .collect::<io::Result<_>>()
             .map_err(RingError::Setup)?;
+        let rbd_images = devices.iter().map(|d| d.rbd().cloned()).collect();
         let file_slots = fds.len();
         let n = cfg.max_inflight as usize;
         Ok(Ring {
@@ -469,6 +500,11 @@ impl Ring {
             discards: 0,
             discard_armed: false,
             discard_done: Vec::new(),
+            rbd_images,
+            rbd_done: None,
+            rbd_inflight: 0,
+            rbd_armed: false,
+            rbd_results: Vec::new(),
             mode,
             taskrun_flag,
             enabled: false,
@@ -500,6 +536,10 @@ impl Ring {
             self.discard_files.resize(i + 1, None);
         }
         self.discard_files[i] = file;
+        if self.rbd_images.len() <= i {
+            self.rbd_images.resize(i + 1, None);
+        }
+        self.rbd_images[i] = device.and_then(|d| d.rbd().cloned());
         Ok(())
     }
 
@@ -601,6 +641,9 @@ impl Ring {
         let writes = !matches!(op.kind, IoKind::Read | IoKind::Flush | IoKind::Compare);
         if writes && dev.read_only {
             return Err(libc::EROFS);
+        }
+        if dev.rbd {
+            return self.start_rbd(s, op, buf, &dev);
         }
         match &op.kind {
             IoKind::Read | IoKind::Write | IoKind::WriteFua => {
@@ -756,6 +799,243 @@ impl Ring {
                     self.finish(s, if err == 0 { Ok(0) } else { Err(err) });
                 }
                 Ok(())
+            }
+        }
+    }
+
+    /// Issues the op in slot `s` to librbd (an RBD namespace): the same checks as for files,
+    /// then one asynchronous librbd call (one per range for Trim) whose results come back
+    /// through `rbd_done` and the POLL_ADD on its eventfd.
+    fn start_rbd(
+        &mut self,
+        s: u32,
+        op: &IoOp,
+        buf: Option<(BufId, u32)>,
+        dev: &Dev,
+    ) -> Result<(), i32> {
+        let img = self
+            .rbd_images
+            .get(op.device as usize)
+            .cloned()
+            .flatten()
+            .ok_or(libc::ENODEV)?;
+        if self.rbd_done.is_none() {
+            let c = rbd::Completions::new(self.slots.len() as u32)
+                .map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))?;
+            self.rbd_done = Some(c);
+        }
+        let si = s as usize;
+        let mut issued = 0u32;
+        let result = match &op.kind {
+            IoKind::Read | IoKind::Write | IoKind::WriteFua | IoKind::Compare => {
+                let (id, boff) = buf.ok_or(libc::EINVAL)?;
+                check_range(dev, op.offset, u64::from(op.len))?;
+                let end = (boff as usize)
+                    .checked_add(op.len as usize)
+                    .ok_or(libc::EINVAL)?;
+                if end > self.pool.buf_size() {
+                    return Err(libc::EINVAL);
+                }
+                let compare = op.kind == IoKind::Compare;
+                if compare {
+                    // The host's data must be there (allocated, in this pool, long enough).
+                    self.pool.payload(id, end).map_err(|_| libc::EINVAL)?;
+                } else {
+                    if self.pool.is_in_flight(id) {
+                        return Err(libc::EBUSY);
+                    }
+                    self.pool.payload(id, 0).map_err(|_| libc::EINVAL)?;
+                }
+                if op.len == 0 {
+                    self.finish(s, Ok(0));
+                    return Ok(());
+                }
+                // A Compare reads the range into a buffer of its own.
+                let target = if compare {
+                    self.pool.alloc().ok_or(libc::EBUSY)?
+                } else {
+                    id
+                };
+                let addr = match self.pool.buf_ptr(target) {
+                    Ok(p) => p.as_ptr() as usize + if compare { 0 } else { boff as usize },
+                    Err(_) => {
+                        if compare {
+                            let _ = self.pool.free(target);
+                        }
+                        return Err(libc::EINVAL);
+                    }
+                };
+                if self.pool.mark_in_flight(target).is_err() {
+                    if compare {
+                        let _ = self.pool.free(target);
+                    }
+                    return Err(libc::EINVAL);
+                }
+                let is_read = matches!(op.kind, IoKind::Read | IoKind::Compare);
+                let slot = &mut self.slots[si];
+                slot.buf = Some(target);
+                slot.addr = addr;
+                slot.compare = compare.then_some((id, boff));
+                slot.fua = op.kind == IoKind::WriteFua;
+                slot.kind = SlotKind::Rbd(if is_read {
+                    RbdKind::Read
+                } else {
+                    RbdKind::Write
+                });
+                let done = self.rbd_done.as_ref().expect("made above");
+                let len = op.len as usize;
+                // SAFETY: [addr, addr + len) lies in a pool buffer (checked above) that is
+                // marked in flight until this slot finishes, which happens only after librbd
+                // reported the result (`on_rbd_wake`), or at once if the call is refused; the
+                // pool outlives every operation in flight (`Drop for Ring` waits for them).
+                let r = unsafe {
+                    if is_read {
+                        img.aio_read(done, s, op.offset, addr as *mut u8, len)
+                    } else {
+                        img.aio_write(done, s, op.offset, addr as *const u8, len, slot_fua(op))
+                    }
+                };
+                r.map(|()| issued = 1)
+            }
+            IoKind::Flush => {
+                self.slots[si].kind = SlotKind::Rbd(RbdKind::NoData);
+                let done = self.rbd_done.as_ref().expect("made above");
+                img.aio_flush(done, s).map(|()| issued = 1)
+            }
+            IoKind::WriteZeroes => {
+                check_range(dev, op.offset, u64::from(op.len))?;
+                if op.len == 0 {
+                    self.finish(s, Ok(0));
+                    return Ok(());
+                }
+                self.slots[si].kind = SlotKind::Rbd(RbdKind::NoData);
+                let done = self.rbd_done.as_ref().expect("made above");
+                img.aio_write_zeroes(done, s, op.offset, u64::from(op.len))
+                    .map(|()| issued = 1)
+            }
+            IoKind::Trim { ranges } => {
+                let (id, boff) = buf.ok_or(libc::EINVAL)?;
+                let list_len = usize::from(*ranges) * TRIM_RANGE_SIZE;
+                let end = (boff as usize).checked_add(list_len).ok_or(libc::EINVAL)?;
+                let list = &self.pool.payload(id, end).map_err(|_| libc::EINVAL)?[boff as usize..];
+                let list: ArrayVec<(u64, u64), 256> = trim_ranges(list, *ranges)
+                    .filter(|&(_, len)| len > 0)
+                    .collect();
+                for &(off, len) in &list {
+                    check_range(dev, off, len)?;
+                }
+                if dev.dealloc == Deallocate::Ignored || list.is_empty() {
+                    self.finish(s, Ok(0));
+                    return Ok(());
+                }
+                self.slots[si].kind = SlotKind::Rbd(RbdKind::NoData);
+                let done = self.rbd_done.as_ref().expect("made above");
+                let mut r = Ok(());
+                for &(off, len) in &list {
+                    match img.aio_discard(done, s, off, len) {
+                        Ok(()) => issued += 1,
+                        Err(e) => {
+                            r = Err(e);
+                            break;
+                        }
+                    }
+                }
+                if issued > 0 {
+                    // Ranges already issued still complete; the failure is reported at the end.
+                    if let Err(e) = r {
+                        self.slots[si].err = e;
+                    }
+                    Ok(())
+                } else {
+                    r
+                }
+            }
+        };
+        result?;
+        self.slots[si].pending += issued;
+        self.rbd_inflight += issued;
+        self.stats.sqes += u64::from(issued);
+        self.arm_rbd()
+    }
+
+    /// Puts a POLL_ADD on the RBD completions' eventfd into the ring, unless one is there.
+    fn arm_rbd(&mut self) -> Result<(), i32> {
+        let Some(d) = &self.rbd_done else {
+            return Ok(());
+        };
+        if self.rbd_armed {
+            return Ok(());
+        }
+        let e = opcode::PollAdd::new(types::Fd(d.eventfd().as_raw_fd()), libc::POLLIN as u32)
+            .build()
+            .user_data(RBD_WAKE);
+        self.push_entry(e)?;
+        self.rbd_armed = true;
+        Ok(())
+    }
+
+    /// librbd reported results: finish the slots whose last operation came back, and poll
+    /// again while operations remain.
+    fn on_rbd_wake(&mut self) {
+        self.rbd_armed = false;
+        let mut results = std::mem::take(&mut self.rbd_results);
+        if let Some(d) = &self.rbd_done {
+            d.take(&mut results);
+        }
+        for (s, ret) in results.drain(..) {
+            let Some(slot) = self.slots.get_mut(s as usize) else {
+                continue;
+            };
+            let SlotKind::Rbd(kind) = slot.kind else {
+                debug_assert!(false, "rbd result for slot {s} in state {:?}", slot.kind);
+                continue;
+            };
+            if slot.pending == 0 {
+                debug_assert!(false, "unexpected rbd result for slot {s}");
+                continue;
+            }
+            slot.pending -= 1;
+            self.rbd_inflight = self.rbd_inflight.saturating_sub(1);
+            if ret < 0 && slot.err == 0 {
+                slot.err = i32::try_from(-ret).unwrap_or(libc::EIO);
+            }
+            if kind == RbdKind::Read && ret >= 0 {
+                slot.done = (ret as u64).min(slot.len);
+            }
+            if slot.pending > 0 {
+                continue;
+            }
+            let slot = *slot;
+            if slot.err != 0 {
+                self.finish(s, Err(slot.err));
+                continue;
+            }
+            match kind {
+                RbdKind::Read => {
+                    if slot.done < slot.len {
+                        // Past the image's end (it shrank underneath us): zeroes, as for files.
+                        let start = slot.addr + slot.done as usize;
+                        let n = (slot.len - slot.done) as usize;
+                        // SAFETY: [start, start + n) lies inside the op's buffer range, checked
+                        // at submit; librbd is done with it and the buffer is in flight, so no
+                        // Rust reference to it exists.
+                        unsafe { std::ptr::write_bytes(start as *mut u8, 0, n) };
+                    }
+                    self.finish_rw(s, true);
+                }
+                RbdKind::Write => self.finish_rw(s, false),
+                RbdKind::NoData => self.finish(s, Ok(0)),
+            }
+        }
+        self.rbd_results = results;
+        if self.rbd_inflight > 0 {
+            // Submitted at once, as for the discard helper's poll (see on_discard_wake).
+            let r = self.arm_rbd().and_then(|()| {
+                self.enter(0, None, false)
+                    .map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))
+            });
+            if let Err(errno) = r {
+                tracing::error!(errno, "cannot poll the RBD completions");
             }
         }
     }
@@ -1031,6 +1311,9 @@ impl Ring {
         if user_data == DISCARD_WAKE {
             return self.on_discard_wake();
         }
+        if user_data == RBD_WAKE {
+            return self.on_rbd_wake();
+        }
         let Some(slot) = usize::try_from(user_data)
             .ok()
             .and_then(|i| self.slots.get_mut(i))
@@ -1139,7 +1422,7 @@ impl Ring {
                     self.finish(s, if slot.err == 0 { Ok(0) } else { Err(slot.err) });
                 }
             }
-            SlotKind::Idle | SlotKind::Done | SlotKind::Discard => {
+            SlotKind::Idle | SlotKind::Done | SlotKind::Discard | SlotKind::Rbd(_) => {
                 debug_assert!(false, "CQE for slot {s} in state {:?}", slot.kind);
             }
         }
@@ -1391,6 +1674,41 @@ impl AsRawFd for Ring {
 }
 
 /// `Err(EINVAL)` unless [offset, offset + len) is block-aligned and inside the device.
+impl Drop for Ring {
+    fn drop(&mut self) {
+        // librbd reads into and sends from pool buffers until it reports each operation: the
+        // pool may not go before it has. A cluster that never answers leaves the pool mapped.
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        let mut results = Vec::new();
+        while self.rbd_inflight > 0 {
+            let Some(d) = &self.rbd_done else { break };
+            if std::time::Instant::now() > deadline {
+                tracing::error!(
+                    in_flight = self.rbd_inflight,
+                    "librbd operations still in flight after 60 s; their buffers stay mapped"
+                );
+                self.pool.leak();
+                break;
+            }
+            let mut pfd = libc::pollfd {
+                fd: d.eventfd().as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: one live pollfd.
+            unsafe { libc::poll(&mut pfd, 1, 1000) };
+            d.take(&mut results);
+            self.rbd_inflight = self.rbd_inflight.saturating_sub(results.len() as u32);
+            results.clear();
+        }
+    }
+}
+
+/// Whether a write op asks for Force Unit Access.
+fn slot_fua(op: &IoOp) -> bool {
+    op.kind == IoKind::WriteFua
+}
+
 fn check_range(dev: &Dev, offset: u64, len: u64) -> Result<(), i32> {
     let end = offset.checked_add(len).ok_or(libc::EINVAL)?;
     if end > dev.size || offset % dev.block_size != 0 || len % dev.block_size != 0 {

@@ -50,8 +50,19 @@ impl MmapRegion {
     }
 }
 
+impl MmapRegion {
+    /// Never unmaps the region: for memory that someone outside Rust's reach (a library's
+    /// thread) may still write after its owner is gone.
+    pub(crate) fn leak(&mut self) {
+        self.len = 0;
+    }
+}
+
 impl Drop for MmapRegion {
     fn drop(&mut self) {
+        if self.len == 0 {
+            return;
+        }
         // SAFETY: `ptr`/`len` describe exactly the mapping created in `new`, which nothing
         // else unmaps; after this no reference into it can exist because they all borrow `self`.
         // Kernel users (registered io_uring buffers, RDMA MRs) pin the pages themselves, so an
