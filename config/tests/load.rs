@@ -173,7 +173,7 @@ target: { in_capsule_data: 0, max_io_size: 1M }
         .iter()
         .map(|ns| match ns.backing {
             Backing::Null { size } => (ns.nsid, size.bytes()),
-            Backing::File { .. } => unreachable!(),
+            Backing::File { .. } | Backing::Rbd(_) => unreachable!(),
         })
         .collect();
     assert_eq!(

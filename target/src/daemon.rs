@@ -257,6 +257,40 @@ pub struct Daemon {
     pub tcp_addrs: Vec<SocketAddr>,
     /// Bound RDMA listener addresses.
     pub rdma_addrs: Vec<SocketAddr>,
+    /// Told by storage that changed under a namespace (an RBD image resized by anyone).
+    storage: Arc<StorageWatch>,
+}
+
+/// Storage changes reported from other threads (librbd's update watches): a flag, and how to
+/// wake the thread that owns the daemon (main: a signal), which then calls
+/// [`Daemon::refresh_storage`].
+#[derive(Default)]
+struct StorageWatch {
+    changed: AtomicBool,
+    wake: std::sync::Mutex<Option<Arc<dyn Fn() + Send + Sync>>>,
+}
+
+impl StorageWatch {
+    fn notify(&self) {
+        self.changed.store(true, Ordering::SeqCst);
+        let wake = self
+            .wake
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        if let Some(w) = wake {
+            w();
+        }
+    }
+
+    /// Has `dev` (an RBD image) report its header changes here.
+    fn watch(self: &Arc<Self>, dev: &Device) {
+        let Some(img) = dev.rbd() else { return };
+        let me = Arc::clone(self);
+        if let Err(e) = img.watch(move || me.notify()) {
+            warn!(image = img.name(), error = %e, "no update watch on the image: a resize will be seen only at a reload");
+        }
+    }
 }
 
 impl Daemon {
@@ -265,9 +299,12 @@ impl Daemon {
         // Namespaces -> devices (index = the core's device id).
         let mut devices = Vec::new();
         let mut ns_slots = NsSlots::new();
+        let storage = Arc::new(StorageWatch::default());
         for s in &cfg.subsystems {
             for ns in &s.namespaces {
-                devices.push(Some(Arc::new(Device::open(&device_spec(ns))?)));
+                let dev = Device::open(&device_spec(ns))?;
+                storage.watch(&dev);
+                devices.push(Some(Arc::new(dev)));
                 ns_slots.insert(
                     (s.nqn.clone(), ns.nsid),
                     (ns.clone(), devices.len() as u32 - 1),
@@ -398,9 +435,32 @@ impl Daemon {
             resv_store,
             tcp_addrs: Vec::new(),
             rdma_addrs: Vec::new(),
+            storage,
         };
         d.note_addrs();
         Ok(d)
+    }
+
+    /// `wake` is called (from any thread) when storage under a namespace changed by itself
+    /// (an RBD image was resized); the daemon's thread then calls
+    /// [`Daemon::refresh_storage`].
+    pub fn on_storage_change(&self, wake: impl Fn() + Send + Sync + 'static) {
+        *self
+            .storage
+            .wake
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(Arc::new(wake));
+    }
+
+    /// If storage reported a change since the last call: applies the running configuration
+    /// again, which opens every resized namespace anew and tells the hosts (Namespace
+    /// Attribute Changed). `None` when nothing was reported.
+    pub fn refresh_storage(&mut self) -> Option<Result<ReloadReport, ReloadError>> {
+        if !self.storage.changed.swap(false, Ordering::SeqCst) {
+            return None;
+        }
+        let cfg = self.cfg.clone();
+        Some(self.reload(&cfg))
     }
 
     /// `tcp_addrs` and `rdma_addrs` from the running listeners.
@@ -498,8 +558,9 @@ impl Daemon {
         let plan = plan_namespaces(&self.ns_slots, &new, |slot| self.file_resized(slot));
         let mut opened = Vec::new();
         for (key, ns) in &plan.open {
-            let dev = Arc::new(Device::open(&device_spec(ns))?);
-            opened.push((key.clone(), ns.clone(), dev));
+            let dev = Device::open(&device_spec(ns))?;
+            self.storage.watch(&dev);
+            opened.push((key.clone(), ns.clone(), Arc::new(dev)));
         }
         // 2. Bind the new listeners (given back below if a later step fails).
         let mut bound = Vec::new();

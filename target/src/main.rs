@@ -358,6 +358,10 @@ fn main() -> ExitCode {
             .name("nvmf-metrics".into())
             .spawn(move || metrics::serve_http(l, src, stop));
     }
+    // Storage that changes by itself (an RBD image resized elsewhere) wakes this thread too.
+    daemon.on_storage_change(|| {
+        let _ = nix::sys::signal::kill(nix::unistd::getpid(), Signal::SIGUSR1);
+    });
     let notifier = Notifier::from_env();
     if let Some(n) = &notifier {
         n.notify(&format!(
@@ -393,6 +397,17 @@ fn main() -> ExitCode {
                 while let Ok((line, reply)) = ctl_rx.try_recv() {
                     let answer = handle_ctl(&mut daemon, args.config.as_deref(), &line);
                     let _ = reply.send(answer);
+                }
+                match daemon.refresh_storage() {
+                    None => {}
+                    Some(Ok(r)) => {
+                        for (nqn, nsids) in &r.core.namespaces_changed {
+                            info!(subsystem = %nqn, ?nsids, "storage changed: namespaces opened again at their new size (hosts notified)");
+                        }
+                    }
+                    Some(Err(e)) => {
+                        error!("storage changed, but the namespaces could not be opened again: {e}; they keep their old size");
+                    }
                 }
             }
             Ok(sig) => {

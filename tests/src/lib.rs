@@ -9,6 +9,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 pub mod caw;
+pub mod ceph;
 pub mod raw;
 
 /// The `nvmf-target` binary next to the test executable (same profile).
