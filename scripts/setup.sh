@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what building and running nvmf-rs needs on Debian 12 (idempotent; root or sudo).
-#   scripts/setup.sh          build dependencies (libibverbs/librdmacm headers, libclang 14)
+#   scripts/setup.sh          build dependencies (libibverbs/librdmacm and librbd/librados
+#                             headers, libclang 14)
 #   scripts/setup.sh --vm     also the VM suite's dependencies (qemu, 6.1 kernel, virtme-ng, ...)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -9,7 +10,7 @@ SUDO=
 [ "$(id -u)" = 0 ] || SUDO=sudo
 
 pkgs=(pkg-config libibverbs-dev librdmacm-dev libibverbs1 librdmacm1 ibverbs-providers
-      libclang1-14 libclang-common-14-dev gcc iproute2)
+      libclang1-14 libclang-common-14-dev gcc iproute2 librbd-dev librados-dev)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

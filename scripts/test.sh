@@ -15,10 +15,19 @@ echo "== build" >&2
 cargo build --workspace --all-targets
 cargo build --release -p nvmf-target -p nvmf-bench
 
+echo "== Ceph test cluster (scripts/ceph-cluster.sh)" >&2
+# One mon and one memstore OSD on 127.0.0.1, for the RBD namespaces' tests; stopped on exit.
+export CEPH_DIR=${CEPH_DIR:-/tmp/nvmf-ceph-test}
+NVMF_CEPH_CONF=$(bash scripts/ceph-cluster.sh start "$CEPH_DIR")
+export NVMF_CEPH_CONF
+trap 'bash scripts/ceph-cluster.sh stop "$CEPH_DIR"' EXIT
+
 echo "== host tests (cargo test --workspace)" >&2
 # The property tests draw their cases from a fixed seed here, so a run is repeatable (a plain
 # `cargo test` draws a new one each time; PROPTEST_CASES=100000 explores further).
 PROPTEST_RNG_SEED=${PROPTEST_RNG_SEED:-1764115200} cargo test --workspace
+bash scripts/ceph-cluster.sh stop "$CEPH_DIR"
+trap - EXIT
 
 echo "== fuzz (30 s per target)" >&2
 bash scripts/fuzz.sh --ci

@@ -64,6 +64,8 @@ fn verified_writes_read_back_through_an_rbd_namespace() {
         at as u64,
         "the block at {at} carries its offset"
     );
+    let mut t = t;
+    assert!(t.terminate(), "{}", t.log_text());
 }
 
 #[test]
@@ -71,7 +73,7 @@ fn deallocate_and_write_zeroes_read_back_zeroes() {
     let Some(conf) = ceph::conf() else { return };
     let img = TestImage::create(&conf, "zeroes", 32);
     let ns = img.namespace_yaml(1);
-    let t = TargetProc::start_with(|port, _| ceph::target_yaml(port, &[ns]));
+    let mut t = TargetProc::start_with(|port, _| ceph::target_yaml(port, &[ns]));
     let mut c = connect(&t);
     let info = c.namespaces()[0].clone();
     assert_eq!(info.size(), 32 << 20);
@@ -103,6 +105,7 @@ fn deallocate_and_write_zeroes_read_back_zeroes() {
     }
     drop(n);
     c.shutdown().unwrap();
+    assert!(t.terminate(), "{}", t.log_text());
 }
 
 #[test]

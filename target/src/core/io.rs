@@ -66,9 +66,10 @@ fn rw_extent(sqe: &Sqe, ns: &NamespaceSpec) -> Result<(u64, u32), Reject> {
 /// Map a backend errno (either sign) to a status, as nvmet `errno_to_nvme_status` does for its
 /// file backend: ENOSPC -> Capacity Exceeded, EREMOTEIO -> LBA Out of Range, EOPNOTSUPP ->
 /// Invalid Opcode, ENODATA -> Access Denied, EROFS -> Namespace is Write Protected, anything
-/// else (EIO included) -> Internal Error, all with DNR except Access Denied. One deliberate difference: resource shortages that may pass
-/// (EAGAIN, ENOMEM, EBUSY, EINTR) come back without DNR so the host retries instead of failing
-/// the I/O.
+/// else (EIO included) -> Internal Error, all with DNR except Access Denied. Two deliberate
+/// differences: resource shortages that may pass (EAGAIN, ENOMEM, EBUSY, EINTR) come back
+/// without DNR so the host retries instead of failing the I/O, and so does a store that cannot
+/// be reached now (ETIMEDOUT, ESHUTDOWN, ENOTCONN, ...: Namespace Not Ready).
 pub(crate) fn errno_to_status(sqe: &Sqe, errno: i32) -> Reject {
     let lba = match sqe.opcode {
         io::READ | io::WRITE | io::WRITE_ZEROES => sqe.slba(),
@@ -89,6 +90,11 @@ pub(crate) fn errno_to_status(sqe: &Sqe, errno: i32) -> Reject {
         libc::EAGAIN | libc::ENOMEM | libc::EBUSY | libc::EINTR => {
             Reject::new(Status::INTERNAL, loc::OPCODE)
         }
+        // A store that cannot be reached now (an RBD cluster that timed out, a client that was
+        // shut down or blocklisted): Namespace Not Ready without DNR, so the host retries (on
+        // another path, with multipath) instead of failing the I/O.
+        libc::ETIMEDOUT | libc::ESHUTDOWN | libc::ENOTCONN | libc::ECONNREFUSED
+        | libc::ECONNRESET | libc::EHOSTUNREACH => Reject::new(Status::NS_NOT_READY, loc::NSID),
         _ => Reject::dnr(Status::INTERNAL, loc::OPCODE),
     };
     r.with_lba(lba)

@@ -639,6 +639,8 @@ fn errno_mapping() {
         (libc::EIO, Status::INTERNAL.dnr()),
         (-libc::EAGAIN, Status::INTERNAL),
         (-libc::ENOMEM, Status::INTERNAL),
+        (-libc::ETIMEDOUT, Status::NS_NOT_READY),
+        (-libc::ESHUTDOWN, Status::NS_NOT_READY),
         (i32::MIN, Status::INTERNAL.dnr()),
     ];
     for (errno, status) in cases {
@@ -659,7 +661,7 @@ fn errno_mapping() {
         r => panic!("{r:?}"),
     }
     let st = q.q.stats();
-    assert_eq!((st.errors, st.read_cmds, st.bytes_written), (10, 0, 0));
+    assert_eq!((st.errors, st.read_cmds, st.bytes_written), (12, 0, 0));
 }
 
 /// What an NVMe/RDMA connection was set up for (its CM request's qid and RECVs, and what its
