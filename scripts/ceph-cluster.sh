@@ -41,13 +41,24 @@ stop() {
       kill -9 "$p" 2>/dev/null || true
     fi
   done
+  # Daemons whose pid files are gone (a directory removed under them).
+  pkill -9 -f "ceph-(mon|osd) -c $conf" 2>/dev/null || true
   rm -rf "$dir"
 }
 
 start() {
   if alive mon.a && alive osd.0; then echo "$conf"; return; fi
+  # Only the conf's path goes to stdout (callers capture it); the tools and daemons write to
+  # stderr, and the daemons keep no descriptor of the caller's stdout.
+  exec 3>&1 1>&2
   install_packages
   stop
+  # The monitor's ports (msgr2 3300, msgr1 6789) on 127.0.0.1: another cluster there would
+  # answer our daemons with its own fsid.
+  if ss -Hltn 2>/dev/null | awk '{print $4}' | grep -Eq '^(127\.0\.0\.1|0\.0\.0\.0|\*|\[::\]):(3300|6789)$'; then
+    echo "ceph-cluster: a Ceph monitor already listens on port 3300 or 6789 (another test cluster? stop it: $0 stop DIR)" >&2
+    exit 1
+  fi
   mkdir -p "$dir"/{mon,osd0,run}
   local fsid; fsid=$(uuidgen)
   cat >"$conf" <<EOF
@@ -79,16 +90,19 @@ admin socket = $dir/run/\$name.asok
 EOF
   (cd "$dir" && monmaptool --create --add a 127.0.0.1 --fsid "$fsid" monmap >/dev/null)
   ceph-mon -c "$conf" --mkfs -i a --monmap "$dir/monmap"
-  ceph-mon -c "$conf" -i a
-  local id; id=$(timeout 60 ceph -c "$conf" osd create)
-  ceph-osd -c "$conf" -i "$id" --mkfs 2>/dev/null
-  ceph-osd -c "$conf" -i "$id"
+  ceph-mon -c "$conf" -i a </dev/null 3>&-
+  # The OSD is registered under a uuid of its own and made with it (the manual deployment's
+  # order), so the monitor never sees an OSD whose uuid it does not know.
+  local id osd_uuid; osd_uuid=$(uuidgen)
+  id=$(timeout 60 ceph -c "$conf" osd create "$osd_uuid")
+  ceph-osd -c "$conf" -i "$id" --mkfs --osd-uuid "$osd_uuid" 2>/dev/null
+  ceph-osd -c "$conf" -i "$id" </dev/null 3>&-
   timeout 60 ceph -c "$conf" osd pool create rbd 8 >/dev/null 2>&1
   timeout 60 rbd -c "$conf" pool init rbd
   # Up when a write reaches the OSD.
   for _ in $(seq 60); do
     if timeout 10 rados -c "$conf" -p rbd put nvmf-ready /dev/null 2>/dev/null; then
-      echo "$conf"
+      echo "$conf" >&3
       return
     fi
     sleep 0.5

@@ -14,9 +14,8 @@ use std::collections::BTreeMap;
 
 use crate::model::{
     default_dhchap_dhgroups, default_dhchap_hashes, default_serial, AnaState, Backing, C2hSuccess,
-    Config, DhGroup, HashId, Host, Key, Listener, Metrics, Namespace, Polling, RbdImage,
-    Subsystem, TargetSettings, Transport, Uuid, DEFAULT_CEPH_CONF, DEFAULT_MODEL, DEFAULT_PORT,
-    MAX_ANA_GROUP,
+    Config, DhGroup, HashId, Host, Key, Listener, Metrics, Namespace, Polling, RbdImage, Subsystem,
+    TargetSettings, Transport, Uuid, DEFAULT_CEPH_CONF, DEFAULT_MODEL, DEFAULT_PORT, MAX_ANA_GROUP,
 };
 use crate::size::Size;
 use crate::yaml::{Kind, Location, Node};
@@ -543,7 +542,11 @@ impl Decoder<'_> {
             let p = join(path, key);
             let text = string(r, n, &p)?;
             if text.is_empty() || text.contains(['/', '@', '\0']) {
-                r.error_at(n.at, &p, format!("`{text}` is not a valid {key} name (empty, or has `/`, `@` or NUL)"));
+                r.error_at(
+                    n.at,
+                    &p,
+                    format!("`{text}` is not a valid {key} name (empty, or has `/`, `@` or NUL)"),
+                );
                 return None;
             }
             Some(text)
@@ -555,7 +558,9 @@ impl Decoder<'_> {
             None => Some(String::new()),
         };
         let user = match m.get("user") {
-            Some(_) => name(r, "user").map(|u| u.strip_prefix("client.").map(str::to_owned).unwrap_or(u)),
+            Some(_) => {
+                name(r, "user").map(|u| u.strip_prefix("client.").map(str::to_owned).unwrap_or(u))
+            }
             None => Some("admin".to_owned()),
         };
         let conf = match m.get("conf") {

@@ -347,7 +347,37 @@ fn semantic_rules() {
         case(
             ns("      - { nsid: 1, null: 1GiB, path: /tmp/x }\n"),
             "t.yaml:7:20: subsystems[0].namespaces[0].null:",
-            "give either `path` or `null`, not both",
+            "give one of `path`, `null` and `rbd`, not `path` and `null`",
+        ),
+        case(
+            ns("      - { nsid: 1, path: /tmp/x, rbd: { pool: rbd, image: a, conf: /etc/passwd } }\n"),
+            "t.yaml:7:34: subsystems[0].namespaces[0].rbd:",
+            "not `path` and `rbd`",
+        ),
+        case(
+            ns("      - { nsid: 1, rbd: { pool: rbd, conf: /etc/passwd } }\n"),
+            "t.yaml:7:25: subsystems[0].namespaces[0].rbd.image:",
+            "missing required key `image`",
+        ),
+        case(
+            ns("      - { nsid: 1, rbd: { pool: 'a/b', image: c, conf: /etc/passwd } }\n"),
+            "t.yaml:7:33: subsystems[0].namespaces[0].rbd.pool:",
+            "not a valid pool name",
+        ),
+        case(
+            ns("      - { nsid: 1, rbd: { pool: rbd, image: c, conf: /etc/passwd, cache: yes } }\n"),
+            "t.yaml:7:67: subsystems[0].namespaces[0].rbd.cache:",
+            "unknown key",
+        ),
+        case(
+            ns("      - { nsid: 1, rbd: { pool: rbd, image: c, conf: /nonexistent/ceph.conf } }\n"),
+            "t.yaml:7:54: subsystems[0].namespaces[0].rbd.conf:",
+            "no such Ceph configuration file",
+        ),
+        case(
+            ns("      - { nsid: 1, rbd: { pool: rbd, image: c, conf: /etc/passwd }, size: 1GiB }\n"),
+            "t.yaml:7:69: subsystems[0].namespaces[0].size:",
+            "an RBD namespace has its image's size",
         ),
         case(ns("      - { nsid: 1 }\n"), "t.yaml:7:9: subsystems[0].namespaces[0]:", "needs `path: FILE`"),
         case(

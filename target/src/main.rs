@@ -424,7 +424,27 @@ fn main() -> ExitCode {
         n.notify("STOPPING=1");
     }
     stop_aux.store(true, Ordering::Relaxed);
-    daemon.shutdown();
+    // Closing the storage may need it to answer (an RBD image gives back its exclusive lock,
+    // librbd finishes what is in flight): bounded, so a cluster that is gone does not keep the
+    // process from exiting. The pollers themselves stop at once.
+    let (closed_tx, closed_rx) = std::sync::mpsc::channel();
+    let closer = std::thread::Builder::new()
+        .name("nvmf-close".into())
+        .spawn(move || {
+            daemon.shutdown();
+            let _ = closed_tx.send(());
+        });
+    match closer {
+        Ok(_) => {
+            if closed_rx
+                .recv_timeout(std::time::Duration::from_secs(15))
+                .is_err()
+            {
+                warn!("storage not closed after 15 s (an RBD cluster that does not answer?); exiting without it");
+            }
+        }
+        Err(e) => error!(error = %e, "cannot start the closing thread"),
+    }
     if let Some(p) = &temp_file {
         let _ = std::fs::remove_file(p);
     }

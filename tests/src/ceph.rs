@@ -45,7 +45,10 @@ pub struct TestImage {
 impl TestImage {
     pub fn create(conf: &PathBuf, tag: &str, mib: u64) -> TestImage {
         let name = format!("{tag}-{}-{:08x}", std::process::id(), rand::random::<u32>());
-        rbd(conf, &["create", "--size", &mib.to_string(), &format!("rbd/{name}")]);
+        rbd(
+            conf,
+            &["create", "--size", &mib.to_string(), &format!("rbd/{name}")],
+        );
         TestImage {
             conf: conf.clone(),
             name,
@@ -58,7 +61,10 @@ impl TestImage {
     }
 
     pub fn resize(&self, mib: u64) {
-        rbd(&self.conf, &["resize", "--size", &mib.to_string(), &self.spec()]);
+        rbd(
+            &self.conf,
+            &["resize", "--size", &mib.to_string(), &self.spec()],
+        );
     }
 
     /// A namespace entry serving this image.

@@ -13,7 +13,11 @@ use nvmf_tests::ceph::{self, TestImage};
 use nvmf_tests::{target_bin, TargetProc, TempDir, TEST_NQN};
 
 fn bench(t: &TargetProc, args: &[&str]) -> (Output, String) {
-    let out = t.bench_command().args(args).output().expect("run nvmf-bench");
+    let out = t
+        .bench_command()
+        .args(args)
+        .output()
+        .expect("run nvmf-bench");
     let text = format!(
         "status {}\n--- stdout\n{}--- stderr\n{}--- target log\n{}",
         out.status,
@@ -42,9 +46,21 @@ fn verified_writes_read_back_through_an_rbd_namespace() {
     // check every block they read.
     for args in [
         &["--rw=randwrite", "--bs=4k", "--iodepth=16", "--size=8m"][..],
-        &["--rw=write", "--bs=128k", "--iodepth=4", "--size=8m", "--offset=8m"][..],
+        &[
+            "--rw=write",
+            "--bs=128k",
+            "--iodepth=4",
+            "--size=8m",
+            "--offset=8m",
+        ][..],
         &["--rw=randread", "--bs=4k", "--iodepth=8", "--size=8m"][..],
-        &["--rw=randread", "--bs=128k", "--iodepth=2", "--size=8m", "--offset=8m"][..],
+        &[
+            "--rw=randread",
+            "--bs=128k",
+            "--iodepth=2",
+            "--size=8m",
+            "--offset=8m",
+        ][..],
     ] {
         let (out, text) = bench(&t, &[args, &["--verify=crc32c"]].concat());
         assert!(out.status.success(), "{text}");
@@ -52,7 +68,15 @@ fn verified_writes_read_back_through_an_rbd_namespace() {
     }
     // What the target wrote is in the image: read it with the rbd tool, not through us.
     let dump = t.dir.0.join("image.raw");
-    ceph::rbd(&conf, &["export", "--no-progress", &img.spec(), &dump.to_string_lossy()]);
+    ceph::rbd(
+        &conf,
+        &[
+            "export",
+            "--no-progress",
+            &img.spec(),
+            &dump.to_string_lossy(),
+        ],
+    );
     let raw = std::fs::read(&dump).unwrap();
     assert_eq!(raw.len(), 64 << 20);
     // A verify block starts with a header naming its own byte offset (little endian, at 16;
@@ -100,8 +124,16 @@ fn deallocate_and_write_zeroes_read_back_zeroes() {
             || ((3 << 20) + (1 << 19)..(4 << 20) + (1 << 19)).contains(&off)
     };
     for off in (0..data.len()).step_by(4096) {
-        let want: &[u8] = if zeroed(off) { &[0; 4096] } else { &data[off..off + 4096] };
-        assert!(back[off..off + 4096] == *want, "block at {off} (zeroed: {})", zeroed(off));
+        let want: &[u8] = if zeroed(off) {
+            &[0; 4096]
+        } else {
+            &data[off..off + 4096]
+        };
+        assert!(
+            back[off..off + 4096] == *want,
+            "block at {off} (zeroed: {})",
+            zeroed(off)
+        );
     }
     drop(n);
     c.shutdown().unwrap();
@@ -184,7 +216,10 @@ fn an_unreachable_cluster_is_a_clear_start_up_error() {
         &cfg,
         ceph::target_yaml(
             nvmf_tests::free_port(),
-            &[format!("{{ nsid: 1, rbd: {{ pool: rbd, image: img1, conf: {} }} }}", conf.display())],
+            &[format!(
+                "{{ nsid: 1, rbd: {{ pool: rbd, image: img1, conf: {} }} }}",
+                conf.display()
+            )],
         ),
     )
     .unwrap();
@@ -197,8 +232,13 @@ fn an_unreachable_cluster_is_a_clear_start_up_error() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{err}");
     assert!(
-        err.contains("rbd/img1") && err.contains(&*conf.to_string_lossy()) && err.contains("cannot connect"),
+        err.contains("rbd/img1")
+            && err.contains(&*conf.to_string_lossy())
+            && err.contains("cannot connect"),
         "names the cluster and the image: {err}"
     );
-    assert!(started.elapsed() < Duration::from_secs(30), "bounded wait for the monitors");
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "bounded wait for the monitors"
+    );
 }

@@ -10,7 +10,9 @@ use nvmf_tests::ceph::{self, TestImage};
 use nvmf_tests::TargetProc;
 
 fn cluster(cmd: &str, conf: &std::path::Path) {
-    let dir = conf.parent().expect("ceph.conf lives in the cluster's directory");
+    let dir = conf
+        .parent()
+        .expect("ceph.conf lives in the cluster's directory");
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/ceph-cluster.sh");
     let st = Command::new("bash")
         .arg(script)
@@ -77,7 +79,10 @@ fn an_osd_stopped_for_10_s_mid_io_loses_no_acknowledged_write() {
         .and_then(|l| l.split("max=").nth(1))
         .map(|v| v.trim().to_owned())
         .unwrap_or_default();
-    assert!(max_ms.ends_with('s') && !max_ms.ends_with("ms") && !max_ms.ends_with("us"), "max latency {max_ms} shows the stall:\n{text}");
+    assert!(
+        max_ms.ends_with('s') && !max_ms.ends_with("ms") && !max_ms.ends_with("us"),
+        "max latency {max_ms} shows the stall:\n{text}"
+    );
     eprintln!("{}", String::from_utf8_lossy(&out.stdout));
     assert!(t.terminate(), "{}", t.log_text());
 }

@@ -93,8 +93,12 @@ pub(crate) fn errno_to_status(sqe: &Sqe, errno: i32) -> Reject {
         // A store that cannot be reached now (an RBD cluster that timed out, a client that was
         // shut down or blocklisted): Namespace Not Ready without DNR, so the host retries (on
         // another path, with multipath) instead of failing the I/O.
-        libc::ETIMEDOUT | libc::ESHUTDOWN | libc::ENOTCONN | libc::ECONNREFUSED
-        | libc::ECONNRESET | libc::EHOSTUNREACH => Reject::new(Status::NS_NOT_READY, loc::NSID),
+        libc::ETIMEDOUT
+        | libc::ESHUTDOWN
+        | libc::ENOTCONN
+        | libc::ECONNREFUSED
+        | libc::ECONNRESET
+        | libc::EHOSTUNREACH => Reject::new(Status::NS_NOT_READY, loc::NSID),
         _ => Reject::dnr(Status::INTERNAL, loc::OPCODE),
     };
     r.with_lba(lba)
