@@ -402,6 +402,33 @@ impl Image {
         done.submitted(c, r)
     }
 
+    /// Atomically compares `len` bytes at `off` with `cmp` and, if they are equal, writes
+    /// `buf` there (one OSD operation: atomic against every client of the image). The result
+    /// is `len` on success and `-EILSEQ` on a difference, whose byte offset librbd stores in
+    /// `*mismatch`.
+    ///
+    /// # Safety
+    /// `cmp..cmp + len` and `buf..buf + len` must stay valid and unchanged, and `mismatch`
+    /// valid for writes, until `done` hands back the result.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn aio_compare_and_write(
+        &self,
+        done: &Completions,
+        token: u32,
+        off: u64,
+        cmp: *const u8,
+        buf: *const u8,
+        len: usize,
+        mismatch: *mut u64,
+    ) -> Result<(), i32> {
+        let c = done.begin(token)?;
+        // SAFETY: an open image, a fresh completion, and the caller's buffer promises.
+        let r = unsafe {
+            sys::rbd_aio_compare_and_write(self.h, off, len, cmp.cast(), buf.cast(), c, mismatch, 0)
+        };
+        done.submitted(c, i32::try_from(r).unwrap_or(-libc::EINVAL))
+    }
+
     /// Zeroes `len` bytes at `off`.
     pub fn aio_write_zeroes(
         &self,

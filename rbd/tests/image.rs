@@ -134,6 +134,58 @@ fn write_read_discard_zeroes_and_watch() {
     assert_eq!(img.size().unwrap(), 32 << 20);
 }
 
+/// librbd's compare-and-write (Ceph 16, Debian 12's): atomic, and it says where data differs;
+/// but it takes one 512-byte sector only (anything longer or unaligned is EINVAL), so it cannot
+/// carry a fused Compare and Write of a 4 KiB-block namespace.
+#[test]
+fn compare_and_write_takes_one_sector() {
+    let Some(conf) = conf() else { return };
+    let img = image(&conf, "nvmf-rbd-caw", 16);
+    let done = Completions::new(4).unwrap();
+    let caw = |off: u64, cmp: &[u8], data: &[u8]| -> (i64, u64) {
+        let mut mismatch = 0u64;
+        // SAFETY: the buffers and `mismatch` outlive the wait below.
+        unsafe {
+            img.aio_compare_and_write(
+                &done,
+                0,
+                off,
+                cmp.as_ptr(),
+                data.as_ptr(),
+                cmp.len(),
+                &mut mismatch,
+            )
+        }
+        .unwrap();
+        (wait(&done, 1)[0].1, mismatch)
+    };
+    let (zero, five) = (vec![0u8; 512], vec![0x5au8; 512]);
+    assert_eq!(
+        caw(4096, &zero, &five).0,
+        0,
+        "zeroes compared equal: written"
+    );
+    let (r, at) = caw(4096, &zero, &five);
+    assert_eq!(r, -i64::from(libc::EILSEQ), "now it differs");
+    assert_eq!(
+        at, 0,
+        "the first differing byte, counted from the compared range's start"
+    );
+    let mut back = vec![0u8; 512];
+    // SAFETY: `back` outlives the wait.
+    unsafe { img.aio_read(&done, 1, 4096, back.as_mut_ptr(), 512) }.unwrap();
+    wait(&done, 1);
+    assert_eq!(back, five);
+    for (off, len) in [(0u64, 4096usize), (8192, 1024), (100, 512)] {
+        let (z, d) = (vec![0u8; len], vec![1u8; len]);
+        assert_eq!(
+            caw(off, &z, &d).0,
+            -i64::from(libc::EINVAL),
+            "off {off} len {len}"
+        );
+    }
+}
+
 #[test]
 fn unreachable_names_what() {
     let Some(conf) = conf() else { return };
