@@ -9,7 +9,7 @@ fn main() {
     println!("cargo:rustc-link-lib=rados");
     let bindings = bindgen::Builder::default()
         .header("wrapper.h")
-        .allowlist_function("rbd_(open|close|get_size|stat|get_features|aio_.*|update_watch|update_unwatch|invalidate_cache|flush)")
+        .allowlist_function("rbd_(open|close|get_size|stat|get_features|aio_.*|update_watch|update_unwatch|invalidate_cache|flush|is_exclusive_lock_owner|lock_get_owners|lock_get_owners_cleanup|lock_break)")
         .allowlist_function("rados_(create|conf_read_file|conf_set|connect|shutdown|ioctx_create|ioctx_destroy|ioctx_set_namespace|version)")
         .allowlist_var("RBD_FEATURE_.*|LIBRADOS_OP_FLAG_.*|RBD_WRITE_ZEROES_.*")
         .allowlist_type("rbd_image_info_t")

@@ -58,6 +58,8 @@ const TARGET_KEYS: &[&str] = &[
     "max_io_size",
     "io_unit_size",
     "keep_alive_ms_min",
+    "cntlid_min",
+    "cntlid_max",
     "idle_poll_us",
     "polling",
     "sqpoll",
@@ -603,6 +605,12 @@ impl Decoder<'_> {
             threads: u32_key("threads", d.threads),
             max_queue_depth: u32_key("max_queue_depth", d.max_queue_depth),
             keep_alive_ms_min: u32_key("keep_alive_ms_min", d.keep_alive_ms_min),
+            cntlid_min: u32_key("cntlid_min", d.cntlid_min.into())
+                .try_into()
+                .unwrap_or(u16::MAX),
+            cntlid_max: u32_key("cntlid_max", d.cntlid_max.into())
+                .try_into()
+                .unwrap_or(u16::MAX),
             idle_poll_us: u32_key("idle_poll_us", d.idle_poll_us),
             sqpoll_idle_ms: u32_key("sqpoll_idle_ms", d.sqpoll_idle_ms),
             rdma_srq_depth: u32_key("rdma_srq_depth", d.rdma_srq_depth),

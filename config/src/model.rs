@@ -424,6 +424,13 @@ pub struct TargetSettings {
     /// backend at once (larger commands move in pieces of this size, one after another),
     /// 4KiB–4MiB, a multiple of 4KiB; lowered to `max_io_size` if larger. Default 128KiB.
     pub io_unit_size: Size,
+    /// `cntlid_min`, `cntlid_max`: the controller IDs this target hands out, within 1–0xffef.
+    /// Targets (gateways) that serve one subsystem to the same hosts take disjoint ranges, so
+    /// a host's paths through them are distinct controllers of one subsystem. Default the whole
+    /// range.
+    pub cntlid_min: u16,
+    /// See `cntlid_min`.
+    pub cntlid_max: u16,
     /// `keep_alive_ms_min`: smallest keep-alive timeout a host may set, ms (smaller KATO
     /// values are raised to it), 100–3600000. Default 1000.
     pub keep_alive_ms_min: u32,
@@ -515,6 +522,8 @@ impl Default for TargetSettings {
             max_io_size: Size::mib(8),
             io_unit_size: Size::kib(128),
             keep_alive_ms_min: 1000,
+            cntlid_min: 1,
+            cntlid_max: 0xffef,
             idle_poll_us: 1000,
             polling: Polling::Adaptive,
             sqpoll: false,

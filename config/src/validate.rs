@@ -462,6 +462,17 @@ fn target(t: &TargetSettings, r: &mut Report) {
     range(t.threads, 1, 1024, "threads", r);
     range(t.max_queue_depth, 2, 1024, "max_queue_depth", r);
     range(t.keep_alive_ms_min, 100, 3_600_000, "keep_alive_ms_min", r);
+    range(t.cntlid_min.into(), 1, 0xffef, "cntlid_min", r);
+    range(t.cntlid_max.into(), 1, 0xffef, "cntlid_max", r);
+    if t.cntlid_min > t.cntlid_max {
+        r.error(
+            "target.cntlid_max",
+            format!(
+                "cntlid_max {:#x} is below cntlid_min {:#x}",
+                t.cntlid_max, t.cntlid_min
+            ),
+        );
+    }
     range(t.idle_poll_us, 0, 1_000_000, "idle_poll_us", r);
     range(t.sqpoll_idle_ms, 1, 60_000, "sqpoll_idle_ms", r);
     let srq = t.rdma_srq_depth;

@@ -152,6 +152,8 @@ fn target() -> impl Strategy<Value = TargetSettings> {
                     max_io_size,
                     io_unit_size,
                     keep_alive_ms_min,
+                    cntlid_min: 1 + (keep_alive_ms_min % 0x100) as u16,
+                    cntlid_max: 0xffef - (idle_poll_us % 0x100) as u16,
                     idle_poll_us,
                     polling: if busy {
                         nvmf_config::Polling::Busy

@@ -132,6 +132,7 @@ pub fn fuzz_target_core() -> Arc<Target> {
             resv_store: None,
             auth_timeout: std::time::Duration::from_secs(30),
             data_completes_always: false,
+            cntlid_range: nvme::fabrics::CNTLID_MIN..=nvme::fabrics::CNTLID_MAX,
         },
     )
 }

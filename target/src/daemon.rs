@@ -352,6 +352,7 @@ impl Daemon {
                 resv_store: Some(resv_store.clone()),
                 auth_timeout: crate::core::AUTH_TIMEOUT,
                 data_completes_always: t.c2h_success == config::C2hSuccess::Always,
+                cntlid_range: t.cntlid_min..=t.cntlid_max,
             },
         );
         let caps = TransportCaps {
@@ -652,8 +653,45 @@ impl Daemon {
             report.devices_released += 1;
         }
         new.listeners = running.into_iter().map(|(l, _)| l).collect();
+        self.take_over_rbd(&new);
         self.cfg = new;
         Ok(report)
+    }
+
+    /// RBD namespaces whose ANA group this target now serves optimized and did not before (a
+    /// reload or `ctl set-ana-state` made this gateway the group's owner): their images'
+    /// exclusive locks held by other clients are broken, which fences the old owner (the
+    /// cluster blocklists it) and lets this target write at once instead of waiting for a dead
+    /// owner's watch to time out. On a thread of its own: it talks to the cluster.
+    fn take_over_rbd(&self, new: &Config) {
+        let optimized = |cfg: &Config, group: u32| {
+            cfg.listeners
+                .iter()
+                .any(|l| l.ana_state(group) == config::AnaState::Optimized)
+        };
+        let images: Vec<Arc<rbd::Image>> = self
+            .ns_slots
+            .values()
+            .filter(|(ns, _)| optimized(new, ns.ana_group) && !optimized(&self.cfg, ns.ana_group))
+            .filter_map(|&(_, slot)| self.devices.get(slot as usize)?.as_ref()?.rbd().cloned())
+            .collect();
+        if images.is_empty() {
+            return;
+        }
+        let spawned = std::thread::Builder::new()
+            .name("nvmf-rbd-takeover".into())
+            .spawn(move || {
+                for img in images {
+                    match img.break_foreign_lock() {
+                        Ok(owners) if owners.is_empty() => {}
+                        Ok(owners) => info!(image = img.name(), ?owners, "took over the image: the previous owner's exclusive lock was broken (it is blocklisted)"),
+                        Err(e) => warn!(image = img.name(), error = %e, "could not break the previous owner's lock; writes wait for it"),
+                    }
+                }
+            });
+        if let Err(e) = spawned {
+            warn!(error = %e, "cannot start the RBD takeover thread");
+        }
     }
 
     /// Whether the regular file (or RBD image) behind device slot `slot` is no longer the

@@ -71,6 +71,7 @@ fn no_heap_allocation_per_io_command_in_the_core() {
             resv_store: None,
             auth_timeout: nvmf_target::core::AUTH_TIMEOUT,
             data_completes_always: false,
+            cntlid_range: nvme::fabrics::CNTLID_MIN..=nvme::fabrics::CNTLID_MAX,
         },
     );
     // Admin queue: Connect, CC.EN.

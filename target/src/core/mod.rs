@@ -265,6 +265,11 @@ pub struct TargetParams {
     /// control (NVMe/TCP `target.c2h_success: always`, as SPDK's target does); false: only
     /// where the host disabled SQ flow control, as the specification says.
     pub data_completes_always: bool,
+    /// The controller IDs this target hands out (`target.cntlid_min..=cntlid_max`): targets
+    /// that serve one subsystem to the same hosts take disjoint ranges, so a host's paths
+    /// through them are distinct controllers of one subsystem (Linux rejects a duplicate
+    /// cntlid).
+    pub cntlid_range: std::ops::RangeInclusive<u16>,
 }
 
 /// The default [`TargetParams::auth_timeout`].

@@ -249,10 +249,10 @@ pub(crate) struct Registry {
 }
 
 impl Registry {
-    fn new() -> Registry {
+    fn new(range: &std::ops::RangeInclusive<u16>) -> Registry {
         Registry {
             ctrls: HashMap::new(),
-            next: CNTLID_MIN,
+            next: *range.start(),
         }
     }
 }
@@ -285,12 +285,13 @@ impl TargetInner {
         params: TargetParams,
     ) -> TargetInner {
         let subsystems = subsystem_map(subsystems, params.resv_store.as_ref());
+        let registry = Mutex::new(Registry::new(&params.cntlid_range));
         TargetInner {
             params,
             listeners: RwLock::new(Arc::new(listeners)),
             subsystems: RwLock::new(subsystems),
             discovery: Arc::new(Subsystem::discovery()),
-            registry: Mutex::new(Registry::new()),
+            registry,
             genctr: AtomicU64::new(1),
             next_queue_token: AtomicU64::new(1),
             ana_gen: AtomicU64::new(1),
@@ -348,14 +349,23 @@ impl TargetInner {
     /// Allocate a cntlid and register the controller `make` builds with it. None when all
     /// cntlids are in use.
     pub fn register(&self, make: impl FnOnce(u16) -> Arc<Controller>) -> Option<Arc<Controller>> {
+        let (min, max) = (
+            *self.params.cntlid_range.start(),
+            *self.params.cntlid_range.end(),
+        );
+        let (min, max) = (min.max(CNTLID_MIN), max.min(CNTLID_MAX));
+        if min > max {
+            return None;
+        }
         let mut reg = self.registry();
-        let span = (CNTLID_MAX - CNTLID_MIN) as u32 + 1;
+        let span = (max - min) as u32 + 1;
+        let next = reg.next.clamp(min, max);
         for i in 0..span {
-            let id = CNTLID_MIN + ((reg.next - CNTLID_MIN) as u32 + i).rem_euclid(span) as u16;
+            let id = min + ((next - min) as u32 + i).rem_euclid(span) as u16;
             if let Entry::Vacant(slot) = reg.ctrls.entry(id) {
                 let ctrl = make(id);
                 slot.insert(ctrl.clone());
-                reg.next = if id == CNTLID_MAX { CNTLID_MIN } else { id + 1 };
+                reg.next = if id == max { min } else { id + 1 };
                 return Some(ctrl);
             }
         }

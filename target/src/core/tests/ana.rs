@@ -233,6 +233,7 @@ fn test_target_params() -> TargetParams {
         resv_store: None,
         auth_timeout: crate::core::AUTH_TIMEOUT,
         data_completes_always: false,
+        cntlid_range: nvme::fabrics::CNTLID_MIN..=nvme::fabrics::CNTLID_MAX,
     }
 }
 

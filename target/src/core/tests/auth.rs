@@ -38,6 +38,7 @@ fn keyed_target(ctrl_key: Option<Secret>, policy: Policy) -> Arc<Target> {
             resv_store: None,
             auth_timeout: Duration::from_secs(10),
             data_completes_always: false,
+            cntlid_range: nvme::fabrics::CNTLID_MIN..=nvme::fabrics::CNTLID_MAX,
         },
     )
 }

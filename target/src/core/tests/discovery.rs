@@ -180,6 +180,7 @@ fn wildcard_listeners_report_the_local_address() {
             resv_store: None,
             auth_timeout: crate::core::AUTH_TIMEOUT,
             data_completes_always: false,
+            cntlid_range: nvme::fabrics::CNTLID_MIN..=nvme::fabrics::CNTLID_MAX,
         },
     );
     let mut h = Host::new(&t, tcp_caps(), Instant::now());

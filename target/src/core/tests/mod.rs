@@ -97,6 +97,7 @@ pub(crate) fn test_target_with(f: impl FnOnce(&mut TargetParams)) -> Arc<Target>
         resv_store: None,
         auth_timeout: crate::core::AUTH_TIMEOUT,
         data_completes_always: false,
+        cntlid_range: nvme::fabrics::CNTLID_MIN..=nvme::fabrics::CNTLID_MAX,
     };
     f(&mut params);
     Target::new(test_subsystems(), test_listeners(), params)
