@@ -83,6 +83,11 @@ log file = $dir/\$name.log
 osd crush chooseleaf type = 0
 mon warn on pool no redundancy = false
 osd pool default pg autoscale mode = off
+# The script puts the OSD into the CRUSH map itself: an OSD that does it at start sends monitor
+# commands before it knows the cluster's fsid on a slow machine (a VM under emulation), gets
+# 'wrong fsid', and exits.
+osd crush update on start = false
+osd class update on start = false
 [mon]
 admin socket = $dir/run/\$name.asok
 [osd]
@@ -96,12 +101,14 @@ EOF
   local id osd_uuid; osd_uuid=$(uuidgen)
   id=$(timeout 60 ceph -c "$conf" osd create "$osd_uuid")
   ceph-osd -c "$conf" -i "$id" --mkfs --osd-uuid "$osd_uuid" 2>/dev/null
+  timeout 60 ceph -c "$conf" osd crush add "osd.$id" 1.0 root=default >/dev/null
   ceph-osd -c "$conf" -i "$id" </dev/null 3>&-
-  timeout 60 ceph -c "$conf" osd pool create rbd 8 >/dev/null 2>&1
-  timeout 60 rbd -c "$conf" pool init rbd
-  # Up when a write reaches the OSD.
+  timeout 60 ceph -c "$conf" osd pool create rbd 8
+  # Up when a write reaches the OSD (started again if it stopped on its way up).
   for _ in $(seq 60); do
+    alive osd.0 || ceph-osd -c "$conf" -i "$id" </dev/null 3>&- || true
     if timeout 10 rados -c "$conf" -p rbd put nvmf-ready /dev/null 2>/dev/null; then
+      timeout 60 rbd -c "$conf" pool init rbd
       echo "$conf" >&3
       return
     fi
