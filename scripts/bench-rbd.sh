@@ -60,30 +60,8 @@ start_ours() {
 
 # SPDK's nvmf_tgt with the image as an rbd bdev (what ceph-nvmeof runs).
 start_spdk_rbd() {
-    port=$(free_port)
-    cat >"$dir/spdk.json" <<EOF
-{ "subsystems": [
-  { "subsystem": "bdev", "config": [
-    { "method": "bdev_rbd_register_cluster", "params": { "name": "c0", "config_file": "$conf", "user_id": "admin" } },
-    { "method": "bdev_rbd_create", "params": { "name": "Rbd0", "pool_name": "rbd", "rbd_name": "bench", "block_size": 4096, "cluster_name": "c0" } } ] },
-  { "subsystem": "nvmf", "config": [
-    { "method": "nvmf_create_transport", "params": { "trtype": "TCP" } },
-    { "method": "nvmf_create_subsystem", "params": { "nqn": "$NQN", "allow_any_host": true, "serial_number": "SPDK00000000000002" } },
-    { "method": "nvmf_subsystem_add_ns", "params": { "nqn": "$NQN", "namespace": { "bdev_name": "Rbd0", "nsid": 1 } } },
-    { "method": "nvmf_subsystem_add_listener", "params": { "nqn": "$NQN",
-      "listen_address": { "trtype": "TCP", "adrfam": "IPv4", "traddr": "127.0.0.1", "trsvcid": "$port" } } } ] } ] }
-EOF
-    "$tgt_bin" -m "$((1 << TGT_CPU))" -s 512 -i 1 -r "$dir/spdk.sock" --json "$dir/spdk.json" \
-        >"$dir/spdk.log" 2>&1 &
-    spdk_pid=$!
-    for _ in $(seq 300); do
-        (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && return 0
-        kill -0 "$spdk_pid" 2>/dev/null || break
-        sleep 0.1
-    done
-    echo "$NAME: nvmf_tgt did not listen on 127.0.0.1:$port:" >&2
-    cat "$dir/spdk.log" >&2
-    exit 1
+    start_spdk '{ "method": "bdev_rbd_register_cluster", "params": { "name": "c0", "config_file": "'"$conf"'", "user_id": "admin" } },
+    { "method": "bdev_rbd_create", "params": { "name": "Rbd0", "pool_name": "rbd", "rbd_name": "bench", "block_size": 4096, "cluster_name": "c0" } }' Rbd0
 }
 
 # CPU seconds (user + system) of this shell's waited-for children, from `times`.

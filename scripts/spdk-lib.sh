@@ -25,25 +25,28 @@ bench_extra_cleanup() {
     rm -f /dev/hugepages/"$NAME"* 2>/dev/null || true
 }
 
-# start_spdk: nvmf_tgt on TGT_CPU with a TCP transport, a null bdev (1 GiB of 4 KiB blocks) as
-# namespace 1 of $NQN, any host allowed, listening on 127.0.0.1:$port (a free port, set here).
+# start_spdk [BDEVS BDEV]: nvmf_tgt on TGT_CPU with a TCP transport, the bdev subsystem's
+# config entries BDEVS (JSON objects; default a null bdev Null0 of 1 GiB in 4 KiB blocks) and
+# bdev BDEV (default Null0) as namespace 1 of $NQN, any host allowed, listening on
+# 127.0.0.1:$port (a free port, set here).
 start_spdk() {
+    local bdevs=${1:-'{ "method": "bdev_null_create", "params": { "name": "Null0", "num_blocks": 262144, "block_size": 4096 } }'}
+    local bdev=${2:-Null0}
     port=$(free_port)
     cat >"$dir/spdk.json" <<EOF
 { "subsystems": [
-  { "subsystem": "bdev", "config": [
-    { "method": "bdev_null_create", "params": { "name": "Null0", "num_blocks": 262144, "block_size": 4096 } } ] },
+  { "subsystem": "bdev", "config": [ $bdevs ] },
   { "subsystem": "nvmf", "config": [
     { "method": "nvmf_create_transport", "params": { "trtype": "TCP" } },
     { "method": "nvmf_create_subsystem", "params": { "nqn": "$NQN", "allow_any_host": true, "serial_number": "SPDK00000000000001" } },
-    { "method": "nvmf_subsystem_add_ns", "params": { "nqn": "$NQN", "namespace": { "bdev_name": "Null0", "nsid": 1 } } },
+    { "method": "nvmf_subsystem_add_ns", "params": { "nqn": "$NQN", "namespace": { "bdev_name": "$bdev", "nsid": 1 } } },
     { "method": "nvmf_subsystem_add_listener", "params": { "nqn": "$NQN",
       "listen_address": { "trtype": "TCP", "adrfam": "IPv4", "traddr": "127.0.0.1", "trsvcid": "$port" } } } ] } ] }
 EOF
     "$tgt_bin" -m "$((1 << TGT_CPU))" -s 512 -i 1 -r "$dir/spdk.sock" --json "$dir/spdk.json" \
         >"$dir/spdk.log" 2>&1 &
     spdk_pid=$!
-    for _ in $(seq 200); do
+    for _ in $(seq 300); do
         (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && return 0
         kill -0 "$spdk_pid" 2>/dev/null || break
         sleep 0.1

@@ -5,7 +5,7 @@ use std::ffi::OsString;
 use std::io::{Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 pub mod caw;
@@ -211,6 +211,18 @@ impl TargetProc {
         c
     }
 
+    /// Runs nvmf-bench ([`TargetProc::bench_command`] with `args`) to its end: its output, and
+    /// for assertion messages its status, output and this target's log ([`describe`]).
+    pub fn run_bench(&self, args: &[&str]) -> (Output, String) {
+        let out = self
+            .bench_command()
+            .args(args)
+            .output()
+            .expect("run nvmf-bench");
+        let text = describe(&out, &self.log_text());
+        (out, text)
+    }
+
     pub fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
@@ -298,4 +310,15 @@ pub fn recv_exact(s: &mut TcpStream, n: usize) -> Vec<u8> {
     let mut v = vec![0u8; n];
     s.read_exact(&mut v).expect("recv");
     v
+}
+
+/// A finished command's status, standard output and error, then `log` (a target's): the
+/// message of an assertion about it.
+pub fn describe(out: &Output, log: &str) -> String {
+    format!(
+        "status {}\n--- stdout\n{}--- stderr\n{}--- target log\n{log}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
 }

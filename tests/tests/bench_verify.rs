@@ -5,24 +5,8 @@
 
 use std::fs::OpenOptions;
 use std::os::unix::fs::FileExt;
-use std::process::Output;
 
 use nvmf_tests::TargetProc;
-
-fn bench(t: &TargetProc, args: &[&str]) -> (Output, String) {
-    let out = t
-        .bench_command()
-        .args(args)
-        .output()
-        .expect("run nvmf-bench");
-    let text = format!(
-        "status {}\n--- stdout\n{}--- stderr\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out, text)
-}
 
 /// Flip one byte of the namespace's backing file.
 fn corrupt(t: &TargetProc, at: u64) {
@@ -48,7 +32,7 @@ fn verify_passes_clean_data_and_catches_a_flipped_byte() {
     }
 
     // One pass of writes, then the write job's own read-back pass.
-    let (out, text) = bench(&t, &args("--rw=write"));
+    let (out, text) = t.run_bench(&args("--rw=write"));
     assert!(out.status.success(), "{text}");
     assert!(
         text.contains("verify: 256 blocks checked, 0 mismatches"),
@@ -57,7 +41,7 @@ fn verify_passes_clean_data_and_catches_a_flipped_byte() {
 
     // Separate read runs, sequential and random, check every block they read.
     for rw in ["--rw=read", "--rw=randread"] {
-        let (out, text) = bench(&t, &args(rw));
+        let (out, text) = t.run_bench(&args(rw));
         assert!(out.status.success(), "{rw}: {text}");
         assert!(
             text.contains("verify: 256 blocks checked, 0 mismatches"),
@@ -68,7 +52,7 @@ fn verify_passes_clean_data_and_catches_a_flipped_byte() {
     // Block 37 of the region: namespace offset 1 MiB + 37 * 4 KiB; flip byte 100 of it.
     let block = (1 << 20) + 37 * 4096u64;
     corrupt(&t, block + 100);
-    let (out, text) = bench(&t, &args("--rw=read"));
+    let (out, text) = t.run_bench(&args("--rw=read"));
     assert_eq!(out.status.code(), Some(1), "{text}");
     assert!(
         text.contains("verify: 256 blocks checked, 1 mismatches"),
@@ -85,16 +69,13 @@ fn verify_passes_clean_data_and_catches_a_flipped_byte() {
     assert!(stderr.contains(&want), "{stderr}");
 
     // Blocks outside the region were never written with verify: reading them says so.
-    let (out, text) = bench(
-        &t,
-        &[
-            "--rw=read",
-            "--verify=crc32c",
-            "--bs=4k",
-            "--size=8k",
-            "--offset=8m",
-        ],
-    );
+    let (out, text) = t.run_bench(&[
+        "--rw=read",
+        "--verify=crc32c",
+        "--bs=4k",
+        "--size=8k",
+        "--offset=8m",
+    ]);
     assert_eq!(out.status.code(), Some(1), "{text}");
     assert!(text.contains("no verify header"), "{text}");
 }
@@ -105,20 +86,17 @@ fn verify_with_mixed_time_based_writes_and_several_jobs() {
     // Two jobs on disjoint 1 MiB regions, random reads and writes for a second: every read of
     // a block this run wrote must carry its latest generation, and the final read-back pass
     // checks every written block.
-    let (out, text) = bench(
-        &t,
-        &[
-            "--rw=randrw",
-            "--rwmixread=50",
-            "--bs=4k",
-            "--size=1m",
-            "--numjobs=2",
-            "--offset_increment=1m",
-            "--iodepth=16",
-            "--runtime=1",
-            "--verify=crc32c",
-        ],
-    );
+    let (out, text) = t.run_bench(&[
+        "--rw=randrw",
+        "--rwmixread=50",
+        "--bs=4k",
+        "--size=1m",
+        "--numjobs=2",
+        "--offset_increment=1m",
+        "--iodepth=16",
+        "--runtime=1",
+        "--verify=crc32c",
+    ]);
     assert!(out.status.success(), "{text}");
     assert!(text.contains(" 0 mismatches"), "{text}");
     let checked: u64 = text
@@ -130,7 +108,7 @@ fn verify_with_mixed_time_based_writes_and_several_jobs() {
     assert!(checked > 0, "{text}");
 
     // Overlapping job regions cannot be verified: refused before any I/O.
-    let (out, text) = bench(&t, &["--rw=randwrite", "--numjobs=2", "--verify=crc32c"]);
+    let (out, text) = t.run_bench(&["--rw=randwrite", "--numjobs=2", "--verify=crc32c"]);
     assert_eq!(out.status.code(), Some(1), "{text}");
     assert!(text.contains("must not overlap"), "{text}");
 }

@@ -3,7 +3,6 @@
 //! Zeroes read back zeroes, an `rbd resize` reaches a connected host, and a cluster problem
 //! at start-up is an error that names the cluster, pool and image.
 
-use std::process::Output;
 use std::time::Duration;
 
 use initiator::{ConnectOptions, Controller};
@@ -11,22 +10,6 @@ use nvme::identify::ctrl::OAES_NS_ATTR;
 use nvme::log::AsyncEvent;
 use nvmf_tests::ceph::{self, TestImage};
 use nvmf_tests::{target_bin, TargetProc, TempDir, TEST_NQN};
-
-fn bench(t: &TargetProc, args: &[&str]) -> (Output, String) {
-    let out = t
-        .bench_command()
-        .args(args)
-        .output()
-        .expect("run nvmf-bench");
-    let text = format!(
-        "status {}\n--- stdout\n{}--- stderr\n{}--- target log\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr),
-        t.log_text()
-    );
-    (out, text)
-}
 
 fn connect(t: &TargetProc) -> Controller {
     let mut o = ConnectOptions::tcp("127.0.0.1", t.addr.port(), TEST_NQN);
@@ -62,7 +45,7 @@ fn verified_writes_read_back_through_an_rbd_namespace() {
             "--offset=8m",
         ][..],
     ] {
-        let (out, text) = bench(&t, &[args, &["--verify=crc32c"]].concat());
+        let (out, text) = t.run_bench(&[args, &["--verify=crc32c"]].concat());
         assert!(out.status.success(), "{text}");
         assert!(text.contains(" 0 mismatches"), "{text}");
     }
@@ -170,6 +153,25 @@ fn a_resize_reaches_the_connected_host() {
     assert!(t.terminate(), "{}", t.log_text());
 }
 
+/// Starts the target on a configuration serving `pool/image` of the cluster `conf` and expects
+/// it to fail at start-up: its standard error.
+fn refused_start(dir: &TempDir, conf: &std::path::Path, pool: &str, image: &str) -> String {
+    let cfg = dir.0.join("config.yaml");
+    let ns = format!(
+        "{{ nsid: 1, rbd: {{ pool: {pool}, image: {image}, conf: {} }} }}",
+        conf.display()
+    );
+    std::fs::write(&cfg, ceph::target_yaml(nvmf_tests::free_port(), &[ns])).unwrap();
+    let out = std::process::Command::new(target_bin())
+        .arg("--config")
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!out.status.success(), "the target started: {err}");
+    err
+}
+
 #[test]
 fn a_missing_image_or_pool_is_a_clear_start_up_error() {
     let Some(conf) = ceph::conf() else { return };
@@ -178,22 +180,7 @@ fn a_missing_image_or_pool_is_a_clear_start_up_error() {
         ("rbd", "no-such-image", "rbd/no-such-image"),
         ("no-such-pool", "img", "pool no-such-pool"),
     ] {
-        let yaml = ceph::target_yaml(
-            nvmf_tests::free_port(),
-            &[format!(
-                "{{ nsid: 1, rbd: {{ pool: {pool}, image: {image}, conf: {} }} }}",
-                conf.display()
-            )],
-        );
-        let cfg = dir.0.join("config.yaml");
-        std::fs::write(&cfg, yaml).unwrap();
-        let out = std::process::Command::new(target_bin())
-            .arg("--config")
-            .arg(&cfg)
-            .output()
-            .unwrap();
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success(), "{err}");
+        let err = refused_start(&dir, &conf, pool, image);
         assert!(
             err.contains(want) && err.contains(&*conf.to_string_lossy()),
             "names the image and the cluster: {err}"
@@ -208,29 +195,11 @@ fn an_unreachable_cluster_is_a_clear_start_up_error() {
     let conf = dir.0.join("ceph.conf");
     std::fs::write(
         &conf,
-        "[global]\nmon host = 127.0.0.1:1\nauth client required = none\nclient mount timeout = 2\n",
-    )
-    .unwrap();
-    let cfg = dir.0.join("config.yaml");
-    std::fs::write(
-        &cfg,
-        ceph::target_yaml(
-            nvmf_tests::free_port(),
-            &[format!(
-                "{{ nsid: 1, rbd: {{ pool: rbd, image: img1, conf: {} }} }}",
-                conf.display()
-            )],
-        ),
+        "[global]\nmon host = 127.0.0.1:1\nauth client required = none\n",
     )
     .unwrap();
     let started = std::time::Instant::now();
-    let out = std::process::Command::new(target_bin())
-        .arg("--config")
-        .arg(&cfg)
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "{err}");
+    let err = refused_start(&dir, &conf, "rbd", "img1");
     assert!(
         err.contains("rbd/img1")
             && err.contains(&*conf.to_string_lossy())

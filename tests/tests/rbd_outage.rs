@@ -62,13 +62,7 @@ fn an_osd_stopped_for_10_s_mid_io_loses_no_acknowledged_write() {
     drop(guard);
     let stalled = stopped.elapsed();
     let out = bench.wait_with_output().unwrap();
-    let text = format!(
-        "status {}\n--- stdout\n{}--- stderr\n{}--- target log\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr),
-        t.log_text()
-    );
+    let text = nvmf_tests::describe(&out, &t.log_text());
     assert!(stalled >= Duration::from_secs(10));
     assert!(out.status.success(), "{text}");
     assert!(text.contains(" 0 mismatches"), "{text}");
@@ -83,6 +77,5 @@ fn an_osd_stopped_for_10_s_mid_io_loses_no_acknowledged_write() {
         max_ms.ends_with('s') && !max_ms.ends_with("ms") && !max_ms.ends_with("us"),
         "max latency {max_ms} shows the stall:\n{text}"
     );
-    eprintln!("{}", String::from_utf8_lossy(&out.stdout));
     assert!(t.terminate(), "{}", t.log_text());
 }
