@@ -47,6 +47,7 @@ ORDER=(
   kernel-host-reload-tcp kernel-host-reload-rdma-rxe soak-randrw-rdma-rxe soak-randrw-rdma-siw
   iopoll-null-blk perf-vs-nvmet ana-multipath-kernel-host-rdma-rxe
   auth-kernel-host-rdma-rxe auth-initiator-vs-kernel-target-rdma-rxe
+  kernel-host-rbd-rdma-rxe
 )
 # `ci`: the CI tier. Our target under the Linux host on tcp, rxe and siw; our initiator against
 # nvmet (tcp, siw) and against our target (tcp, rxe, siw); the in-process wire tests on rxe and on
