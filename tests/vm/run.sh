@@ -55,8 +55,8 @@ ORDER=(
 # guard data: a host killed mid-I/O, bad input next to a verifying host, a target restart under
 # reconnecting hosts, a dropped link, SIGHUP reload under the Linux host, a verified soak on siw;
 # ANA multipath under the Linux host and our initiator (two TCP addresses and rxe, states
-# flipping under fio and multipath_check);
-# in-band authentication both ways with Linux 6.12 (its own VM boot).
+# flipping under fio and multipath_check); an RBD namespace (a Ceph cluster in the guest) under
+# the Linux host over rxe and tcp; in-band authentication both ways with Linux 6.12 (its own VM boot).
 # The same fault scenarios on the other RDMA device, the sanity checks, the SRQ variants and the
 # benchmarks run in `all`.
 CI_TIER=(
@@ -67,6 +67,7 @@ CI_TIER=(
   initiator-local-inv-rdma-rxe
   host-killed-mid-io-rdma-siw bad-input-rdma-rxe target-restart-rdma-rxe link-drop-rdma-siw
   kernel-host-reload-tcp soak-randrw-rdma-siw ana-multipath-kernel-host-rdma-rxe
+  kernel-host-rbd-rdma-rxe
   auth-kernel-host-rdma-rxe auth-initiator-vs-kernel-target-rdma-rxe
 )
 # `all`: every scenario but those whose header says `vm-in-all: no` (variants and benchmarks
