@@ -4,13 +4,15 @@
 # written through nvmf-target (one poller thread, NVMe/TCP loopback) and by fio's rbd engine
 # (librbd in fio's process: what users of a gateway compare against). With SPDK built with
 # bdev_rbd (WITH_RBD=1 ../shared/tools/build-spdk.sh), SPDK's nvmf_tgt serving the image through
-# bdev_rbd joins, and both NVMe-oF targets are driven by spdk_nvme_perf; without it our target
-# is driven by nvmf-bench. Per round every client runs each workload once, in alternating order;
+# bdev_rbd joins. CLIENT says what drives both NVMe-oF targets: `perf` (spdk_nvme_perf, the
+# default with SPDK; it busy-polls its core, which the OSD then lacks) or `bench` (nvmf-bench,
+# which sleeps when it waits; the default without SPDK). Per round every client runs each workload once, in alternating order;
 # per workload it prints each round's IOPS, CPU per I/O (the client's and target's user+system,
 # and the OSD's) and at the end the median of the paired ratios. A measurement, not a test: exit
 # 0 whatever the ratios. Not part of CI or scripts/test.sh.
 #
 #   scripts/bench-rbd.sh                             # 5 rounds of 5 s
+#   CLIENT=bench scripts/bench-rbd.sh                # nvmf-bench drives both targets
 #   ROUNDS=7 RUNTIME=10 WORKLOADS="randread:4k:32 randwrite:4k:32 read:128k:8 randread:4k:1"
 #
 # The image (IMAGE_MIB, default 512) is filled once before the rounds, so reads reach the OSD's
@@ -21,13 +23,14 @@ ROUNDS=${ROUNDS:-5}
 RUNTIME=${RUNTIME:-5}
 WORKLOADS=${WORKLOADS:-randread:4k:32 randwrite:4k:32 read:128k:8 randread:4k:1}
 IMAGE_MIB=${IMAGE_MIB:-512}
+CLIENT=${CLIENT:-}
 NQN=nqn.2026-11.io.nvmf-rs:bench-rbd
 HOSTNQN=nqn.2014-08.org.nvmexpress:uuid:6b1c2a52-2f4e-4f0e-9d1e-5e0f3c2a7b11
 command -v fio >/dev/null || { echo "$NAME: needs fio (apt-get install fio)" >&2; exit 2; }
 
 SPDK_DIR=${SPDK_DIR:-/tmp/spdk-src}
 spdk=
-if [ -x "$SPDK_DIR/build/bin/nvmf_tgt" ] && grep -q '^CONFIG_RBD=y' "$SPDK_DIR/mk/config.mk" 2>/dev/null; then
+if [ -x "$SPDK_DIR/build/bin/nvmf_tgt" ] && grep -Eq '^CONFIG_RBD\??=y' "$SPDK_DIR/mk/config.mk" 2>/dev/null; then
     spdk=1
     TGT_CPU=0 CLIENT_CPU=1
     source "$(dirname "$0")/spdk-lib.sh"
@@ -64,12 +67,13 @@ start_spdk_rbd() {
     { "method": "bdev_rbd_create", "params": { "name": "Rbd0", "pool_name": "rbd", "rbd_name": "bench", "block_size": 4096, "cluster_name": "c0" } }' Rbd0
 }
 
-# CPU seconds (user + system) of this shell's waited-for children, from `times`.
+# CPU seconds (user + system) of this shell's waited-for children, from `times`, in CPU_NOW
+# (called in this shell: in $(...) it would count a subshell's children).
 child_cpu() {
     times >"$dir/times"
-    tail -n 1 "$dir/times" | awk '{ t = 0
+    CPU_NOW=$(tail -n 1 "$dir/times" | awk '{ t = 0
         for (i = 1; i <= 2; i++) { split($i, a, "m"); sub("s", "", a[2]); t += a[1] * 60 + a[2] }
-        printf "%.4f", t }'
+        printf "%.4f", t }')
 }
 
 # measure CLIENT RW BS QD: one run; sets IOPS, CLI (client + target CPU us per I/O) and OSD
@@ -77,10 +81,10 @@ child_cpu() {
 measure() {
     local client=$1 rw=$2 bs=$3 qd=$4 c0 c1 o0 o1 t0 t1 tp=
     case $client in
-        ours-bench | ours-perf) tp=$pid ;;
-        spdk-perf) tp=$spdk_pid ;;
+        ours-*) tp=$pid ;;
+        spdk-*) tp=$spdk_pid ;;
     esac
-    c0=$(child_cpu); o0=$(ticks "$osd_pid"); t0=0
+    child_cpu; c0=$CPU_NOW; o0=$(ticks "$osd_pid"); t0=0
     [ -z "$tp" ] || t0=$(ticks "$tp")
     case $client in
         fio)
@@ -89,7 +93,7 @@ measure() {
                 --output="$dir/fio.json" >/dev/null
             IOPS=$(jq '[.jobs[0].read.iops, .jobs[0].write.iops] | add' "$dir/fio.json")
             ;;
-        ours-bench)
+        ours-bench | spdk-bench)
             bench "$dir/bench.json" --nsid 1 --rw "$rw" --bs "$bs" --iodepth "$qd" --runtime "$RUNTIME"
             IOPS=$(jq -r "$TCP_RESULT.total.iops" "$dir/bench.json")
             ;;
@@ -98,7 +102,7 @@ measure() {
             spdk_perf "$w" "$bs" "$qd"
             ;;
     esac
-    c1=$(child_cpu); o1=$(ticks "$osd_pid"); t1=0
+    child_cpu; c1=$CPU_NOW; o1=$(ticks "$osd_pid"); t1=0
     [ -z "$tp" ] || t1=$(ticks "$tp")
     read -r IOPS CLI OSD < <(awk -v i="$IOPS" -v c0="$c0" -v c1="$c1" -v t0="$t0" -v t1="$t1" \
         -v o0="$o0" -v o1="$o1" -v hz="$hz" -v r="$RUNTIME" 'BEGIN {
@@ -107,7 +111,12 @@ measure() {
 
 median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 
-if [ -n "$spdk" ]; then clients="fio ours-perf spdk-perf"; else clients="fio ours-bench"; fi
+[ -n "$CLIENT" ] || { if [ -n "$spdk" ]; then CLIENT=perf; else CLIENT=bench; fi; }
+case $CLIENT in
+    perf) [ -n "$spdk" ] || { echo "$NAME: CLIENT=perf needs SPDK" >&2; exit 2; }; clients="fio ours-perf spdk-perf" ;;
+    bench) clients="fio ours-bench"; [ -z "$spdk" ] || clients+=" spdk-bench" ;;
+    *) echo "$NAME: CLIENT is perf or bench" >&2; exit 2 ;;
+esac
 echo "RBD namespace vs librbd: image rbd/bench ${IMAGE_MIB} MiB on a single-node memstore cluster, NVMe/TCP 127.0.0.1," \
     "one target thread; $ROUNDS rounds of ${RUNTIME}s per client; clients: $clients; $(tcp_settings)"
 [ -n "$spdk" ] || echo "(SPDK with bdev_rbd not found in $SPDK_DIR: WITH_RBD=1 ../shared/tools/build-spdk.sh adds SPDK's target)"
@@ -125,12 +134,12 @@ for wl in $WORKLOADS; do
         for c in $(in_turn "$r" $clients); do
             case $c in
                 ours-*) start_ours ;;
-                spdk-perf) start_spdk_rbd ;;
+                spdk-*) start_spdk_rbd ;;
             esac
             measure "$c" "$rw" "$bs" "$qd"
             case $c in
                 ours-*) stop_target ;;
-                spdk-perf) stop_spdk ;;
+                spdk-*) stop_spdk ;;
             esac
             iops[$c]=$IOPS
             line+=$(printf '  %s %s IOPS (%s/%s us)' "$c" "$IOPS" "$CLI" "$OSD")
@@ -140,7 +149,7 @@ for wl in $WORKLOADS; do
         r_ours+=("$q")
         line+="  ours/fio $q"
         if [ -n "$spdk" ]; then
-            q=$(awk -v a="$ours" -v b="${iops[spdk-perf]}" 'BEGIN { printf "%.3f", a / b }')
+            q=$(awk -v a="$ours" -v b="${iops[spdk-perf]:-${iops[spdk-bench]}}" 'BEGIN { printf "%.3f", a / b }')
             r_spdk+=("$q")
             line+="  ours/spdk $q"
         fi

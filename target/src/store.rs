@@ -25,6 +25,12 @@ impl RingStore {
         &self.ring
     }
 
+    /// Operations a poller should keep polling for: all in flight but those that wait for
+    /// librbd, whose results wake the ring's eventfd.
+    pub fn inflight_polled(&self) -> usize {
+        self.inflight() - self.ring.waiting_on_librbd()
+    }
+
     fn push(&mut self, op: &IoOp, buf: Option<u32>, user_data: u64) -> bool {
         let b = buf.map(|b| (BufId(b as u16), 0));
         match self.ring.submit_op(op, b, user_data) {

@@ -334,6 +334,8 @@ pub struct Ring {
     rbd_done: Option<rbd::Completions>,
     /// librbd operations in flight.
     rbd_inflight: u32,
+    /// Slots waiting for librbd (their results wake the ring's eventfd, so a poller may sleep).
+    rbd_slots: u32,
     /// A POLL_ADD on `rbd_done`'s eventfd is in the ring.
     rbd_armed: bool,
     /// Reused for librbd's results.
@@ -503,6 +505,7 @@ impl Ring {
             rbd_images,
             rbd_done: None,
             rbd_inflight: 0,
+            rbd_slots: 0,
             rbd_armed: false,
             rbd_results: Vec::new(),
             mode,
@@ -572,6 +575,19 @@ impl Ring {
     /// Operations accepted and not yet handed back by `reap`.
     pub fn in_flight(&self) -> usize {
         self.slots.len() - self.free_slots.len()
+    }
+
+    /// Operations in flight that wait for librbd: their results come to the ring through an
+    /// eventfd ([`Ring::librbd_eventfd`]), so a poller waiting only for them may sleep in epoll
+    /// on that eventfd; once it is readable, [`Ring::reap`] finishes what arrived.
+    pub fn waiting_on_librbd(&self) -> usize {
+        self.rbd_slots as usize
+    }
+
+    /// The eventfd librbd's results signal (made with the ring's first RBD operation).
+    /// Level-triggered readable until the ring has taken the results.
+    pub fn librbd_eventfd(&self) -> Option<BorrowedFd<'_>> {
+        self.rbd_done.as_ref().map(|d| d.eventfd())
     }
 
     /// Free operation slots.
@@ -954,6 +970,7 @@ impl Ring {
         result?;
         self.slots[si].pending += issued;
         self.rbd_inflight += issued;
+        self.rbd_slots += 1;
         self.stats.sqes += u64::from(issued);
         self.arm_rbd()
     }
@@ -1006,6 +1023,7 @@ impl Ring {
                 continue;
             }
             let slot = *slot;
+            self.rbd_slots = self.rbd_slots.saturating_sub(1);
             if slot.err != 0 {
                 self.finish(s, Err(slot.err));
                 continue;

@@ -30,6 +30,9 @@ use crate::store::RingStore;
 
 /// Epoll key of the wake eventfd.
 const WAKE_KEY: u64 = u64::MAX;
+/// Epoll key of the eventfd librbd's results signal (registered once the poller first sleeps
+/// with librbd operations in flight).
+const RBD_KEY: u64 = u64::MAX - 1;
 /// Epoll key bit of an RDMA completion channel (the low bits name the device); a key without
 /// it is a TCP connection's.
 const RDMA_KEY: u64 = 1 << 62;
@@ -282,6 +285,8 @@ struct Poller {
     watch: Option<ReadyWatch>,
     need_buf: VecDeque<ReqRef>,
     done: Vec<(u64, Result<u32, i32>)>,
+    /// librbd's results eventfd is in `epoll` (see `watch_ring`).
+    ring_watched: bool,
 }
 
 /// Borrows the poller's parts for a transport call: `cx!(self, now)` is a [`Cx`] and leaves
@@ -338,7 +343,32 @@ impl Poller {
             watch,
             need_buf: VecDeque::with_capacity(1024),
             done: Vec::with_capacity(1024),
+            ring_watched: false,
         })
+    }
+
+    /// Puts the eventfd librbd's results signal into `epoll`, so the poller can sleep while
+    /// librbd works (its ring also polls that eventfd, and takes the results when reaped).
+    /// Done the first time it is needed, and kept. False if it failed (the poller then keeps
+    /// polling while operations are in flight).
+    fn watch_ring(&mut self) -> bool {
+        let r = match self.store.ring().librbd_eventfd() {
+            Some(fd) => self
+                .epoll
+                .add(fd, EpollEvent::new(EpollFlags::EPOLLIN, RBD_KEY))
+                .map_err(std::io::Error::from),
+            None => Err(std::io::Error::other("no librbd operation yet")),
+        };
+        match r {
+            Ok(()) => {
+                self.ring_watched = true;
+                true
+            }
+            Err(e) => {
+                warn!(error = %e, "cannot watch the backend ring's eventfd; polling while librbd works");
+                false
+            }
+        }
     }
 
     fn live(&self) -> usize {
@@ -360,8 +390,12 @@ impl Poller {
                 return;
             }
             let mut busy = now.saturating_duration_since(last_work) < self.cfg.idle_poll
-                || self.store.inflight() > 0
+                || self.store.inflight_polled() > 0
                 || !self.need_buf.is_empty();
+            if !busy && self.store.inflight() > 0 && !self.ring_watched {
+                // Sleeping with librbd operations in flight: their results must wake epoll.
+                busy = !self.watch_ring();
+            }
             let mut progress = false;
             if !busy {
                 // Going to block: RDMA arms its completion queues and polls them once more.
@@ -412,7 +446,9 @@ impl Poller {
             progress |= n > 0;
             for ev in &events[..n] {
                 let key = ev.data();
-                if key == WAKE_KEY {
+                if key == RBD_KEY {
+                    // The ring takes librbd's results (and resets the eventfd) in the reap below.
+                } else if key == WAKE_KEY {
                     let _ = self.wake.read();
                     self.drain_messages(now);
                     self.tcp.woken(cx!(self, now));
@@ -472,7 +508,7 @@ impl Poller {
             };
             if progress {
                 last_work = now;
-            } else if self.store.inflight() > 0 {
+            } else if self.store.inflight_polled() > 0 {
                 // Waiting on the backend only. io_uring runs what it cannot do without
                 // blocking (buffered reads of tmpfs on this machine's kernel: every one) on
                 // an io-wq worker thread of this process; spinning here keeps it off this
