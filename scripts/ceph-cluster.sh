@@ -12,20 +12,10 @@ set -euo pipefail
 cmd=${1:-start}
 dir=${2:-${CEPH_DIR:-/tmp/nvmf-ceph}}
 conf=$dir/ceph.conf
-SUDO=
-[ "$(id -u)" = 0 ] || SUDO=sudo
 
+source "$(dirname "${BASH_SOURCE[0]}")/apt-lib.sh"
 install_packages() {
-  local pkgs=(ceph-mon ceph-osd ceph-common librbd-dev librados-dev uuid-runtime) missing=()
-  for p in "${pkgs[@]}"; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-  done
-  if [ ${#missing[@]} -gt 0 ]; then
-    echo "ceph-cluster: installing ${missing[*]}" >&2
-    export DEBIAN_FRONTEND=noninteractive
-    $SUDO apt-get update -qq
-    $SUDO apt-get install -y -q -o DPkg::Lock::Timeout=600 --no-install-recommends "${missing[@]}" >/dev/null
-  fi
+  apt_ensure ceph-cluster ceph-mon ceph-osd ceph-common librbd-dev librados-dev uuid-runtime
 }
 
 pid_of() { cat "$dir/run/$1.pid" 2>/dev/null || true; }

@@ -6,21 +6,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-SUDO=
-[ "$(id -u)" = 0 ] || SUDO=sudo
-
-pkgs=(pkg-config libibverbs-dev librdmacm-dev libibverbs1 librdmacm1 ibverbs-providers
-      libclang1-14 libclang-common-14-dev gcc iproute2 librbd-dev librados-dev)
-missing=()
-for p in "${pkgs[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if [ ${#missing[@]} -gt 0 ]; then
-  echo "setup: installing ${missing[*]}" >&2
-  export DEBIAN_FRONTEND=noninteractive
-  $SUDO apt-get update -qq
-  $SUDO apt-get install -y -q -o DPkg::Lock::Timeout=600 --no-install-recommends "${missing[@]}" >/dev/null
-fi
+source scripts/apt-lib.sh
+apt_ensure setup pkg-config libibverbs-dev librdmacm-dev libibverbs1 librdmacm1 ibverbs-providers \
+  libclang1-14 libclang-common-14-dev gcc iproute2 librbd-dev librados-dev
 if ! command -v cargo >/dev/null; then
   echo "setup: cargo not found: install a Rust toolchain >= 1.85 (rustup) first" >&2
   exit 1
