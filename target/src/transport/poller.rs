@@ -508,8 +508,8 @@ impl Poller {
             };
             if progress {
                 last_work = now;
-            } else if self.store.inflight_polled() > 0 {
-                // Waiting on the backend only. io_uring runs what it cannot do without
+            } else if self.store.inflight() > 0 {
+                // Waiting on the backend only (librbd's threads too want this core). io_uring runs what it cannot do without
                 // blocking (buffered reads of tmpfs on this machine's kernel: every one) on
                 // an io-wq worker thread of this process; spinning here keeps it off this
                 // core, and on a machine with fewer free cores than busy threads it then waits
