@@ -242,6 +242,15 @@ enum SlotKind {
     Done,
 }
 
+/// The threads whose work the ring learns of by polling an eventfd they signal.
+#[derive(Debug, Clone, Copy)]
+enum Helper {
+    /// The discard helper thread (`Discarder`).
+    Discard,
+    /// librbd's completion callbacks (`rbd::Completions`).
+    Rbd,
+}
+
 /// What an RBD slot's librbd operations are.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum RbdKind {
@@ -908,7 +917,14 @@ impl Ring {
                     if is_read {
                         img.aio_read(done, s, op.offset, addr as *mut u8, len)
                     } else {
-                        img.aio_write(done, s, op.offset, addr as *const u8, len, slot_fua(op))
+                        img.aio_write(
+                            done,
+                            s,
+                            op.offset,
+                            addr as *const u8,
+                            len,
+                            op.kind == IoKind::WriteFua,
+                        )
                     }
                 };
                 r.map(|()| issued = 1)
@@ -972,23 +988,7 @@ impl Ring {
         self.rbd_inflight += issued;
         self.rbd_slots += 1;
         self.stats.sqes += u64::from(issued);
-        self.arm_rbd()
-    }
-
-    /// Puts a POLL_ADD on the RBD completions' eventfd into the ring, unless one is there.
-    fn arm_rbd(&mut self) -> Result<(), i32> {
-        let Some(d) = &self.rbd_done else {
-            return Ok(());
-        };
-        if self.rbd_armed {
-            return Ok(());
-        }
-        let e = opcode::PollAdd::new(types::Fd(d.eventfd().as_raw_fd()), libc::POLLIN as u32)
-            .build()
-            .user_data(RBD_WAKE);
-        self.push_entry(e)?;
-        self.rbd_armed = true;
-        Ok(())
+        self.arm(Helper::Rbd)
     }
 
     /// librbd reported results: finish the slots whose last operation came back, and poll
@@ -1047,14 +1047,7 @@ impl Ring {
         }
         self.rbd_results = results;
         if self.rbd_inflight > 0 {
-            // Submitted at once, as for the discard helper's poll (see on_discard_wake).
-            let r = self.arm_rbd().and_then(|()| {
-                self.enter(0, None, false)
-                    .map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))
-            });
-            if let Err(errno) = r {
-                tracing::error!(errno, "cannot poll the RBD completions");
-            }
+            self.rearm_now(Helper::Rbd);
         }
     }
 
@@ -1087,23 +1080,49 @@ impl Ring {
         slot.kind = SlotKind::Discard;
         slot.pending = 1;
         self.discards += 1;
-        self.arm_discard()
+        self.arm(Helper::Discard)
     }
 
-    /// Puts a POLL_ADD on the discard helper's eventfd into the ring, unless one is there.
-    fn arm_discard(&mut self) -> Result<(), i32> {
-        let Some(d) = &self.discarder else {
+    /// Puts a POLL_ADD on `helper`'s eventfd into the ring, unless one is there (or the helper
+    /// does not exist yet).
+    fn arm(&mut self, helper: Helper) -> Result<(), i32> {
+        let (fd, armed, user_data) = match helper {
+            Helper::Discard => (
+                self.discarder.as_ref().map(|d| d.eventfd().as_raw_fd()),
+                self.discard_armed,
+                DISCARD_WAKE,
+            ),
+            Helper::Rbd => (
+                self.rbd_done.as_ref().map(|d| d.eventfd().as_raw_fd()),
+                self.rbd_armed,
+                RBD_WAKE,
+            ),
+        };
+        let Some(fd) = fd.filter(|_| !armed) else {
             return Ok(());
         };
-        if self.discard_armed {
-            return Ok(());
-        }
-        let e = opcode::PollAdd::new(types::Fd(d.eventfd().as_raw_fd()), libc::POLLIN as u32)
+        let e = opcode::PollAdd::new(types::Fd(fd), libc::POLLIN as u32)
             .build()
-            .user_data(DISCARD_WAKE);
+            .user_data(user_data);
         self.push_entry(e)?;
-        self.discard_armed = true;
+        match helper {
+            Helper::Discard => self.discard_armed = true,
+            Helper::Rbd => self.rbd_armed = true,
+        }
         Ok(())
+    }
+
+    /// Polls `helper`'s eventfd again and submits at once: this runs while reaping, and a
+    /// caller that reaps and then sleeps would otherwise leave the poll unsubmitted and never
+    /// hear of the rest.
+    fn rearm_now(&mut self, helper: Helper) {
+        let r = self.arm(helper).and_then(|()| {
+            self.enter(0, None, false)
+                .map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))
+        });
+        if let Err(errno) = r {
+            tracing::error!(errno, ?helper, "cannot poll the helper's eventfd");
+        }
     }
 
     /// The discard helper's eventfd fired: finish the slots it reports, and poll again while
@@ -1148,15 +1167,7 @@ impl Ring {
         }
         self.discard_done = done;
         if self.discards > 0 {
-            // Submitted at once: this runs while reaping, and a caller that reaps and then
-            // sleeps would otherwise leave the poll unsubmitted and never hear of the rest.
-            let r = self.arm_discard().and_then(|()| {
-                self.enter(0, None, false)
-                    .map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))
-            });
-            if let Err(errno) = r {
-                tracing::error!(errno, "cannot poll the discard helper");
-            }
+            self.rearm_now(Helper::Discard);
         }
     }
 
@@ -1720,11 +1731,6 @@ impl Drop for Ring {
             results.clear();
         }
     }
-}
-
-/// Whether a write op asks for Force Unit Access.
-fn slot_fua(op: &IoOp) -> bool {
-    op.kind == IoKind::WriteFua
 }
 
 fn check_range(dev: &Dev, offset: u64, len: u64) -> Result<(), i32> {
