@@ -1,6 +1,6 @@
 //! Mixed random read/write soak with verification (issue #8, durability): `nvmf-bench
 //! --rw=randrw --verify=crc32c` on two queues against `nvmf-target` over NVMe/TCP loopback for
-//! `NVMF_SOAK_SECS` seconds (default 60, the CI run; the documented long run is 600). Every
+//! `NVMF_SOAK_SECS` seconds (default 20, the CI run; the documented long run is 600). Every
 //! block a read returns is checked against the last write acknowledged for it: the run must
 //! end with 0 mismatches, the target still healthy and its log free of errors.
 //! (The same soak over NVMe/RDMA runs in the VM suite: `soak-randrw-rdma-*`.)
@@ -14,7 +14,7 @@ fn randrw_verify_soak_has_no_mismatches() {
     let secs: u64 = std::env::var("NVMF_SOAK_SECS")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(60);
+        .unwrap_or(20);
     let mut t = TargetProc::start_default();
     let runtime = format!("--runtime={secs}");
     let out = t
