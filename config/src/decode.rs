@@ -14,13 +14,14 @@ use std::collections::BTreeMap;
 
 use crate::model::{
     default_dhchap_dhgroups, default_dhchap_hashes, default_serial, AnaState, Backing, C2hSuccess,
-    Config, DhGroup, HashId, Host, Key, Listener, Metrics, Namespace, Polling, RbdImage, Subsystem,
-    TargetSettings, Transport, Uuid, DEFAULT_CEPH_CONF, DEFAULT_MODEL, DEFAULT_PORT, MAX_ANA_GROUP,
+    Config, DhGroup, Gateway, HashId, Host, Key, Listener, Metrics, Namespace, Polling, RbdImage,
+    Subsystem, TargetSettings, Transport, Uuid, DEFAULT_CEPH_CONF, DEFAULT_LEASE_SECS,
+    DEFAULT_MODEL, DEFAULT_PORT, MAX_ANA_GROUP,
 };
 use crate::size::Size;
 use crate::yaml::{Kind, Location, Node};
 
-const CONFIG_KEYS: &[&str] = &["listeners", "subsystems", "target", "metrics"];
+const CONFIG_KEYS: &[&str] = &["listeners", "subsystems", "target", "metrics", "gateway"];
 const LISTENER_KEYS: &[&str] = &["transport", "address", "port", "subsystems", "ana"];
 const SUBSYSTEM_KEYS: &[&str] = &[
     "nqn",
@@ -69,6 +70,17 @@ const TARGET_KEYS: &[&str] = &[
     "c2h_success",
 ];
 const METRICS_KEYS: &[&str] = &["listen"];
+const GATEWAY_KEYS: &[&str] = &[
+    "group",
+    "name",
+    "pool",
+    "namespace",
+    "conf",
+    "user",
+    "ana_groups",
+    "lease_secs",
+    "failback",
+];
 
 /// Where each item of a [`Config`] was written: `paths.listeners[i]` is the key path of
 /// `config.listeners[i]` (items that failed to decode are left out of the config, so indexes
@@ -114,6 +126,7 @@ pub(crate) fn config(root: &Node, base_dir: Option<&Path>, r: &mut Report) -> (C
         subsystems: Vec::new(),
         target: TargetSettings::default(),
         metrics: None,
+        gateway: None,
     };
     r.record("", root.at);
     let Some(m) = map(r, root, "", CONFIG_KEYS) else {
@@ -156,6 +169,9 @@ pub(crate) fn config(root: &Node, base_dir: Option<&Path>, r: &mut Report) -> (C
     config.metrics = m
         .get("metrics")
         .and_then(|node| d.metrics(r, node, "metrics"));
+    config.gateway = m
+        .get("gateway")
+        .and_then(|node| d.gateway(r, node, "gateway"));
     (config, paths)
 }
 
@@ -539,22 +555,91 @@ impl Decoder<'_> {
     /// `rbd: { pool, image, namespace, conf, user }`.
     fn rbd(&self, r: &mut Report, node: &Node, path: &str) -> Option<RbdImage> {
         let m = map(r, node, path, RBD_KEYS)?;
-        let name = |r: &mut Report, key: &str| -> Option<String> {
+        let image = required(r, &m, "image").and_then(|_| ceph_name(r, &m, path, "image"));
+        let place = self.ceph_place(r, &m, path);
+        let (pool, namespace, conf, user) = place?;
+        Some(RbdImage {
+            pool,
+            image: image?,
+            namespace,
+            conf,
+            user,
+        })
+    }
+
+    /// `gateway: { group, name, pool, namespace, conf, user, ana_groups, lease_secs, failback }`.
+    fn gateway(&self, r: &mut Report, node: &Node, path: &str) -> Option<Gateway> {
+        let m = map(r, node, path, GATEWAY_KEYS)?;
+        let label = |r: &mut Report, key: &str| -> Option<String> {
             let n = m.get(key)?;
             let p = join(path, key);
             let text = string(r, n, &p)?;
-            if text.is_empty() || text.contains(['/', '@', '\0']) {
+            let ok = !text.is_empty()
+                && text.len() <= 64
+                && text
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
+            if !ok {
                 r.error_at(
                     n.at,
                     &p,
-                    format!("`{text}` is not a valid {key} name (empty, or has `/`, `@` or NUL)"),
+                    format!(
+                        "`{text}` is not a valid {key} (1 to 64 letters, digits, `.`, `_`, `-`)"
+                    ),
                 );
                 return None;
             }
             Some(text)
         };
-        let pool = required(r, &m, "pool").and_then(|_| name(r, "pool"));
-        let image = required(r, &m, "image").and_then(|_| name(r, "image"));
+        let group = required(r, &m, "group").and_then(|_| label(r, "group"));
+        let name = match m.get("name") {
+            Some(_) => label(r, "name"),
+            None => Some(host_name()),
+        };
+        let place = self.ceph_place(r, &m, path);
+        let ana_groups = match m.get("ana_groups") {
+            None => Some(Vec::new()),
+            Some(n) => {
+                let p = join(path, "ana_groups");
+                seq(r, n, &p).map(|items| {
+                    items
+                        .iter()
+                        .enumerate()
+                        .filter_map(|(i, n)| {
+                            int(r, n, &format!("{p}[{i}]"), u64::from(u32::MAX)).map(|v| v as u32)
+                        })
+                        .collect()
+                })
+            }
+        };
+        let lease_secs = optional(r, &m, "lease_secs", DEFAULT_LEASE_SECS, |r, n, p| {
+            int(r, n, p, u64::from(u32::MAX)).map(|v| v as u32)
+        });
+        let failback = optional(r, &m, "failback", true, boolean);
+        let (pool, namespace, conf, user) = place?;
+        Some(Gateway {
+            group: group?,
+            name: name?,
+            pool,
+            namespace,
+            conf,
+            user,
+            ana_groups: ana_groups?,
+            lease_secs,
+            failback,
+        })
+    }
+
+    /// The keys that say where in a Ceph cluster: `pool` (required), `namespace`, `conf`,
+    /// `user`, as `(pool, namespace, conf, user)`.
+    fn ceph_place(
+        &self,
+        r: &mut Report,
+        m: &Map<'_>,
+        path: &str,
+    ) -> Option<(String, String, PathBuf, String)> {
+        let name = |r: &mut Report, key: &str| ceph_name(r, m, path, key);
+        let pool = required(r, m, "pool").and_then(|_| name(r, "pool"));
         let namespace = match m.get("namespace") {
             Some(_) => name(r, "namespace"),
             None => Some(String::new()),
@@ -581,13 +666,7 @@ impl Decoder<'_> {
             }
             None => Some(PathBuf::from(DEFAULT_CEPH_CONF)),
         };
-        Some(RbdImage {
-            pool: pool?,
-            image: image?,
-            namespace: namespace?,
-            conf: conf?,
-            user: user?,
-        })
+        Some((pool?, namespace?, conf?, user?))
     }
 
     fn target(&self, r: &mut Report, node: &Node, path: &str) -> TargetSettings {
@@ -669,6 +748,32 @@ impl Decoder<'_> {
             }
         }
     }
+}
+
+/// The value of `key` in `m` as a Ceph name (pool, image, RADOS namespace, user): not empty,
+/// no `/`, `@` or NUL.
+fn ceph_name(r: &mut Report, m: &Map<'_>, path: &str, key: &str) -> Option<String> {
+    let n = m.get(key)?;
+    let p = join(path, key);
+    let text = string(r, n, &p)?;
+    if text.is_empty() || text.contains(['/', '@', '\0']) {
+        r.error_at(
+            n.at,
+            &p,
+            format!("`{text}` is not a valid {key} name (empty, or has `/`, `@` or NUL)"),
+        );
+        return None;
+    }
+    Some(text)
+}
+
+/// This machine's host name (the default gateway name), `localhost` if it has none.
+fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "localhost".to_owned())
 }
 
 /// Reads a key file: owned by anyone, but readable and writable by its owner only (mode

@@ -29,6 +29,7 @@ pub const DEFAULT_BLOCK_SIZE: u32 = 4096;
 /// subsystems: [...]    # optional, default [] (the target then serves discovery only)
 /// target: {...}        # optional, every key has a default
 /// metrics: {...}       # optional, default: no metrics endpoint
+/// gateway: {...}       # optional: this target is one gateway of a group (leases in RADOS)
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Config {
@@ -41,7 +42,48 @@ pub struct Config {
     /// `metrics`: the optional Prometheus-style metrics endpoint.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub metrics: Option<Metrics>,
+    /// `gateway`: membership of a gateway group. Default: none (a standalone target).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gateway: Option<Gateway>,
 }
+
+/// `gateway`: `{ group: g1, pool: rbd, name: gw-a, ana_groups: [1] }`: this target is one of
+/// several gateways in front of the same RBD images. Each ANA group is served optimized by one
+/// live gateway at a time, the holder of the group's lease (a lock with a duration on a RADOS
+/// object in `pool`); the others report it inaccessible, and take the lease over when its
+/// holder stops renewing it. Every gateway's discovery log lists the listeners of every live
+/// gateway of the group.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Gateway {
+    /// `group`: the group's name (letters, digits, `.`, `_`, `-`). Required.
+    pub group: String,
+    /// `name`: this gateway's name in the group, unique in it. Default: the host name.
+    pub name: String,
+    /// `pool`: the RADOS pool that keeps the group's objects. Required.
+    pub pool: String,
+    /// `namespace`: a RADOS namespace of the pool. Default none.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub namespace: String,
+    /// `conf`: the cluster's configuration file. Default `/etc/ceph/ceph.conf`.
+    pub conf: PathBuf,
+    /// `user`: the Ceph client name without `client.`. Default `admin`.
+    pub user: String,
+    /// `ana_groups`: the ANA groups this gateway is the home of: it takes their leases when
+    /// it starts and (with `failback`) gets them back from the gateway that took them over.
+    /// Default: none (it serves groups whose home gateway is down).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub ana_groups: Vec<u32>,
+    /// `lease_secs`: how long a lease lasts without renewal (renewed every third of it):
+    /// the longest a dead gateway's groups stay unserved. 3–60, default 6 (within the 10 s
+    /// ANA transition time the target reports).
+    pub lease_secs: u32,
+    /// `failback`: a gateway holding another's home group gives it back when that gateway is
+    /// up again. Default true.
+    pub failback: bool,
+}
+
+/// The default of `gateway.lease_secs`.
+pub const DEFAULT_LEASE_SECS: u32 = 6;
 
 /// One entry of `listeners`: `{ transport: tcp, address: 0.0.0.0, port: 4420 }`.
 ///
@@ -678,6 +720,22 @@ fn fnv1a128(bytes: &[u8], mut h: u128) -> u128 {
     h
 }
 
+impl Serialize for RbdImage {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut s = serializer.serialize_struct("RbdImage", 5)?;
+        s.serialize_field("pool", &self.pool)?;
+        s.serialize_field("image", &self.image)?;
+        if self.namespace.is_empty() {
+            s.skip_field("namespace")?;
+        } else {
+            s.serialize_field("namespace", &self.namespace)?;
+        }
+        s.serialize_field("conf", &self.conf.to_string_lossy())?;
+        s.serialize_field("user", &self.user)?;
+        s.end()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -731,21 +789,5 @@ mod tests {
         assert_ne!(s, default_serial("nqn.2026-11.io.example:disk2"));
         // FNV-1a 64 of the empty string is its offset basis.
         assert_eq!(default_serial(""), "NVMFCBF29CE484222325");
-    }
-}
-
-impl Serialize for RbdImage {
-    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        let mut s = serializer.serialize_struct("RbdImage", 5)?;
-        s.serialize_field("pool", &self.pool)?;
-        s.serialize_field("image", &self.image)?;
-        if self.namespace.is_empty() {
-            s.skip_field("namespace")?;
-        } else {
-            s.serialize_field("namespace", &self.namespace)?;
-        }
-        s.serialize_field("conf", &self.conf.to_string_lossy())?;
-        s.serialize_field("user", &self.user)?;
-        s.end()
     }
 }

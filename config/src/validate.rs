@@ -116,6 +116,9 @@ pub(crate) fn config(config: &mut Config, paths: &ItemPaths, r: &mut Report) {
         }
     }
     target(&config.target, r);
+    if let Some(g) = &config.gateway {
+        gateway(config, g, paths, r);
+    }
     if let Some(m) = &config.metrics {
         if m.listen.port() == 0 {
             r.error("metrics.listen", "port 0 is not allowed");
@@ -552,5 +555,52 @@ fn target(t: &TargetSettings, r: &mut Report) {
                 t.io_unit()
             ),
         );
+    }
+}
+
+/// `gateway`: what can be checked without the cluster.
+fn gateway(config: &Config, g: &crate::Gateway, paths: &ItemPaths, r: &mut Report) {
+    if !g.conf.is_file() {
+        r.error(
+            "gateway.conf",
+            format!("`{}`: no such Ceph configuration file", g.conf.display()),
+        );
+    }
+    if !(3..=60).contains(&g.lease_secs) {
+        r.error(
+            "gateway.lease_secs",
+            format!("lease_secs {} is out of range (3 to 60)", g.lease_secs),
+        );
+    }
+    for (i, &a) in g.ana_groups.iter().enumerate() {
+        if !(1..=crate::MAX_ANA_GROUP).contains(&a) {
+            r.error(
+                &format!("gateway.ana_groups[{i}]"),
+                format!(
+                    "ANA group {a} is out of range (1 to {})",
+                    crate::MAX_ANA_GROUP
+                ),
+            );
+        }
+    }
+    for (i, l) in config.listeners.iter().enumerate() {
+        let lp = &paths.listeners[i];
+        if !l.ana.is_empty() {
+            r.error(
+                &format!("{lp}.ana"),
+                "a gateway's ANA states come from the group's leases (`gateway.ana_groups` \
+                 names this gateway's own groups): remove `ana`",
+            );
+        }
+        if l.address.is_unspecified() {
+            r.warn(
+                &format!("{lp}.address"),
+                format!(
+                    "the other gateways' discovery logs cannot list the wildcard address {}: \
+                     give this gateway's address",
+                    l.address
+                ),
+            );
+        }
     }
 }

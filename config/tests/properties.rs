@@ -210,6 +210,7 @@ fn config() -> impl Strategy<Value = Config> {
                 subsystems,
                 target,
                 metrics,
+                gateway: None,
             }
         })
 }

@@ -130,6 +130,13 @@ impl Cluster {
     pub fn user(&self) -> &str {
         &self.user
     }
+
+    /// This connection's name in the cluster, `client.<global id>`: what lock owner lists and
+    /// blocklists call it.
+    pub fn client_name(&self) -> String {
+        // SAFETY: a connected handle.
+        format!("client.{}", unsafe { sys::rados_get_instance_id(self.h) })
+    }
 }
 
 impl Drop for Cluster {
@@ -199,6 +206,209 @@ impl IoCtx {
 
     pub fn cluster(&self) -> &Arc<Cluster> {
         &self.cluster
+    }
+
+    fn err(&self, what: &str, oid: &str, r: i32) -> Error {
+        Error::new(format!("pool {}: object {oid}: {what}", self.pool), r)
+    }
+
+    /// Takes (or, held already by this connection and `cookie`, renews) the exclusive
+    /// advisory lock `name` on object `oid` (created if missing) for `duration`: the OSD
+    /// forgets it when that passes without a renewal, so a holder that dies gives it up by
+    /// itself (a lease). `Ok(false)` when another holder has it. With `must_hold` a renewal
+    /// fails (`ENOENT`) if the lock was lost meanwhile, instead of taking it afresh.
+    pub fn lock_exclusive(
+        &self,
+        oid: &str,
+        name: &str,
+        cookie: &str,
+        duration: std::time::Duration,
+        must_hold: bool,
+    ) -> Result<bool, Error> {
+        let (coid, cname, ccookie) = (
+            cstr("object", oid)?,
+            cstr("lock", name)?,
+            cstr("cookie", cookie)?,
+        );
+        let mut tv = libc::timeval {
+            tv_sec: duration.as_secs() as libc::time_t,
+            tv_usec: duration.subsec_micros() as libc::suseconds_t,
+        };
+        let flags = if must_hold {
+            sys::LIBRADOS_LOCK_FLAG_MUST_RENEW
+        } else {
+            sys::LIBRADOS_LOCK_FLAG_RENEW
+        } as u8;
+        // SAFETY: a live context; NUL-terminated strings and a timeval that outlive the call.
+        let r = unsafe {
+            sys::rados_lock_exclusive(
+                self.h,
+                coid.as_ptr(),
+                cname.as_ptr(),
+                ccookie.as_ptr(),
+                cname.as_ptr(),
+                (&mut tv as *mut libc::timeval).cast(),
+                flags,
+            )
+        };
+        match r {
+            0 => Ok(true),
+            r if r == -libc::EBUSY || (r == -libc::EEXIST && !must_hold) => Ok(false),
+            r => Err(self.err(&format!("lock {name}"), oid, r)),
+        }
+    }
+
+    /// Gives back lock `name` on `oid` held with `cookie` (`Ok` if it was not held).
+    pub fn unlock(&self, oid: &str, name: &str, cookie: &str) -> Result<(), Error> {
+        let (coid, cname, ccookie) = (
+            cstr("object", oid)?,
+            cstr("lock", name)?,
+            cstr("cookie", cookie)?,
+        );
+        // SAFETY: a live context and NUL-terminated strings.
+        let r =
+            unsafe { sys::rados_unlock(self.h, coid.as_ptr(), cname.as_ptr(), ccookie.as_ptr()) };
+        if r < 0 && r != -libc::ENOENT {
+            return Err(self.err(&format!("unlock {name}"), oid, r));
+        }
+        Ok(())
+    }
+
+    /// The live holders of lock `name` on `oid` as `(client, cookie)` (the OSD drops holders
+    /// whose duration passed): empty if nobody holds it or the object does not exist.
+    pub fn lockers(&self, oid: &str, name: &str) -> Result<Vec<(String, String)>, Error> {
+        let (coid, cname) = (cstr("object", oid)?, cstr("lock", name)?);
+        let mut cap = 256usize;
+        loop {
+            let (mut tag, mut clients, mut cookies, mut addrs) = (
+                vec![0u8; cap],
+                vec![0u8; cap],
+                vec![0u8; cap],
+                vec![0u8; cap],
+            );
+            let (mut tl, mut cl, mut kl, mut al) = (cap, cap, cap, cap);
+            let mut exclusive = 0i32;
+            // SAFETY: every buffer has the length passed with it; librados writes at most that
+            // (or reports -ERANGE with the lengths it needs).
+            let r = unsafe {
+                sys::rados_list_lockers(
+                    self.h,
+                    coid.as_ptr(),
+                    cname.as_ptr(),
+                    &mut exclusive,
+                    tag.as_mut_ptr().cast(),
+                    &mut tl,
+                    clients.as_mut_ptr().cast(),
+                    &mut cl,
+                    cookies.as_mut_ptr().cast(),
+                    &mut kl,
+                    addrs.as_mut_ptr().cast(),
+                    &mut al,
+                )
+            } as i32;
+            if r == -libc::ERANGE && cap < 1 << 20 {
+                cap = cap.max(tl).max(cl).max(kl).max(al).max(cap * 2);
+                continue;
+            }
+            if r == -libc::ENOENT {
+                return Ok(Vec::new());
+            }
+            if r < 0 {
+                return Err(self.err(&format!("list lockers of {name}"), oid, r));
+            }
+            // Each list is `r` NUL-terminated strings back to back.
+            let split = |b: &[u8], len: usize| -> Vec<String> {
+                b[..len.min(b.len())]
+                    .split(|&c| c == 0)
+                    .filter(|s| !s.is_empty())
+                    .map(|s| String::from_utf8_lossy(s).into_owned())
+                    .collect()
+            };
+            let (cs, ks) = (split(&clients, cl), split(&cookies, kl));
+            return Ok(cs.into_iter().zip(ks).take(r as usize).collect());
+        }
+    }
+
+    /// Sets extended attribute `name` of object `oid` (created if missing) to `value`.
+    pub fn set_xattr(&self, oid: &str, name: &str, value: &[u8]) -> Result<(), Error> {
+        let (coid, cname) = (cstr("object", oid)?, cstr("attribute", name)?);
+        // SAFETY: a live context, NUL-terminated strings, a buffer of the length given.
+        let r = unsafe {
+            sys::rados_setxattr(
+                self.h,
+                coid.as_ptr(),
+                cname.as_ptr(),
+                value.as_ptr().cast(),
+                value.len(),
+            )
+        };
+        if r < 0 {
+            return Err(self.err(&format!("set attribute {name}"), oid, r));
+        }
+        Ok(())
+    }
+
+    /// Removes extended attribute `name` of `oid` (`Ok` if there was none).
+    pub fn remove_xattr(&self, oid: &str, name: &str) -> Result<(), Error> {
+        let (coid, cname) = (cstr("object", oid)?, cstr("attribute", name)?);
+        // SAFETY: a live context and NUL-terminated strings.
+        let r = unsafe { sys::rados_rmxattr(self.h, coid.as_ptr(), cname.as_ptr()) };
+        if r < 0 && r != -libc::ENOENT && r != -libc::ENODATA {
+            return Err(self.err(&format!("remove attribute {name}"), oid, r));
+        }
+        Ok(())
+    }
+
+    /// Every extended attribute of `oid` (none if it does not exist).
+    pub fn xattrs(&self, oid: &str) -> Result<Vec<(String, Vec<u8>)>, Error> {
+        let coid = cstr("object", oid)?;
+        let mut it: sys::rados_xattrs_iter_t = ptr::null_mut();
+        // SAFETY: a live context, a NUL-terminated name, a live out-pointer.
+        let r = unsafe { sys::rados_getxattrs(self.h, coid.as_ptr(), &mut it) };
+        if r == -libc::ENOENT {
+            return Ok(Vec::new());
+        }
+        if r < 0 {
+            return Err(self.err("get attributes", oid, r));
+        }
+        let mut out = Vec::new();
+        loop {
+            let (mut name, mut val, mut len) = (ptr::null(), ptr::null(), 0usize);
+            // SAFETY: an iterator rados_getxattrs gave us, not yet ended.
+            let r = unsafe { sys::rados_getxattrs_next(it, &mut name, &mut val, &mut len) };
+            if r < 0 || name.is_null() {
+                break;
+            }
+            // SAFETY: librados keeps the name (NUL-terminated) and `len` value bytes alive
+            // until the next call on the iterator; both are copied here.
+            let (n, v) = unsafe {
+                (
+                    std::ffi::CStr::from_ptr(name)
+                        .to_string_lossy()
+                        .into_owned(),
+                    if val.is_null() {
+                        Vec::new()
+                    } else {
+                        std::slice::from_raw_parts(val.cast::<u8>(), len).to_vec()
+                    },
+                )
+            };
+            out.push((n, v));
+        }
+        // SAFETY: ended once.
+        unsafe { sys::rados_getxattrs_end(it) };
+        Ok(out)
+    }
+
+    /// Removes object `oid` (`Ok` if it did not exist).
+    pub fn remove(&self, oid: &str) -> Result<(), Error> {
+        let coid = cstr("object", oid)?;
+        // SAFETY: a live context and a NUL-terminated name.
+        let r = unsafe { sys::rados_remove(self.h, coid.as_ptr()) };
+        if r < 0 && r != -libc::ENOENT {
+            return Err(self.err("remove", oid, r));
+        }
+        Ok(())
     }
 }
 
@@ -317,6 +527,12 @@ impl Image {
     /// (30 s). Blocks while it talks to the cluster. Returns the owners whose locks were
     /// broken (none for an image without the exclusive-lock feature).
     pub fn break_foreign_lock(&self) -> Result<Vec<String>, Error> {
+        self.break_foreign_lock_except(&[])
+    }
+
+    /// [`Image::break_foreign_lock`], sparing owners named in `spare` (`client.<id>`: live
+    /// peers, which give the lock up when asked).
+    pub fn break_foreign_lock_except(&self, spare: &[String]) -> Result<Vec<String>, Error> {
         let ctx = |what: &str| format!("image {}: {what}", self.name);
         let mut owner = 0i32;
         // SAFETY: an open image and a live out-pointer.
@@ -350,6 +566,12 @@ impl Image {
             let name = unsafe { std::ffi::CStr::from_ptr(o) }
                 .to_string_lossy()
                 .into_owned();
+            if spare.iter().any(|s| {
+                name.starts_with(s.as_str())
+                    && !name[s.len()..].starts_with(|c: char| c.is_ascii_digit())
+            }) {
+                continue;
+            }
             // SAFETY: an open image and an owner string librbd gave us.
             let r = unsafe { sys::rbd_lock_break(self.h, mode, o) };
             if r < 0 && r != -libc::ENOENT {

@@ -259,6 +259,11 @@ pub struct Daemon {
     pub rdma_addrs: Vec<SocketAddr>,
     /// Told by storage that changed under a namespace (an RBD image resized by anyone).
     storage: Arc<StorageWatch>,
+    /// The configuration as given (`cfg` is it with the gateway group's ANA states applied).
+    base: Config,
+    /// A gateway's view of its group (`None`: not a gateway): the ANA groups it holds, which
+    /// override the listeners' states.
+    gateway: Option<crate::gateway::View>,
 }
 
 /// Storage changes reported from other threads (librbd's update watches): a flag, and how to
@@ -296,6 +301,13 @@ impl StorageWatch {
 impl Daemon {
     /// Open the namespaces, bind every listener and start the poller threads.
     pub fn start(cfg: &Config) -> Result<Daemon, StartError> {
+        // A gateway serves no ANA group until it holds the group's lease.
+        let gateway = cfg.gateway.as_ref().map(|_| crate::gateway::View {
+            leased: leased_groups(cfg),
+            ..Default::default()
+        });
+        let base = cfg.clone();
+        let cfg = &overlay(gateway.as_ref(), cfg);
         // Namespaces -> devices (index = the core's device id).
         let mut devices = Vec::new();
         let mut ns_slots = NsSlots::new();
@@ -437,6 +449,8 @@ impl Daemon {
             tcp_addrs: Vec::new(),
             rdma_addrs: Vec::new(),
             storage,
+            base,
+            gateway,
         };
         d.note_addrs();
         Ok(d)
@@ -460,7 +474,7 @@ impl Daemon {
         if !self.storage.changed.swap(false, Ordering::SeqCst) {
             return None;
         }
-        let cfg = self.cfg.clone();
+        let cfg = self.base.clone();
         Some(self.reload(&cfg))
     }
 
@@ -482,9 +496,58 @@ impl Daemon {
         self.transports.iter().flat_map(|t| t.running()).collect()
     }
 
-    /// The configuration running now.
+    /// The configuration running now (as given: without the gateway group's ANA states).
     pub fn config(&self) -> &Config {
-        &self.cfg
+        &self.base
+    }
+
+    /// A gateway's new view of its group: the ANA groups it holds are served optimized on
+    /// every listener and the others inaccessible (hosts get the ANA change event; RBD images
+    /// of a group taken over are fenced from a dead holder), and the discovery log lists the
+    /// live peers' listeners.
+    pub fn apply_gateway_view(
+        &mut self,
+        view: crate::gateway::View,
+    ) -> Result<ReloadReport, ReloadError> {
+        let remote: Vec<ListenerInfo> = view
+            .peers
+            .iter()
+            .flat_map(|p| p.record.listeners.iter())
+            .filter(|l| !l.address.is_unspecified())
+            .enumerate()
+            .map(|(i, l)| {
+                let trtype = match l.transport {
+                    Transport::Tcp => TrType::Tcp,
+                    Transport::Rdma => TrType::Rdma,
+                };
+                // Port ids past this target's own.
+                let mut info = ListenerInfo::new(
+                    trtype,
+                    l.address.to_string(),
+                    l.port.to_string(),
+                    0x100 + i as u16,
+                );
+                info.subsystems = l.subsystems.clone();
+                info
+            })
+            .collect();
+        self.target.set_remote_listeners(remote);
+        self.gateway = Some(view);
+        let base = self.base.clone();
+        self.reload(&base)
+    }
+
+    /// This target's running listeners as the group's other gateways list them.
+    pub fn peer_listeners(&self) -> Vec<crate::gateway::PeerListener> {
+        self.running()
+            .into_iter()
+            .map(|(l, a)| crate::gateway::PeerListener {
+                transport: l.transport,
+                address: a.ip(),
+                port: a.port(),
+                subsystems: l.subsystems.clone(),
+            })
+            .collect()
     }
 
     pub fn target(&self) -> &Arc<Target> {
@@ -516,19 +579,29 @@ impl Daemon {
     /// are not changed (reported in `not_applied`: they need a restart).
     pub fn reload(&mut self, new: &Config) -> Result<ReloadReport, ReloadError> {
         let mut report = ReloadReport::default();
-        let mut new = new.clone();
-        if new.target != self.cfg.target {
+        let mut base = new.clone();
+        if base.target != self.cfg.target {
             report
                 .not_applied
                 .push("`target` settings (they apply at the next start)".into());
-            new.target = self.cfg.target.clone();
+            base.target = self.cfg.target.clone();
         }
-        if new.metrics != self.cfg.metrics {
+        if base.metrics != self.cfg.metrics {
             report
                 .not_applied
                 .push("`metrics` (the endpoint changes at the next start)".into());
-            new.metrics = self.cfg.metrics.clone();
+            base.metrics = self.cfg.metrics.clone();
         }
+        if base.gateway != self.base.gateway {
+            report
+                .not_applied
+                .push("`gateway` (the group is joined at the next start)".into());
+            base.gateway = self.base.gateway.clone();
+        }
+        if let Some(v) = &mut self.gateway {
+            v.leased = leased_groups(&base);
+        }
+        let mut new = overlay(self.gateway.as_ref(), &base);
         // New listeners join their running transport; a transport the target started without
         // has no threads to serve them, so they wait for a restart. (NVMe/TCP needs nothing
         // but the pollers, which serve every transport: it always runs.)
@@ -655,6 +728,7 @@ impl Daemon {
         new.listeners = running.into_iter().map(|(l, _)| l).collect();
         self.take_over_rbd(&new);
         self.cfg = new;
+        self.base = base;
         Ok(report)
     }
 
@@ -678,11 +752,19 @@ impl Daemon {
         if images.is_empty() {
             return;
         }
+        // The group's live gateways give the images' locks up when asked: only the dead are
+        // fenced.
+        let spare: Vec<String> = self
+            .gateway
+            .iter()
+            .flat_map(|v| v.peers.iter())
+            .flat_map(|p| p.record.clients.iter().cloned())
+            .collect();
         let spawned = std::thread::Builder::new()
             .name("nvmf-rbd-takeover".into())
             .spawn(move || {
                 for img in images {
-                    match img.break_foreign_lock() {
+                    match img.break_foreign_lock_except(&spare) {
                         Ok(owners) if owners.is_empty() => {}
                         Ok(owners) => info!(image = img.name(), ?owners, "took over the image: the previous owner's exclusive lock was broken (it is blocklisted)"),
                         Err(e) => warn!(image = img.name(), error = %e, "could not break the previous owner's lock; writes wait for it"),
@@ -803,6 +885,36 @@ fn listener_infos<'a>(
             info
         })
         .collect()
+}
+
+/// The ANA groups a gateway's leases decide: those of its namespaces and its home groups.
+pub fn leased_groups(cfg: &Config) -> BTreeSet<u32> {
+    cfg.subsystems
+        .iter()
+        .flat_map(|s| s.namespaces.iter().map(|n| n.ana_group))
+        .chain(
+            cfg.gateway
+                .iter()
+                .flat_map(|g| g.ana_groups.iter().copied()),
+        )
+        .collect()
+}
+
+/// `cfg` with a gateway's ANA states: each leased group optimized on every listener if held,
+/// inaccessible if not (unchanged without a gateway view).
+fn overlay(view: Option<&crate::gateway::View>, cfg: &Config) -> Config {
+    let mut out = cfg.clone();
+    let Some(v) = view else { return out };
+    for l in &mut out.listeners {
+        for &g in &v.leased {
+            if v.owned.contains(&g) {
+                l.ana.remove(&g);
+            } else {
+                l.ana.insert(g, config::AnaState::Inaccessible);
+            }
+        }
+    }
+    out
 }
 
 /// The ANA log's code for a configured state.

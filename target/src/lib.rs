@@ -8,6 +8,7 @@ pub mod backend;
 pub mod core;
 pub mod ctl;
 pub mod daemon;
+pub mod gateway;
 pub mod metrics;
 pub mod notify;
 pub mod resv_store;

@@ -362,6 +362,45 @@ fn main() -> ExitCode {
     daemon.on_storage_change(|| {
         let _ = nix::sys::signal::kill(nix::unistd::getpid(), Signal::SIGUSR1);
     });
+    // A gateway joins its group: leases decide which ANA groups it serves; a new view wakes
+    // this thread.
+    let gateway = match &cfg.gateway {
+        None => None,
+        Some(g) => {
+            let started = nvmf_target::gateway::Gateway::start(
+                g,
+                nvmf_target::daemon::leased_groups(daemon.config()),
+                daemon.peer_listeners(),
+                || {
+                    let _ = nix::sys::signal::kill(nix::unistd::getpid(), Signal::SIGUSR1);
+                },
+            );
+            match started {
+                Ok(gw) => {
+                    info!(group = %g.group, name = %g.name, home = ?g.ana_groups, "joined the gateway group");
+                    Some(gw)
+                }
+                Err(e) => {
+                    error!("{e}");
+                    eprintln!("nvmf-target: {e}");
+                    stop_aux.store(true, Ordering::Relaxed);
+                    daemon.shutdown();
+                    if let Some(p) = &temp_file {
+                        let _ = std::fs::remove_file(p);
+                    }
+                    return ExitCode::FAILURE;
+                }
+            }
+        }
+    };
+    let gateway_update = |daemon: &Daemon| {
+        if let Some(gw) = &gateway {
+            gw.update(
+                nvmf_target::daemon::leased_groups(daemon.config()),
+                daemon.peer_listeners(),
+            );
+        }
+    };
     let notifier = Notifier::from_env();
     if let Some(n) = &notifier {
         n.notify(&format!(
@@ -385,6 +424,7 @@ fn main() -> ExitCode {
                     n.notify(&format!("RELOADING=1\nMONOTONIC_USEC={}", monotonic_usec()));
                 }
                 reload(&mut daemon, path);
+                gateway_update(&daemon);
                 if let Some(n) = &notifier {
                     n.notify(&format!(
                         "READY=1\nSTATUS=serving {} subsystem(s) on {} listener(s)",
@@ -397,6 +437,17 @@ fn main() -> ExitCode {
                 while let Ok((line, reply)) = ctl_rx.try_recv() {
                     let answer = handle_ctl(&mut daemon, args.config.as_deref(), &line);
                     let _ = reply.send(answer);
+                    gateway_update(&daemon);
+                }
+                if let Some(view) = gateway.as_ref().and_then(|g| g.take_view()) {
+                    let owned = view.owned.clone();
+                    let peers: Vec<String> = view.peers.iter().map(|p| p.name.clone()).collect();
+                    match daemon.apply_gateway_view(view) {
+                        Ok(_) => {
+                            info!(optimized = ?owned, ?peers, "gateway group: ANA states applied")
+                        }
+                        Err(e) => error!("gateway group: cannot apply the ANA states: {e}"),
+                    }
                 }
                 match daemon.refresh_storage() {
                     None => {}
@@ -432,6 +483,11 @@ fn main() -> ExitCode {
         .name("nvmf-close".into())
         .spawn(move || {
             daemon.shutdown();
+            // Leases go after the storage is closed: the peers that take the groups over find
+            // the images' locks given back.
+            if let Some(gw) = gateway {
+                gw.stop();
+            }
             let _ = closed_tx.send(());
         });
     match closer {

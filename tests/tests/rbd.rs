@@ -82,7 +82,7 @@ fn deallocate_and_write_zeroes_read_back_zeroes() {
     let ns = img.namespace_yaml(1);
     let mut t = TargetProc::start_with(|port, _| ceph::target_yaml(port, &[ns]));
     let mut c = connect(&t);
-    let info = c.namespaces()[0].clone();
+    let info = c.namespaces()[0];
     assert_eq!(info.size(), 32 << 20);
     assert_eq!(info.block_size, 4096);
     let mut n = c.open_namespace(1).unwrap();

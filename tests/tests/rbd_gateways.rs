@@ -8,7 +8,7 @@
 //! A test binary of its own (it shares nothing, but kills a target while librbd holds the
 //! image's exclusive lock: B takes the lock over once A's is broken).
 
-use std::path::PathBuf;
+use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -16,7 +16,7 @@ use initiator::{AnaState, ConnectOptions, MultipathNamespace, MultipathOptions};
 use nvmf_tests::ceph::{self, TestImage};
 use nvmf_tests::{target_bin, TargetProc, TEST_NQN};
 
-fn gateway(img: &TestImage, cntlids: (u16, u16), ana: &str, sock: &PathBuf) -> TargetProc {
+fn gateway(img: &TestImage, cntlids: (u16, u16), ana: &str, sock: &Path) -> TargetProc {
     let (conf, name) = (img.conf.display().to_string(), img.name.clone());
     TargetProc::start_with_env(
         |port, _| {
@@ -29,7 +29,7 @@ fn gateway(img: &TestImage, cntlids: (u16, u16), ana: &str, sock: &PathBuf) -> T
             )
         },
         &[],
-        &["--control-socket".into(), sock.clone().into()],
+        &["--control-socket".into(), sock.into()],
     )
 }
 

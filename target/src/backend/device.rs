@@ -515,15 +515,16 @@ const RBD_SETTINGS: &[(&str, &str)] = &[
     ("client_mount_timeout", "15"),
 ];
 
-/// One connected cluster per (configuration file, user), shared by its namespaces while any
-/// is open.
+type ClusterMap = std::collections::HashMap<(PathBuf, String), std::sync::Weak<rbd::Cluster>>;
+
+/// The connected clusters, one per (configuration file, user), shared by its namespaces while
+/// any is open.
+static CLUSTERS: std::sync::Mutex<Option<ClusterMap>> = std::sync::Mutex::new(None);
+
 fn rbd_cluster(conf: &Path, user: &str) -> Result<Arc<rbd::Cluster>, rbd::Error> {
-    use std::collections::HashMap;
-    use std::sync::{Mutex, PoisonError, Weak};
-    static CLUSTERS: Mutex<Option<HashMap<(PathBuf, String), Weak<rbd::Cluster>>>> =
-        Mutex::new(None);
+    use std::sync::{PoisonError, Weak};
     let mut map = CLUSTERS.lock().unwrap_or_else(PoisonError::into_inner);
-    let map = map.get_or_insert_with(HashMap::new);
+    let map = map.get_or_insert_with(ClusterMap::new);
     let key = (conf.to_owned(), user.to_owned());
     if let Some(c) = map.get(&key).and_then(Weak::upgrade) {
         return Ok(c);
@@ -532,6 +533,19 @@ fn rbd_cluster(conf: &Path, user: &str) -> Result<Arc<rbd::Cluster>, rbd::Error>
     map.retain(|_, w| w.strong_count() > 0);
     map.insert(key, Arc::downgrade(&c));
     Ok(c)
+}
+
+/// The cluster names (`client.<id>`) of the connections RBD namespaces use now: what the
+/// other gateways of a group must not fence when they take an image's lock from this one.
+pub fn rbd_client_names() -> Vec<String> {
+    let map = CLUSTERS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    map.iter()
+        .flat_map(|m| m.values())
+        .filter_map(std::sync::Weak::upgrade)
+        .map(|c| c.client_name())
+        .collect()
 }
 
 fn open_rbd(spec: &RbdSpec) -> Result<Device, DeviceError> {

@@ -70,7 +70,8 @@ fn entry_for(l: &ListenerInfo, subnqn: &str, local: Option<&str>) -> DiscoveryLo
 pub(crate) fn discovery_log(t: &TargetInner, hostnqn: &str, local: Option<&str>) -> Vec<u8> {
     let mut entries = Vec::new();
     let subsystems = t.subsystem_list();
-    for l in t.listeners().iter() {
+    let (own, remote) = (t.listeners(), t.remote_listeners());
+    for l in own.iter().chain(remote.iter()) {
         for s in subsystems
             .iter()
             .filter(|s| l.serves(&s.nqn) && s.host_allowed(hostnqn))

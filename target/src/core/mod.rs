@@ -325,6 +325,13 @@ impl Target {
     ) -> Reconfigured {
         self.inner.reconfigure(subsystems, listeners)
     }
+
+    /// The listeners of the other gateways of a group, which the discovery log lists after
+    /// this target's own (with the same subsystems and host checks). True if the log changed
+    /// (discovery controllers get the Discovery Log Page Change event).
+    pub fn set_remote_listeners(&self, listeners: Vec<ListenerInfo>) -> bool {
+        self.inner.set_remote_listeners(listeners)
+    }
     /// Per-subsystem, per-namespace and per-controller I/O statistics, summed now from the
     /// queues' own counters (see [`stats`]).
     pub fn io_metrics(&self) -> Vec<stats::SubsystemMetrics> {

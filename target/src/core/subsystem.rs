@@ -263,6 +263,9 @@ pub(crate) struct TargetInner {
     /// Replaced as a whole by [`TargetInner::reconfigure`]; read at Connect and by the
     /// discovery log, never on the I/O path.
     listeners: RwLock<Arc<Vec<ListenerInfo>>>,
+    /// Other gateways' listeners (a gateway group): listed by the discovery log, never
+    /// connected through here.
+    remote_listeners: RwLock<Arc<Vec<ListenerInfo>>>,
     subsystems: RwLock<BTreeMap<String, Arc<Subsystem>>>,
     pub discovery: Arc<Subsystem>,
     pub registry: Mutex<Registry>,
@@ -289,6 +292,7 @@ impl TargetInner {
         TargetInner {
             params,
             listeners: RwLock::new(Arc::new(listeners)),
+            remote_listeners: RwLock::new(Arc::new(Vec::new())),
             subsystems: RwLock::new(subsystems),
             discovery: Arc::new(Subsystem::discovery()),
             registry,
@@ -340,6 +344,35 @@ impl TargetInner {
             .read()
             .unwrap_or_else(PoisonError::into_inner)
             .clone()
+    }
+
+    /// Other gateways' listeners, which the discovery log lists after this target's own.
+    pub fn remote_listeners(&self) -> Arc<Vec<ListenerInfo>> {
+        self.remote_listeners
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Replaces the other gateways' listeners; if the discovery log changes, its generation
+    /// moves and discovery controllers that asked get the Discovery Log Page Change event.
+    pub fn set_remote_listeners(&self, listeners: Vec<ListenerInfo>) -> bool {
+        {
+            let mut l = self
+                .remote_listeners
+                .write()
+                .unwrap_or_else(PoisonError::into_inner);
+            if same_listeners(&l, &listeners) {
+                return false;
+            }
+            *l = Arc::new(listeners);
+        }
+        self.genctr.fetch_add(1, Ordering::AcqRel);
+        let ctrls: Vec<Arc<Controller>> = self.registry().ctrls.values().cloned().collect();
+        for c in ctrls.iter().filter(|c| c.is_discovery()) {
+            c.discovery_changed();
+        }
+        true
     }
 
     fn registry(&self) -> std::sync::MutexGuard<'_, Registry> {

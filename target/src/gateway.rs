@@ -1,0 +1,608 @@
+//! Gateway groups (`gateway:` in the configuration): several targets in front of the same RBD
+//! images act as one set of NVM subsystems. What they share lives in RADOS, in the group's pool:
+//!
+//! - `nvmf.<group>`: one extended attribute per gateway, `gw.<name>`, its [`Record`] (the
+//!   cluster clients it uses, its home ANA groups, its listeners);
+//! - `nvmf.<group>.gw.<name>`: the gateway's liveness, an exclusive lock with a duration (the
+//!   OSD forgets it when it is not renewed: a dead gateway drops out by itself);
+//! - `nvmf.<group>.ana.<g>`: ANA group `g`'s lease, the same kind of lock. Its holder serves
+//!   the group optimized; every other gateway reports it inaccessible.
+//!
+//! One thread per gateway renews its locks every third of the lease and decides, each round,
+//! what to do with each group ([`plan`], pure): renew what it holds, give a group back to its
+//! home gateway when that one is up again (failback), take its own groups, and take any
+//! group whose home gateway is down once the lease has lapsed. What it holds and which peers
+//! are alive reach the daemon's thread as a [`View`] (the daemon turns it into ANA states and
+//! discovery entries). A gateway that cannot renew a lease in time stops reporting the group
+//! optimized before the lease can pass to another gateway: each renewal is bounded (the
+//! connection's operation timeout) and a lease whose last renewal is too old is dropped
+//! without waiting for the call.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use config::Transport;
+use tracing::{info, warn};
+
+/// A listener as the group's other gateways see it (their discovery logs list it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeerListener {
+    pub transport: Transport,
+    pub address: IpAddr,
+    pub port: u16,
+    /// The subsystems it serves (`None`: all).
+    pub subsystems: Option<Vec<String>>,
+}
+
+/// What a gateway publishes about itself (`gw.<name>` on the group's object).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Record {
+    /// Its cluster connections (`client.<id>`): a gateway taking a group over does not fence
+    /// these (a live gateway hands an image's lock over when asked).
+    pub clients: Vec<String>,
+    /// Its home ANA groups.
+    pub home: Vec<u32>,
+    pub listeners: Vec<PeerListener>,
+}
+
+impl Record {
+    /// One item per line: `client NAME`, `home G`, `listen tcp|rdma ADDRESS PORT [NQN,...]`.
+    pub fn encode(&self) -> String {
+        let mut s = String::new();
+        for c in &self.clients {
+            s.push_str(&format!("client {c}\n"));
+        }
+        for g in &self.home {
+            s.push_str(&format!("home {g}\n"));
+        }
+        for l in &self.listeners {
+            let t = match l.transport {
+                Transport::Tcp => "tcp",
+                Transport::Rdma => "rdma",
+            };
+            s.push_str(&format!("listen {t} {} {}", l.address, l.port));
+            if let Some(nqns) = &l.subsystems {
+                s.push(' ');
+                s.push_str(&nqns.join(","));
+            }
+            s.push('\n');
+        }
+        s
+    }
+
+    /// The inverse of [`Record::encode`]; lines it does not understand are skipped (a newer
+    /// gateway may add some).
+    pub fn parse(text: &str) -> Record {
+        let mut r = Record::default();
+        for line in text.lines() {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            match f.as_slice() {
+                ["client", c] => r.clients.push((*c).to_owned()),
+                ["home", g] => r.home.extend(g.parse::<u32>().ok()),
+                ["listen", t, a, p, rest @ ..] if rest.len() <= 1 => {
+                    let transport = match *t {
+                        "tcp" => Transport::Tcp,
+                        "rdma" => Transport::Rdma,
+                        _ => continue,
+                    };
+                    let (Ok(address), Ok(port)) = (a.parse(), p.parse()) else {
+                        continue;
+                    };
+                    let subsystems = rest
+                        .first()
+                        .map(|n| n.split(',').map(str::to_owned).collect());
+                    r.listeners.push(PeerListener {
+                        transport,
+                        address,
+                        port,
+                        subsystems,
+                    });
+                }
+                _ => {}
+            }
+        }
+        r
+    }
+}
+
+/// A live gateway of the group other than this one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Peer {
+    pub name: String,
+    pub record: Record,
+}
+
+/// What the daemon acts on: the ANA groups this gateway holds, among those it watches, and
+/// the live peers.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct View {
+    pub owned: BTreeSet<u32>,
+    /// Every group whose state the leases decide (the others are not the group's business).
+    pub leased: BTreeSet<u32>,
+    pub peers: Vec<Peer>,
+}
+
+/// What to do with one ANA group this round.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    /// Held: renew it.
+    Renew,
+    /// Held, but its home gateway is up again and failback is on: give it back.
+    Release,
+    /// Not held: try to take it (it is this gateway's, or its home gateway is down).
+    Take,
+    /// Not held and not for this gateway now.
+    Wait,
+}
+
+/// This round's step for group `g`. `settled`: this gateway has been up for a whole lease
+/// (before that it leaves other gateways' groups alone, so that a group starting up together
+/// lands on its home gateways).
+pub fn plan(
+    g: u32,
+    held: bool,
+    home: &[u32],
+    failback: bool,
+    settled: bool,
+    peers: &[Peer],
+) -> Step {
+    let mine = home.contains(&g);
+    let home_peer_up = peers.iter().any(|p| p.record.home.contains(&g));
+    match (held, mine) {
+        (true, false) if failback && home_peer_up => Step::Release,
+        (true, _) => Step::Renew,
+        (false, true) => Step::Take,
+        (false, false) if !home_peer_up && settled => Step::Take,
+        (false, false) => Step::Wait,
+    }
+}
+
+const LEASE_LOCK: &str = "lease";
+const ALIVE_LOCK: &str = "alive";
+
+struct Shared {
+    state: Mutex<SharedState>,
+    cv: Condvar,
+    wake: Box<dyn Fn() + Send + Sync>,
+}
+
+#[derive(Default)]
+struct SharedState {
+    stop: bool,
+    /// Groups to watch (from the configuration: namespaces' groups and the home groups).
+    wanted: BTreeSet<u32>,
+    listeners: Vec<PeerListener>,
+    /// The latest view, not yet taken by the daemon.
+    view: Option<View>,
+}
+
+/// A running group member.
+pub struct Gateway {
+    shared: Arc<Shared>,
+    thread: Option<JoinHandle<()>>,
+}
+
+struct Member {
+    cfg: config::Gateway,
+    io: Arc<rbd::IoCtx>,
+    lease: Duration,
+    /// Bound on one call to the cluster (the connection's operation timeouts).
+    op_timeout: Duration,
+    group_obj: String,
+    started: Instant,
+    /// Held leases and when each was last renewed (the time the call was made).
+    held: BTreeMap<u32, Instant>,
+    peers: Vec<Peer>,
+    published: Option<View>,
+    record: String,
+    /// Holds its liveness lock (since start-up).
+    joined: bool,
+}
+
+impl Gateway {
+    /// Connects to the group's cluster (bounded: the error names the cluster, pool and
+    /// group), registers this gateway and starts its thread. `wake` is called (on that
+    /// thread) when a new [`View`] is ready for [`Gateway::take_view`].
+    pub fn start(
+        cfg: &config::Gateway,
+        wanted: BTreeSet<u32>,
+        listeners: Vec<PeerListener>,
+        wake: impl Fn() + Send + Sync + 'static,
+    ) -> Result<Gateway, String> {
+        let lease = Duration::from_secs(cfg.lease_secs.into());
+        let op_timeout = lease / 4;
+        let t = op_timeout.as_secs().max(1).to_string();
+        let settings = [
+            ("client_mount_timeout", "15"),
+            ("rados_osd_op_timeout", t.as_str()),
+            ("rados_mon_op_timeout", t.as_str()),
+        ];
+        let what = format!("gateway group {} (pool {})", cfg.group, cfg.pool);
+        let cluster = rbd::Cluster::connect(&cfg.conf, &cfg.user, &settings)
+            .map_err(|e| format!("{what}: {e}"))?;
+        let io = rbd::IoCtx::open(&cluster, &cfg.pool, &cfg.namespace)
+            .map_err(|e| format!("{what}: {e}"))?;
+        let shared = Arc::new(Shared {
+            state: Mutex::new(SharedState {
+                wanted,
+                listeners,
+                ..SharedState::default()
+            }),
+            cv: Condvar::new(),
+            wake: Box::new(wake),
+        });
+        let mut m = Member {
+            group_obj: format!("nvmf.{}", cfg.group),
+            cfg: cfg.clone(),
+            io,
+            lease,
+            op_timeout,
+            started: Instant::now(),
+            held: BTreeMap::new(),
+            peers: Vec::new(),
+            published: None,
+            record: String::new(),
+            joined: false,
+        };
+        // Liveness first, here: its errors (no permission on the pool, a name taken by a
+        // live gateway) stop the start-up. A gateway restarted after a crash finds its own
+        // old lock and waits for it to lapse (a live namesake would keep renewing it).
+        let deadline = Instant::now() + lease + lease / 2;
+        loop {
+            match m.alive() {
+                Ok(()) => break,
+                Err(e) if Instant::now() < deadline && e.contains("another live gateway") => {
+                    std::thread::sleep(lease / 6);
+                }
+                Err(e) => return Err(format!("{what}: {e}")),
+            }
+        }
+        let sh = Arc::clone(&shared);
+        let thread = std::thread::Builder::new()
+            .name("nvmf-gateway".into())
+            .spawn(move || m.run(&sh))
+            .map_err(|e| format!("{what}: cannot start its thread: {e}"))?;
+        Ok(Gateway {
+            shared,
+            thread: Some(thread),
+        })
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, SharedState> {
+        self.shared
+            .state
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The groups to watch and this gateway's listeners changed (a reload).
+    pub fn update(&self, wanted: BTreeSet<u32>, listeners: Vec<PeerListener>) {
+        let mut s = self.state();
+        s.wanted = wanted;
+        s.listeners = listeners;
+        self.shared.cv.notify_all();
+    }
+
+    /// The view published since the last call, if any.
+    pub fn take_view(&self) -> Option<View> {
+        self.state().view.take()
+    }
+
+    /// Gives up every lease and leaves the group (its peers take its groups over at once).
+    pub fn stop(mut self) {
+        self.state().stop = true;
+        self.shared.cv.notify_all();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Member {
+    fn member_obj(&self) -> String {
+        format!("nvmf.{}.gw.{}", self.cfg.group, self.cfg.name)
+    }
+
+    fn lease_obj(&self, g: u32) -> String {
+        format!("nvmf.{}.ana.{g}", self.cfg.group)
+    }
+
+    /// Renews this gateway's liveness (taking it at start: a live gateway of the same name
+    /// is an error).
+    fn alive(&mut self) -> Result<(), String> {
+        let first = !self.joined;
+        let ok = self
+            .io
+            .lock_exclusive(
+                &self.member_obj(),
+                ALIVE_LOCK,
+                &self.cfg.name,
+                self.lease,
+                false,
+            )
+            .map_err(|e| e.to_string())?;
+        if ok {
+            self.joined = true;
+        }
+        if !ok && first {
+            return Err(format!(
+                "another live gateway is named `{}` in group `{}` (give each its own \
+                 `gateway.name`)",
+                self.cfg.name, self.cfg.group
+            ));
+        }
+        Ok(())
+    }
+
+    fn publish_record(&mut self, listeners: &[PeerListener]) -> Result<(), rbd::Error> {
+        let mut clients = crate::backend::rbd_client_names();
+        clients.push(self.io.cluster().client_name());
+        let rec = Record {
+            clients,
+            home: self.cfg.ana_groups.clone(),
+            listeners: listeners.to_vec(),
+        }
+        .encode();
+        if rec != self.record {
+            self.io.set_xattr(
+                &self.group_obj,
+                &format!("gw.{}", self.cfg.name),
+                rec.as_bytes(),
+            )?;
+            self.record = rec;
+        }
+        Ok(())
+    }
+
+    /// The live peers: every registered gateway but this one whose liveness lock is held.
+    fn read_peers(&self) -> Result<Vec<Peer>, rbd::Error> {
+        let mut peers = Vec::new();
+        for (key, value) in self.io.xattrs(&self.group_obj)? {
+            let Some(name) = key.strip_prefix("gw.") else {
+                continue;
+            };
+            if name == self.cfg.name {
+                continue;
+            }
+            let obj = format!("nvmf.{}.gw.{name}", self.cfg.group);
+            if self.io.lockers(&obj, ALIVE_LOCK)?.is_empty() {
+                continue;
+            }
+            peers.push(Peer {
+                name: name.to_owned(),
+                record: Record::parse(&String::from_utf8_lossy(&value)),
+            });
+        }
+        Ok(peers)
+    }
+
+    /// Whether a lease renewed at `at` may still be counted on through one more call.
+    fn fresh(&self, at: Instant) -> bool {
+        at.elapsed() + self.op_timeout < self.lease * 9 / 10
+    }
+
+    /// Drops the leases whose renewal is too old to trust; true if any.
+    fn drop_stale(&mut self) -> bool {
+        let stale: Vec<u32> = self
+            .held
+            .iter()
+            .filter(|&(_, &at)| !self.fresh(at))
+            .map(|(&g, _)| g)
+            .collect();
+        for g in &stale {
+            warn!(group = %self.cfg.group, ana_group = g, "lease not renewed in time: reporting the ANA group inaccessible");
+            self.held.remove(g);
+        }
+        !stale.is_empty()
+    }
+
+    fn run(mut self, sh: &Shared) {
+        let tick = self.lease / 3;
+        loop {
+            let (wanted, listeners) = {
+                let s = sh.state.lock().unwrap_or_else(PoisonError::into_inner);
+                if s.stop {
+                    break;
+                }
+                (s.wanted.clone(), s.listeners.clone())
+            };
+            let t0 = Instant::now();
+            self.round(sh, &wanted, &listeners);
+            let s = sh.state.lock().unwrap_or_else(PoisonError::into_inner);
+            let left = tick.saturating_sub(t0.elapsed());
+            let (s, _) = sh
+                .cv
+                .wait_timeout_while(s, left, |s| !s.stop)
+                .unwrap_or_else(PoisonError::into_inner);
+            if s.stop {
+                break;
+            }
+        }
+        self.leave();
+    }
+
+    fn round(&mut self, sh: &Shared, wanted: &BTreeSet<u32>, listeners: &[PeerListener]) {
+        let group = self.cfg.group.clone();
+        if let Err(e) = self.alive() {
+            warn!(%group, error = %e, "cannot renew this gateway's liveness");
+        }
+        if let Err(e) = self.publish_record(listeners) {
+            warn!(%group, error = %e, "cannot publish this gateway's listeners");
+        }
+        match self.read_peers() {
+            Ok(p) => self.peers = p,
+            Err(e) => warn!(%group, error = %e, "cannot read the group's gateways"),
+        }
+        let settled = self.started.elapsed() >= self.lease;
+        // Groups no longer watched are given back.
+        let gone: Vec<u32> = self
+            .held
+            .keys()
+            .filter(|g| !wanted.contains(g))
+            .copied()
+            .collect();
+        for g in gone {
+            self.held.remove(&g);
+            let _ = self
+                .io
+                .unlock(&self.lease_obj(g), LEASE_LOCK, &self.cfg.name);
+        }
+        for &g in wanted {
+            if self.drop_stale() {
+                self.publish(sh, wanted);
+            }
+            let held = self.held.contains_key(&g);
+            let step = plan(
+                g,
+                held,
+                &self.cfg.ana_groups,
+                self.cfg.failback,
+                settled,
+                &self.peers,
+            );
+            let obj = self.lease_obj(g);
+            let at = Instant::now();
+            match step {
+                Step::Wait => {}
+                Step::Release => {
+                    // Inaccessible here first, then the lease goes.
+                    self.held.remove(&g);
+                    self.publish(sh, wanted);
+                    info!(%group, ana_group = g, "failback: giving the ANA group back to its home gateway");
+                    if let Err(e) = self.io.unlock(&obj, LEASE_LOCK, &self.cfg.name) {
+                        warn!(%group, ana_group = g, error = %e, "cannot give the lease back (it lapses by itself)");
+                    }
+                }
+                Step::Renew => {
+                    match self
+                        .io
+                        .lock_exclusive(&obj, LEASE_LOCK, &self.cfg.name, self.lease, true)
+                    {
+                        Ok(true) => {
+                            self.held.insert(g, at);
+                        }
+                        Ok(false) | Err(_) => {
+                            warn!(%group, ana_group = g, "lease lost: reporting the ANA group inaccessible");
+                            self.held.remove(&g);
+                            self.publish(sh, wanted);
+                        }
+                    }
+                }
+                Step::Take => match self.io.lock_exclusive(
+                    &obj,
+                    LEASE_LOCK,
+                    &self.cfg.name,
+                    self.lease,
+                    false,
+                ) {
+                    Ok(true) => {
+                        info!(%group, ana_group = g, "took the ANA group's lease: serving it optimized");
+                        self.held.insert(g, at);
+                    }
+                    Ok(false) => {}
+                    Err(e) => {
+                        warn!(%group, ana_group = g, error = %e, "cannot take the lease")
+                    }
+                },
+            }
+        }
+        self.drop_stale();
+        self.publish(sh, wanted);
+    }
+
+    /// Hands the daemon a new view if it differs from the last one.
+    fn publish(&mut self, sh: &Shared, wanted: &BTreeSet<u32>) {
+        let view = View {
+            owned: self.held.keys().copied().collect(),
+            leased: wanted.clone(),
+            peers: self.peers.clone(),
+        };
+        if self.published.as_ref() == Some(&view) {
+            return;
+        }
+        self.published = Some(view.clone());
+        sh.state.lock().unwrap_or_else(PoisonError::into_inner).view = Some(view);
+        (sh.wake)();
+    }
+
+    /// Leaving: every lease and the liveness lock are given back and the record removed, so
+    /// the peers need not wait for them to lapse.
+    fn leave(&mut self) {
+        for g in std::mem::take(&mut self.held).into_keys() {
+            let _ = self
+                .io
+                .unlock(&self.lease_obj(g), LEASE_LOCK, &self.cfg.name);
+        }
+        let _ = self
+            .io
+            .remove_xattr(&self.group_obj, &format!("gw.{}", self.cfg.name));
+        let _ = self
+            .io
+            .unlock(&self.member_obj(), ALIVE_LOCK, &self.cfg.name);
+        info!(group = %self.cfg.group, name = %self.cfg.name, "left the gateway group");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn peer(name: &str, home: &[u32]) -> Peer {
+        Peer {
+            name: name.into(),
+            record: Record {
+                home: home.to_vec(),
+                ..Record::default()
+            },
+        }
+    }
+
+    #[test]
+    fn records_round_trip_and_skip_what_they_do_not_know() {
+        let r = Record {
+            clients: vec!["client.4123".into(), "client.4124".into()],
+            home: vec![1, 3],
+            listeners: vec![
+                PeerListener {
+                    transport: Transport::Tcp,
+                    address: "127.0.0.2".parse().unwrap(),
+                    port: 4420,
+                    subsystems: None,
+                },
+                PeerListener {
+                    transport: Transport::Rdma,
+                    address: "fe80::1".parse().unwrap(),
+                    port: 4421,
+                    subsystems: Some(vec!["nqn.a:x".into(), "nqn.a:y".into()]),
+                },
+            ],
+        };
+        let text = r.encode();
+        assert_eq!(Record::parse(&text), r);
+        let extra = format!("{text}future thing 1 2\nlisten fc a b\nhome x\n");
+        assert_eq!(Record::parse(&extra), r);
+    }
+
+    #[test]
+    fn a_gateway_takes_its_own_groups_and_others_only_when_their_home_is_down() {
+        let none: &[Peer] = &[];
+        // Its own group: taken at once, renewed while held.
+        assert_eq!(plan(1, false, &[1], true, false, none), Step::Take);
+        assert_eq!(plan(1, true, &[1], true, false, none), Step::Renew);
+        // Another's group whose home gateway is up: left to it.
+        let up = [peer("b", &[2])];
+        assert_eq!(plan(2, false, &[1], true, true, &up), Step::Wait);
+        // Its home gateway is down: taken, but not before this gateway has settled.
+        assert_eq!(plan(2, false, &[1], true, false, none), Step::Wait);
+        assert_eq!(plan(2, false, &[1], true, true, none), Step::Take);
+        // Held while its home gateway came back: given back with failback, kept without.
+        assert_eq!(plan(2, true, &[1], true, true, &up), Step::Release);
+        assert_eq!(plan(2, true, &[1], false, true, &up), Step::Renew);
+        // A group nobody calls home: whoever settled first.
+        assert_eq!(plan(5, false, &[], true, true, &up), Step::Take);
+        assert_eq!(plan(5, true, &[], true, true, &up), Step::Renew);
+    }
+}
