@@ -375,6 +375,41 @@ fn semantic_rules() {
             "no such Ceph configuration file",
         ),
         case(
+            format!("{L}gateway: {{ group: g1, pool: rbd, conf: /etc/passwd, lease_secs: 2 }}\n"),
+            "t.yaml:3:65: gateway.lease_secs:",
+            "lease_secs 2 is out of range (3 to 60)",
+        ),
+        case(
+            format!("{L}gateway: {{ group: 'a b', pool: rbd, conf: /etc/passwd }}\n"),
+            "t.yaml:3:19: gateway.group:",
+            "is not a valid group",
+        ),
+        case(
+            format!("{L}gateway: {{ group: g1, conf: /etc/passwd }}\n"),
+            "t.yaml:3:10: gateway.pool:",
+            "missing required key `pool`",
+        ),
+        case(
+            format!("{L}gateway: {{ group: g1, pool: rbd, conf: /etc/passwd, ana_groups: [ 1, 0 ] }}\n"),
+            "t.yaml:3:70: gateway.ana_groups[1]:",
+            "ANA group 0 is out of range",
+        ),
+        case(
+            format!("{L}gateway: {{ group: g1, pool: rbd, conf: /etc/passwd, leases: 3 }}\n"),
+            "t.yaml:3:53: gateway.leases:",
+            "unknown",
+        ),
+        case(
+            format!("{L}gateway: {{ group: g1, pool: rbd, conf: /nonexistent/ceph.conf }}\n"),
+            "t.yaml:3:40: gateway.conf:",
+            "no such Ceph configuration file",
+        ),
+        case(
+            format!("listeners:\n  - {{ transport: tcp, address: 127.0.0.1, ana: {{ 1: optimized }} }}\ngateway: {{ group: g1, pool: rbd, conf: /etc/passwd }}\n"),
+            "t.yaml:2:48: listeners[0].ana:",
+            "a gateway's ANA states come from the group's leases",
+        ),
+        case(
             ns("      - { nsid: 1, rbd: { pool: rbd, image: c, conf: /etc/passwd }, size: 1GiB }\n"),
             "t.yaml:7:69: subsystems[0].namespaces[0].size:",
             "an RBD namespace has its image's size",

@@ -47,7 +47,7 @@ ORDER=(
   kernel-host-reload-tcp kernel-host-reload-rdma-rxe soak-randrw-rdma-rxe soak-randrw-rdma-siw
   iopoll-null-blk perf-vs-nvmet ana-multipath-kernel-host-rdma-rxe
   auth-kernel-host-rdma-rxe auth-initiator-vs-kernel-target-rdma-rxe
-  kernel-host-rbd-rdma-rxe
+  kernel-host-rbd-rdma-rxe gateway-failover-kernel-host-tcp
 )
 # `ci`: the CI tier. Our target under the Linux host on tcp, rxe and siw; our initiator against
 # nvmet (tcp, siw) and against our target (tcp, siw; on rxe with local invalidation); the in-process wire tests on rxe and on
@@ -56,7 +56,8 @@ ORDER=(
 # reconnecting hosts, a dropped link, SIGHUP reload under the Linux host, a verified soak on siw;
 # ANA multipath under the Linux host and our initiator (two TCP addresses and rxe, states
 # flipping under fio and multipath_check); an RBD namespace (a Ceph cluster in the guest) under
-# the Linux host over rxe and tcp; in-band authentication both ways with Linux 6.12 (its own VM boot).
+# the Linux host over rxe and tcp; a gateway group's failover and failback under the Linux
+# host's multipath (gateway A killed under fio verify); in-band authentication both ways with Linux 6.12 (its own VM boot).
 # The same fault scenarios on the other RDMA device, the sanity checks, the SRQ variants and the
 # benchmarks run in `all`.
 CI_TIER=(
@@ -67,7 +68,7 @@ CI_TIER=(
   initiator-local-inv-rdma-rxe
   host-killed-mid-io-rdma-siw bad-input-rdma-rxe target-restart-rdma-rxe link-drop-rdma-siw
   kernel-host-reload-tcp soak-randrw-rdma-siw ana-multipath-kernel-host-rdma-rxe
-  kernel-host-rbd-rdma-rxe
+  kernel-host-rbd-rdma-rxe gateway-failover-kernel-host-tcp
   auth-kernel-host-rdma-rxe auth-initiator-vs-kernel-target-rdma-rxe
 )
 # `all`: every scenario but those whose header says `vm-in-all: no` (variants and benchmarks

@@ -121,10 +121,20 @@ impl Queue {
         }
         let d = ConnectData::decode(buf)
             .map_err(|_| Reject::dnr(Status::SGL_INVALID_DATA, loc::DPTR))?;
-        let subsys = d
-            .subnqn_str()
-            .and_then(|n| self.target.inner().find_subsystem(n))
-            .ok_or_else(|| invalid_param(InvalidAttr::Data, doff::SUBNQN))?;
+        let subnqn = d.subnqn_str();
+        let Some(subsys) = subnqn.and_then(|n| self.target.inner().find_subsystem(n)) else {
+            let nqn = subnqn.unwrap_or_default();
+            if self.target.inner().recently_removed(nqn, now) {
+                // It may come back (a remove and add, a gateway between configurations):
+                // refused without DNR, so the host keeps trying.
+                tracing::info!(subsys = nqn, peer = %self.peer,
+                    "connect refused for now: the subsystem was removed moments ago (no DNR)");
+                let mut r = invalid_param(InvalidAttr::Data, doff::SUBNQN);
+                r.status = Status::CONNECT_INVALID_PARAM;
+                return Err(r);
+            }
+            return Err(invalid_param(InvalidAttr::Data, doff::SUBNQN));
+        };
         let hostnqn = d
             .hostnqn_str()
             .ok_or_else(|| invalid_param(InvalidAttr::Data, doff::HOSTNQN))?;

@@ -257,6 +257,10 @@ impl Registry {
     }
 }
 
+/// How long a removed subsystem's NQN is answered as "not here now, retry" rather than "no
+/// such subsystem" (with DNR, after which a Linux 6.12 host deletes its controller).
+pub(crate) const GONE_GRACE: std::time::Duration = std::time::Duration::from_secs(120);
+
 /// Target-wide state behind [`Target`].
 pub(crate) struct TargetInner {
     pub params: TargetParams,
@@ -267,6 +271,10 @@ pub(crate) struct TargetInner {
     /// connected through here.
     remote_listeners: RwLock<Arc<Vec<ListenerInfo>>>,
     subsystems: RwLock<BTreeMap<String, Arc<Subsystem>>>,
+    /// Subsystems a reconfiguration removed, and when: a Connect for one of them within
+    /// [`GONE_GRACE`] is refused without DNR (it may be coming back: a remove and add by
+    /// `ctl`, a gateway between two configurations), so hosts keep retrying.
+    gone: Mutex<BTreeMap<String, std::time::Instant>>,
     pub discovery: Arc<Subsystem>,
     pub registry: Mutex<Registry>,
     /// Discovery log generation counter: changes only when what the discovery log reports
@@ -294,6 +302,7 @@ impl TargetInner {
             listeners: RwLock::new(Arc::new(listeners)),
             remote_listeners: RwLock::new(Arc::new(Vec::new())),
             subsystems: RwLock::new(subsystems),
+            gone: Mutex::new(BTreeMap::new()),
             discovery: Arc::new(Subsystem::discovery()),
             registry,
             genctr: AtomicU64::new(1),
@@ -320,6 +329,16 @@ impl TargetInner {
     }
 
     /// The subsystem (or discovery subsystem) named by `nqn`.
+    /// Whether subsystem `nqn`, not configured now, was removed less than [`GONE_GRACE`]
+    /// before `now`.
+    pub fn recently_removed(&self, nqn: &str, now: std::time::Instant) -> bool {
+        self.gone
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(nqn)
+            .is_some_and(|&at| now.saturating_duration_since(at) < GONE_GRACE)
+    }
+
     pub fn find_subsystem(&self, nqn: &str) -> Option<Arc<Subsystem>> {
         if nqn == DISCOVERY_NQN {
             return Some(self.discovery.clone());
@@ -552,6 +571,17 @@ impl TargetInner {
                         out.subsystems_removed.push(nqn.clone());
                         removed.push(old.clone());
                     }
+                }
+            }
+            {
+                let mut gone = self.gone.lock().unwrap_or_else(PoisonError::into_inner);
+                let now = std::time::Instant::now();
+                gone.retain(|_, at| now.saturating_duration_since(*at) < GONE_GRACE);
+                for nqn in &out.subsystems_removed {
+                    gone.insert(nqn.clone(), now);
+                }
+                for nqn in wanted.keys() {
+                    gone.remove(nqn);
                 }
             }
             for (nqn, spec) in wanted {

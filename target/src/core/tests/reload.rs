@@ -8,6 +8,8 @@ use super::*;
 use nvme::identify::decode_ns_list;
 use nvme::log::{lid, AsyncEvent};
 
+use crate::core::subsystem::GONE_GRACE;
+
 const ADDED: &str = "nqn.2024-01.io.nvmf-rs:added";
 
 /// `test_listeners` and a TCP listener on each port after the first.
@@ -223,4 +225,39 @@ fn counter() -> (Arc<AtomicUsize>, Waker) {
             m.fetch_add(1, Ordering::SeqCst);
         }),
     )
+}
+
+/// A subsystem removed moments ago may come back (a remove and add by `ctl`, a gateway between
+/// configurations): a Connect for it is refused without DNR, so the host retries (the Linux
+/// 6.12 host deletes its controller after a DNR refusal). A name never configured, or removed
+/// long ago, is refused with DNR; added back, it connects.
+#[test]
+fn a_connect_to_a_subsystem_removed_moments_ago_may_be_retried() {
+    let (t, _a, _q) = ready(tcp_caps());
+    let mut without = test_subsystems();
+    without.retain(|s| s.nqn != SUBNQN);
+    let r = t.reconfigure(without, test_listeners());
+    assert_eq!(r.subsystems_removed, vec![SUBNQN.to_string()]);
+    let now = Instant::now();
+    let mut h = Host::new(&t, tcp_caps(), now);
+    assert_eq!(
+        h.connect_admin(SUBNQN, HOSTNQN, 0).status(),
+        Status::CONNECT_INVALID_PARAM
+    );
+    let mut h = Host::new(&t, tcp_caps(), now);
+    assert_eq!(
+        h.connect_admin("nqn.2024-01.io.nvmf-rs:never", HOSTNQN, 0)
+            .status(),
+        Status::CONNECT_INVALID_PARAM.dnr()
+    );
+    // Long after the removal: no such subsystem.
+    let mut h = Host::new(&t, tcp_caps(), now + GONE_GRACE + Duration::from_secs(1));
+    assert_eq!(
+        h.connect_admin(SUBNQN, HOSTNQN, 0).status(),
+        Status::CONNECT_INVALID_PARAM.dnr()
+    );
+    // Back: it connects.
+    t.reconfigure(test_subsystems(), test_listeners());
+    let mut h = Host::new(&t, tcp_caps(), Instant::now());
+    h.bring_up(SUBNQN, HOSTNQN);
 }
