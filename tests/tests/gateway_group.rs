@@ -5,7 +5,8 @@
 //! A is killed (SIGKILL) under the initiator's multipath namespace: B takes the lapsed lease
 //! within the ANA transition time, fences A (breaks its lock on the image) and the same writer
 //! goes on through B. A restarted rejoins, B gives the group back (failback) without being
-//! fenced itself, and every block written through either reads back.
+//! fenced itself, and every block written through either reads back. An `rbd resize` then
+//! reaches both gateways within 10 s.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -167,6 +168,13 @@ fn a_gateway_group_fails_over_and_back_by_itself() {
     wait_for("both listed again", Duration::from_secs(10), || {
         listed_ports(&b) == both
     });
+    // `rbd resize` reaches every gateway (each watches the image) within 10 s.
+    let t = Instant::now();
+    img.resize(48);
+    for g in [&a, &b] {
+        g.wait_log("storage changed: namespaces opened again at their new size", 1);
+    }
+    assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
     drop(ns);
     assert!(a.terminate(), "{}", a.log_text());
     assert!(b.terminate(), "{}", b.log_text());
