@@ -172,7 +172,10 @@ fn a_gateway_group_fails_over_and_back_by_itself() {
     let t = Instant::now();
     img.resize(48);
     for g in [&a, &b] {
-        g.wait_log("storage changed: namespaces opened again at their new size", 1);
+        g.wait_log(
+            "storage changed: namespaces opened again at their new size",
+            1,
+        );
     }
     assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
     drop(ns);
