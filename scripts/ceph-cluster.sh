@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# A single-node Ceph test cluster: one ceph-mon and one ceph-osd (memstore) on 127.0.0.1, no
-# manager, no authentication, pool `rbd`. Used by the host tests of RBD namespaces and by hand.
+# A single-node Ceph test cluster: one ceph-mon and one ceph-osd (memstore) on 127.0.0.1 (or
+# $CEPH_ADDR: a second cluster next to the first, e.g. 127.0.0.2), no manager, no
+# authentication, pool `rbd`. Used by the host tests of RBD namespaces and by hand.
 #   scripts/ceph-cluster.sh start [DIR]     installs the packages if needed, starts the daemons
 #                                           (DIR defaults to $CEPH_DIR or /tmp/nvmf-ceph) and
 #                                           prints the path of its ceph.conf
@@ -12,6 +13,7 @@ set -euo pipefail
 cmd=${1:-start}
 dir=${2:-${CEPH_DIR:-/tmp/nvmf-ceph}}
 conf=$dir/ceph.conf
+addr=${CEPH_ADDR:-127.0.0.1}
 
 source "$(dirname "${BASH_SOURCE[0]}")/apt-lib.sh"
 install_packages() {
@@ -43,9 +45,9 @@ start() {
   exec 3>&1 1>&2
   install_packages
   stop
-  # The monitor's ports (msgr2 3300, msgr1 6789) on 127.0.0.1: another cluster there would
+  # The monitor's ports (msgr2 3300, msgr1 6789) on $addr: another cluster there would
   # answer our daemons with its own fsid.
-  if ss -Hltn 2>/dev/null | awk '{print $4}' | grep -Eq '^(127\.0\.0\.1|0\.0\.0\.0|\*|\[::\]):(3300|6789)$'; then
+  if ss -Hltn 2>/dev/null | awk '{print $4}' | grep -Eq "^(${addr//./\\.}|0\\.0\\.0\\.0|\\*|\\[::\\]):(3300|6789)\$"; then
     echo "ceph-cluster: a Ceph monitor already listens on port 3300 or 6789 (another test cluster? stop it: $0 stop DIR)" >&2
     exit 1
   fi
@@ -54,8 +56,8 @@ start() {
   cat >"$conf" <<EOF
 [global]
 fsid = $fsid
-mon host = 127.0.0.1
-public addr = 127.0.0.1
+mon host = $addr
+public addr = $addr
 auth cluster required = none
 auth service required = none
 auth client required = none
@@ -83,7 +85,7 @@ admin socket = $dir/run/\$name.asok
 [osd]
 admin socket = $dir/run/\$name.asok
 EOF
-  (cd "$dir" && monmaptool --create --add a 127.0.0.1 --fsid "$fsid" monmap >/dev/null)
+  (cd "$dir" && monmaptool --create --add a "$addr" --fsid "$fsid" monmap >/dev/null)
   ceph-mon -c "$conf" --mkfs -i a --monmap "$dir/monmap"
   ceph-mon -c "$conf" -i a </dev/null 3>&-
   # The OSD is registered under a uuid of its own and made with it (the manual deployment's

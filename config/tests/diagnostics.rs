@@ -405,7 +405,7 @@ fn semantic_rules() {
             "no such Ceph configuration file",
         ),
         case(
-            format!("listeners:\n  - {{ transport: tcp, address: 127.0.0.1, ana: {{ 1: optimized }} }}\ngateway: {{ group: g1, pool: rbd, conf: /etc/passwd }}\n"),
+            "listeners:\n  - { transport: tcp, address: 127.0.0.1, ana: { 1: optimized } }\ngateway: { group: g1, pool: rbd, conf: /etc/passwd }\n",
             "t.yaml:2:48: listeners[0].ana:",
             "a gateway's ANA states come from the group's leases",
         ),

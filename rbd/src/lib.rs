@@ -400,6 +400,131 @@ impl IoCtx {
         Ok(out)
     }
 
+    /// Extended attribute `name` of `oid` (`None` if the object or the attribute is missing).
+    pub fn xattr(&self, oid: &str, name: &str) -> Result<Option<Vec<u8>>, Error> {
+        let (coid, cname) = (cstr("object", oid)?, cstr("attribute", name)?);
+        let mut cap = 256usize;
+        loop {
+            let mut buf = vec![0u8; cap];
+            // SAFETY: a live context, NUL-terminated strings, a buffer of `cap` bytes.
+            let r = unsafe {
+                sys::rados_getxattr(
+                    self.h,
+                    coid.as_ptr(),
+                    cname.as_ptr(),
+                    buf.as_mut_ptr().cast(),
+                    cap,
+                )
+            };
+            match r {
+                r if r == -libc::ENOENT || r == -libc::ENODATA => return Ok(None),
+                r if r == -libc::ERANGE && cap < 1 << 24 => cap *= 16,
+                r if r < 0 => return Err(self.err(&format!("get attribute {name}"), oid, r)),
+                n => {
+                    buf.truncate(n as usize);
+                    return Ok(Some(buf));
+                }
+            }
+        }
+    }
+
+    /// The whole content of object `oid` (`None` if it does not exist).
+    pub fn read_full(&self, oid: &str) -> Result<Option<Vec<u8>>, Error> {
+        let coid = cstr("object", oid)?;
+        let (mut size, mut mtime) = (0u64, 0 as libc::time_t);
+        // SAFETY: a live context, a NUL-terminated name, live out-pointers.
+        let r = unsafe {
+            sys::rados_stat(
+                self.h,
+                coid.as_ptr(),
+                &mut size,
+                (&mut mtime as *mut libc::time_t).cast(),
+            )
+        };
+        if r == -libc::ENOENT {
+            return Ok(None);
+        }
+        if r < 0 {
+            return Err(self.err("stat", oid, r));
+        }
+        let mut data = vec![0u8; size as usize];
+        let mut off = 0usize;
+        while off < data.len() {
+            // SAFETY: the buffer has `len - off` bytes from `off`.
+            let r = unsafe {
+                sys::rados_read(
+                    self.h,
+                    coid.as_ptr(),
+                    data[off..].as_mut_ptr().cast(),
+                    data.len() - off,
+                    off as u64,
+                )
+            };
+            if r < 0 {
+                return Err(self.err("read", oid, r));
+            }
+            if r == 0 {
+                data.truncate(off);
+                break;
+            }
+            off += r as usize;
+        }
+        Ok(Some(data))
+    }
+
+    /// Replaces object `oid`'s content with `data` and its attribute `attr` with `new_attr`,
+    /// in one atomic operation, only if `attr` is `expect` now (`None`: only if the object
+    /// does not exist, which creates it). `Ok(false)`, changing nothing, when the guard does
+    /// not hold (another writer got there first).
+    pub fn write_guarded(
+        &self,
+        oid: &str,
+        attr: &str,
+        expect: Option<&[u8]>,
+        new_attr: &[u8],
+        data: &[u8],
+    ) -> Result<bool, Error> {
+        /// librados.h's LIBRADOS_CMPXATTR_OP_EQ.
+        const CMPXATTR_EQ: u8 = 1;
+        let (coid, cattr) = (cstr("object", oid)?, cstr("attribute", attr)?);
+        // SAFETY: creates an empty operation, released below on every path.
+        let op = unsafe { sys::rados_create_write_op() };
+        if op.is_null() {
+            return Err(self.err("create a write operation", oid, -libc::ENOMEM));
+        }
+        // SAFETY: `op` is live; every buffer outlives rados_write_op_operate, which runs the
+        // operation synchronously (librados copies what it keeps).
+        let r = unsafe {
+            match expect {
+                None => sys::rados_write_op_create(op, 1, ptr::null()),
+                Some(v) => sys::rados_write_op_cmpxattr(
+                    op,
+                    cattr.as_ptr(),
+                    CMPXATTR_EQ,
+                    v.as_ptr().cast(),
+                    v.len(),
+                ),
+            }
+            sys::rados_write_op_setxattr(
+                op,
+                cattr.as_ptr(),
+                new_attr.as_ptr().cast(),
+                new_attr.len(),
+            );
+            sys::rados_write_op_write_full(op, data.as_ptr().cast(), data.len());
+            let r = sys::rados_write_op_operate(op, self.h, coid.as_ptr(), ptr::null_mut(), 0);
+            sys::rados_release_write_op(op);
+            r
+        };
+        match r {
+            0 => Ok(true),
+            r if [libc::ECANCELED, libc::EEXIST, libc::ENODATA, libc::ENOENT].contains(&-r) => {
+                Ok(false)
+            }
+            r => Err(self.err("guarded write", oid, r)),
+        }
+    }
+
     /// Removes object `oid` (`Ok` if it did not exist).
     pub fn remove(&self, oid: &str) -> Result<(), Error> {
         let coid = cstr("object", oid)?;

@@ -96,3 +96,35 @@ fn attributes_are_set_listed_and_removed() {
     a.remove(&oid).unwrap();
     a.remove(&oid).unwrap();
 }
+
+/// The group configuration's compare-and-swap: created once, replaced only by a writer that
+/// saw the current version.
+#[test]
+fn guarded_writes_replace_only_the_version_they_saw() {
+    let Some(a) = pool() else { return };
+    let oid = unique("cas");
+    assert_eq!(a.read_full(&oid).unwrap(), None);
+    assert_eq!(a.xattr(&oid, "version").unwrap(), None);
+    assert!(a
+        .write_guarded(&oid, "version", None, b"1", b"first")
+        .unwrap());
+    // A second creator loses.
+    assert!(!a
+        .write_guarded(&oid, "version", None, b"1", b"other")
+        .unwrap());
+    assert_eq!(a.read_full(&oid).unwrap().unwrap(), b"first");
+    // A writer that saw an old version loses; one that saw the current one wins.
+    assert!(!a
+        .write_guarded(&oid, "version", Some(b"0"), b"2", b"stale")
+        .unwrap());
+    assert!(a
+        .write_guarded(&oid, "version", Some(b"1"), b"2", b"second, longer")
+        .unwrap());
+    assert_eq!(a.read_full(&oid).unwrap().unwrap(), b"second, longer");
+    assert_eq!(a.xattr(&oid, "version").unwrap().unwrap(), b"2");
+    assert!(a
+        .write_guarded(&oid, "version", Some(b"2"), b"3", b"3rd")
+        .unwrap());
+    assert_eq!(a.read_full(&oid).unwrap().unwrap(), b"3rd");
+    a.remove(&oid).unwrap();
+}

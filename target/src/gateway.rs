@@ -161,12 +161,100 @@ pub fn plan(
 }
 
 const LEASE_LOCK: &str = "lease";
+/// The group configuration object's version attribute (decimal, from 1).
+const VERSION_ATTR: &str = "version";
+
+/// The object keeping group `group`'s configuration (its subsystems, as YAML).
+fn config_obj(group: &str) -> String {
+    format!("nvmf.{group}.config")
+}
+
+/// The group configuration's text: a configuration document with the subsystems and a
+/// placeholder listener (a valid file of its own; secrets written in it, key files as paths).
+pub fn group_text(subsystems: &[config::Subsystem]) -> String {
+    let c = config::Config {
+        listeners: vec![config::Listener::new(
+            Transport::Tcp,
+            std::net::Ipv4Addr::LOCALHOST.into(),
+            config::DEFAULT_PORT,
+        )],
+        subsystems: subsystems.to_vec(),
+        target: config::TargetSettings::default(),
+        metrics: None,
+        gateway: None,
+    };
+    c.to_yaml_with_secrets()
+}
+
+/// The subsystems of a group configuration's text, checked as a configuration file is
+/// (namespace files and Ceph configuration files must exist here too).
+pub fn parse_group_text(text: &str, origin: &str) -> Result<Vec<config::Subsystem>, String> {
+    config::Config::from_yaml_str(text, origin)
+        .map(|l| l.config.subsystems)
+        .map_err(|e| e.to_string().trim().to_owned())
+}
+
+/// Why `file`'s subsystems are not the group's: the first difference, as a key path and the
+/// two values. `None` when they are the same.
+pub fn subsystems_difference(
+    file: &[config::Subsystem],
+    group: &[config::Subsystem],
+) -> Option<String> {
+    if file == group {
+        return None;
+    }
+    let value = |s: &[config::Subsystem]| serde_json::to_value(s).unwrap_or_default();
+    let (a, b) = (value(file), value(group));
+    Some(
+        first_difference(&a, &b, "subsystems".into())
+            .unwrap_or_else(|| "the DH-HMAC-CHAP secrets of some host differ".into()),
+    )
+}
+
+fn first_difference(a: &serde_json::Value, b: &serde_json::Value, path: String) -> Option<String> {
+    use serde_json::Value;
+    match (a, b) {
+        (Value::Object(x), Value::Object(y)) => {
+            let keys: BTreeSet<&String> = x.keys().chain(y.keys()).collect();
+            keys.into_iter().find_map(|k| {
+                let p = format!("{path}.{k}");
+                match (x.get(k), y.get(k)) {
+                    (Some(u), Some(v)) => first_difference(u, v, p),
+                    (Some(u), None) => Some(format!("{p}: {u} here, absent in the group's")),
+                    (None, Some(v)) => Some(format!("{p}: absent here, {v} in the group's")),
+                    (None, None) => None,
+                }
+            })
+        }
+        (Value::Array(x), Value::Array(y)) => (0..x.len().max(y.len())).find_map(|i| {
+            let p = format!("{path}[{i}]");
+            match (x.get(i), y.get(i)) {
+                (Some(u), Some(v)) => first_difference(u, v, p),
+                (Some(u), None) => Some(format!("{p}: {u} here, absent in the group's")),
+                (None, Some(v)) => Some(format!("{p}: absent here, {v} in the group's")),
+                (None, None) => None,
+            }
+        }),
+        _ if a == b => None,
+        _ => Some(format!("{path}: {a} here, {b} in the group's")),
+    }
+}
 const ALIVE_LOCK: &str = "alive";
 
 struct Shared {
     state: Mutex<SharedState>,
     cv: Condvar,
-    wake: Box<dyn Fn() + Send + Sync>,
+    wake: Mutex<Option<Box<dyn Fn() + Send + Sync>>>,
+    /// The member's cluster context and settings, for calls from the daemon's thread.
+    io: Mutex<Option<(Arc<rbd::IoCtx>, config::Gateway)>>,
+}
+
+impl Shared {
+    fn wake(&self) {
+        if let Some(w) = &*self.wake.lock().unwrap_or_else(PoisonError::into_inner) {
+            w();
+        }
+    }
 }
 
 #[derive(Default)]
@@ -177,11 +265,17 @@ struct SharedState {
     listeners: Vec<PeerListener>,
     /// The latest view, not yet taken by the daemon.
     view: Option<View>,
+    /// The version of the group's configuration this gateway runs (0: none stored).
+    version: u64,
+    /// A newer group configuration, not yet taken by the daemon.
+    subsystems: Option<Vec<config::Subsystem>>,
 }
 
-/// A running group member.
+/// A group member: joined ([`Gateway::join`]), then running ([`Gateway::run`]).
 pub struct Gateway {
     shared: Arc<Shared>,
+    /// Until `run` moves it to the thread.
+    member: Option<Member>,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -203,15 +297,16 @@ struct Member {
 }
 
 impl Gateway {
-    /// Connects to the group's cluster (bounded: the error names the cluster, pool and
-    /// group), registers this gateway and starts its thread. `wake` is called (on that
-    /// thread) when a new [`View`] is ready for [`Gateway::take_view`].
-    pub fn start(
-        cfg: &config::Gateway,
-        wanted: BTreeSet<u32>,
-        listeners: Vec<PeerListener>,
-        wake: impl Fn() + Send + Sync + 'static,
-    ) -> Result<Gateway, String> {
+    /// Joins the group of `file` (its `gateway` section) before the daemon starts: connects
+    /// to the cluster (bounded: the error names the cluster, pool and group), claims this
+    /// gateway's name, and settles the subsystems with the group's configuration: a file
+    /// without `subsystems` takes the group's, a file with them seeds a group that has none
+    /// and must otherwise match it (the error names the first difference). Returns the
+    /// configuration to run.
+    pub fn join(file: &config::Config) -> Result<(Gateway, config::Config), String> {
+        let Some(cfg) = &file.gateway else {
+            return Err("no `gateway` section".into());
+        };
         let lease = Duration::from_secs(cfg.lease_secs.into());
         let op_timeout = lease / 4;
         let t = op_timeout.as_secs().max(1).to_string();
@@ -225,15 +320,6 @@ impl Gateway {
             .map_err(|e| format!("{what}: {e}"))?;
         let io = rbd::IoCtx::open(&cluster, &cfg.pool, &cfg.namespace)
             .map_err(|e| format!("{what}: {e}"))?;
-        let shared = Arc::new(Shared {
-            state: Mutex::new(SharedState {
-                wanted,
-                listeners,
-                ..SharedState::default()
-            }),
-            cv: Condvar::new(),
-            wake: Box::new(wake),
-        });
         let mut m = Member {
             group_obj: format!("nvmf.{}", cfg.group),
             cfg: cfg.clone(),
@@ -247,9 +333,9 @@ impl Gateway {
             record: String::new(),
             joined: false,
         };
-        // Liveness first, here: its errors (no permission on the pool, a name taken by a
-        // live gateway) stop the start-up. A gateway restarted after a crash finds its own
-        // old lock and waits for it to lapse (a live namesake would keep renewing it).
+        // Liveness first: its errors (no permission on the pool, a name taken by a live
+        // gateway) stop the start-up. A gateway restarted after a crash finds its own old
+        // lock and waits for it to lapse (a live namesake would keep renewing it).
         let deadline = Instant::now() + lease + lease / 2;
         loop {
             match m.alive() {
@@ -260,15 +346,115 @@ impl Gateway {
                 Err(e) => return Err(format!("{what}: {e}")),
             }
         }
-        let sh = Arc::clone(&shared);
+        let (version, run) = m.settle_config(file).map_err(|e| format!("{what}: {e}"))?;
+        let shared = Arc::new(Shared {
+            state: Mutex::new(SharedState {
+                version,
+                ..SharedState::default()
+            }),
+            cv: Condvar::new(),
+            wake: Mutex::new(None),
+            io: Mutex::new(Some((Arc::clone(&m.io), cfg.clone()))),
+        });
+        Ok((
+            Gateway {
+                shared,
+                member: Some(m),
+                thread: None,
+            },
+            run,
+        ))
+    }
+
+    /// Starts the member's thread: leases for the `wanted` ANA groups, `listeners` published
+    /// for the peers, the group's configuration watched. `wake` is called (on that thread)
+    /// when a new [`View`] or group configuration is ready ([`Gateway::take_view`],
+    /// [`Gateway::take_subsystems`]).
+    pub fn run(
+        &mut self,
+        wanted: BTreeSet<u32>,
+        listeners: Vec<PeerListener>,
+        wake: impl Fn() + Send + Sync + 'static,
+    ) -> Result<(), String> {
+        let Some(m) = self.member.take() else {
+            return Err("the gateway runs already".into());
+        };
+        {
+            let mut s = self.state();
+            s.wanted = wanted;
+            s.listeners = listeners;
+        }
+        *self
+            .shared
+            .wake
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(Box::new(wake));
+        let sh = Arc::clone(&self.shared);
         let thread = std::thread::Builder::new()
             .name("nvmf-gateway".into())
             .spawn(move || m.run(&sh))
-            .map_err(|e| format!("{what}: cannot start its thread: {e}"))?;
-        Ok(Gateway {
-            shared,
-            thread: Some(thread),
-        })
+            .map_err(|e| format!("cannot start the gateway thread: {e}"))?;
+        self.thread = Some(thread);
+        Ok(())
+    }
+
+    /// Stores `subsystems` as the group's configuration (every gateway applies it within a
+    /// round). Refused if the group's configuration changed since this gateway last saw it
+    /// (another gateway's change, not applied here yet).
+    pub fn store_subsystems(&self, subsystems: &[config::Subsystem]) -> Result<(), String> {
+        let io = self.io();
+        let cfg = self.cfg();
+        let obj = config_obj(&cfg.group);
+        let mut s = self.state();
+        let v = s.version;
+        let expect = v.to_string();
+        let ok = io
+            .write_guarded(
+                &obj,
+                VERSION_ATTR,
+                (v > 0).then_some(expect.as_bytes()),
+                (v + 1).to_string().as_bytes(),
+                group_text(subsystems).as_bytes(),
+            )
+            .map_err(|e| e.to_string())?;
+        if !ok {
+            return Err(format!(
+                "the group's configuration changed meanwhile (another gateway); it is applied \
+                 here within {} s: try again then",
+                cfg.lease_secs / 3 + 1
+            ));
+        }
+        s.version = v + 1;
+        Ok(())
+    }
+
+    /// The group's subsystems, when another gateway changed them since the last call.
+    pub fn take_subsystems(&self) -> Option<Vec<config::Subsystem>> {
+        self.state().subsystems.take()
+    }
+
+    fn io(&self) -> Arc<rbd::IoCtx> {
+        let g = self
+            .shared
+            .io
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        match &*g {
+            Some((io, _)) => Arc::clone(io),
+            None => unreachable!("set at join"),
+        }
+    }
+
+    fn cfg(&self) -> config::Gateway {
+        let g = self
+            .shared
+            .io
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        match &*g {
+            Some((_, c)) => c.clone(),
+            None => unreachable!("set at join"),
+        }
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, SharedState> {
@@ -298,10 +484,133 @@ impl Gateway {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
+        if let Some(mut m) = self.member.take() {
+            m.leave();
+        }
     }
 }
 
 impl Member {
+    /// The group's configuration now, as `(version, text)` (`None`: none stored), read so
+    /// that the text is the version's (the version read again after it).
+    fn read_group(&self) -> Result<Option<(u64, String)>, String> {
+        let obj = config_obj(&self.cfg.group);
+        for _ in 0..5 {
+            let version = |io: &rbd::IoCtx| -> Result<Option<u64>, String> {
+                match io.xattr(&obj, VERSION_ATTR).map_err(|e| e.to_string())? {
+                    None => Ok(None),
+                    Some(v) => String::from_utf8_lossy(&v)
+                        .parse()
+                        .map(Some)
+                        .map_err(|_| format!("{obj}: a version that is not a number")),
+                }
+            };
+            let Some(v) = version(&self.io)? else {
+                return Ok(None);
+            };
+            let data = self.io.read_full(&obj).map_err(|e| e.to_string())?;
+            if version(&self.io)? == Some(v) {
+                let text = String::from_utf8(data.unwrap_or_default())
+                    .map_err(|_| format!("{obj}: not UTF-8"))?;
+                return Ok(Some((v, text)));
+            }
+        }
+        Err(format!("{obj}: changing too fast to read"))
+    }
+
+    /// Start-up: the configuration to run and the group version it is.
+    fn settle_config(&mut self, file: &config::Config) -> Result<(u64, config::Config), String> {
+        let obj = config_obj(&self.cfg.group);
+        for _ in 0..5 {
+            match self.read_group()? {
+                None if file.subsystems.is_empty() => {
+                    info!(group = %self.cfg.group, "the group has no configuration yet: serving none until a gateway stores one");
+                    return Ok((0, file.clone()));
+                }
+                None => {
+                    let text = group_text(&file.subsystems);
+                    if self
+                        .io
+                        .write_guarded(&obj, VERSION_ATTR, None, b"1", text.as_bytes())
+                        .map_err(|e| e.to_string())?
+                    {
+                        info!(group = %self.cfg.group, subsystems = file.subsystems.len(), "seeded the group's configuration from this gateway's file");
+                        return Ok((1, file.clone()));
+                    }
+                    // Another gateway seeded it first: compare with that.
+                }
+                Some((v, text)) => {
+                    let group = parse_group_text(&text, &obj)?;
+                    if file.subsystems.is_empty() {
+                        info!(group = %self.cfg.group, version = v, subsystems = group.len(), "took the group's configuration");
+                        let mut run = file.clone();
+                        run.subsystems = group;
+                        return Ok((v, run));
+                    }
+                    if let Some(d) = subsystems_difference(&file.subsystems, &group) {
+                        return Err(format!(
+                            "this gateway's `subsystems` differ from the group's configuration \
+                             ({obj}, version {v}): {d}. Remove `subsystems` from the file to take \
+                             the group's, or change the group with `nvmf-target ctl`"
+                        ));
+                    }
+                    return Ok((v, file.clone()));
+                }
+            }
+        }
+        Err(format!("{obj}: could not settle the group's configuration"))
+    }
+
+    /// Each round: a newer group configuration is handed to the daemon.
+    fn poll_config(&mut self, sh: &Shared) {
+        let known = sh
+            .state
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .version;
+        let obj = config_obj(&self.cfg.group);
+        let newer = match self.io.xattr(&obj, VERSION_ATTR) {
+            Ok(Some(v)) => String::from_utf8_lossy(&v)
+                .parse::<u64>()
+                .is_ok_and(|v| v > known),
+            Ok(None) => false,
+            Err(e) => {
+                warn!(group = %self.cfg.group, error = %e, "cannot read the group's configuration version");
+                false
+            }
+        };
+        if !newer {
+            return;
+        }
+        match self.read_group() {
+            Ok(Some((v, text))) => match parse_group_text(&text, &obj) {
+                Ok(subs) => {
+                    {
+                        let mut s = sh.state.lock().unwrap_or_else(PoisonError::into_inner);
+                        if v <= s.version {
+                            return;
+                        }
+                        s.version = v;
+                        s.subsystems = Some(subs);
+                    }
+                    info!(group = %self.cfg.group, version = v, "the group's configuration changed");
+                    sh.wake();
+                }
+                Err(e) => {
+                    warn!(group = %self.cfg.group, version = v, "the group's configuration cannot be applied here: {e}");
+                    sh.state
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .version = v;
+                }
+            },
+            Ok(None) => {}
+            Err(e) => {
+                warn!(group = %self.cfg.group, error = %e, "cannot read the group's configuration")
+            }
+        }
+    }
+
     fn member_obj(&self) -> String {
         format!("nvmf.{}.gw.{}", self.cfg.group, self.cfg.name)
     }
@@ -436,6 +745,7 @@ impl Member {
             Ok(p) => self.peers = p,
             Err(e) => warn!(%group, error = %e, "cannot read the group's gateways"),
         }
+        self.poll_config(sh);
         let settled = self.started.elapsed() >= self.lease;
         // Groups no longer watched are given back.
         let gone: Vec<u32> = self
@@ -525,7 +835,7 @@ impl Member {
         }
         self.published = Some(view.clone());
         sh.state.lock().unwrap_or_else(PoisonError::into_inner).view = Some(view);
-        (sh.wake)();
+        sh.wake();
     }
 
     /// Leaving: every lease and the liveness lock are given back and the record removed, so
@@ -584,6 +894,53 @@ mod tests {
         assert_eq!(Record::parse(&text), r);
         let extra = format!("{text}future thing 1 2\nlisten fc a b\nhome x\n");
         assert_eq!(Record::parse(&extra), r);
+    }
+
+    fn subsystems(serial: &str, null: &str) -> Vec<config::Subsystem> {
+        let text = format!(
+            "listeners: [ {{ transport: tcp, address: 127.0.0.1 }} ]\n\
+             subsystems:\n  - nqn: nqn.2026-11.io.example:a\n    serial: {serial}\n    \
+             hosts: [ {{ nqn: nqn.2026-11.io.example:h, dhchap_key: \"DHHC-1:00:ia6zGodOr4SEG0Zzaw398rpY0wqipUWj4jWjUh4HWUz6aQ2n:\" }} ]\n    \
+             namespaces: [ {{ nsid: 1, null: {null} }} ]\n"
+        );
+        config::Config::from_yaml_str(&text, "t.yaml")
+            .unwrap()
+            .config
+            .subsystems
+    }
+
+    #[test]
+    fn the_group_configuration_round_trips_with_its_secrets() {
+        let subs = subsystems("S1", "1GiB");
+        let text = group_text(&subs);
+        assert!(text.contains("DHHC-1:00:"), "{text}");
+        assert_eq!(parse_group_text(&text, "nvmf.g.config").unwrap(), subs);
+        assert!(parse_group_text("subsystems: [", "nvmf.g.config").is_err());
+    }
+
+    #[test]
+    fn a_difference_from_the_group_is_named_by_its_key_path() {
+        let (a, b) = (subsystems("S1", "1GiB"), subsystems("S2", "1GiB"));
+        assert_eq!(subsystems_difference(&a, &a), None);
+        assert_eq!(
+            subsystems_difference(&a, &b).unwrap(),
+            "subsystems[0].serial: \"S1\" here, \"S2\" in the group's"
+        );
+        let c = subsystems("S1", "2GiB");
+        assert!(
+            subsystems_difference(&a, &c)
+                .unwrap()
+                .starts_with("subsystems[0].namespaces[0].null:"),
+            "{:?}",
+            subsystems_difference(&a, &c)
+        );
+        assert_eq!(
+            subsystems_difference(&a, &[]).unwrap(),
+            format!(
+                "subsystems[0]: {} here, absent in the group's",
+                serde_json::to_value(&a[0]).unwrap()
+            )
+        );
     }
 
     #[test]

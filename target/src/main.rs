@@ -112,7 +112,12 @@ fn run_ctl(socket: &std::path::Path, persist: bool, json: bool, op: &ctl::Op) ->
 }
 
 /// One management request on the daemon's thread: the answer line (JSON).
-fn handle_ctl(daemon: &mut Daemon, config_path: Option<&std::path::Path>, line: &str) -> String {
+fn handle_ctl(
+    daemon: &mut Daemon,
+    gateway: Option<&nvmf_target::gateway::Gateway>,
+    config_path: Option<&std::path::Path>,
+    line: &str,
+) -> String {
     use serde_json::json;
     let fail = |e: String| json!({ "ok": false, "error": e }).to_string();
     let req: ctl::Request = match serde_json::from_str(line) {
@@ -150,6 +155,17 @@ fn handle_ctl(daemon: &mut Daemon, config_path: Option<&std::path::Path>, line: 
     info!(op = ?req.op, "ctl: applying a change");
     if let Err(e) = ctl::prepare(&new, &req.op) {
         return fail(format!("{e}; the running configuration is unchanged"));
+    }
+    // A gateway's subsystems are the group's: the change goes to RADOS first (every gateway
+    // applies it), refused if another gateway changed them meanwhile.
+    if let Some(gw) = gateway {
+        if new.subsystems != daemon.config().subsystems {
+            if let Err(e) = gw.store_subsystems(&new.subsystems) {
+                return fail(format!(
+                    "the gateway group's configuration: {e}; the running configuration is unchanged"
+                ));
+            }
+        }
     }
     let report = match daemon.reload(&new) {
         Ok(r) => r,
@@ -252,7 +268,7 @@ fn main() -> ExitCode {
     }
 
     let mut temp_file = None;
-    let cfg = match &args.config {
+    let mut cfg = match &args.config {
         Some(path) => match Config::load(path) {
             Ok(loaded) => {
                 for w in &loaded.warnings {
@@ -312,9 +328,46 @@ fn main() -> ExitCode {
         },
         None => None,
     };
+    // A gateway joins its group first: the group's configuration may hold its subsystems.
+    let mut gateway = None;
+    if cfg.gateway.is_some() {
+        let joined =
+            nvmf_target::gateway::Gateway::join(&cfg).and_then(|(gw, run)| match run.validate() {
+                Ok(warnings) => {
+                    for w in warnings {
+                        warn!("{w}");
+                    }
+                    Ok((gw, run))
+                }
+                Err(e) => {
+                    gw.stop();
+                    Err(format!(
+                        "the group's configuration with this gateway's file: {}",
+                        e.to_string().trim()
+                    ))
+                }
+            });
+        match joined {
+            Ok((gw, run)) => {
+                cfg = run;
+                gateway = Some(gw);
+            }
+            Err(e) => {
+                error!("{e}");
+                eprintln!("nvmf-target: {e}");
+                if let Some(p) = &temp_file {
+                    let _ = std::fs::remove_file(p);
+                }
+                return ExitCode::FAILURE;
+            }
+        }
+    }
     let mut daemon = match Daemon::start(&cfg) {
         Ok(d) => d,
         Err(e) => {
+            if let Some(gw) = gateway.take() {
+                gw.stop();
+            }
             error!("{e}");
             eprintln!("nvmf-target: {e}");
             if let Some(p) = &temp_file {
@@ -362,37 +415,31 @@ fn main() -> ExitCode {
     daemon.on_storage_change(|| {
         let _ = nix::sys::signal::kill(nix::unistd::getpid(), Signal::SIGUSR1);
     });
-    // A gateway joins its group: leases decide which ANA groups it serves; a new view wakes
-    // this thread.
-    let gateway = match &cfg.gateway {
-        None => None,
-        Some(g) => {
-            let started = nvmf_target::gateway::Gateway::start(
-                g,
-                nvmf_target::daemon::leased_groups(daemon.config()),
-                daemon.peer_listeners(),
-                || {
-                    let _ = nix::sys::signal::kill(nix::unistd::getpid(), Signal::SIGUSR1);
-                },
-            );
-            match started {
-                Ok(gw) => {
-                    info!(group = %g.group, name = %g.name, home = ?g.ana_groups, "joined the gateway group");
-                    Some(gw)
-                }
-                Err(e) => {
-                    error!("{e}");
-                    eprintln!("nvmf-target: {e}");
-                    stop_aux.store(true, Ordering::Relaxed);
-                    daemon.shutdown();
-                    if let Some(p) = &temp_file {
-                        let _ = std::fs::remove_file(p);
-                    }
-                    return ExitCode::FAILURE;
-                }
+    // The gateway's member thread: leases decide which ANA groups it serves; a new view or
+    // group configuration wakes this thread.
+    if let (Some(gw), Some(g)) = (gateway.as_mut(), cfg.gateway.as_ref()) {
+        let ran = gw.run(
+            nvmf_target::daemon::leased_groups(daemon.config()),
+            daemon.peer_listeners(),
+            || {
+                let _ = nix::sys::signal::kill(nix::unistd::getpid(), Signal::SIGUSR1);
+            },
+        );
+        if let Err(e) = ran {
+            error!("{e}");
+            eprintln!("nvmf-target: {e}");
+            stop_aux.store(true, Ordering::Relaxed);
+            daemon.shutdown();
+            if let Some(gw) = gateway.take() {
+                gw.stop();
             }
+            if let Some(p) = &temp_file {
+                let _ = std::fs::remove_file(p);
+            }
+            return ExitCode::FAILURE;
         }
-    };
+        info!(group = %g.group, name = %g.name, home = ?g.ana_groups, "joined the gateway group");
+    }
     let gateway_update = |daemon: &Daemon| {
         if let Some(gw) = &gateway {
             gw.update(
@@ -435,8 +482,25 @@ fn main() -> ExitCode {
             }
             Ok(Signal::SIGUSR1) => {
                 while let Ok((line, reply)) = ctl_rx.try_recv() {
-                    let answer = handle_ctl(&mut daemon, args.config.as_deref(), &line);
+                    let answer =
+                        handle_ctl(&mut daemon, gateway.as_ref(), args.config.as_deref(), &line);
                     let _ = reply.send(answer);
+                    gateway_update(&daemon);
+                }
+                if let Some(subs) = gateway.as_ref().and_then(|g| g.take_subsystems()) {
+                    let mut new = daemon.config().clone();
+                    new.subsystems = subs;
+                    let checked = new.validate().map_err(|e| e.to_string().trim().to_owned());
+                    match checked.and_then(|_| daemon.reload(&new).map_err(|e| e.to_string())) {
+                        Ok(r) => info!(
+                            subsystems_added = ?r.core.subsystems_added,
+                            subsystems_removed = ?r.core.subsystems_removed,
+                            hosts_changed = ?r.core.hosts_changed,
+                            namespaces_changed = ?r.core.namespaces_changed,
+                            "gateway group: the group's configuration applied"
+                        ),
+                        Err(e) => error!("gateway group: the group's configuration cannot be applied here: {e}; running the previous one"),
+                    }
                     gateway_update(&daemon);
                 }
                 if let Some(view) = gateway.as_ref().and_then(|g| g.take_view()) {

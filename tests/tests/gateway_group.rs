@@ -9,11 +9,42 @@
 //! reaches both gateways within 10 s.
 
 use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use initiator::{AnaState, ConnectOptions, MultipathNamespace, MultipathOptions};
 use nvmf_tests::ceph::{self, TestImage};
-use nvmf_tests::{TargetProc, TEST_NQN};
+use nvmf_tests::{target_bin, TargetProc, TEST_NQN};
+
+/// The subsystems section every gateway of these tests serves (`serial` varies to make a file
+/// that disagrees with the group).
+fn subsystems_yaml(img: &TestImage, serial: &str) -> String {
+    format!(
+        "subsystems:\n  - nqn: {TEST_NQN}\n    allow_any_host: true\n    serial: {serial}\n    namespaces:\n      \
+         - {{ nsid: 1, rbd: {{ pool: rbd, image: {}, conf: {} }} }}\n",
+        img.name,
+        img.conf.display()
+    )
+}
+
+/// A gateway's file: its listener on `port`, `subsystems` (YAML, may be empty), its group.
+fn gateway_yaml(
+    img: &TestImage,
+    port: u16,
+    subsystems: &str,
+    group: &str,
+    name: &str,
+    home: &[u32],
+    cntlids: (u16, u16),
+) -> String {
+    let conf = img.conf.display();
+    format!(
+        "listeners:\n  - {{ transport: tcp, address: 127.0.0.1, port: {port} }}\n{subsystems}\
+         target: {{ threads: 1, cntlid_min: {}, cntlid_max: {} }}\n\
+         gateway: {{ group: {group}, name: {name}, pool: rbd, conf: {conf}, ana_groups: {home:?}, lease_secs: 3 }}\n",
+        cntlids.0, cntlids.1
+    )
+}
 
 fn member(
     img: &TestImage,
@@ -23,19 +54,9 @@ fn member(
     cntlids: (u16, u16),
     sock: &Path,
 ) -> TargetProc {
-    let (conf, image) = (img.conf.display().to_string(), img.name.clone());
-    let home = format!("{home:?}");
+    let subs = subsystems_yaml(img, "NVMFRSGG01");
     TargetProc::start_with_env(
-        |port, _| {
-            format!(
-                "listeners:\n  - {{ transport: tcp, address: 127.0.0.1, port: {port} }}\n\
-                 subsystems:\n  - nqn: {TEST_NQN}\n    allow_any_host: true\n    serial: NVMFRSGG01\n    namespaces:\n      \
-                 - {{ nsid: 1, rbd: {{ pool: rbd, image: {image}, conf: {conf} }} }}\n\
-                 target: {{ threads: 1, cntlid_min: {}, cntlid_max: {} }}\n\
-                 gateway: {{ group: {group}, name: {name}, pool: rbd, conf: {conf}, ana_groups: {home}, lease_secs: 3 }}\n",
-                cntlids.0, cntlids.1
-            )
-        },
+        |port, _| gateway_yaml(img, port, &subs, group, name, home, cntlids),
         &[],
         &["--control-socket".into(), sock.into()],
     )
@@ -181,4 +202,113 @@ fn a_gateway_group_fails_over_and_back_by_itself() {
     drop(ns);
     assert!(a.terminate(), "{}", a.log_text());
     assert!(b.terminate(), "{}", b.log_text());
+}
+
+fn ctl(sock: &Path, args: &[&str]) -> String {
+    let o = Command::new(target_bin())
+        .arg("ctl")
+        .arg("--control-socket")
+        .arg(sock)
+        .args(args)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&o.stdout).to_string() + &String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "ctl {args:?}: {text}");
+    text
+}
+
+/// The group's configuration lives in RADOS: the first gateway's file seeds it, a gateway
+/// whose file has no subsystems takes it, a file that disagrees with it is refused (naming
+/// the difference), and `ctl` on one gateway changes every gateway, also one started later.
+#[test]
+fn the_group_configuration_is_kept_in_rados_and_shared() {
+    let Some(conf) = ceph::conf() else { return };
+    let img = TestImage::create(&conf, "gc", 32);
+    let group = format!("c{}", std::process::id());
+    let dir = nvmf_tests::TempDir::new("gc");
+    let (sock_a, sock_b) = (dir.0.join("a.sock"), dir.0.join("b.sock"));
+    let a = member(&img, &group, "gw-a", &[1], (1, 0x7fff), &sock_a);
+    a.wait_log("seeded the group's configuration", 1);
+    // B's file has no subsystems: it serves the group's.
+    let mut b = TargetProc::start_with_env(
+        |port, _| gateway_yaml(&img, port, "", &group, "gw-b", &[], (0x8000, 0xffef)),
+        &[],
+        &["--control-socket".into(), sock_b.clone().into()],
+    );
+    b.wait_log("took the group's configuration", 1);
+    let listed = ctl(&sock_b, &["list"]);
+    assert!(
+        listed.contains(TEST_NQN) && listed.contains(&img.name),
+        "{listed}"
+    );
+    let c = initiator::Controller::connect(path(&b)).unwrap();
+    assert_eq!(c.namespaces().len(), 1);
+    c.shutdown().unwrap();
+
+    // A file that disagrees with the group: refused at start, naming the difference.
+    let bad = dir.0.join("c.yaml");
+    let port = nvmf_tests::free_port();
+    std::fs::write(
+        &bad,
+        gateway_yaml(
+            &img,
+            port,
+            &subsystems_yaml(&img, "NVMFRSOTHER"),
+            &group,
+            "gw-c",
+            &[],
+            (0x8000, 0xffef),
+        ),
+    )
+    .unwrap();
+    let mut child = Command::new(target_bin())
+        .arg("--config")
+        .arg(&bad)
+        .arg("--control-socket")
+        .arg(dir.0.join("c.sock"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t = Instant::now();
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        if t.elapsed() > Duration::from_secs(30) {
+            let _ = child.kill();
+            panic!("a gateway whose file disagrees with the group started");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+    assert!(!status.success());
+    assert!(
+        err.contains("differ from the group's configuration")
+            && err.contains(
+                "subsystems[0].serial: \"NVMFRSOTHER\" here, \"NVMFRSGG01\" in the group's"
+            ),
+        "{err}"
+    );
+
+    // ctl on B adds a namespace: stored in the group, A applies it too.
+    ctl(
+        &sock_b,
+        &["add-namespace", TEST_NQN, "--nsid", "2", "--null", "16MiB"],
+    );
+    a.wait_log("the group's configuration applied", 1);
+    let on_a = ctl(&sock_a, &["list"]);
+    assert!(on_a.contains("nsid: 2"), "{on_a}");
+    let c = initiator::Controller::connect(path(&a)).unwrap();
+    assert_eq!(c.namespaces().len(), 2);
+    c.shutdown().unwrap();
+
+    // B restarted (its file still has no subsystems) starts with the group's, namespace 2
+    // included.
+    b.kill_and_restart();
+    b.wait_log("took the group's configuration", 2);
+    let on_b = ctl(&sock_b, &["list"]);
+    assert!(on_b.contains("nsid: 2"), "{on_b}");
+    drop(a);
 }
