@@ -3,7 +3,8 @@
 # multipath. A single-node Ceph cluster runs in the guest (scripts/ceph-cluster.sh); two of OUR
 # targets, gateway A on tcp 127.0.0.1:4420 (home of ANA group 1) and gateway B on tcp
 # 127.0.0.2:4420, export the 32 MiB image rbd/gw1 as one subsystem (`gateway: { group, pool }`,
-# disjoint controller IDs). Nobody sets an ANA state: A takes the group's lease in RADOS and
+# disjoint controller IDs; A's file seeds the group's configuration in RADOS, B's file has no
+# subsystems and takes it). Nobody sets an ANA state: A takes the group's lease in RADOS and
 # serves it optimized, B reports it inaccessible; B's discovery log lists A's listener. The
 # host connects both paths (one multipath disk; `nvme list-subsys` goes to the report). fio
 # randwrite with crc32c verify runs 60 s on the disk; at 20 s A is killed (SIGKILL): B takes
@@ -18,19 +19,21 @@ REPO=$(cd "$(dirname "$0")/../../.." && pwd)
 GW_NQN=nqn.2026-11.io.nvmf-rs:gw
 A_PID= B_PID=
 
-gw_cfg() { # NAME ADDR HOME CNTLID_MIN CNTLID_MAX
-  cat >"$OUT/gw-$1.yaml" <<EOF
-listeners:
-  - { transport: tcp, address: $2, port: 4420 }
-subsystems:
-  - nqn: $GW_NQN
-    allow_any_host: true
-    serial: NVMFRSGWVM01
-    namespaces:
-      - { nsid: 1, rbd: { pool: rbd, image: gw1, conf: $CONF } }
-target: { threads: 1, cntlid_min: $4, cntlid_max: $5 }
-gateway: { group: vm, name: $1, pool: rbd, conf: $CONF, ana_groups: $3 }
-EOF
+gw_cfg() { # NAME ADDR HOME CNTLID_MIN CNTLID_MAX [with-subsystems]
+  {
+    echo "listeners:"
+    echo "  - { transport: tcp, address: $2, port: 4420 }"
+    if [ "${6:-}" = with-subsystems ]; then
+      echo "subsystems:"
+      echo "  - nqn: $GW_NQN"
+      echo "    allow_any_host: true"
+      echo "    serial: NVMFRSGWVM01"
+      echo "    namespaces:"
+      echo "      - { nsid: 1, rbd: { pool: rbd, image: gw1, conf: $CONF } }"
+    fi
+    echo "target: { threads: 1, cntlid_min: $4, cntlid_max: $5 }"
+    echo "gateway: { group: vm, name: $1, pool: rbd, conf: $CONF, ana_groups: $3 }"
+  } >"$OUT/gw-$1.yaml"
 }
 
 gw_start() { # NAME ADDR LOG -> sets GW_PID
@@ -70,12 +73,15 @@ gw_case() {
   CONF=$WORK/ceph/ceph.conf
   CEPH_UP=$WORK/ceph
   step "rbd create rbd/gw1" rbd -c "$CONF" create --size 32 rbd/gw1 || { fail "$label" "$REASON"; return; }
-  gw_cfg gw-a 127.0.0.1 "[1]" 1 32767
+  # A's file seeds the group's configuration (kept in RADOS); B's has no subsystems: it
+  # serves the group's.
+  gw_cfg gw-a 127.0.0.1 "[1]" 1 32767 with-subsystems
   gw_cfg gw-b 127.0.0.2 "[]" 32768 65519
   gw_start gw-a 127.0.0.1 "$OUT/gw-a.log" || { fail "$label" "$REASON"; return; }
   A_PID=$GW_PID
   gw_start gw-b 127.0.0.2 "$OUT/gw-b.log" || { fail "$label" "$REASON"; return; }
   B_PID=$GW_PID
+  grep -q "took the group's configuration" "$OUT/gw-b.log" || { fail "$label" "B did not take the group's configuration"; return; }
   end=$((SECONDS + 20))
   until grep -q "took the ANA group's lease" "$OUT/gw-a.log"; do
     [ $SECONDS -ge $end ] && { fail "$label" "gateway A did not take its lease in 20 s"; return; }
