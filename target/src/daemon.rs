@@ -301,6 +301,15 @@ impl StorageWatch {
 impl Daemon {
     /// Open the namespaces, bind every listener and start the poller threads.
     pub fn start(cfg: &Config) -> Result<Daemon, StartError> {
+        Self::start_with(cfg, None)
+    }
+
+    /// [`Daemon::start`], with the reservation state kept in `resv` (a gateway group's store)
+    /// instead of files next to the namespaces.
+    pub fn start_with(
+        cfg: &Config,
+        resv: Option<Arc<dyn crate::core::ResvStore>>,
+    ) -> Result<Daemon, StartError> {
         // A gateway serves no ANA group until it holds the group's lease.
         let gateway = cfg.gateway.as_ref().map(|_| crate::gateway::View {
             leased: leased_groups(cfg),
@@ -361,7 +370,7 @@ impl Daemon {
             infos,
             TargetParams {
                 keep_alive_ms_min: t.keep_alive_ms_min,
-                resv_store: Some(resv_store.clone()),
+                resv_store: Some(resv.unwrap_or_else(|| resv_store.clone())),
                 auth_timeout: crate::core::AUTH_TIMEOUT,
                 data_completes_always: t.c2h_success == config::C2hSuccess::Always,
                 cntlid_range: t.cntlid_min..=t.cntlid_max,
@@ -532,6 +541,18 @@ impl Daemon {
             })
             .collect();
         self.target.set_remote_listeners(remote);
+        // Groups this gateway starts serving: their namespaces' reservations are read again
+        // from the group's store first (they are inaccessible here until the reload below).
+        let newly: BTreeSet<u32> = view
+            .owned
+            .iter()
+            .filter(|g| !self.gateway.as_ref().is_some_and(|v| v.owned.contains(g)))
+            .copied()
+            .collect();
+        if !newly.is_empty() {
+            let n = self.target.reload_reservations(&newly);
+            info!(groups = ?newly, namespaces = n, "reservations read from the gateway group");
+        }
         self.gateway = Some(view);
         let base = self.base.clone();
         self.reload(&base)

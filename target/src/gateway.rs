@@ -271,6 +271,108 @@ struct SharedState {
     subsystems: Option<Vec<config::Subsystem>>,
 }
 
+/// The reservation state of the group's namespaces, in RADOS (`nvmf.<group>.resv.<nqn>.<nsid>`:
+/// the state's bytes and a `version` attribute). Only the gateway serving a namespace (the
+/// lease holder of its ANA group: the others answer its commands ANA Inaccessible) changes
+/// it; it reads the state when it starts serving the group and saves every change with a
+/// write guarded by the version it read, so a gateway that lost the group without knowing it
+/// yet cannot overwrite what the new server did (its command fails instead).
+#[derive(Debug)]
+pub struct GroupResvStore {
+    io: Arc<rbd::IoCtx>,
+    group: String,
+    /// The version each namespace's state was read at (0: none stored; `u64::MAX`: the read
+    /// failed, so nothing may be written over what is there).
+    versions: Mutex<BTreeMap<(String, u32), u64>>,
+}
+
+impl GroupResvStore {
+    fn obj(&self, subnqn: &str, nsid: u32) -> String {
+        format!("nvmf.{}.resv.{subnqn}.{nsid}", self.group)
+    }
+
+    fn read(&self, oid: &str) -> Result<Option<(u64, Vec<u8>)>, String> {
+        let version = || -> Result<Option<u64>, String> {
+            match self
+                .io
+                .xattr(oid, VERSION_ATTR)
+                .map_err(|e| e.to_string())?
+            {
+                None => Ok(None),
+                Some(v) => String::from_utf8_lossy(&v)
+                    .parse()
+                    .map(Some)
+                    .map_err(|_| format!("{oid}: a version that is not a number")),
+            }
+        };
+        for _ in 0..5 {
+            let Some(v) = version()? else { return Ok(None) };
+            let data = self.io.read_full(oid).map_err(|e| e.to_string())?;
+            if version()? == Some(v) {
+                return Ok(Some((v, data.unwrap_or_default())));
+            }
+        }
+        Err(format!("{oid}: changing too fast to read"))
+    }
+}
+
+impl crate::core::ResvStore for GroupResvStore {
+    fn capable(&self, _subnqn: &str, _nsid: u32) -> bool {
+        true
+    }
+
+    fn load(&self, subnqn: &str, nsid: u32) -> Option<Vec<u8>> {
+        let oid = self.obj(subnqn, nsid);
+        let (version, data) = match self.read(&oid) {
+            Ok(Some((v, d))) => (v, (!d.is_empty()).then_some(d)),
+            Ok(None) => (0, None),
+            Err(e) => {
+                tracing::error!(subnqn, nsid, error = %e, "cannot read the group's reservation state: reservation commands fail until it is read");
+                (u64::MAX, None)
+            }
+        };
+        self.versions
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert((subnqn.to_owned(), nsid), version);
+        data
+    }
+
+    fn save(&self, subnqn: &str, nsid: u32, state: Option<&[u8]>) -> std::io::Result<()> {
+        let key = (subnqn.to_owned(), nsid);
+        let mut versions = self.versions.lock().unwrap_or_else(PoisonError::into_inner);
+        let v = versions.get(&key).copied().unwrap_or(0);
+        if v == u64::MAX {
+            return Err(std::io::Error::other(
+                "the group's reservation state could not be read",
+            ));
+        }
+        let expect = v.to_string();
+        let ok = self
+            .io
+            .write_guarded(
+                &self.obj(subnqn, nsid),
+                VERSION_ATTR,
+                (v > 0).then_some(expect.as_bytes()),
+                (v + 1).to_string().as_bytes(),
+                state.unwrap_or_default(),
+            )
+            .map_err(|e| std::io::Error::other(e.to_string()))?;
+        if !ok {
+            versions.insert(key, u64::MAX);
+            return Err(std::io::Error::other(
+                "the group's reservation state changed under this gateway (another gateway serves the namespace)",
+            ));
+        }
+        versions.insert(key, v + 1);
+        Ok(())
+    }
+
+    fn shared(&self) -> bool {
+        true
+    }
+}
+
 /// A group member: joined ([`Gateway::join`]), then running ([`Gateway::run`]).
 pub struct Gateway {
     shared: Arc<Shared>,
@@ -426,6 +528,15 @@ impl Gateway {
         }
         s.version = v + 1;
         Ok(())
+    }
+
+    /// Where the group's namespaces keep their reservation state.
+    pub fn resv_store(&self) -> Arc<GroupResvStore> {
+        Arc::new(GroupResvStore {
+            io: self.io(),
+            group: self.cfg().group,
+            versions: Mutex::new(BTreeMap::new()),
+        })
     }
 
     /// The group's subsystems, when another gateway changed them since the last call.
@@ -735,8 +846,41 @@ impl Member {
 
     fn round(&mut self, sh: &Shared, wanted: &BTreeSet<u32>, listeners: &[PeerListener]) {
         let group = self.cfg.group.clone();
+        // What keeps this gateway's standing first (liveness, then the leases it holds), the
+        // reads after: on a slow cluster the renewals are not late behind them.
         if let Err(e) = self.alive() {
             warn!(%group, error = %e, "cannot renew this gateway's liveness");
+        }
+        let held: Vec<u32> = self
+            .held
+            .keys()
+            .filter(|g| wanted.contains(g))
+            .copied()
+            .collect();
+        for g in held {
+            if self.drop_stale() {
+                self.publish(sh, wanted);
+            }
+            if !self.held.contains_key(&g) {
+                continue;
+            }
+            let at = Instant::now();
+            match self.io.lock_exclusive(
+                &self.lease_obj(g),
+                LEASE_LOCK,
+                &self.cfg.name,
+                self.lease,
+                true,
+            ) {
+                Ok(true) => {
+                    self.held.insert(g, at);
+                }
+                Ok(false) | Err(_) => {
+                    warn!(%group, ana_group = g, "lease lost: reporting the ANA group inaccessible");
+                    self.held.remove(&g);
+                    self.publish(sh, wanted);
+                }
+            }
         }
         if let Err(e) = self.publish_record(listeners) {
             warn!(%group, error = %e, "cannot publish this gateway's listeners");
@@ -786,21 +930,8 @@ impl Member {
                         warn!(%group, ana_group = g, error = %e, "cannot give the lease back (it lapses by itself)");
                     }
                 }
-                Step::Renew => {
-                    match self
-                        .io
-                        .lock_exclusive(&obj, LEASE_LOCK, &self.cfg.name, self.lease, true)
-                    {
-                        Ok(true) => {
-                            self.held.insert(g, at);
-                        }
-                        Ok(false) | Err(_) => {
-                            warn!(%group, ana_group = g, "lease lost: reporting the ANA group inaccessible");
-                            self.held.remove(&g);
-                            self.publish(sh, wanted);
-                        }
-                    }
-                }
+                // Renewed at the start of the round.
+                Step::Renew => {}
                 Step::Take => match self.io.lock_exclusive(
                     &obj,
                     LEASE_LOCK,

@@ -362,7 +362,10 @@ fn main() -> ExitCode {
             }
         }
     }
-    let mut daemon = match Daemon::start(&cfg) {
+    let resv = gateway
+        .as_ref()
+        .map(|g| g.resv_store() as Arc<dyn nvmf_target::core::ResvStore>);
+    let mut daemon = match Daemon::start_with(&cfg, resv) {
         Ok(d) => d,
         Err(e) => {
             if let Some(gw) = gateway.take() {

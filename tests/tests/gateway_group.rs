@@ -41,7 +41,7 @@ fn gateway_yaml(
     format!(
         "listeners:\n  - {{ transport: tcp, address: 127.0.0.1, port: {port} }}\n{subsystems}\
          target: {{ threads: 1, cntlid_min: {}, cntlid_max: {} }}\n\
-         gateway: {{ group: {group}, name: {name}, pool: rbd, conf: {conf}, ana_groups: {home:?}, lease_secs: 3 }}\n",
+         gateway: {{ group: {group}, name: {name}, pool: rbd, conf: {conf}, ana_groups: {home:?}, lease_secs: 4 }}\n",
         cntlids.0, cntlids.1
     )
 }
@@ -311,4 +311,121 @@ fn the_group_configuration_is_kept_in_rados_and_shared() {
     let on_b = ctl(&sock_b, &["list"]);
     assert!(on_b.contains("nsid: 2"), "{on_b}");
     drop(a);
+}
+
+mod resv {
+    use super::*;
+    use initiator::resv::{
+        AcquireAction, AcquireCmd, ChangePtpl, RegisterAction, RegisterCmd, ResvType,
+    };
+    use initiator::{Controller, Error, Namespace};
+    use nvme::Status;
+
+    /// Host `id` connected to gateway `t`, namespace 1.
+    pub fn open(t: &TargetProc, id: [u8; 16]) -> (Controller, Namespace) {
+        let mut o = path(t);
+        o.hostid = id;
+        o.hostnqn = initiator::hostnqn_for(&id);
+        let mut c = Controller::connect(o).unwrap_or_else(|e| panic!("{e}\n{}", t.log_text()));
+        let ns = c.open_namespace(1).unwrap();
+        (c, ns)
+    }
+
+    pub fn register(ns: &mut Namespace, key: u64) {
+        ns.reservation_register(&RegisterCmd {
+            action: RegisterAction::Register,
+            ignore_key: false,
+            ptpl: ChangePtpl::NoChange,
+            crkey: 0,
+            nrkey: key,
+        })
+        .unwrap()
+    }
+
+    pub fn acquire(
+        ns: &mut Namespace,
+        action: AcquireAction,
+        crkey: u64,
+        prkey: u64,
+    ) -> Result<(), Error> {
+        ns.reservation_acquire(&AcquireCmd {
+            action,
+            ignore_key: false,
+            rtype: ResvType::WriteExclusive,
+            crkey,
+            prkey,
+        })
+    }
+
+    #[track_caller]
+    pub fn conflict(r: Result<(), Error>) {
+        match r {
+            Err(Error::Status { status, .. })
+                if status.code() == Status::RESERVATION_CONFLICT.code() => {}
+            r => panic!("expected Reservation Conflict, got {r:?}"),
+        }
+    }
+}
+
+/// Reservations are the group's: taken through gateway A, still enforced by B when B takes
+/// the group over after A dies; a preempt through B holds when A comes back; and the state
+/// survives every gateway restarting.
+#[test]
+fn reservations_are_kept_by_the_group() {
+    use initiator::resv::{AcquireAction, ResvType};
+    use resv::*;
+    let Some(conf) = ceph::conf() else { return };
+    let img = TestImage::create(&conf, "gr", 32);
+    let group = format!("r{}", std::process::id());
+    let dir = nvmf_tests::TempDir::new("gr");
+    let (sock_a, sock_b) = (dir.0.join("a.sock"), dir.0.join("b.sock"));
+    let mut a = member(&img, &group, "gw-a", &[1], (1, 0x7fff), &sock_a);
+    let mut b = member(&img, &group, "gw-b", &[], (0x8000, 0xffef), &sock_b);
+    a.wait_log("took the ANA group's lease", 1);
+    let (h1, h2) = ([0x11u8; 16], [0x22u8; 16]);
+    let block = vec![0x5au8; 4096];
+
+    // Through A: host 1 holds Write Exclusive, host 2 is registered and refused.
+    let (_c1, mut n1) = open(&a, h1);
+    let (_c2, mut n2) = open(&a, h2);
+    register(&mut n1, 0x1111);
+    register(&mut n2, 0x2222);
+    acquire(&mut n1, AcquireAction::Acquire, 0x1111, 0).unwrap();
+    n1.write_at(&block, 0).unwrap();
+    conflict(n2.write_at(&block, 0));
+
+    // A dies; B takes the group over with the reservation.
+    a.kill();
+    drop((n1, n2, _c1, _c2));
+    b.wait_log("reservations read from the gateway group", 1);
+    let (_c1, mut n1) = open(&b, h1);
+    let (_c2, mut n2) = open(&b, h2);
+    wait_for("B serves the group", Duration::from_secs(10), || {
+        n1.reservation_report().is_ok()
+    });
+    conflict(n2.write_at(&block, 0));
+    n1.write_at(&block, 4096).unwrap();
+    let r = n2.reservation_report().unwrap();
+    assert_eq!(r.rtype, Some(ResvType::WriteExclusive));
+    assert_eq!(r.registrants, [(h1, 0x1111, true), (h2, 0x2222, false)]);
+    // Host 2 preempts through B: host 1 is out.
+    acquire(&mut n2, AcquireAction::Preempt, 0x2222, 0x1111).unwrap();
+    conflict(n1.write_at(&block, 0));
+    n2.write_at(&block, 0).unwrap();
+    drop((n1, n2, _c1, _c2));
+
+    // Every gateway restarted: A gets the group back (failback) with the same state.
+    b.kill();
+    a.restart();
+    b.restart();
+    let (_c1, mut n1) = open(&a, h1);
+    let (_c2, mut n2) = open(&a, h2);
+    wait_for("A serves the group again", Duration::from_secs(20), || {
+        n1.reservation_report().is_ok()
+    });
+    let r = n1.reservation_report().unwrap();
+    assert_eq!(r.rtype, Some(ResvType::WriteExclusive));
+    assert_eq!(r.registrants, [(h2, 0x2222, true)]);
+    conflict(n1.write_at(&block, 0));
+    n2.write_at(&block, 8192).unwrap();
 }

@@ -332,6 +332,13 @@ impl Target {
     pub fn set_remote_listeners(&self, listeners: Vec<ListenerInfo>) -> bool {
         self.inner.set_remote_listeners(listeners)
     }
+
+    /// Reads the reservation state of the namespaces in ANA groups `groups` again from the
+    /// reservation store (a gateway about to serve them takes what the group keeps); returns
+    /// how many namespaces.
+    pub fn reload_reservations(&self, groups: &std::collections::BTreeSet<u32>) -> usize {
+        self.inner.reload_reservations(groups)
+    }
     /// Per-subsystem, per-namespace and per-controller I/O statistics, summed now from the
     /// queues' own counters (see [`stats`]).
     pub fn io_metrics(&self) -> Vec<stats::SubsystemMetrics> {

@@ -448,6 +448,12 @@ pub trait ResvStore: Send + Sync + std::fmt::Debug {
     fn load(&self, subnqn: &str, nsid: u32) -> Option<Vec<u8>>;
     /// Saves `state`, or with `None` forgets what was saved (PTPL turned off).
     fn save(&self, subnqn: &str, nsid: u32, state: Option<&[u8]>) -> std::io::Result<()>;
+    /// The state is shared with other targets (a gateway group): every change is saved, PTPL
+    /// or not, and [`NsReservation::reload`] reads it again when this target starts serving
+    /// the namespace.
+    fn shared(&self) -> bool {
+        false
+    }
 }
 
 /// Where one namespace persists (a store and its key).
@@ -501,6 +507,22 @@ impl NsReservation {
         }
     }
 
+    /// Reads the state again from the store (a gateway that starts serving the namespace
+    /// takes the state its previous server left). No-op without a store.
+    pub fn reload(&self) {
+        let Some(p) = &self.persist else { return };
+        let state = match p.store.load(&p.subnqn, p.nsid) {
+            Some(b) => ResvState::decode(&b).unwrap_or_else(|| {
+                tracing::error!(subnqn = %p.subnqn, nsid = p.nsid, "stored reservation state unreadable; keeping the one held");
+                self.lock().clone()
+            }),
+            None => ResvState::default(),
+        };
+        let mut s = self.lock();
+        *s = state;
+        self.held.store(s.held.is_some(), Ordering::Release);
+    }
+
     /// Whether the state can persist through power loss (RESCAP.PTPLC).
     pub fn ptpl_capable(&self) -> bool {
         self.persist.is_some()
@@ -519,8 +541,9 @@ impl NsReservation {
         let r = f(&mut s, self.ptpl_capable());
         let notices = std::mem::take(&mut s.notices);
         if let (Ok(()), Some(p)) = (r, &self.persist) {
-            if *s != before && (s.ptpl || before.ptpl) {
-                let bytes = s.ptpl.then(|| s.encode());
+            let shared = p.store.shared();
+            if *s != before && (s.ptpl || before.ptpl || shared) {
+                let bytes = (s.ptpl || shared).then(|| s.encode());
                 if let Err(e) = p.store.save(&p.subnqn, p.nsid, bytes.as_deref()) {
                     tracing::error!(subnqn = %p.subnqn, nsid = p.nsid, error = %e,
                         "cannot save the reservation state; the command fails");

@@ -365,6 +365,24 @@ impl TargetInner {
             .clone()
     }
 
+    /// Reads the reservation state of every namespace in one of `groups` (ANA groups) again
+    /// from the store: what a gateway does before it starts serving the groups.
+    pub fn reload_reservations(&self, groups: &std::collections::BTreeSet<u32>) -> usize {
+        let mut n = 0;
+        for s in self.subsystem_list() {
+            let (_, table) = s.namespaces();
+            for (nsid, spec) in &table.by_nsid {
+                if groups.contains(&spec.ana_group) {
+                    if let Some(r) = table.reservation(*nsid) {
+                        r.reload();
+                        n += 1;
+                    }
+                }
+            }
+        }
+        n
+    }
+
     /// Other gateways' listeners, which the discovery log lists after this target's own.
     pub fn remote_listeners(&self) -> Arc<Vec<ListenerInfo>> {
         self.remote_listeners
