@@ -47,7 +47,7 @@ ORDER=(
   kernel-host-reload-tcp kernel-host-reload-rdma-rxe soak-randrw-rdma-rxe soak-randrw-rdma-siw
   iopoll-null-blk perf-vs-nvmet ana-multipath-kernel-host-rdma-rxe
   auth-kernel-host-rdma-rxe auth-initiator-vs-kernel-target-rdma-rxe
-  kernel-host-rbd-rdma-rxe gateway-failover-kernel-host-tcp
+  kernel-host-rbd-rdma-rxe gateway-failover-kernel-host-tcp gateway-reservations-kernel-host-tcp
 )
 # `ci`: the CI tier. Our target under the Linux host on tcp, rxe and siw; our initiator against
 # nvmet (tcp, siw) and against our target (tcp, siw; on rxe with local invalidation); the in-process wire tests on rxe and on

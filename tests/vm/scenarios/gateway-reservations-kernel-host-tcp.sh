@@ -1,0 +1,176 @@
+#!/usr/bin/env bash
+# gateway-reservations-kernel-host-tcp: reservations kept by a gateway group (issue #39), with
+# nvme-cli and the Linux host. A single-node Ceph cluster in the guest; two of OUR targets,
+# gateway A on tcp 127.0.0.1:4420 (home of ANA group 1) and B on 127.0.0.2:4420, export the
+# image rbd/resv1 as one subsystem (`gateway:`; the group's configuration and reservation
+# state live in RADOS). The host's native multipath is off (nvme_core multipath=N) and two
+# host NQNs are each connected through both gateways: four controllers, four disks. Host 1
+# registers and acquires Write Exclusive through A and host 2's write there gets Reservation
+# Conflict. A is killed (SIGKILL): through B, host 2 is still refused, host 1 writes, and
+# `resv-report --eds` names host 1 the holder. Host 2 preempts through B and host 1's next
+# write is refused. Every gateway is then restarted (B stopped, A and B started again, A
+# takes its group back): the report through A is the one B gave before.
+# vm-needs: build
+# vm-timeout: 900
+source "$(dirname "$0")/../lib.sh"
+REPO=$(cd "$(dirname "$0")/../../.." && pwd)
+
+GW_NQN=nqn.2026-11.io.nvmf-rs:gwresv
+H1=nqn.2014-08.org.nvmexpress:uuid:11111111-2222-4333-8444-555555555501
+H2=nqn.2014-08.org.nvmexpress:uuid:11111111-2222-4333-8444-555555555502
+A_PID= B_PID=
+
+gw_cfg() { # NAME ADDR HOME CNTLID_MIN CNTLID_MAX [with-subsystems]
+  {
+    echo "listeners:"
+    echo "  - { transport: tcp, address: $2, port: 4420 }"
+    if [ "${6:-}" = with-subsystems ]; then
+      echo "subsystems:"
+      echo "  - nqn: $GW_NQN"
+      echo "    allow_any_host: true"
+      echo "    serial: NVMFRSGWRV01"
+      echo "    namespaces:"
+      echo "      - { nsid: 1, rbd: { pool: rbd, image: resv1, conf: $CONF } }"
+    fi
+    echo "target: { threads: 1, cntlid_min: $4, cntlid_max: $5 }"
+    echo "gateway: { group: vmr, name: $1, pool: rbd, conf: $CONF, ana_groups: $3 }"
+  } >"$OUT/gw-$1.yaml"
+}
+
+gw_start() { # NAME ADDR LOG -> sets GW_PID
+  RUST_LOG=${RUST_LOG:-info} NO_COLOR=1 "$NVMF_TARGET_BIN" --config "$OUT/gw-$1.yaml" \
+    --control-socket "$WORK/gw-$1.sock" >>"$3" 2>&1 &
+  GW_PID=$!
+  vm_wait_listen tcp "$2" 4420 30 || { REASON="gateway $1 does not listen on $2:4420: $(tail -n 1 "$3")"; return 1; }
+}
+
+dev_of() { # HOSTNQN ADDR -> /dev/nvmeXnY of that host's controller through ADDR
+  local c n
+  for c in /sys/class/nvme/nvme*; do
+    [ "$(cat "$c/subsysnqn" 2>/dev/null)" = "$GW_NQN" ] || continue
+    [ "$(cat "$c/hostnqn" 2>/dev/null)" = "$1" ] || continue
+    grep -q "traddr=$2,trsvcid=4420" "$c/address" || continue
+    for n in "$c"/nvme*n1; do [ -e "$n" ] && { echo "/dev/$(basename "$n")"; return 0; }; done
+  done
+  return 1
+}
+
+# write_as DEV: one 4 KiB write with nvme-cli (its status in $WORK/step.out).
+write_as() {
+  step "nvme write $1" nvme write "$1" --start-block=8 --block-count=0 --data-size=4096 --data="$WORK/block"
+}
+refused() { # DEV WHO
+  if write_as "$1"; then REASON="$2's write through $1 was not refused"; return 1; fi
+  grep -qi "reservation conflict" "$WORK/step.out" ||
+    { REASON="$2's refused write did not say Reservation Conflict: $(tr '\n' ' ' <"$WORK/step.out" | cut -c1-160)"; return 1; }
+  echo "$2: write through $1 refused with Reservation Conflict" | tee -a "$OUT/report.txt" >>"$STEPS"
+}
+report() { # DEV -> the --eds report as one line of JSON (also into the report)
+  nvme resv-report "$1" --eds -o json 2>>"$STEPS" | tr -d ' \n'
+}
+# until_serving DEV: until the gateway behind DEV answers a report (it holds the group).
+until_serving() {
+  local end=$((SECONDS + 30))
+  until nvme resv-report "$1" --eds -o json >/dev/null 2>&1; do
+    [ $SECONDS -ge $end ] && { REASON="no report through $1 within 30 s"; return 1; }
+    sleep 0.5
+  done
+}
+
+resv_case() {
+  local label=$SCENARIO end d1a d1b d2a d2b rep before after
+  teardown
+  [ -n "$NVMF_TARGET_BIN" ] && [ -x "$NVMF_TARGET_BIN" ] || { fail "$label" "nvmf-target not available"; return; }
+  step "start the test cluster" env CEPH_MEMSTORE_BYTES=268435456 bash "$REPO/scripts/ceph-cluster.sh" start "$WORK/ceph" ||
+    { fail "$label" "$REASON"; return; }
+  CONF=$WORK/ceph/ceph.conf
+  CEPH_UP=$WORK/ceph
+  step "rbd create rbd/resv1" rbd -c "$CONF" create --size 32 rbd/resv1 || { fail "$label" "$REASON"; return; }
+  head -c 4096 /dev/urandom >"$WORK/block"
+  gw_cfg gw-a 127.0.0.1 "[1]" 1 32767 with-subsystems
+  gw_cfg gw-b 127.0.0.2 "[]" 32768 65519
+  gw_start gw-a 127.0.0.1 "$OUT/gw-a.log" || { fail "$label" "$REASON"; return; }
+  A_PID=$GW_PID
+  gw_start gw-b 127.0.0.2 "$OUT/gw-b.log" || { fail "$label" "$REASON"; return; }
+  B_PID=$GW_PID
+
+  # The host's multipath off: each controller its own disk.
+  modprobe -r nvme_tcp nvme_fabrics nvme_core >>"$STEPS" 2>&1
+  modprobe nvme_core multipath=N && modprobe -a nvme-fabrics nvme-tcp ||
+    { fail "$label" "cannot load nvme_core with multipath=N"; return; }
+  [ "$(cat /sys/module/nvme_core/parameters/multipath)" = N ] || { fail "$label" "nvme_core multipath is not off"; return; }
+  for h in "$H1" "$H2"; do
+    for a in 127.0.0.1 127.0.0.2; do
+      step "nvme connect -a $a as ${h##*-}" nvme connect -t tcp -a "$a" -s 4420 -n "$GW_NQN" --hostnqn="$h" \
+        --hostid="${h##*uuid:}" --ctrl-loss-tmo=120 --reconnect-delay=2 || { fail "$label" "$REASON"; return; }
+    done
+  done
+  CONNECTED+=("$GW_NQN")
+  udevadm settle 2>/dev/null
+  end=$((SECONDS + 15))
+  until d1a=$(dev_of "$H1" 127.0.0.1) && d1b=$(dev_of "$H1" 127.0.0.2) && d2a=$(dev_of "$H2" 127.0.0.1) && d2b=$(dev_of "$H2" 127.0.0.2); do
+    [ $SECONDS -ge $end ] && { fail "$label" "not four disks (host 1: ${d1a:-} ${d1b:-}, host 2: ${d2a:-} ${d2b:-})"; return; }
+    sleep 0.5
+  done
+  echo "disks: host 1 via A $d1a, via B $d1b; host 2 via A $d2a, via B $d2b" | tee -a "$OUT/report.txt" >>"$STEPS"
+  until_serving "$d1a" || { fail "$label" "A: $REASON"; return; }
+
+  step "host 1 registers through A" nvme resv-register "$d1a" --nrkey=0x1111 --rrega=0 || { fail "$label" "$REASON"; return; }
+  step "host 2 registers through A" nvme resv-register "$d2a" --nrkey=0x2222 --rrega=0 || { fail "$label" "$REASON"; return; }
+  step "host 1 acquires Write Exclusive through A" nvme resv-acquire "$d1a" --crkey=0x1111 --rtype=1 --racqa=0 ||
+    { fail "$label" "$REASON"; return; }
+  write_as "$d1a" || { fail "$label" "host 1 (the holder) cannot write through A: $REASON"; return; }
+  refused "$d2a" "host 2" || { fail "$label" "through A: $REASON"; return; }
+
+  # A dies: B takes the group and its reservation over.
+  kill -KILL "$A_PID"; wait "$A_PID" 2>/dev/null; A_PID=
+  log "gateway A killed (SIGKILL)"
+  until_serving "$d1b" || { fail "$label" "B after A died: $REASON"; return; }
+  refused "$d2b" "host 2" || { fail "$label" "through B after A died: $REASON"; return; }
+  write_as "$d1b" || { fail "$label" "host 1 (the holder) cannot write through B: $REASON"; return; }
+  rep=$(report "$d1b")
+  echo "report through B after A died: $rep" | tee -a "$OUT/report.txt" >>"$STEPS"
+  grep -q '"rtype":1' <<<"$rep" && grep -q '"regctl":2' <<<"$rep" &&
+    grep -qE '"rcsts":1,"rkey":4369' <<<"$rep" ||
+    { fail "$label" "B's report does not name host 1 (key 0x1111) the Write Exclusive holder: $rep"; return; }
+  step "host 2 preempts host 1 through B" nvme resv-acquire "$d2b" --crkey=0x2222 --prkey=0x1111 --rtype=1 --racqa=1 ||
+    { fail "$label" "$REASON"; return; }
+  refused "$d1b" "host 1" || { fail "$label" "after the preempt: $REASON"; return; }
+  before=$(report "$d2b")
+  echo "report through B after the preempt: $before" | tee -a "$OUT/report.txt" >>"$STEPS"
+
+  # Every gateway restarted: B stopped, A and B started again; A takes its group back.
+  kill -TERM "$B_PID"; wait "$B_PID"; B_PID=
+  gw_start gw-a 127.0.0.1 "$OUT/gw-a2.log" || { fail "$label" "restart A: $REASON"; return; }
+  A_PID=$GW_PID
+  gw_start gw-b 127.0.0.2 "$OUT/gw-b2.log" || { fail "$label" "restart B: $REASON"; return; }
+  B_PID=$GW_PID
+  until_serving "$d2a" || { fail "$label" "A after the restarts: $REASON"; return; }
+  after=$(report "$d2a")
+  echo "report through A after every gateway restarted: $after" | tee -a "$OUT/report.txt" >>"$STEPS"
+  [ "$after" = "$before" ] || { fail "$label" "the report changed across the restarts: before $before, after $after"; return; }
+  refused "$d1a" "host 1" || { fail "$label" "after the restarts: $REASON"; return; }
+  write_as "$d2a" || { fail "$label" "host 2 (the holder now) cannot write through A: $REASON"; return; }
+
+  step "nvme disconnect -n $GW_NQN" nvme disconnect -n "$GW_NQN" || { fail "$label" "$REASON"; return; }
+  CONNECTED=()
+  for p in "$A_PID" "$B_PID"; do kill -TERM "$p"; done
+  for p in "$A_PID" "$B_PID"; do wait "$p" || { fail "$label" "a gateway exited with status $? after SIGTERM"; return; }; done
+  A_PID= B_PID=
+  if grep -hE '(^|[[:space:]])ERROR([[:space:]:]|$)|panicked' "$OUT"/gw-*.log | head -n 1 | grep -q .; then
+    fail "$label" "ERROR in a gateway's log: $(grep -hE '(^|[[:space:]])ERROR([[:space:]:]|$)|panicked' "$OUT"/gw-*.log | head -n 1 | cut -c1-200)"; return
+  fi
+  pass "$label"
+}
+
+CEPH_UP=
+stop_all() {
+  for p in $A_PID $B_PID; do kill -KILL "$p" 2>/dev/null; done
+  [ -z "$CEPH_UP" ] || bash "$REPO/scripts/ceph-cluster.sh" stop "$CEPH_UP" >/dev/null 2>&1
+  # Later scenarios expect the host's multipath on.
+  nvme disconnect-all >/dev/null 2>&1
+  modprobe -r nvme_tcp nvme_fabrics nvme_core >/dev/null 2>&1
+  modprobe nvme_core >/dev/null 2>&1
+}
+trap 'teardown; stop_all; cd / && rm -rf "$WORK"' EXIT
+resv_case
