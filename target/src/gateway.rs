@@ -504,8 +504,7 @@ impl Gateway {
     /// round). Refused if the group's configuration changed since this gateway last saw it
     /// (another gateway's change, not applied here yet).
     pub fn store_subsystems(&self, subsystems: &[config::Subsystem]) -> Result<(), String> {
-        let io = self.io();
-        let cfg = self.cfg();
+        let (io, cfg) = self.member();
         let obj = config_obj(&cfg.group);
         let mut s = self.state();
         let v = s.version;
@@ -532,9 +531,10 @@ impl Gateway {
 
     /// Where the group's namespaces keep their reservation state.
     pub fn resv_store(&self) -> Arc<GroupResvStore> {
+        let (io, cfg) = self.member();
         Arc::new(GroupResvStore {
-            io: self.io(),
-            group: self.cfg().group,
+            io,
+            group: cfg.group,
             versions: Mutex::new(BTreeMap::new()),
         })
     }
@@ -544,26 +544,11 @@ impl Gateway {
         self.state().subsystems.take()
     }
 
-    fn io(&self) -> Arc<rbd::IoCtx> {
-        let g = self
-            .shared
-            .io
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+    /// The member's cluster context and settings (set at join).
+    fn member(&self) -> (Arc<rbd::IoCtx>, config::Gateway) {
+        let g = self.shared.io.lock().unwrap_or_else(PoisonError::into_inner);
         match &*g {
-            Some((io, _)) => Arc::clone(io),
-            None => unreachable!("set at join"),
-        }
-    }
-
-    fn cfg(&self) -> config::Gateway {
-        let g = self
-            .shared
-            .io
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        match &*g {
-            Some((_, c)) => c.clone(),
+            Some((io, c)) => (Arc::clone(io), c.clone()),
             None => unreachable!("set at join"),
         }
     }

@@ -104,3 +104,18 @@ pub fn target_yaml(port: u16, namespaces: &[String]) -> String {
     }
     s + "target: { threads: 2, keep_alive_ms_min: 1000 }\n"
 }
+
+/// NVMe/TCP to `t` on 127.0.0.1 for `TEST_NQN`, with a 10 s command timeout (a gateway test's
+/// path).
+pub fn tcp_path(t: &crate::TargetProc) -> initiator::ConnectOptions {
+    let mut o = initiator::ConnectOptions::tcp("127.0.0.1", t.addr.port(), crate::TEST_NQN);
+    o.timeout = std::time::Duration::from_secs(10);
+    o
+}
+
+/// 8 KiB block `i` of the gateway tests' verified writes.
+pub fn pattern(i: u64) -> Vec<u8> {
+    (0..8192u64)
+        .map(|k| (k.wrapping_mul(37) ^ i.wrapping_mul(151)) as u8)
+        .collect()
+}

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 pub mod caw;
 pub mod ceph;
 pub mod raw;
+pub mod resv;
 
 /// The `nvmf-target` binary next to the test executable (same profile).
 pub fn target_bin() -> PathBuf {

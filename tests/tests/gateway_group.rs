@@ -12,8 +12,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use initiator::{AnaState, ConnectOptions, MultipathNamespace, MultipathOptions};
-use nvmf_tests::ceph::{self, TestImage};
+use initiator::{AnaState, MultipathNamespace, MultipathOptions};
+use nvmf_tests::ceph::{self, pattern, tcp_path as path, TestImage};
 use nvmf_tests::{target_bin, TargetProc, TEST_NQN};
 
 /// The subsystems section every gateway of these tests serves (`serial` varies to make a file
@@ -60,18 +60,6 @@ fn member(
         &[],
         &["--control-socket".into(), sock.into()],
     )
-}
-
-fn path(t: &TargetProc) -> ConnectOptions {
-    let mut o = ConnectOptions::tcp("127.0.0.1", t.addr.port(), TEST_NQN);
-    o.timeout = Duration::from_secs(10);
-    o
-}
-
-fn pattern(i: u64) -> Vec<u8> {
-    (0..8192u64)
-        .map(|k| (k.wrapping_mul(37) ^ i.wrapping_mul(151)) as u8)
-        .collect()
 }
 
 /// The TCP ports `via`'s discovery log lists for the test subsystem.
@@ -313,67 +301,13 @@ fn the_group_configuration_is_kept_in_rados_and_shared() {
     drop(a);
 }
 
-mod resv {
-    use super::*;
-    use initiator::resv::{
-        AcquireAction, AcquireCmd, ChangePtpl, RegisterAction, RegisterCmd, ResvType,
-    };
-    use initiator::{Controller, Error, Namespace};
-    use nvme::Status;
-
-    /// Host `id` connected to gateway `t`, namespace 1.
-    pub fn open(t: &TargetProc, id: [u8; 16]) -> (Controller, Namespace) {
-        let mut o = path(t);
-        o.hostid = id;
-        o.hostnqn = initiator::hostnqn_for(&id);
-        let mut c = Controller::connect(o).unwrap_or_else(|e| panic!("{e}\n{}", t.log_text()));
-        let ns = c.open_namespace(1).unwrap();
-        (c, ns)
-    }
-
-    pub fn register(ns: &mut Namespace, key: u64) {
-        ns.reservation_register(&RegisterCmd {
-            action: RegisterAction::Register,
-            ignore_key: false,
-            ptpl: ChangePtpl::NoChange,
-            crkey: 0,
-            nrkey: key,
-        })
-        .unwrap()
-    }
-
-    pub fn acquire(
-        ns: &mut Namespace,
-        action: AcquireAction,
-        crkey: u64,
-        prkey: u64,
-    ) -> Result<(), Error> {
-        ns.reservation_acquire(&AcquireCmd {
-            action,
-            ignore_key: false,
-            rtype: ResvType::WriteExclusive,
-            crkey,
-            prkey,
-        })
-    }
-
-    #[track_caller]
-    pub fn conflict(r: Result<(), Error>) {
-        match r {
-            Err(Error::Status { status, .. })
-                if status.code() == Status::RESERVATION_CONFLICT.code() => {}
-            r => panic!("expected Reservation Conflict, got {r:?}"),
-        }
-    }
-}
-
 /// Reservations are the group's: taken through gateway A, still enforced by B when B takes
 /// the group over after A dies; a preempt through B holds when A comes back; and the state
 /// survives every gateway restarting.
 #[test]
 fn reservations_are_kept_by_the_group() {
     use initiator::resv::{AcquireAction, ResvType};
-    use resv::*;
+    use nvmf_tests::resv::{acquire, conflict, open_as as open, register};
     let Some(conf) = ceph::conf() else { return };
     let img = TestImage::create(&conf, "gr", 32);
     let group = format!("r{}", std::process::id());
@@ -388,9 +322,16 @@ fn reservations_are_kept_by_the_group() {
     // Through A: host 1 holds Write Exclusive, host 2 is registered and refused.
     let (_c1, mut n1) = open(&a, h1);
     let (_c2, mut n2) = open(&a, h2);
-    register(&mut n1, 0x1111);
-    register(&mut n2, 0x2222);
-    acquire(&mut n1, AcquireAction::Acquire, 0x1111, 0).unwrap();
+    register(&mut n1, 0x1111).unwrap();
+    register(&mut n2, 0x2222).unwrap();
+    acquire(
+        &mut n1,
+        AcquireAction::Acquire,
+        ResvType::WriteExclusive,
+        0x1111,
+        0,
+    )
+    .unwrap();
     n1.write_at(&block, 0).unwrap();
     conflict(n2.write_at(&block, 0));
 
@@ -409,7 +350,14 @@ fn reservations_are_kept_by_the_group() {
     assert_eq!(r.rtype, Some(ResvType::WriteExclusive));
     assert_eq!(r.registrants, [(h1, 0x1111, true), (h2, 0x2222, false)]);
     // Host 2 preempts through B: host 1 is out.
-    acquire(&mut n2, AcquireAction::Preempt, 0x2222, 0x1111).unwrap();
+    acquire(
+        &mut n2,
+        AcquireAction::Preempt,
+        ResvType::WriteExclusive,
+        0x2222,
+        0x1111,
+    )
+    .unwrap();
     conflict(n1.write_at(&block, 0));
     n2.write_at(&block, 0).unwrap();
     drop((n1, n2, _c1, _c2));

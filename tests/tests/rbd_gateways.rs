@@ -12,8 +12,8 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use initiator::{AnaState, ConnectOptions, MultipathNamespace, MultipathOptions};
-use nvmf_tests::ceph::{self, TestImage};
+use initiator::{AnaState, MultipathNamespace, MultipathOptions};
+use nvmf_tests::ceph::{self, pattern, tcp_path as path, TestImage};
 use nvmf_tests::{target_bin, TargetProc, TEST_NQN};
 
 fn gateway(img: &TestImage, cntlids: (u16, u16), ana: &str, sock: &Path) -> TargetProc {
@@ -31,18 +31,6 @@ fn gateway(img: &TestImage, cntlids: (u16, u16), ana: &str, sock: &Path) -> Targ
         &[],
         &["--control-socket".into(), sock.into()],
     )
-}
-
-fn path(t: &TargetProc) -> ConnectOptions {
-    let mut o = ConnectOptions::tcp("127.0.0.1", t.addr.port(), TEST_NQN);
-    o.timeout = Duration::from_secs(10);
-    o
-}
-
-fn pattern(i: u64) -> Vec<u8> {
-    (0..8192u64)
-        .map(|k| (k.wrapping_mul(31) ^ i.wrapping_mul(131)) as u8)
-        .collect()
 }
 
 #[test]

@@ -4,55 +4,11 @@
 //! fences the first host out, and a Clear opens the namespace again.
 
 use initiator::resv::{
-    AcquireAction, AcquireCmd, ChangePtpl, RegisterAction, RegisterCmd, ReleaseAction, ReleaseCmd,
-    ResvType,
+    AcquireAction, ChangePtpl, RegisterAction, RegisterCmd, ReleaseAction, ReleaseCmd, ResvType,
 };
-use initiator::{ConnectOptions, Controller, Error, Namespace};
-use nvme::Status;
+use initiator::{ConnectOptions, Controller, Namespace};
+use nvmf_tests::resv::{acquire, conflict, open, register};
 use nvmf_tests::{TargetProc, TEST_NQN};
-
-fn open(t: &TargetProc) -> (Controller, Namespace, [u8; 16]) {
-    let o = ConnectOptions::tcp("127.0.0.1", t.addr.port(), TEST_NQN);
-    let hostid = o.hostid;
-    let mut c = Controller::connect(o).unwrap_or_else(|e| panic!("{e}\n{}", t.log_text()));
-    let ns = c.open_namespace(1).unwrap();
-    (c, ns, hostid)
-}
-
-fn register(ns: &mut Namespace, key: u64) -> Result<(), Error> {
-    ns.reservation_register(&RegisterCmd {
-        action: RegisterAction::Register,
-        ignore_key: false,
-        ptpl: ChangePtpl::NoChange,
-        crkey: 0,
-        nrkey: key,
-    })
-}
-
-fn acquire(
-    ns: &mut Namespace,
-    action: AcquireAction,
-    rtype: ResvType,
-    crkey: u64,
-    prkey: u64,
-) -> Result<(), Error> {
-    ns.reservation_acquire(&AcquireCmd {
-        action,
-        ignore_key: false,
-        rtype,
-        crkey,
-        prkey,
-    })
-}
-
-#[track_caller]
-fn conflict(r: Result<(), Error>) {
-    match r {
-        Err(Error::Status { status, .. })
-            if status.code() == Status::RESERVATION_CONFLICT.code() => {}
-        r => panic!("expected Reservation Conflict, got {r:?}"),
-    }
-}
 
 #[test]
 fn two_initiators_share_a_namespace_under_a_reservation() {

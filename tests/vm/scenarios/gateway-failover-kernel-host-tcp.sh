@@ -14,34 +14,10 @@
 # vm-needs: build
 # vm-timeout: 900
 source "$(dirname "$0")/../lib.sh"
-REPO=$(cd "$(dirname "$0")/../../.." && pwd)
+source "$(dirname "$0")/../gateway-lib.sh"
 
-GW_NQN=nqn.2026-11.io.nvmf-rs:gw
-A_PID= B_PID=
+GW_NQN=nqn.2026-11.io.nvmf-rs:gw GW_GROUP=vm GW_IMAGE=gw1 GW_SERIAL=NVMFRSGWVM01
 
-gw_cfg() { # NAME ADDR HOME CNTLID_MIN CNTLID_MAX [with-subsystems]
-  {
-    echo "listeners:"
-    echo "  - { transport: tcp, address: $2, port: 4420 }"
-    if [ "${6:-}" = with-subsystems ]; then
-      echo "subsystems:"
-      echo "  - nqn: $GW_NQN"
-      echo "    allow_any_host: true"
-      echo "    serial: NVMFRSGWVM01"
-      echo "    namespaces:"
-      echo "      - { nsid: 1, rbd: { pool: rbd, image: gw1, conf: $CONF } }"
-    fi
-    echo "target: { threads: 1, cntlid_min: $4, cntlid_max: $5 }"
-    echo "gateway: { group: vm, name: $1, pool: rbd, conf: $CONF, ana_groups: $3 }"
-  } >"$OUT/gw-$1.yaml"
-}
-
-gw_start() { # NAME ADDR LOG -> sets GW_PID
-  RUST_LOG=${RUST_LOG:-info} NO_COLOR=1 "$NVMF_TARGET_BIN" --config "$OUT/gw-$1.yaml" \
-    --control-socket "$WORK/gw-$1.sock" >>"$3" 2>&1 &
-  GW_PID=$!
-  vm_wait_listen tcp "$2" 4420 30 || { REASON="gateway $1 does not listen on $2:4420: $(tail -n 1 "$3")"; return 1; }
-}
 
 path_of() { # ADDR -> the nvmeXcYnZ path disk of the controller connected to ADDR:4420
   local c p
@@ -68,11 +44,7 @@ gw_case() {
   local label=$SCENARIO rc fio_pid t0 took end hostnqn hostid
   teardown
   [ -n "$NVMF_TARGET_BIN" ] && [ -x "$NVMF_TARGET_BIN" ] || { fail "$label" "nvmf-target not available"; return; }
-  step "start the test cluster" env CEPH_MEMSTORE_BYTES=268435456 bash "$REPO/scripts/ceph-cluster.sh" start "$WORK/ceph" ||
-    { fail "$label" "$REASON"; return; }
-  CONF=$WORK/ceph/ceph.conf
-  CEPH_UP=$WORK/ceph
-  step "rbd create rbd/gw1" rbd -c "$CONF" create --size 32 rbd/gw1 || { fail "$label" "$REASON"; return; }
+  gw_cluster || { fail "$label" "$REASON"; return; }
   # A's file seeds the group's configuration (kept in RADOS); B's has no subsystems: it
   # serves the group's.
   gw_cfg gw-a 127.0.0.1 "[1]" 1 32767 with-subsystems
@@ -146,20 +118,10 @@ gw_case() {
   grep -q "failback: giving the ANA group back" "$OUT/gw-b.log" || { fail "$label" "B did not give the group back"; return; }
   step "nvme disconnect -n $GW_NQN" nvme disconnect -n "$GW_NQN" || { fail "$label" "$REASON"; return; }
   CONNECTED=()
-  for p in "$A_PID" "$B_PID"; do kill -TERM "$p"; done
-  for p in "$A_PID" "$B_PID"; do wait "$p" || { fail "$label" "a gateway exited with status $? after SIGTERM"; return; }; done
-  A_PID= B_PID=
-  OUT_LOGS="$OUT/gw-a2.log $OUT/gw-b.log"
-  if grep -hE '(^|[[:space:]])ERROR([[:space:]:]|$)|panicked' $OUT_LOGS | head -n 1 | grep -q .; then
-    fail "$label" "ERROR in a gateway's log: $(grep -hE '(^|[[:space:]])ERROR([[:space:]:]|$)|panicked' $OUT_LOGS | head -n 1 | cut -c1-200)"; return
-  fi
+  gw_stop_both || { fail "$label" "$REASON"; return; }
+  gw_logs_clean || { fail "$label" "$REASON"; return; }
   pass "$label"
 }
 
-CEPH_UP=
-stop_all() {
-  for p in $A_PID $B_PID; do kill -KILL "$p" 2>/dev/null; done
-  [ -z "$CEPH_UP" ] || bash "$REPO/scripts/ceph-cluster.sh" stop "$CEPH_UP" >/dev/null 2>&1
-}
-trap 'teardown; stop_all; cd / && rm -rf "$WORK"' EXIT
+trap 'teardown; gw_cleanup; cd / && rm -rf "$WORK"' EXIT
 gw_case

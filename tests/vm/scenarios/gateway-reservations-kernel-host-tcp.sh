@@ -13,36 +13,12 @@
 # vm-needs: build
 # vm-timeout: 900
 source "$(dirname "$0")/../lib.sh"
-REPO=$(cd "$(dirname "$0")/../../.." && pwd)
+source "$(dirname "$0")/../gateway-lib.sh"
 
-GW_NQN=nqn.2026-11.io.nvmf-rs:gwresv
+GW_NQN=nqn.2026-11.io.nvmf-rs:gwresv GW_GROUP=vmr GW_IMAGE=resv1 GW_SERIAL=NVMFRSGWRV01
 H1=nqn.2014-08.org.nvmexpress:uuid:11111111-2222-4333-8444-555555555501
 H2=nqn.2014-08.org.nvmexpress:uuid:11111111-2222-4333-8444-555555555502
-A_PID= B_PID=
 
-gw_cfg() { # NAME ADDR HOME CNTLID_MIN CNTLID_MAX [with-subsystems]
-  {
-    echo "listeners:"
-    echo "  - { transport: tcp, address: $2, port: 4420 }"
-    if [ "${6:-}" = with-subsystems ]; then
-      echo "subsystems:"
-      echo "  - nqn: $GW_NQN"
-      echo "    allow_any_host: true"
-      echo "    serial: NVMFRSGWRV01"
-      echo "    namespaces:"
-      echo "      - { nsid: 1, rbd: { pool: rbd, image: resv1, conf: $CONF } }"
-    fi
-    echo "target: { threads: 1, cntlid_min: $4, cntlid_max: $5 }"
-    echo "gateway: { group: vmr, name: $1, pool: rbd, conf: $CONF, ana_groups: $3 }"
-  } >"$OUT/gw-$1.yaml"
-}
-
-gw_start() { # NAME ADDR LOG -> sets GW_PID
-  RUST_LOG=${RUST_LOG:-info} NO_COLOR=1 "$NVMF_TARGET_BIN" --config "$OUT/gw-$1.yaml" \
-    --control-socket "$WORK/gw-$1.sock" >>"$3" 2>&1 &
-  GW_PID=$!
-  vm_wait_listen tcp "$2" 4420 30 || { REASON="gateway $1 does not listen on $2:4420: $(tail -n 1 "$3")"; return 1; }
-}
 
 dev_of() { # HOSTNQN ADDR -> /dev/nvmeXnY of that host's controller through ADDR
   local c n
@@ -81,11 +57,7 @@ resv_case() {
   local label=$SCENARIO end d1a d1b d2a d2b rep before after
   teardown
   [ -n "$NVMF_TARGET_BIN" ] && [ -x "$NVMF_TARGET_BIN" ] || { fail "$label" "nvmf-target not available"; return; }
-  step "start the test cluster" env CEPH_MEMSTORE_BYTES=268435456 bash "$REPO/scripts/ceph-cluster.sh" start "$WORK/ceph" ||
-    { fail "$label" "$REASON"; return; }
-  CONF=$WORK/ceph/ceph.conf
-  CEPH_UP=$WORK/ceph
-  step "rbd create rbd/resv1" rbd -c "$CONF" create --size 32 rbd/resv1 || { fail "$label" "$REASON"; return; }
+  gw_cluster || { fail "$label" "$REASON"; return; }
   head -c 4096 /dev/urandom >"$WORK/block"
   gw_cfg gw-a 127.0.0.1 "[1]" 1 32767 with-subsystems
   gw_cfg gw-b 127.0.0.2 "[]" 32768 65519
@@ -154,19 +126,13 @@ resv_case() {
 
   step "nvme disconnect -n $GW_NQN" nvme disconnect -n "$GW_NQN" || { fail "$label" "$REASON"; return; }
   CONNECTED=()
-  for p in "$A_PID" "$B_PID"; do kill -TERM "$p"; done
-  for p in "$A_PID" "$B_PID"; do wait "$p" || { fail "$label" "a gateway exited with status $? after SIGTERM"; return; }; done
-  A_PID= B_PID=
-  if grep -hE '(^|[[:space:]])ERROR([[:space:]:]|$)|panicked' "$OUT"/gw-*.log | head -n 1 | grep -q .; then
-    fail "$label" "ERROR in a gateway's log: $(grep -hE '(^|[[:space:]])ERROR([[:space:]:]|$)|panicked' "$OUT"/gw-*.log | head -n 1 | cut -c1-200)"; return
-  fi
+  gw_stop_both || { fail "$label" "$REASON"; return; }
+  gw_logs_clean || { fail "$label" "$REASON"; return; }
   pass "$label"
 }
 
-CEPH_UP=
 stop_all() {
-  for p in $A_PID $B_PID; do kill -KILL "$p" 2>/dev/null; done
-  [ -z "$CEPH_UP" ] || bash "$REPO/scripts/ceph-cluster.sh" stop "$CEPH_UP" >/dev/null 2>&1
+  gw_cleanup
   # Later scenarios expect the host's multipath on.
   nvme disconnect-all >/dev/null 2>&1
   modprobe -r nvme_tcp nvme_fabrics nvme_core >/dev/null 2>&1
