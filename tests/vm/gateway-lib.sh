@@ -38,6 +38,19 @@ gw_start() {
   vm_wait_listen tcp "$2" 4420 30 || { REASON="gateway $1 does not listen on $2:4420: $(tail -n 1 "$3")"; return 1; }
 }
 
+# gw_up: gateway A on 127.0.0.1 (home of ANA group 1; its file seeds the group's
+# configuration) and B on 127.0.0.2 (no subsystems in its file: it takes the group's), both
+# started (A_PID, B_PID); 1 + REASON on failure.
+gw_up() {
+  gw_cfg gw-a 127.0.0.1 "[1]" 1 32767 with-subsystems
+  gw_cfg gw-b 127.0.0.2 "[]" 32768 65519
+  gw_start gw-a 127.0.0.1 "$OUT/gw-a.log" || return 1
+  A_PID=$GW_PID
+  gw_start gw-b 127.0.0.2 "$OUT/gw-b.log" || return 1
+  B_PID=$GW_PID
+  grep -q "took the group's configuration" "$OUT/gw-b.log" || { REASON="B did not take the group's configuration"; return 1; }
+}
+
 # gw_stop_both: SIGTERM A and B; 1 + REASON if one exits with an error.
 gw_stop_both() {
   local p

@@ -45,15 +45,7 @@ gw_case() {
   teardown
   [ -n "$NVMF_TARGET_BIN" ] && [ -x "$NVMF_TARGET_BIN" ] || { fail "$label" "nvmf-target not available"; return; }
   gw_cluster || { fail "$label" "$REASON"; return; }
-  # A's file seeds the group's configuration (kept in RADOS); B's has no subsystems: it
-  # serves the group's.
-  gw_cfg gw-a 127.0.0.1 "[1]" 1 32767 with-subsystems
-  gw_cfg gw-b 127.0.0.2 "[]" 32768 65519
-  gw_start gw-a 127.0.0.1 "$OUT/gw-a.log" || { fail "$label" "$REASON"; return; }
-  A_PID=$GW_PID
-  gw_start gw-b 127.0.0.2 "$OUT/gw-b.log" || { fail "$label" "$REASON"; return; }
-  B_PID=$GW_PID
-  grep -q "took the group's configuration" "$OUT/gw-b.log" || { fail "$label" "B did not take the group's configuration"; return; }
+  gw_up || { fail "$label" "$REASON"; return; }
   end=$((SECONDS + 20))
   until grep -q "took the ANA group's lease" "$OUT/gw-a.log"; do
     [ $SECONDS -ge $end ] && { fail "$label" "gateway A did not take its lease in 20 s"; return; }

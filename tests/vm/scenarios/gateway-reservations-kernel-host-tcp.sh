@@ -59,12 +59,7 @@ resv_case() {
   [ -n "$NVMF_TARGET_BIN" ] && [ -x "$NVMF_TARGET_BIN" ] || { fail "$label" "nvmf-target not available"; return; }
   gw_cluster || { fail "$label" "$REASON"; return; }
   head -c 4096 /dev/urandom >"$WORK/block"
-  gw_cfg gw-a 127.0.0.1 "[1]" 1 32767 with-subsystems
-  gw_cfg gw-b 127.0.0.2 "[]" 32768 65519
-  gw_start gw-a 127.0.0.1 "$OUT/gw-a.log" || { fail "$label" "$REASON"; return; }
-  A_PID=$GW_PID
-  gw_start gw-b 127.0.0.2 "$OUT/gw-b.log" || { fail "$label" "$REASON"; return; }
-  B_PID=$GW_PID
+  gw_up || { fail "$label" "$REASON"; return; }
 
   # The host's multipath off: each controller its own disk.
   modprobe -r nvme_tcp nvme_fabrics nvme_core >>"$STEPS" 2>&1
