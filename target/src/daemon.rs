@@ -558,6 +558,37 @@ impl Daemon {
         self.reload(&base)
     }
 
+    /// After a view that gave groups up was applied (they are inaccessible here, so no new
+    /// command on their namespaces is admitted): waits, at most `limit`, for the writes still
+    /// in flight on their subsystems' controllers, so none lands after the next gateway
+    /// starts serving them (a Compare and Write there must see them). True if drained.
+    pub fn drain_groups(&self, groups: &BTreeSet<u32>, limit: Duration) -> bool {
+        let t = Instant::now();
+        loop {
+            let n = self.target.writes_in_flight(groups);
+            if n == 0 {
+                return true;
+            }
+            if t.elapsed() >= limit {
+                warn!(
+                    ?groups,
+                    writes = n,
+                    "handing ANA groups over with writes still in flight"
+                );
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    /// The ANA groups this gateway serves now (empty when not a gateway).
+    pub fn owned_groups(&self) -> BTreeSet<u32> {
+        self.gateway
+            .as_ref()
+            .map(|v| v.owned.clone())
+            .unwrap_or_default()
+    }
+
     /// This target's running listeners as the group's other gateways list them.
     pub fn peer_listeners(&self) -> Vec<crate::gateway::PeerListener> {
         self.running()

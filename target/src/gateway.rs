@@ -269,6 +269,9 @@ struct SharedState {
     version: u64,
     /// A newer group configuration, not yet taken by the daemon.
     subsystems: Option<Vec<config::Subsystem>>,
+    /// The groups the daemon serves, as it last said after applying a view and draining what
+    /// it gave up ([`Gateway::applied`]).
+    applied: Option<BTreeSet<u32>>,
 }
 
 /// The reservation state of the group's namespaces, in RADOS (`nvmf.<group>.resv.<nqn>.<nsid>`:
@@ -539,6 +542,14 @@ impl Gateway {
         })
     }
 
+    /// The daemon applied a view: it serves `owned` now, and what it gave up has no write in
+    /// flight any more (or the wait for them ended). A failback waits for this before it
+    /// gives the lease back.
+    pub fn applied(&self, owned: BTreeSet<u32>) {
+        self.state().applied = Some(owned);
+        self.shared.cv.notify_all();
+    }
+
     /// The group's subsystems, when another gateway changed them since the last call.
     pub fn take_subsystems(&self) -> Option<Vec<config::Subsystem>> {
         self.state().subsystems.take()
@@ -546,7 +557,11 @@ impl Gateway {
 
     /// The member's cluster context and settings (set at join).
     fn member(&self) -> (Arc<rbd::IoCtx>, config::Gateway) {
-        let g = self.shared.io.lock().unwrap_or_else(PoisonError::into_inner);
+        let g = self
+            .shared
+            .io
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         match &*g {
             Some((io, c)) => (Arc::clone(io), c.clone()),
             None => unreachable!("set at join"),
@@ -907,9 +922,25 @@ impl Member {
             match step {
                 Step::Wait => {}
                 Step::Release => {
-                    // Inaccessible here first, then the lease goes.
+                    // Inaccessible here and drained first (the daemon says so), then the
+                    // lease goes: the home gateway's first command sees every write made here.
                     self.held.remove(&g);
                     self.publish(sh, wanted);
+                    let deadline = Instant::now() + self.lease / 3;
+                    let mut s = sh.state.lock().unwrap_or_else(PoisonError::into_inner);
+                    while s.applied.as_ref().is_none_or(|a| a.contains(&g)) && !s.stop {
+                        let left = deadline.saturating_duration_since(Instant::now());
+                        if left.is_zero() {
+                            warn!(%group, ana_group = g, "failback: the daemon did not confirm in time; giving the lease back anyway");
+                            break;
+                        }
+                        s = sh
+                            .cv
+                            .wait_timeout(s, left)
+                            .unwrap_or_else(PoisonError::into_inner)
+                            .0;
+                    }
+                    drop(s);
                     info!(%group, ana_group = g, "failback: giving the ANA group back to its home gateway");
                     if let Err(e) = self.io.unlock(&obj, LEASE_LOCK, &self.cfg.name) {
                         warn!(%group, ana_group = g, error = %e, "cannot give the lease back (it lapses by itself)");

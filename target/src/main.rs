@@ -506,14 +506,25 @@ fn main() -> ExitCode {
                     }
                     gateway_update(&daemon);
                 }
-                if let Some(view) = gateway.as_ref().and_then(|g| g.take_view()) {
-                    let owned = view.owned.clone();
-                    let peers: Vec<String> = view.peers.iter().map(|p| p.name.clone()).collect();
-                    match daemon.apply_gateway_view(view) {
-                        Ok(_) => {
-                            info!(optimized = ?owned, ?peers, "gateway group: ANA states applied")
+                if let Some(gw) = &gateway {
+                    if let Some(view) = gw.take_view() {
+                        let owned = view.owned.clone();
+                        let before = daemon.owned_groups();
+                        let peers: Vec<String> =
+                            view.peers.iter().map(|p| p.name.clone()).collect();
+                        match daemon.apply_gateway_view(view) {
+                            Ok(_) => {
+                                info!(optimized = ?owned, ?peers, "gateway group: ANA states applied")
+                            }
+                            Err(e) => error!("gateway group: cannot apply the ANA states: {e}"),
                         }
-                        Err(e) => error!("gateway group: cannot apply the ANA states: {e}"),
+                        // What this gateway gave up drains before the member hands it over.
+                        let released: std::collections::BTreeSet<u32> =
+                            before.difference(&owned).copied().collect();
+                        if !released.is_empty() {
+                            daemon.drain_groups(&released, std::time::Duration::from_secs(2));
+                        }
+                        gw.applied(daemon.owned_groups());
                     }
                 }
                 match daemon.refresh_storage() {

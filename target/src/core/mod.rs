@@ -339,6 +339,11 @@ impl Target {
     pub fn reload_reservations(&self, groups: &std::collections::BTreeSet<u32>) -> usize {
         self.inner.reload_reservations(groups)
     }
+
+    /// Writes in flight on controllers whose subsystem has a namespace in ANA groups `groups`.
+    pub fn writes_in_flight(&self, groups: &std::collections::BTreeSet<u32>) -> u64 {
+        self.inner.writes_in_flight(groups)
+    }
     /// Per-subsystem, per-namespace and per-controller I/O statistics, summed now from the
     /// queues' own counters (see [`stats`]).
     pub fn io_metrics(&self) -> Vec<stats::SubsystemMetrics> {

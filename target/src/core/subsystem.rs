@@ -383,6 +383,25 @@ impl TargetInner {
         n
     }
 
+    /// Writes in flight on the I/O queues of every controller of a subsystem that has a
+    /// namespace in one of `groups` (ANA groups): what a gateway waits to drain before it hands
+    /// the groups to another.
+    pub fn writes_in_flight(&self, groups: &std::collections::BTreeSet<u32>) -> u64 {
+        let ctrls: Vec<Arc<Controller>> = self.registry().ctrls.values().cloned().collect();
+        ctrls
+            .iter()
+            .filter(|c| {
+                let (_, table) = c.subsys.namespaces();
+                table
+                    .by_nsid
+                    .values()
+                    .any(|n| groups.contains(&n.ana_group))
+            })
+            .flat_map(|c| c.io_counters())
+            .map(|q| u64::from(q.writes_in_flight()))
+            .sum()
+    }
+
     /// Other gateways' listeners, which the discovery log lists after this target's own.
     pub fn remote_listeners(&self) -> Arc<Vec<ListenerInfo>> {
         self.remote_listeners
