@@ -272,6 +272,23 @@ struct SharedState {
     /// The groups the daemon serves, as it last said after applying a view and draining what
     /// it gave up ([`Gateway::applied`]).
     applied: Option<BTreeSet<u32>>,
+    /// The last view published (for [`Gateway::status_reader`]).
+    last: View,
+}
+
+/// What `nvmf-target stats` and the metrics endpoint say about a gateway.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Status {
+    pub group: String,
+    pub name: String,
+    /// The ANA groups whose lease this gateway holds.
+    pub serving: BTreeSet<u32>,
+    /// The ANA groups the leases decide.
+    pub leased: BTreeSet<u32>,
+    /// The live peers' names.
+    pub peers: Vec<String>,
+    /// The version of the group's configuration running here.
+    pub config_version: u64,
 }
 
 /// The reservation state of the group's namespaces, in RADOS (`nvmf.<group>.resv.<nqn>.<nsid>`:
@@ -539,6 +556,29 @@ impl Gateway {
             io,
             group: cfg.group,
             versions: Mutex::new(BTreeMap::new()),
+        })
+    }
+
+    /// A reader of this gateway's [`Status`], for other threads (the metrics endpoint).
+    pub fn status_reader(&self) -> Arc<dyn Fn() -> Status + Send + Sync> {
+        let sh = Arc::clone(&self.shared);
+        Arc::new(move || {
+            let (group, name) = sh
+                .io
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .as_ref()
+                .map(|(_, c)| (c.group.clone(), c.name.clone()))
+                .unwrap_or_default();
+            let s = sh.state.lock().unwrap_or_else(PoisonError::into_inner);
+            Status {
+                group,
+                name,
+                serving: s.last.owned.clone(),
+                leased: s.last.leased.clone(),
+                peers: s.last.peers.iter().map(|p| p.name.clone()).collect(),
+                config_version: s.version,
+            }
         })
     }
 
@@ -981,7 +1021,11 @@ impl Member {
             return;
         }
         self.published = Some(view.clone());
-        sh.state.lock().unwrap_or_else(PoisonError::into_inner).view = Some(view);
+        {
+            let mut s = sh.state.lock().unwrap_or_else(PoisonError::into_inner);
+            s.last = view.clone();
+            s.view = Some(view);
+        }
         sh.wake();
     }
 

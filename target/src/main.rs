@@ -390,6 +390,7 @@ fn main() -> ExitCode {
         target: daemon.target().clone(),
         pollers: daemon.poller_stats(),
         rdma: daemon.has_rdma(),
+        gateway: gateway.as_ref().map(|g| g.status_reader()),
     };
     // Management requests come from the control thread; SIGUSR1 makes this thread look.
     let (ctl_tx, ctl_rx) = std::sync::mpsc::channel::<(String, std::sync::mpsc::Sender<String>)>();

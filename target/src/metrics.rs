@@ -37,6 +37,8 @@ pub struct Source {
     pub pollers: Vec<Arc<PollerStats>>,
     /// Whether the target serves NVMe/RDMA (its counters are reported then).
     pub rdma: bool,
+    /// A gateway's group status (`None`: not a gateway).
+    pub gateway: Option<Arc<dyn Fn() -> crate::gateway::Status + Send + Sync>>,
 }
 
 /// One transport's connection counters on one poller, at one instant.
@@ -210,6 +212,30 @@ impl Source {
             }
         }
         io_prometheus(&mut o, &self.target.io_metrics());
+        if let Some(g) = &self.gateway {
+            let g = g();
+            let labels = format!("gateway_group=\"{}\",gateway=\"{}\"", g.group, g.name);
+            o.push_str("# HELP nvmf_gateway_serving Whether this gateway holds the ANA group's lease (serves it optimized).\n");
+            o.push_str("# TYPE nvmf_gateway_serving gauge\n");
+            for a in &g.leased {
+                o.push_str(&format!(
+                    "nvmf_gateway_serving{{{labels},ana_group=\"{a}\"}} {}\n",
+                    u8::from(g.serving.contains(a))
+                ));
+            }
+            o.push_str("# HELP nvmf_gateway_peers Live gateways of the group besides this one.\n");
+            o.push_str("# TYPE nvmf_gateway_peers gauge\n");
+            o.push_str(&format!(
+                "nvmf_gateway_peers{{{labels}}} {}\n",
+                g.peers.len()
+            ));
+            o.push_str("# HELP nvmf_gateway_config_version The version of the group's configuration running here.\n");
+            o.push_str("# TYPE nvmf_gateway_config_version gauge\n");
+            o.push_str(&format!(
+                "nvmf_gateway_config_version{{{labels}}} {}\n",
+                g.config_version
+            ));
+        }
         o
     }
 
@@ -266,6 +292,13 @@ impl Source {
             }
         }
         io_table(&mut o, &self.target.io_metrics());
+        if let Some(g) = &self.gateway {
+            let g = g();
+            o.push_str(&format!(
+                "gateway: {} in group {}: serving ANA groups {:?} of {:?}; live peers {:?}; group configuration version {}\n",
+                g.name, g.group, g.serving, g.leased, g.peers, g.config_version
+            ));
+        }
         o
     }
 
@@ -299,8 +332,24 @@ impl Source {
                 )
             })
             .collect();
+        let gateway = match &self.gateway {
+            None => String::new(),
+            Some(g) => {
+                let g = g();
+                let list = |v: &mut dyn Iterator<Item = String>| v.collect::<Vec<_>>().join(",");
+                format!(
+                    ",\"gateway\":{{\"group\":{},\"name\":{},\"serving\":[{}],\"leased\":[{}],\"peers\":[{}],\"config_version\":{}}}",
+                    serde_json::Value::from(g.group.as_str()),
+                    serde_json::Value::from(g.name.as_str()),
+                    list(&mut g.serving.iter().map(u32::to_string)),
+                    list(&mut g.leased.iter().map(u32::to_string)),
+                    list(&mut g.peers.iter().map(|p| serde_json::Value::from(p.as_str()).to_string())),
+                    g.config_version
+                )
+            }
+        };
         format!(
-            "{{\"controllers\":{ctrls},\"cpu_ns\":{},\"pollers\":[{}],\"subsystems\":[{}]}}\n",
+            "{{\"controllers\":{ctrls},\"cpu_ns\":{},\"pollers\":[{}],\"subsystems\":[{}]{gateway}}}\n",
             process_cpu_ns(),
             items.join(","),
             self.target

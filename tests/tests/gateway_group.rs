@@ -150,6 +150,19 @@ fn a_gateway_group_fails_over_and_back_by_itself() {
     wait_for("B's discovery log drops A", Duration::from_secs(10), || {
         listed_ports(&b) == vec![pb]
     });
+    // `nvmf-target stats` on B says what it serves.
+    let o = Command::new(target_bin())
+        .args(["stats", "--json", "--control-socket"])
+        .arg(&sock_b)
+        .output()
+        .unwrap();
+    let stats = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        stats.contains(&format!(
+            "\"gateway\":{{\"group\":\"{group}\",\"name\":\"gw-b\",\"serving\":[1],\"leased\":[1],\"peers\":[],"
+        )),
+        "{stats}"
+    );
 
     // A comes back: it rejoins, B gives the group back (failback), A serves it again.
     a.restart();
