@@ -13,7 +13,10 @@ if [ "$mode" = --host ]; then bash scripts/setup.sh; else bash scripts/setup.sh 
 
 echo "== build" >&2
 cargo build --workspace --all-targets
-cargo build --release -p nvmf-target -p nvmf-bench
+# One package per invocation, as tests/vm/run.sh builds them (built together their shared
+# dependencies get other features, and the VM suite would build the target again).
+cargo build --release -p nvmf-target
+cargo build --release -p nvmf-bench
 
 echo "== Ceph test cluster (scripts/ceph-cluster.sh)" >&2
 # One mon and one memstore OSD on 127.0.0.1, for the RBD namespaces' tests; stopped on exit.

@@ -7,9 +7,9 @@
 # subsystems and takes it). Nobody sets an ANA state: A takes the group's lease in RADOS and
 # serves it optimized, B reports it inaccessible; B's discovery log lists A's listener. The
 # host connects both paths (one multipath disk; `nvme list-subsys` goes to the report). fio
-# randwrite with crc32c verify runs 60 s on the disk; at 20 s A is killed (SIGKILL): B takes
+# randwrite with crc32c verify runs 45 s on the disk; at 15 s A is killed (SIGKILL): B takes
 # the lapsed lease by itself and its path turns optimized within ANATT (10 s; the time goes to
-# the report); at 35 s A is started again: it rejoins, B gives the group back (failback) and
+# the report); 6 s after that A is started again: it rejoins, B gives the group back (failback) and
 # A's path is optimized again. fio must end with 0 errors and 0 verify failures.
 # vm-needs: build
 # vm-timeout: 900
@@ -78,10 +78,10 @@ gw_case() {
 
   fio --name=gw --filename="$DEV" --ioengine=libaio --direct=1 --rw=randwrite --bs=4k \
     --iodepth=8 --numjobs=2 --size=12M --offset_increment=12M --group_reporting --time_based \
-    --runtime=60 --verify=crc32c --do_verify=1 --verify_fatal=1 --verify_backlog=128 \
+    --runtime=45 --verify=crc32c --do_verify=1 --verify_fatal=1 --verify_backlog=128 \
     --output="$OUT/fio.txt" &
   fio_pid=$!
-  sleep 20
+  sleep 15
   # Gateway A dies.
   kill -KILL "$A_PID"; wait "$A_PID" 2>/dev/null; A_PID=
   t0=$SECONDS
@@ -93,7 +93,7 @@ gw_case() {
   took=$((SECONDS - t0))
   echo "gateway A killed: B's path optimized after ${took} s (ANATT 10 s)" | tee -a "$OUT/report.txt" >>"$STEPS"
   list_subsys "A killed"
-  sleep 12
+  sleep 6
   # A comes back: it rejoins and B gives the group back.
   gw_start gw-a 127.0.0.1 "$OUT/gw-a2.log" || { kill "$fio_pid"; fail "$label" "restart: $REASON"; return; }
   A_PID=$GW_PID
