@@ -66,10 +66,14 @@ resv_case() {
   modprobe nvme_core multipath=N && modprobe -a nvme-fabrics nvme-tcp ||
     { fail "$label" "cannot load nvme_core with multipath=N"; return; }
   [ "$(cat /sys/module/nvme_core/parameters/multipath)" = N ] || { fail "$label" "nvme_core multipath is not off"; return; }
+  # Each host from its own source address too (nvme-cli takes a second controller to the same
+  # address and subsystem for the first one again, whatever the host NQN).
+  local src
   for h in "$H1" "$H2"; do
+    src=127.0.0.1${h: -1}
     for a in 127.0.0.1 127.0.0.2; do
-      step "nvme connect -a $a as ${h##*-}" nvme connect -t tcp -a "$a" -s 4420 -n "$GW_NQN" --hostnqn="$h" \
-        --hostid="${h##*uuid:}" --ctrl-loss-tmo=120 --reconnect-delay=2 || { fail "$label" "$REASON"; return; }
+      step "nvme connect -a $a as host ${h: -1}" nvme connect -t tcp -a "$a" -s 4420 -n "$GW_NQN" --hostnqn="$h" \
+        --hostid="${h##*uuid:}" --host-traddr="$src" --ctrl-loss-tmo=120 --reconnect-delay=2 || { fail "$label" "$REASON"; return; }
     done
   done
   CONNECTED+=("$GW_NQN")
