@@ -169,6 +169,28 @@ fn config_obj(group: &str) -> String {
     format!("nvmf.{group}.config")
 }
 
+/// Object `oid`'s content and its version attribute, read so that the content is that
+/// version's (the version read again after it); `None` when no version is stored.
+fn read_versioned(io: &rbd::IoCtx, oid: &str) -> Result<Option<(u64, Vec<u8>)>, String> {
+    let version = || -> Result<Option<u64>, String> {
+        match io.xattr(oid, VERSION_ATTR).map_err(|e| e.to_string())? {
+            None => Ok(None),
+            Some(v) => String::from_utf8_lossy(&v)
+                .parse()
+                .map(Some)
+                .map_err(|_| format!("{oid}: a version that is not a number")),
+        }
+    };
+    for _ in 0..5 {
+        let Some(v) = version()? else { return Ok(None) };
+        let data = io.read_full(oid).map_err(|e| e.to_string())?;
+        if version()? == Some(v) {
+            return Ok(Some((v, data.unwrap_or_default())));
+        }
+    }
+    Err(format!("{oid}: changing too fast to read"))
+}
+
 /// The group configuration's text: a configuration document with the subsystems and a
 /// placeholder listener (a valid file of its own; secrets written in it, key files as paths).
 pub fn group_text(subsystems: &[config::Subsystem]) -> String {
@@ -310,30 +332,6 @@ impl GroupResvStore {
     fn obj(&self, subnqn: &str, nsid: u32) -> String {
         format!("nvmf.{}.resv.{subnqn}.{nsid}", self.group)
     }
-
-    fn read(&self, oid: &str) -> Result<Option<(u64, Vec<u8>)>, String> {
-        let version = || -> Result<Option<u64>, String> {
-            match self
-                .io
-                .xattr(oid, VERSION_ATTR)
-                .map_err(|e| e.to_string())?
-            {
-                None => Ok(None),
-                Some(v) => String::from_utf8_lossy(&v)
-                    .parse()
-                    .map(Some)
-                    .map_err(|_| format!("{oid}: a version that is not a number")),
-            }
-        };
-        for _ in 0..5 {
-            let Some(v) = version()? else { return Ok(None) };
-            let data = self.io.read_full(oid).map_err(|e| e.to_string())?;
-            if version()? == Some(v) {
-                return Ok(Some((v, data.unwrap_or_default())));
-            }
-        }
-        Err(format!("{oid}: changing too fast to read"))
-    }
 }
 
 impl crate::core::ResvStore for GroupResvStore {
@@ -343,7 +341,7 @@ impl crate::core::ResvStore for GroupResvStore {
 
     fn load(&self, subnqn: &str, nsid: u32) -> Option<Vec<u8>> {
         let oid = self.obj(subnqn, nsid);
-        let (version, data) = match self.read(&oid) {
+        let (version, data) = match read_versioned(&self.io, &oid) {
             Ok(Some((v, d))) => (v, (!d.is_empty()).then_some(d)),
             Ok(None) => (0, None),
             Err(e) => {
@@ -646,27 +644,12 @@ impl Member {
     /// that the text is the version's (the version read again after it).
     fn read_group(&self) -> Result<Option<(u64, String)>, String> {
         let obj = config_obj(&self.cfg.group);
-        for _ in 0..5 {
-            let version = |io: &rbd::IoCtx| -> Result<Option<u64>, String> {
-                match io.xattr(&obj, VERSION_ATTR).map_err(|e| e.to_string())? {
-                    None => Ok(None),
-                    Some(v) => String::from_utf8_lossy(&v)
-                        .parse()
-                        .map(Some)
-                        .map_err(|_| format!("{obj}: a version that is not a number")),
-                }
-            };
-            let Some(v) = version(&self.io)? else {
-                return Ok(None);
-            };
-            let data = self.io.read_full(&obj).map_err(|e| e.to_string())?;
-            if version(&self.io)? == Some(v) {
-                let text = String::from_utf8(data.unwrap_or_default())
-                    .map_err(|_| format!("{obj}: not UTF-8"))?;
-                return Ok(Some((v, text)));
-            }
+        match read_versioned(&self.io, &obj)? {
+            None => Ok(None),
+            Some((v, data)) => String::from_utf8(data)
+                .map(|text| Some((v, text)))
+                .map_err(|_| format!("{obj}: not UTF-8")),
         }
-        Err(format!("{obj}: changing too fast to read"))
     }
 
     /// Start-up: the configuration to run and the group version it is.
@@ -793,6 +776,9 @@ impl Member {
                  `gateway.name`)",
                 self.cfg.name, self.cfg.group
             ));
+        }
+        if !ok {
+            warn!(group = %self.cfg.group, name = %self.cfg.name, "this gateway's liveness lock is held by another client (a second gateway of the same name?): the peers do not see this one");
         }
         Ok(())
     }
