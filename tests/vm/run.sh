@@ -57,8 +57,7 @@ ORDER=(
 # ANA multipath under the Linux host and our initiator (two TCP addresses and rxe, states
 # flipping under fio; our initiator's multipath_check half runs in `all`); a gateway group of
 # two targets on an RBD image (a Ceph cluster in the guest) failing over and back under the
-# Linux host's multipath (gateway A killed under fio verify) and its reservations surviving
-# the owner's death and every gateway's restart (nvme-cli); in-band authentication both ways with Linux 6.12 (its own VM boot).
+# Linux host's multipath (gateway A killed under fio verify); in-band authentication both ways with Linux 6.12 (its own VM boot).
 # The same fault scenarios on the other RDMA device, the sanity checks, the SRQ variants and the
 # benchmarks run in `all`.
 CI_TIER=(
@@ -69,7 +68,7 @@ CI_TIER=(
   initiator-local-inv-rdma-rxe
   host-killed-mid-io-rdma-siw bad-input-rdma-rxe target-restart-rdma-rxe link-drop-rdma-siw
   kernel-host-reload-tcp soak-randrw-rdma-siw ana-multipath-kernel-host-rdma-rxe
-  gateway-failover-kernel-host-tcp gateway-reservations-kernel-host-tcp
+  gateway-failover-kernel-host-tcp
   auth-kernel-host-rdma-rxe auth-initiator-vs-kernel-target-rdma-rxe
 )
 # `all`: every scenario but those whose header says `vm-in-all: no` (variants and benchmarks

@@ -62,10 +62,13 @@ resv_case() {
   gw_up || { fail "$label" "$REASON"; return; }
 
   # The host's multipath off: each controller its own disk.
-  modprobe -r nvme_tcp nvme_fabrics nvme_core >>"$STEPS" 2>&1
+  # (nvme_rdma too: an earlier scenario in the same boot may have loaded it, and it holds
+  # nvme_core.)
+  modprobe -r nvme_rdma nvme_tcp nvme_fabrics nvme_core >>"$STEPS" 2>&1
   modprobe nvme_core multipath=N && modprobe -a nvme-fabrics nvme-tcp ||
     { fail "$label" "cannot load nvme_core with multipath=N"; return; }
-  [ "$(cat /sys/module/nvme_core/parameters/multipath)" = N ] || { fail "$label" "nvme_core multipath is not off"; return; }
+  [ "$(cat /sys/module/nvme_core/parameters/multipath)" = N ] ||
+    { fail "$label" "nvme_core multipath is not off (still loaded: $(lsmod | awk '/^nvme/ {printf "%s(%s) ", $1, $3}'))"; return; }
   # Each host from its own source address too (nvme-cli takes a second controller to the same
   # address and subsystem for the first one again, whatever the host NQN).
   local src
@@ -134,7 +137,7 @@ stop_all() {
   gw_cleanup
   # Later scenarios expect the host's multipath on.
   nvme disconnect-all >/dev/null 2>&1
-  modprobe -r nvme_tcp nvme_fabrics nvme_core >/dev/null 2>&1
+  modprobe -r nvme_rdma nvme_tcp nvme_fabrics nvme_core >/dev/null 2>&1
   modprobe nvme_core >/dev/null 2>&1
 }
 trap 'teardown; stop_all; cd / && rm -rf "$WORK"' EXIT
