@@ -525,19 +525,9 @@ impl Daemon {
             .filter(|l| !l.address.is_unspecified())
             .enumerate()
             .map(|(i, l)| {
-                let trtype = match l.transport {
-                    Transport::Tcp => TrType::Tcp,
-                    Transport::Rdma => TrType::Rdma,
-                };
                 // Port ids past this target's own.
-                let mut info = ListenerInfo::new(
-                    trtype,
-                    l.address.to_string(),
-                    l.port.to_string(),
-                    0x100 + i as u16,
-                );
-                info.subsystems = l.subsystems.clone();
-                info
+                let addr = SocketAddr::new(l.address, l.port);
+                listener_info(l.transport, addr, 0x100 + i as u16, &l.subsystems)
             })
             .collect();
         self.target.set_remote_listeners(remote);
@@ -920,23 +910,35 @@ fn listener_infos<'a>(
     listeners
         .enumerate()
         .map(|(i, (l, b))| {
-            let trtype = match l.transport {
-                Transport::Tcp => TrType::Tcp,
-                Transport::Rdma => TrType::Rdma,
-            };
-            let mut info = ListenerInfo::new(
-                trtype,
-                b.ip().to_string(),
-                b.port().to_string(),
-                i as u16 + 1,
-            );
-            info.subsystems = l.subsystems.clone();
+            let mut info = listener_info(l.transport, *b, i as u16 + 1, &l.subsystems);
             for (&group, &state) in &l.ana {
                 info.set_ana(group, ana_code(state));
             }
             info
         })
         .collect()
+}
+
+/// A discovery log entry's listener: `transport` at `addr`, port id `port_id`, serving
+/// `subsystems` (`None`: all).
+fn listener_info(
+    transport: Transport,
+    addr: SocketAddr,
+    port_id: u16,
+    subsystems: &Option<Vec<String>>,
+) -> ListenerInfo {
+    let trtype = match transport {
+        Transport::Tcp => TrType::Tcp,
+        Transport::Rdma => TrType::Rdma,
+    };
+    let mut info = ListenerInfo::new(
+        trtype,
+        addr.ip().to_string(),
+        addr.port().to_string(),
+        port_id,
+    );
+    info.subsystems = subsystems.clone();
+    info
 }
 
 /// The ANA groups a gateway's leases decide: those of its namespaces and its home groups.

@@ -272,6 +272,15 @@ struct Shared {
 }
 
 impl Shared {
+    /// The member's cluster context and settings.
+    fn member(&self) -> Option<(Arc<rbd::IoCtx>, config::Gateway)> {
+        self.io
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ref()
+            .map(|(io, c)| (Arc::clone(io), c.clone()))
+    }
+
     fn wake(&self) {
         if let Some(w) = &*self.wake.lock().unwrap_or_else(PoisonError::into_inner) {
             w();
@@ -562,11 +571,8 @@ impl Gateway {
         let sh = Arc::clone(&self.shared);
         Arc::new(move || {
             let (group, name) = sh
-                .io
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .as_ref()
-                .map(|(_, c)| (c.group.clone(), c.name.clone()))
+                .member()
+                .map(|(_, c)| (c.group, c.name))
                 .unwrap_or_default();
             let s = sh.state.lock().unwrap_or_else(PoisonError::into_inner);
             Status {
@@ -595,13 +601,8 @@ impl Gateway {
 
     /// The member's cluster context and settings (set at join).
     fn member(&self) -> (Arc<rbd::IoCtx>, config::Gateway) {
-        let g = self
-            .shared
-            .io
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        match &*g {
-            Some((io, c)) => (Arc::clone(io), c.clone()),
+        match self.shared.member() {
+            Some(m) => m,
             None => unreachable!("set at join"),
         }
     }
