@@ -95,7 +95,7 @@ pub fn fuzz_caps() -> TransportCaps {
 }
 
 /// A target with one subsystem (any host) holding namespace 1 (4096 × 4 KiB) and namespace 2
-/// (512-byte blocks), and a TCP and an RDMA listener (for the discovery log).
+/// (512-byte blocks, whose store has a compare-and-write of its own), and a TCP and an RDMA listener (for the discovery log).
 pub fn fuzz_target_core() -> Arc<Target> {
     let ns = |nsid: u32, blocks: u64, lba_shift: u8| NamespaceSpec {
         nsid,
@@ -107,6 +107,8 @@ pub fn fuzz_target_core() -> Arc<Target> {
         read_only: false,
         deallocate_zeroes: true,
         ana_group: nsid,
+        // Namespace 2 runs one-block Compare and Writes as one store op (as RBD does).
+        native_caw: if nsid == 2 { 512 } else { 0 },
     };
     Target::new(
         vec![SubsystemSpec {

@@ -229,6 +229,7 @@ fn subsystem_specs(
                         read_only: ns.read_only,
                         deallocate_zeroes: d.deallocate() == Deallocate::Zeroes,
                         ana_group: ns.ana_group,
+                        native_caw: d.native_caw(),
                     })
                 })
                 .collect(),

@@ -63,6 +63,7 @@ fn no_heap_allocation_per_io_command_in_the_core() {
                 read_only: false,
                 deallocate_zeroes: true,
                 ana_group: 1,
+                native_caw: 0,
             }],
         }],
         vec![],

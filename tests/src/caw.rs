@@ -286,12 +286,18 @@ fn host_loop(me: usize, ns: &mut Namespace, o: &RaceOptions, start: &Barrier) ->
 /// round). `Err` when the hosts could not connect or set up; the race's own problems are in
 /// [`RaceReport::failures`].
 pub fn race(base: &ConnectOptions, o: &RaceOptions) -> Result<RaceReport, String> {
-    if o.hosts == 0 || o.rounds == 0 {
-        return Err("no hosts or no rounds".into());
+    race_through(std::slice::from_ref(base), o)
+}
+
+/// [`race`] with host `i` connected through `targets[i % targets.len()]`: several targets
+/// (gateways) in front of one shared store, each host racing through its own.
+pub fn race_through(targets: &[ConnectOptions], o: &RaceOptions) -> Result<RaceReport, String> {
+    if o.hosts == 0 || o.rounds == 0 || targets.is_empty() {
+        return Err("no hosts, no rounds or no targets".into());
     }
     let mut hosts: Vec<(Controller, Namespace)> = Vec::with_capacity(o.hosts);
     for i in 0..o.hosts {
-        let mut opts = base.clone();
+        let mut opts = targets[i % targets.len()].clone();
         opts.hostid = rand::random();
         opts.hostnqn = hostnqn_for(&opts.hostid);
         opts.queues = 1;

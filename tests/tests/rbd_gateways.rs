@@ -13,17 +13,28 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use initiator::{AnaState, MultipathNamespace, MultipathOptions};
+use nvmf_tests::caw::{self, RaceOptions};
 use nvmf_tests::ceph::{self, pattern, tcp_path as path, TestImage};
 use nvmf_tests::{target_bin, TargetProc, TEST_NQN};
 
 fn gateway(img: &TestImage, cntlids: (u16, u16), ana: &str, sock: &Path) -> TargetProc {
+    gateway_bs(img, cntlids, ana, sock, 4096)
+}
+
+fn gateway_bs(
+    img: &TestImage,
+    cntlids: (u16, u16),
+    ana: &str,
+    sock: &Path,
+    block_size: u32,
+) -> TargetProc {
     let (conf, name) = (img.conf.display().to_string(), img.name.clone());
     TargetProc::start_with_env(
         |port, _| {
             format!(
                 "listeners:\n  - {{ transport: tcp, address: 127.0.0.1, port: {port}, ana: {{ 1: {ana} }} }}\n\
                  subsystems:\n  - nqn: {TEST_NQN}\n    allow_any_host: true\n    serial: NVMFRSGW01\n    namespaces:\n      \
-                 - {{ nsid: 1, rbd: {{ pool: rbd, image: {name}, conf: {conf} }} }}\n\
+                 - {{ nsid: 1, block_size: {block_size}, rbd: {{ pool: rbd, image: {name}, conf: {conf} }} }}\n\
                  target: {{ threads: 1, cntlid_min: {}, cntlid_max: {} }}\n",
                 cntlids.0, cntlids.1
             )
@@ -118,4 +129,48 @@ fn a_second_gateway_takes_over_an_rbd_namespace() {
     );
     drop(ns);
     assert!(b.terminate(), "{}", b.log_text());
+}
+
+/// Two hosts race Compare and Write on one block, host 1 through gateway A and host 2 through
+/// gateway B, both serving the image optimized (librbd moves the image's exclusive lock
+/// between them as they write): the fused pair is librbd's compare-and-write, one operation on
+/// the OSD, so every round has exactly one winner and no read sees a torn block. A 512-byte
+/// block namespace: one sector is what librbd 16's compare-and-write takes (a larger pair is
+/// serialized by the gateway that runs it, which is atomic only while one gateway serves the
+/// image, as in a gateway group).
+#[test]
+fn compare_and_write_races_through_two_gateways_have_one_winner_per_round() {
+    let Some(conf) = ceph::conf() else { return };
+    let img = TestImage::create(&conf, "gwcaw", 8);
+    let dir = nvmf_tests::TempDir::new("gwcaw");
+    let a = gateway_bs(&img, (1, 0x7fff), "optimized", &dir.0.join("a.sock"), 512);
+    let b = gateway_bs(
+        &img,
+        (0x8000, 0xffef),
+        "optimized",
+        &dir.0.join("b.sock"),
+        512,
+    );
+    let o = RaceOptions {
+        hosts: 2,
+        rounds: 1000,
+        nsid: 1,
+        lba: 3,
+    };
+    let rep = caw::race_through(&[path(&a), path(&b)], &o)
+        .unwrap_or_else(|e| panic!("{e}\n{}\n{}", a.log_text(), b.log_text()));
+    println!("{}", rep.timing());
+    println!("{}", rep.summary());
+    assert!(
+        rep.ok(),
+        "{}\n{}\nA:\n{}\nB:\n{}",
+        rep.failures.join("\n"),
+        rep.summary(),
+        a.log_text(),
+        b.log_text()
+    );
+    assert_eq!(rep.wins.iter().sum::<u64>(), o.rounds);
+    assert!(rep.wins.iter().all(|&w| w > 0), "{}", rep.summary());
+    assert_eq!(rep.torn, 0);
+    assert_eq!(rep.caws, o.rounds + rep.conflicts);
 }

@@ -236,6 +236,17 @@ impl Device {
         self.kind
     }
 
+    /// The largest fused Compare and Write (bytes, within one aligned unit of that size) the
+    /// store runs as one operation of its own (`core::NamespaceSpec::native_caw`): for RBD one
+    /// 512-byte sector, the most librbd 16's compare-and-write takes (`rbd/tests/image.rs`
+    /// checks it on the cluster); 0 for the others, whose pairs the core serializes itself.
+    pub fn native_caw(&self) -> u32 {
+        match self.kind {
+            DeviceKind::Rbd => 512,
+            _ => 0,
+        }
+    }
+
     /// The path opened; `None` for the null device.
     pub fn path(&self) -> Option<&Path> {
         self.path.as_deref()

@@ -284,6 +284,9 @@ struct Slot {
     /// Compare: the buffer and offset of the host's data; `buf` is then the pool buffer the
     /// range is read into (freed when the op finishes).
     compare: Option<(BufId, u32)>,
+    /// Compare and Write (RBD): the buffer of the Compare's data, marked in flight next to
+    /// `buf` (the Write's data) until the op finishes.
+    caw_compare: Option<BufId>,
     result: Result<u32, i32>,
 }
 
@@ -299,6 +302,7 @@ const IDLE_SLOT: Slot = Slot {
     pending: 0,
     err: 0,
     compare: None,
+    caw_compare: None,
     result: Ok(0),
     fua: false,
 };
@@ -349,6 +353,9 @@ pub struct Ring {
     rbd_armed: bool,
     /// Reused for librbd's results.
     rbd_results: Vec<(u32, i64)>,
+    /// Per slot, where librbd's compare-and-write leaves the offset of the first difference
+    /// (never resized: librbd holds pointers into it while operations run).
+    rbd_mismatch: Box<[u64]>,
     mode: RingMode,
     /// The kernel sets IORING_SQ_TASKRUN when deferred completions wait for an enter.
     taskrun_flag: bool,
@@ -517,6 +524,7 @@ impl Ring {
             rbd_slots: 0,
             rbd_armed: false,
             rbd_results: Vec::new(),
+            rbd_mismatch: vec![0; n].into_boxed_slice(),
             mode,
             taskrun_flag,
             enabled: false,
@@ -717,6 +725,8 @@ impl Ring {
                 };
                 self.issue_rw(s)
             }
+            // Only a store with a compare-and-write of its own is given one.
+            IoKind::CompareAndWrite { .. } => Err(libc::EINVAL),
             IoKind::Compare => {
                 let (id, boff) = buf.ok_or(libc::EINVAL)?;
                 check_range(&dev, op.offset, u64::from(op.len))?;
@@ -929,6 +939,65 @@ impl Ring {
                 };
                 r.map(|()| issued = 1)
             }
+            IoKind::CompareAndWrite { write_buf, .. } => {
+                let (cmp, cmp_off) = buf.ok_or(libc::EINVAL)?;
+                let wbuf =
+                    BufId(u16::try_from(write_buf.ok_or(libc::EINVAL)?).map_err(|_| libc::EINVAL)?);
+                check_range(dev, op.offset, u64::from(op.len))?;
+                let end = (cmp_off as usize)
+                    .checked_add(op.len as usize)
+                    .ok_or(libc::EINVAL)?;
+                if cmp == wbuf
+                    || end > self.pool.buf_size()
+                    || op.len as usize > self.pool.buf_size()
+                {
+                    return Err(libc::EINVAL);
+                }
+                // Both the host's data: allocated, in this pool, long enough, not in flight.
+                if self.pool.is_in_flight(cmp) || self.pool.is_in_flight(wbuf) {
+                    return Err(libc::EBUSY);
+                }
+                self.pool.payload(cmp, end).map_err(|_| libc::EINVAL)?;
+                self.pool
+                    .payload(wbuf, op.len as usize)
+                    .map_err(|_| libc::EINVAL)?;
+                if op.len == 0 {
+                    self.finish(s, Ok(0));
+                    return Ok(());
+                }
+                let cmp_addr = self.pool.buf_ptr(cmp).map_err(|_| libc::EINVAL)?.as_ptr() as usize
+                    + cmp_off as usize;
+                let w_addr = self.pool.buf_ptr(wbuf).map_err(|_| libc::EINVAL)?.as_ptr() as usize;
+                self.pool.mark_in_flight(wbuf).map_err(|_| libc::EINVAL)?;
+                if self.pool.mark_in_flight(cmp).is_err() {
+                    let _ = self.pool.clear_in_flight(wbuf);
+                    return Err(libc::EINVAL);
+                }
+                let slot = &mut self.slots[si];
+                slot.buf = Some(wbuf);
+                slot.caw_compare = Some(cmp);
+                slot.addr = w_addr;
+                slot.kind = SlotKind::Rbd(RbdKind::Write);
+                let done = self.rbd_done.as_ref().expect("made above");
+                let mismatch = &mut self.rbd_mismatch[si] as *mut u64;
+                // SAFETY: both ranges lie in pool buffers (checked above) marked in flight
+                // until this slot finishes, which happens only after librbd reported the
+                // result (`on_rbd_wake`), or at once if the call is refused; `mismatch` is this
+                // slot's cell of a slice never resized while the ring lives, and the pool and
+                // the cells outlive every operation in flight (`Drop for Ring` waits for them).
+                let r = unsafe {
+                    img.aio_compare_and_write(
+                        done,
+                        s,
+                        op.offset,
+                        cmp_addr as *const u8,
+                        w_addr as *const u8,
+                        op.len as usize,
+                        mismatch,
+                    )
+                };
+                r.map(|()| issued = 1)
+            }
             IoKind::Flush => {
                 self.slots[si].kind = SlotKind::Rbd(RbdKind::NoData);
                 let done = self.rbd_done.as_ref().expect("made above");
@@ -1025,6 +1094,14 @@ impl Ring {
             let slot = *slot;
             self.rbd_slots = self.rbd_slots.saturating_sub(1);
             if slot.err != 0 {
+                if slot.caw_compare.is_some() && slot.err != libc::EILSEQ {
+                    tracing::warn!(
+                        offset = slot.offset,
+                        len = slot.len,
+                        errno = slot.err,
+                        "librbd's compare-and-write failed"
+                    );
+                }
                 self.finish(s, Err(slot.err));
                 continue;
             }
@@ -1319,6 +1396,9 @@ impl Ring {
         slot.kind = SlotKind::Done;
         slot.result = result;
         let scratch = slot.compare.take().is_some();
+        if let Some(id) = slot.caw_compare.take() {
+            let _ = self.pool.clear_in_flight(id);
+        }
         if let Some(id) = slot.buf.take() {
             // The op marked it; nothing else can have changed its state meanwhile.
             let _ = self.pool.clear_in_flight(id);

@@ -11,6 +11,14 @@
 //! Write with Command Aborted due to Failed Fused Command; a first command not followed by
 //! its second gets Missing Fused Command, a second with no first the same.
 //!
+//! A namespace whose store has a compare-and-write of its own (`native_caw`: RBD, where the
+//! image is shared with other gateways and a lock of this target's would not hold them off)
+//! runs a pair that the store's operation takes (its size and alignment) as that one
+//! operation instead: the resumed Compare becomes
+//! [`IoKind::CompareAndWrite`] naming the Write (whose data the transport holds), and the
+//! Write, resumed after it succeeded, completes without an operation of its own. The range
+//! lock is still taken, for this target's own writes' order.
+//!
 //! Every other Write, Write Zeroes and deallocation registers its range while it executes
 //! (`enter_range` at execute, `leave_range` at completion); one that meets a lock is deferred
 //! and resumed when the lock is gone.
@@ -21,7 +29,7 @@ use nvme::{Sqe, Status};
 
 use super::queue::{loc, Link, Outcome, Reject};
 use super::rangelock::{Busy, Held, RangeLock, RangeLocks, WaitTicket};
-use super::{Cmd, IoOp, Queue, QueueEvent};
+use super::{Cmd, IoKind, IoOp, Queue, QueueEvent};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -70,6 +78,8 @@ struct Pair {
     abort: Option<Status>,
     /// Byte extent (known once the Compare is executed).
     extent: (u64, u64),
+    /// The store runs the pair as one operation (`NamespaceSpec::native_caw`).
+    native: bool,
 }
 
 /// A queue's fused pairs.
@@ -151,6 +161,7 @@ impl Queue {
                     ticket: None,
                     abort: None,
                     extent: (0, 0),
+                    native: false,
                 });
                 self.fused.expecting = true;
             } else {
@@ -181,7 +192,14 @@ impl Queue {
 
     /// Execute of a fused command (its data is in the slot): the Compare's or the Write's op
     /// when the pair is there, else deferred.
-    pub(super) fn fused_execute(&mut self, cmd: &Cmd, op: IoOp) -> Result<Outcome, Reject> {
+    /// `native`: the largest pair the namespace's store runs as one operation
+    /// (`NamespaceSpec::native_caw`).
+    pub(super) fn fused_execute(
+        &mut self,
+        cmd: &Cmd,
+        op: IoOp,
+        native: u32,
+    ) -> Result<Outcome, Reject> {
         let first = fuse(&cmd.sqe) == FUSE_FIRST;
         let Some(i) = self.member(cmd.sqe.cid(), first) else {
             return Err(Reject::dnr(Status::FUSED_MISSING, loc::FLAGS));
@@ -191,15 +209,43 @@ impl Queue {
             self.drop_if_done(i);
             return Err(Reject::new(st, loc::FLAGS));
         }
-        match (self.fused.pairs[i].stage, first) {
-            (Stage::Comparing, true) | (Stage::Writing, false) => {
+        let p = &self.fused.pairs[i];
+        match (p.stage, first, p.native) {
+            (Stage::Comparing, true, true) => {
+                let Some(write_cid) = p.second_cid else {
+                    // Comparing needs both members held.
+                    return Err(Reject::dnr(Status::FUSED_MISSING, loc::FLAGS));
+                };
+                *self.member_mut(i, first) = Member::Running;
+                let kind = IoKind::CompareAndWrite {
+                    write_cid,
+                    write_buf: None,
+                };
+                return Ok(Outcome::Io(IoOp { kind, ..op }));
+            }
+            (Stage::Writing, false, true) => {
+                // The pair's one operation wrote it.
+                *self.member_mut(i, first) = Member::Gone;
+                self.fused.pairs[i].lock = None;
+                self.drop_if_done(i);
+                super::queue::bump(&self.counters.bytes_written, u64::from(op.len));
+                super::queue::bump(&self.counters.write_cmds, 1);
+                return Ok(Outcome::ok());
+            }
+            (Stage::Comparing, true, false) | (Stage::Writing, false, false) => {
                 *self.member_mut(i, first) = Member::Running;
                 return Ok(Outcome::Io(op));
             }
             _ => {}
         }
         if first {
-            self.fused.pairs[i].extent = (op.offset, op.len as u64);
+            let p = &mut self.fused.pairs[i];
+            p.extent = (op.offset, op.len as u64);
+            let unit = u64::from(native);
+            p.native = native > 0
+                && op.len > 0
+                && op.len <= native
+                && op.offset / unit == (op.offset + u64::from(op.len) - 1) / unit;
         }
         *self.member_mut(i, first) = Member::Held(cmd.clone());
         let p = &mut self.fused.pairs[i];

@@ -308,7 +308,7 @@ impl Queue {
                 };
                 if sqe.opcode == io::WRITE {
                     if sqe.flags & FUSE_MASK == FUSE_SECOND {
-                        return self.fused_execute(cmd, op);
+                        return self.fused_execute(cmd, op, ns.native_caw);
                     }
                     if !self.enter_range(cmd, ns.nsid, offset, len as u64) {
                         return Ok(Outcome::Deferred);
@@ -328,7 +328,7 @@ impl Queue {
                     len: cmd.piece.len,
                 };
                 if sqe.flags & FUSE_MASK == FUSE_FIRST {
-                    return self.fused_execute(cmd, op);
+                    return self.fused_execute(cmd, op, ns.native_caw);
                 }
                 Ok(Outcome::Io(op))
             }

@@ -208,6 +208,14 @@ pub struct NamespaceSpec {
     pub deallocate_zeroes: bool,
     /// The ANA group (1 to [`ANA_GROUPS`]): each listener has a state per group.
     pub ana_group: u32,
+    /// The largest fused Compare and Write, in bytes, that the store runs as one operation of
+    /// its own ([`IoKind::CompareAndWrite`]), atomic against every gateway of a shared image:
+    /// a pair of at most this many bytes that stays within one aligned unit of it (RBD: 512,
+    /// one sector, all that librbd 16's compare-and-write takes); 0 for none. Any other pair
+    /// is a Compare then a Write under the namespace's range lock: atomic against every command
+    /// of this target, which is all that reaches a local store (and an RBD image served by
+    /// one gateway at a time, as a gateway group serves it).
+    pub native_caw: u32,
 }
 
 /// A subsystem as configured.
@@ -503,6 +511,17 @@ pub enum IoKind {
     /// Read the range and compare it with the command's buffer (the host's data): the op
     /// fails with EILSEQ where they differ (Compare Failure).
     Compare,
+    /// A fused Compare and Write as one operation of a store that has it (RBD: librbd's
+    /// compare-and-write, one operation on the OSD, so atomic against every gateway of a
+    /// shared image; see [`NamespaceSpec::native_caw`]): compare the range with the command's
+    /// buffer (the Compare's data) and, only where it is equal, write the Write's data there;
+    /// fails with EILSEQ on a difference. The core names the Write by its command ID
+    /// (`write_cid`, a command the transport holds deferred with its data); the transport,
+    /// which owns the buffers, fills in `write_buf` before it submits.
+    CompareAndWrite {
+        write_cid: u16,
+        write_buf: Option<u32>,
+    },
 }
 
 /// One entry of a Trim's range list in the command buffer: byte offset then byte length, each

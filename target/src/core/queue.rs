@@ -145,9 +145,9 @@ pub(crate) struct Counters {
     commands: AtomicU64,
     errors: AtomicU64,
     bytes_read: AtomicU64,
-    bytes_written: AtomicU64,
+    pub(super) bytes_written: AtomicU64,
     read_cmds: AtomicU64,
-    write_cmds: AtomicU64,
+    pub(super) write_cmds: AtomicU64,
     /// Write-group commands (Write, Write Zeroes, DSM, Flush) parsed and not yet completed:
     /// what a Preempt and Abort waits for on the preempted hosts' queues.
     writes_in_flight: AtomicU32,
@@ -182,7 +182,7 @@ impl Fence {
     }
 }
 
-fn bump(c: &AtomicU64, by: u64) {
+pub(super) fn bump(c: &AtomicU64, by: u64) {
     // Single writer: a load and a store avoid a locked read-modify-write.
     c.store(
         c.load(Ordering::Relaxed).wrapping_add(by),

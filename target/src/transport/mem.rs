@@ -19,8 +19,15 @@ pub struct MemStore {
     bufs: Vec<Vec<u8>>,
     free: Vec<u32>,
     in_use: Vec<bool>,
-    pending: VecDeque<(u64, u32)>,
+    /// Per buffer, operations in flight that use it (freeing it meanwhile is a bug: the real
+    /// pool refuses, and the buffer would be lost).
+    busy: Vec<u32>,
+    /// In flight: (user_data, length, buffers the op uses).
+    pending: VecDeque<(u64, u32, [Option<u32>; 2])>,
     pub submitted: u64,
+    /// Every Compare and Write submitted: (the Compare's buffer, the Write's buffer, the
+    /// first byte of the Write's data).
+    pub compare_and_writes: Vec<(Option<u32>, Option<u32>, u8)>,
     /// Complete every operation reaped with this errno instead of success.
     pub fail: Option<i32>,
 }
@@ -31,8 +38,10 @@ impl MemStore {
             bufs: (0..count).map(|_| vec![0u8; size]).collect(),
             free: (0..count as u32).rev().collect(),
             in_use: vec![false; count],
+            busy: vec![0; count],
             pending: VecDeque::new(),
             submitted: 0,
+            compare_and_writes: Vec::new(),
             fail: None,
         }
     }
@@ -47,6 +56,7 @@ impl Store for MemStore {
 
     fn free_buf(&mut self, buf: u32) {
         assert!(self.in_use[buf as usize], "buffer {buf} freed twice");
+        assert_eq!(self.busy[buf as usize], 0, "buffer {buf} freed under I/O");
         self.in_use[buf as usize] = false;
         self.free.push(buf);
     }
@@ -78,17 +88,37 @@ impl Store for MemStore {
                     bytes[..op.len as usize].fill((op.offset >> 9) as u8 | 1);
                 }
             }
+            IoKind::CompareAndWrite { write_buf, .. } => {
+                for b in [buf, write_buf] {
+                    let b = b.expect("a Compare and Write has both buffers");
+                    assert!(self.in_use[b as usize], "I/O on a free buffer");
+                }
+                let first = write_buf.map_or(0, |b| self.bufs[b as usize][0]);
+                self.compare_and_writes.push((buf, write_buf, first));
+            }
             _ => {}
         }
-        self.pending.push_back((user_data, op.len));
+        let uses = match op.kind {
+            IoKind::CompareAndWrite { write_buf, .. } => [buf, write_buf],
+            _ => [buf, None],
+        };
+        for b in uses.iter().flatten() {
+            self.busy[*b as usize] += 1;
+        }
+        self.pending.push_back((user_data, op.len, uses));
     }
 
     fn reap(&mut self, out: &mut Vec<(u64, Result<u32, i32>)>) {
         let fail = self.fail;
-        out.extend(self.pending.drain(..).map(|(ud, len)| match fail {
-            Some(e) => (ud, Err(e)),
-            None => (ud, Ok(len)),
-        }));
+        for (ud, len, uses) in self.pending.drain(..) {
+            for b in uses.iter().flatten() {
+                self.busy[*b as usize] -= 1;
+            }
+            out.push(match fail {
+                Some(e) => (ud, Err(e)),
+                None => (ud, Ok(len)),
+            });
+        }
     }
 
     fn inflight(&self) -> usize {

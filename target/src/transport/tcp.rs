@@ -24,7 +24,7 @@ use tracing::{debug, info, warn};
 use super::sendq::SendQueue;
 use super::wire::Wire;
 use super::{ConnStats, ReqRef, Store};
-use crate::core::{self, Cmd, Exec, Queue, QueueEvent, QueueLimits, TransportCaps, Xfer};
+use crate::core::{self, Cmd, Exec, IoKind, Queue, QueueEvent, QueueLimits, TransportCaps, Xfer};
 
 /// Size of the receive staging buffer: small PDUs (capsules, small in-capsule data) are read
 /// in batches through it; larger data is read straight into the slot buffer.
@@ -88,6 +88,10 @@ struct Slot {
     spill: Vec<u8>,
     /// `spill` holds this command's whole in-capsule data, to copy into the buffer granted.
     spilled: bool,
+    /// A fused Compare and Write running as one backend op (`IoKind::CompareAndWrite`): the
+    /// slot of its Write, whose buffer the op uses; that slot is `Executing` meanwhile and
+    /// goes back to `Deferred` (or is released, when closing) when the op completes.
+    caw_partner: Option<u16>,
 }
 
 impl Slot {
@@ -102,6 +106,7 @@ impl Slot {
             digest_error: false,
             spill: Vec::new(),
             spilled: false,
+            caw_partner: None,
         }
     }
 }
@@ -791,7 +796,19 @@ impl<W: Wire> Conn<W> {
         self.slots[s].cmd = Some(cmd);
         match ex {
             Exec::Done { cqe, data_len } => self.respond(slot, cqe, data_len, store),
-            Exec::Io(op) => {
+            Exec::Io(mut op) => {
+                if let IoKind::CompareAndWrite {
+                    write_cid,
+                    write_buf,
+                } = &mut op.kind
+                {
+                    // Without its Write held here, the backend refuses the op (EINVAL).
+                    if let Some(p) = self.deferred_slot(*write_cid) {
+                        *write_buf = self.slots[p as usize].buf;
+                        self.slots[s].caw_partner = Some(p);
+                        self.set(p, SlotState::Executing);
+                    }
+                }
                 self.set(s as u16, SlotState::Executing);
                 self.inflight += 1;
                 let ud = ReqRef::tcp(self.conn_key, u32::from(slot)).user_data();
@@ -811,12 +828,19 @@ impl<W: Wire> Conn<W> {
         now: Instant,
     ) {
         self.inflight -= 1;
+        let partner = self.slots[slot as usize].caw_partner.take();
         if self.phase == Phase::Closing {
-            if let Some(cmd) = self.slots[slot as usize].cmd.as_mut() {
-                self.queue.abandon(cmd);
+            for s in std::iter::once(slot).chain(partner) {
+                if let Some(cmd) = self.slots[s as usize].cmd.as_mut() {
+                    self.queue.abandon(cmd);
+                }
+                self.release_slot(s, store);
             }
-            self.release_slot(slot, store);
             return;
+        }
+        if let Some(p) = partner {
+            // The Write of a Compare and Write: the core resumes it (done) or fails it.
+            self.set(p, SlotState::Deferred);
         }
         let cmd = self.slots[slot as usize]
             .cmd
@@ -926,6 +950,7 @@ impl<W: Wire> Conn<W> {
         }
         s.cmd = None;
         s.spilled = false;
+        s.caw_partner = None;
         self.set(slot, SlotState::Free);
         self.free_slots.push(slot);
     }

@@ -709,6 +709,90 @@ fn closing_with_responses_queued_drops_them_and_frees_their_buffers() {
     assert!(r.idle());
 }
 
+/// A target whose namespace 1 has a store with its own compare-and-write of one block.
+fn native_caw_target() -> Arc<Target> {
+    let t = test_target();
+    let mut subs = crate::core::tests::test_subsystems();
+    subs[0].namespaces[0].native_caw = BLK;
+    t.reconfigure(subs, crate::core::tests::test_listeners());
+    t
+}
+
+/// A fused Compare (`FUSE_FIRST`) and Write (`FUSE_SECOND`) of one block, data in capsule.
+fn send_caw(r: &mut Rig, cids: (u16, u16), slba: u64) {
+    let sgl = Sgl::InCapsule {
+        offset: 0,
+        len: BLK,
+    };
+    let mut c = rw(io::COMPARE, cids.0, slba, 1, sgl);
+    c.flags |= nvme::cmd::FUSE_FIRST;
+    let mut w = rw(io::WRITE, cids.1, slba, 1, sgl);
+    w.flags |= nvme::cmd::FUSE_SECOND;
+    r.capsule(&c, &vec![0x11; BLK as usize]);
+    r.capsule(&w, &vec![0x22; BLK as usize]);
+}
+
+#[test]
+fn a_compare_and_write_the_store_runs_as_one_op_uses_both_buffers() {
+    let mut r = Rig::connected_on(native_caw_target(), 4, false, 0);
+    send_caw(&mut r, (5, 6), 3);
+    r.run();
+    assert_eq!(r.store.submitted, 1, "one op for the pair");
+    let (cmp, write, first) = r.store.compare_and_writes[0];
+    assert!(cmp.is_some() && write.is_some() && cmp != write);
+    assert_eq!(first, 0x22, "the Write's data");
+    let mut cids: Vec<(u16, bool)> = (0..2)
+        .map(|_| {
+            let c = r.cqe();
+            (c.cid(), c.status().is_success())
+        })
+        .collect();
+    cids.sort_unstable();
+    assert_eq!(cids, vec![(5, true), (6, true)]);
+    assert!(r.idle());
+}
+
+#[test]
+fn a_compare_and_write_the_store_refuses_fails_both_commands() {
+    let mut r = Rig::connected_on(native_caw_target(), 4, false, 0);
+    r.store.fail = Some(libc::EILSEQ);
+    send_caw(&mut r, (5, 6), 3);
+    r.run();
+    let mut st: Vec<(u16, Status)> = (0..2)
+        .map(|_| {
+            let c = r.cqe();
+            (c.cid(), c.status())
+        })
+        .collect();
+    st.sort_unstable_by_key(|s| s.0);
+    assert_eq!(
+        st,
+        vec![(5, Status::COMPARE_FAILED.dnr()), (6, Status::FUSED_FAIL)]
+    );
+    assert!(r.idle());
+}
+
+#[test]
+fn closing_while_a_compare_and_write_runs_frees_both_buffers_after_it() {
+    let mut r = Rig::connected_on(native_caw_target(), 4, false, 0);
+    send_caw(&mut r, (5, 6), 3);
+    // Read both capsules and let the core resume the Compare, without reaping the backend.
+    let mut w = Wants::default();
+    for _ in 0..4 {
+        r.conn.on_readable(&mut r.store, r.now, &mut w);
+        r.conn.tick(&mut r.store, r.now);
+    }
+    assert_eq!(r.store.inflight(), 1, "the pair's op runs");
+    assert_eq!(r.store.buffers_in_use(), 2);
+    r.conn.wire_mut().peer_closed = true;
+    r.conn.on_readable(&mut r.store, r.now, &mut w);
+    assert!(r.conn.is_closing());
+    assert_eq!(r.store.buffers_in_use(), 2, "both buffers stay with the op");
+    r.run();
+    assert!(r.conn.is_finished());
+    assert!(r.idle());
+}
+
 #[test]
 fn a_failed_backend_op_is_an_error_completion() {
     let mut r = Rig::connected(2, false);

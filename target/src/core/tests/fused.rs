@@ -129,6 +129,63 @@ fn a_compare_failure_fails_the_write_as_failed_fused() {
     io_op(write(&mut a, 0, 0, 1));
 }
 
+/// A namespace whose store has a compare-and-write of its own (RBD, shared with other
+/// gateways): a pair that fits it is one op naming the Write, and the Write then completes
+/// without an op of its own; a difference fails the Write as failed fused; a pair larger than
+/// the store's unit is a Compare then a Write, as for any other store.
+#[test]
+fn a_store_with_its_own_compare_and_write_runs_a_pair_that_fits_as_one_op() {
+    let (t, _admins, mut a, _b) = two_queues();
+    let mut subs = test_subsystems();
+    subs[0].allow_any_host = true;
+    subs[0].namespaces[0].native_caw = 4096;
+    t.reconfigure(subs, test_listeners());
+
+    let mut c = deferred(compare(&mut a, 8, 1));
+    let mut w = deferred(write(&mut a, FUSE_SECOND, 8, 1));
+    let op = resumed_io(&mut a, &mut c);
+    let one_op = IoKind::CompareAndWrite {
+        write_cid: w.sqe.cid(),
+        write_buf: None,
+    };
+    assert_eq!((op.kind, op.offset, op.len), (one_op, 8 << 12, 1 << 12));
+    assert!(a.q.poll_event().is_none(), "the Write waits for the op");
+    assert_eq!(complete(&mut a, &mut c, Ok(())), Status::SUCCESS);
+    match resume(&mut a, &mut w) {
+        Exec::Done { cqe, data_len: 0 } => assert_eq!(cqe.status(), Status::SUCCESS),
+        e => panic!("the Write completes without an op: {e:?}"),
+    }
+    assert!(a.q.poll_event().is_none());
+    // The lock is gone: a plain write to the block runs at once.
+    let (_, mut pw) = io_op(write(&mut a, 0, 8, 1));
+    assert_eq!(complete(&mut a, &mut pw, Ok(())), Status::SUCCESS);
+
+    // The store finds a difference.
+    let mut c = deferred(compare(&mut a, 9, 1));
+    let w = deferred(write(&mut a, FUSE_SECOND, 9, 1));
+    assert!(matches!(
+        resumed_io(&mut a, &mut c).kind,
+        IoKind::CompareAndWrite { .. }
+    ));
+    assert_eq!(
+        complete(&mut a, &mut c, Err(-libc::EILSEQ)),
+        Status::COMPARE_FAILED.dnr()
+    );
+    assert_eq!(
+        a.expect_completion(w.sqe.cid()).status(),
+        Status::FUSED_FAIL
+    );
+
+    // Two blocks are more than the store's unit: Compare, then Write.
+    let mut c = deferred(compare(&mut a, 16, 2));
+    let mut w = deferred(write(&mut a, FUSE_SECOND, 16, 2));
+    assert_eq!(resumed_io(&mut a, &mut c).kind, IoKind::Compare);
+    assert_eq!(complete(&mut a, &mut c, Ok(())), Status::SUCCESS);
+    assert_eq!(resumed_io(&mut a, &mut w).kind, IoKind::Write);
+    assert_eq!(complete(&mut a, &mut w, Ok(())), Status::SUCCESS);
+    assert!(a.q.poll_event().is_none());
+}
+
 #[test]
 fn fuse_field_rules() {
     let (_t, mut admins, mut a, _b) = two_queues();

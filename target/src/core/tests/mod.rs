@@ -51,11 +51,12 @@ pub(super) fn ns(nsid: u32, blocks: u64, lba_shift: u8, device: u32) -> Namespac
         read_only: false,
         deallocate_zeroes: true,
         ana_group: 1,
+        native_caw: 0,
     }
 }
 
 /// The subsystems `test_target` starts with.
-pub(super) fn test_subsystems() -> Vec<SubsystemSpec> {
+pub(crate) fn test_subsystems() -> Vec<SubsystemSpec> {
     vec![
         SubsystemSpec {
             nqn: SUBNQN.into(),
@@ -79,7 +80,7 @@ pub(super) fn test_subsystems() -> Vec<SubsystemSpec> {
 }
 
 /// The listeners `test_target` starts with: TCP and RDMA on 192.0.2.1:4420.
-pub(super) fn test_listeners() -> Vec<ListenerInfo> {
+pub(crate) fn test_listeners() -> Vec<ListenerInfo> {
     vec![
         ListenerInfo::new(TrType::Tcp, "192.0.2.1".into(), "4420".into(), 1),
         ListenerInfo::new(TrType::Rdma, "192.0.2.1".into(), "4420".into(), 2),

@@ -52,7 +52,7 @@ use super::params::{split_wr_id, wr_id, QueueSizing, WrKind, CQE_BYTES, SQE_BYTE
 use super::poller::{DevRes, RegionInfo};
 use super::request::{Req, ReqState, StagedSend, StateCounts};
 use super::verbs::{DevLink, QpLink, QpRes};
-use crate::core::{Cmd, Exec, Queue, QueueEvent, QueueLimits, Target, TransportCaps, Xfer};
+use crate::core::{Cmd, Exec, IoKind, Queue, QueueEvent, QueueLimits, Target, TransportCaps, Xfer};
 use crate::transport::{ConnStats, ReqRef, Store};
 
 /// How long a closing connection waits for the flush completions of its posted work requests
@@ -980,7 +980,19 @@ impl<Q: QpLink, D: DevLink> Conn<Q, D> {
                 r.data_len = data_len;
                 self.set(slot, ReqState::ReadyToComplete);
             }
-            Exec::Io(op) => {
+            Exec::Io(mut op) => {
+                if let IoKind::CompareAndWrite {
+                    write_cid,
+                    write_buf,
+                } = &mut op.kind
+                {
+                    // Without its Write held here, the backend refuses the op (EINVAL).
+                    if let Some(p) = self.deferred_slot(*write_cid) {
+                        *write_buf = self.slots[p as usize].buf;
+                        self.slots[s].caw_partner = Some(p);
+                        self.set(p, ReqState::Executing);
+                    }
+                }
                 self.set(slot, ReqState::Executing);
                 self.io_inflight += 1;
                 let ud = ReqRef::rdma(self.key, slot).user_data();
@@ -998,12 +1010,19 @@ impl<Q: QpLink, D: DevLink> Conn<Q, D> {
             return;
         }
         self.io_inflight -= 1;
+        let partner = self.slots[slot as usize].caw_partner.take();
         if self.is_closing() {
-            if let Some(cmd) = self.slots[slot as usize].cmd.as_mut() {
-                self.queue.abandon(cmd);
+            for s in std::iter::once(slot).chain(partner) {
+                if let Some(cmd) = self.slots[s as usize].cmd.as_mut() {
+                    self.queue.abandon(cmd);
+                }
+                self.release(s, env);
             }
-            self.release(slot, env);
             return;
+        }
+        if let Some(p) = partner {
+            // The Write of a Compare and Write: the core resumes it (done) or fails it.
+            self.set(p, ReqState::Deferred);
         }
         let r = &mut self.slots[slot as usize];
         let cmd = r.cmd.as_mut().expect("executing request has its command");
@@ -1305,6 +1324,7 @@ impl<Q: QpLink, D: DevLink> Conn<Q, D> {
         r.data_len = 0;
         r.wrs = 0;
         r.queued = false;
+        r.caw_partner = None;
         self.set(slot, ReqState::Free);
         self.free_slots.push(slot);
         if let Some(recv) = recv {

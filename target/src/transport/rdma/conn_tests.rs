@@ -336,6 +336,8 @@ struct Opts {
     iwarp: bool,
     srq: bool,
     inline: bool,
+    /// Namespace 1's store has a compare-and-write of its own, of one block.
+    native_caw: bool,
 }
 
 impl Default for Opts {
@@ -348,6 +350,7 @@ impl Default for Opts {
             iwarp: false,
             srq: false,
             inline: true,
+            native_caw: false,
         }
     }
 }
@@ -366,6 +369,11 @@ struct Rig {
 impl Rig {
     fn new(o: Opts) -> Rig {
         let target = test_target();
+        if o.native_caw {
+            let mut subs = crate::core::tests::test_subsystems();
+            subs[0].namespaces[0].native_caw = 4096;
+            target.reconfigure(subs, crate::core::tests::test_listeners());
+        }
         let now = Instant::now();
         let mut admin = Host::new(&target, crate::core::tests::tcp_caps(), now);
         let cntlid = admin.bring_up(SUBNQN, HOSTNQN);
@@ -857,6 +865,60 @@ fn closing_flushes_every_posted_request_and_frees_everything() {
     assert!(r.qp.borrow().recvs.is_empty());
 }
 
+/// A fused Compare (`FUSE_FIRST`) and Write (`FUSE_SECOND`) of one block, data in capsule.
+fn send_caw(r: &mut Rig, cids: (u16, u16), slba: u64) {
+    let sgl = Sgl::InCapsule {
+        offset: 0,
+        len: 4096,
+    };
+    let mut c = rw(io::COMPARE, cids.0, slba, 1, sgl);
+    c.flags |= nvme::cmd::FUSE_FIRST;
+    let mut w = rw(io::WRITE, cids.1, slba, 1, sgl);
+    w.flags |= nvme::cmd::FUSE_SECOND;
+    r.capsule(&c, &[0x11; 4096]);
+    r.capsule(&w, &[0x22; 4096]);
+}
+
+#[test]
+fn a_compare_and_write_the_store_runs_as_one_op_uses_both_buffers() {
+    let mut r = Rig::new(Opts {
+        native_caw: true,
+        ..Opts::default()
+    });
+    send_caw(&mut r, (5, 6), 3);
+    r.settle();
+    assert_eq!(r.store.compare_and_writes.len(), 1, "one op for the pair");
+    let (cmp, write, first) = r.store.compare_and_writes[0];
+    assert!(cmp.is_some() && write.is_some() && cmp != write);
+    assert_eq!(first, 0x22, "the Write's data");
+    let mut st = r.responses();
+    st.sort_unstable_by_key(|s| s.0);
+    assert_eq!(st, vec![(5, Status::SUCCESS), (6, Status::SUCCESS)]);
+    assert!(r.idle());
+}
+
+#[test]
+fn closing_while_a_compare_and_write_runs_frees_both_buffers_after_it() {
+    let mut r = Rig::new(Opts {
+        native_caw: true,
+        ..Opts::default()
+    });
+    send_caw(&mut r, (5, 6), 3);
+    // The capsules are taken and the Compare resumed, without reaping the backend.
+    let mut wcs = vec![WorkCompletion::default(); 8];
+    for _ in 0..4 {
+        r.with_env(|c, env| c.poll(&mut wcs, env));
+        r.with_env(|c, env| c.tick(env));
+    }
+    assert_eq!(r.store.inflight(), 1, "the pair's op runs");
+    assert_eq!(r.store.buffers_in_use(), 2);
+    r.with_env(|c, env| c.close("host disconnected", env));
+    assert_eq!(r.store.buffers_in_use(), 2, "both buffers stay with the op");
+    r.settle();
+    assert!(r.conn.is_finished());
+    assert!(r.idle(), "every slot and buffer released");
+}
+
 #[test]
 fn a_flush_while_live_closes_the_queue() {
     let mut r = Rig::new(Opts::default());
@@ -1213,6 +1275,7 @@ fn opts() -> impl Strategy<Value = Opts> {
             iwarp,
             srq,
             inline: true,
+            native_caw: false,
         })
 }
 

@@ -138,6 +138,10 @@ pub struct Req<S = Mr> {
     /// The response's work requests, built and accounted for, waiting for the connection's
     /// next flush (one `ibv_post_send` for all responses of a poller pass).
     pub send: Option<StagedSend>,
+    /// A fused Compare and Write running as one backend op (`IoKind::CompareAndWrite`): the
+    /// slot of its Write, whose buffer the op uses; that slot is `Executing` meanwhile and
+    /// goes back to `Deferred` (or is released, when closing) when the op completes.
+    pub caw_partner: Option<u32>,
 }
 
 /// A response staged for posting: the SEND of its CQE, after an RDMA WRITE of its read data.
@@ -170,6 +174,7 @@ impl<S> Req<S> {
             queued: false,
             read_mr: None,
             send: None,
+            caw_partner: None,
         }
     }
 
