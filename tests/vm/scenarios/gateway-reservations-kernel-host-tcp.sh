@@ -9,7 +9,8 @@
 # Conflict. A is killed (SIGKILL): through B, host 2 is still refused, host 1 writes, and
 # `resv-report --eds` names host 1 the holder. Host 2 preempts through B and host 1's next
 # write is refused. Every gateway is then restarted (B stopped, A and B started again, A
-# takes its group back): the report through A is the one B gave before.
+# takes its group back): the report through A is the one B gave before. Last, `rbd resize`:
+# all four disks (both hosts, both gateways) show the new size within 10 s, no reconnect.
 # vm-needs: build
 # vm-timeout: 900
 source "$(dirname "$0")/../lib.sh"
@@ -125,6 +126,18 @@ resv_case() {
   [ "$after" = "$before" ] || { fail "$label" "the report changed across the restarts: before $before, after $after"; return; }
   refused "$d1a" "host 1" || { fail "$label" "after the restarts: $REASON"; return; }
   write_as "$d2a" || { fail "$label" "host 2 (the holder now) cannot write through A: $REASON"; return; }
+
+  # `rbd resize`: both hosts see the new size through both gateways, without reconnecting.
+  local d sz want=$((48 * 1024 * 1024 / 512)) t0=$SECONDS
+  step "rbd resize rbd/$GW_IMAGE to 48 MiB" rbd -c "$CONF" resize --size 48 "rbd/$GW_IMAGE" || { fail "$label" "$REASON"; return; }
+  for d in "$d1a" "$d1b" "$d2a" "$d2b"; do
+    until sz=$(cat "/sys/block/${d#/dev/}/size") && [ "$sz" = "$want" ]; do
+      [ $((SECONDS - t0)) -ge 10 ] && { fail "$label" "$d still has $sz sectors 10 s after the resize (want $want)"; return; }
+      sleep 0.2
+    done
+  done
+  echo "rbd resize 32 -> 48 MiB: all four disks (both hosts, both gateways) at 48 MiB within $((SECONDS - t0)) s" |
+    tee -a "$OUT/report.txt" >>"$STEPS"
 
   step "nvme disconnect -n $GW_NQN" nvme disconnect -n "$GW_NQN" || { fail "$label" "$REASON"; return; }
   CONNECTED=()
