@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 pub mod caw;
 pub mod ceph;
+pub mod crashlog;
 pub mod raw;
 pub mod resv;
 

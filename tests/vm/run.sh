@@ -48,6 +48,7 @@ ORDER=(
   iopoll-null-blk perf-vs-nvmet ana-multipath-kernel-host-rdma-rxe
   auth-kernel-host-rdma-rxe auth-initiator-vs-kernel-target-rdma-rxe
   kernel-host-rbd-rdma-rxe gateway-failover-kernel-host-tcp gateway-reservations-kernel-host-tcp
+  durability-kernel-host-tcp durability-broken-flush-tcp
 )
 # `ci`: the CI tier. Our target under the Linux host on tcp, rxe and siw; our initiator against
 # nvmet (tcp, siw) and against our target (tcp, siw; on rxe with local invalidation); the in-process wire tests on rxe and on
@@ -171,7 +172,7 @@ if [ $need_build = 1 ]; then
   for pkg_bin in nvmf-target:nvmf-target nvmf-bench:nvmf-bench nvmf-tests:io_check:example \
       nvmf-tests:reconnect_check:example nvmf-tests:rdma_bad_input:example:raw \
       nvmf-tests:auth_kat:example nvmf-tests:multipath_check:example \
-      nvmf-tests:caw_race:example; do
+      nvmf-tests:caw_race:example nvmf-tests:crashpoint:example; do
     IFS=: read -r pkg bin kind feat <<<"$pkg_bin"
     sel=() path=$TDIR/release/$bin
     [ "$kind" = example ] && sel=(--example "$bin") path=$TDIR/release/examples/$bin
@@ -193,6 +194,30 @@ if [ $need_build = 1 ]; then
       NOTE[$bin]="$path does not exist"
     fi
   done
+fi
+
+# A BROKEN target (Flush does nothing, FUA is dropped: the `test-noop-flush` feature) for the
+# scenarios whose header says `vm-needs: noflush`: built into a directory of its own, so the
+# real binary is never it.
+NOFLUSH_BIN='' NOFLUSH_NOTE=''
+need_noflush=0
+for s in "${SEL[@]}"; do
+  [[ " $(header vm-needs "$s") " == *" noflush "* ]] && need_noflush=1
+done
+if [ $need_noflush = 1 ]; then
+  NOFLUSH_DIR=${TDIR:-$ROOT/build}/noflush
+  if [ $BUILD = 1 ]; then
+    echo "run.sh: cargo build --release -p nvmf-target --features test-noop-flush --target-dir $NOFLUSH_DIR" >&2
+    t0=$SECONDS
+    if (cd "$ROOT" && cargo build --release -p nvmf-target --features test-noop-flush --target-dir "$NOFLUSH_DIR") \
+        >"$RESULTS/build-nvmf-target-noflush.log" 2>&1; then
+      echo "run.sh: built the broken nvmf-target in $((SECONDS - t0)) s" >&2
+    else
+      NOFLUSH_NOTE="the test-noop-flush build failed (build-nvmf-target-noflush.log)"
+    fi
+  fi
+  if [ -x "$NOFLUSH_DIR/release/nvmf-target" ]; then NOFLUSH_BIN=$NOFLUSH_DIR/release/nvmf-target
+  else NOFLUSH_NOTE=${NOFLUSH_NOTE:-$NOFLUSH_DIR/release/nvmf-target does not exist}; fi
 fi
 
 # The in-process RDMA wire tests (target/tests/rdma_raw.rs, rdma_host.rs, rdma_access.rs,
@@ -245,6 +270,8 @@ envs=(
   NVMF_AUTHKAT_BIN="${BIN[auth_kat]:-}" NVMF_AUTHKAT_NOTE="${NOTE[auth_kat]:-}"
   NVMF_MPCHECK_BIN="${BIN[multipath_check]:-}" NVMF_MPCHECK_NOTE="${NOTE[multipath_check]:-}"
   NVMF_CAWRACE_BIN="${BIN[caw_race]:-}" NVMF_CAWRACE_NOTE="${NOTE[caw_race]:-}"
+  NVMF_CRASHPOINT_BIN="${BIN[crashpoint]:-}" NVMF_CRASHPOINT_NOTE="${NOTE[crashpoint]:-}"
+  NVMF_NOFLUSH_BIN="$NOFLUSH_BIN" NVMF_NOFLUSH_NOTE="$NOFLUSH_NOTE"
   NVMF_TEST_BREAK="${NVMF_TEST_BREAK:-}" RUST_LOG="${RUST_LOG:-info}" RUST_BACKTRACE=1
 )
 for v in $(compgen -e | grep '^NVMF_VM_' || true); do envs+=("$v=${!v}"); done

@@ -767,7 +767,8 @@ impl Ring {
                 self.issue_rw(s)
             }
             IoKind::Flush => {
-                if dev.null {
+                // `test-noop-flush`: a broken target for the crash-point checker to catch.
+                if dev.null || cfg!(feature = "test-noop-flush") {
                     self.finish(s, Ok(0));
                     return Ok(());
                 }
@@ -1262,7 +1263,8 @@ impl Ring {
                 .offset(offset)
                 .build()
         } else {
-            let flags = if slot.fua { libc::RWF_DSYNC } else { 0 };
+            let fua = slot.fua && !cfg!(feature = "test-noop-flush");
+            let flags = if fua { libc::RWF_DSYNC } else { 0 };
             opcode::WriteFixed::new(fd, addr, len, buf.0)
                 .offset(offset)
                 .rw_flags(flags)
