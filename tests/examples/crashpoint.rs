@@ -3,7 +3,8 @@
 //!
 //! ```text
 //! crashpoint blocks --dev /dev/nvme0n1 --blocks 4096 --secs 20 --mark-dev nvmf-lw --record R
-//! crashpoint check --log /dev/ram1 --record R [--file nvmf.img --scratch /dev/ram2 --mnt DIR]
+//! crashpoint files --dir /mnt/x --files 64 --secs 20 --mark-dev nvmf-lw --record R
+//! crashpoint check --log /dev/ram1 --record R [--file nvmf.img | --files] [--scratch /dev/ram2]
 //! ```
 //!
 //! `blocks` writes stamped 4 KiB blocks to a block device with O_DIRECT from `--jobs` threads
@@ -20,7 +21,12 @@
 //! promised by then (`crashlog::Expect::at_mark`). With `--file`, the namespace is a file in a
 //! file system on the logged device (the target's file backend): at each mark the replayed
 //! device is written to `--scratch`, mounted (the file system's log recovery runs, as after a
-//! crash), the file read and checked, and unmounted. Prints the points and marks checked and
+//! crash), the file read and checked, and unmounted. `files` is the same one level up, with xfs
+//! on the host's disk: it replaces whole files the safe way (a temporary written and fsynced,
+//! renamed over the file, the directory fsynced) and marks the log after every `--batch`; `check
+//! --files` mounts each mark's state, checks that every file replaced before the mark holds
+//! that version or a later one (whole: no chunk of another version), and runs `xfs_repair -n`
+//! on it. Prints the points and marks checked and
 //! the first finding; exits 1 when there is one.
 
 use std::collections::{BTreeSet, HashMap};
@@ -72,6 +78,24 @@ enum Cmd {
         #[arg(long)]
         record: PathBuf,
     },
+    /// In a file system on the host's disk: replace files (write a temporary, fsync it, rename
+    /// it over the file, fsync the directory), a mark after every `--batch`; save the record.
+    Files {
+        /// The file system's mount point.
+        #[arg(long)]
+        dir: PathBuf,
+        #[arg(long, default_value_t = 64)]
+        files: u64,
+        #[arg(long, default_value_t = 20)]
+        secs: u64,
+        /// File replacements between two marks.
+        #[arg(long, default_value_t = 8)]
+        batch: u64,
+        #[arg(long)]
+        mark_dev: String,
+        #[arg(long)]
+        record: PathBuf,
+    },
     /// Replay the log and check every crash point.
     Check {
         #[arg(long)]
@@ -90,7 +114,127 @@ enum Cmd {
         /// Where to mount it.
         #[arg(long, default_value = "/mnt/crashpoint")]
         mnt: PathBuf,
+        /// The record is of `files` (a file system on the logged device): at each mark the
+        /// replayed device is mounted, every file checked, and `xfs_repair -n` must pass.
+        #[arg(long)]
+        files: bool,
     },
+}
+
+/// Bytes of each file of `files`: four stamped 4 KiB chunks.
+const FILE_BYTES: usize = 4 * BS;
+
+/// File `id`'s generation `gen`.
+fn file_content(id: u64, gen: u64) -> Vec<u8> {
+    let mut v = vec![0u8; FILE_BYTES];
+    for (c, chunk) in v.chunks_exact_mut(BS).enumerate() {
+        crashlog::stamp(chunk, id << 16 | c as u64, gen);
+    }
+    v
+}
+
+/// What file `id` holds (`None`: it does not exist).
+fn file_present(id: u64, data: Option<&[u8]>) -> Present {
+    let Some(d) = data else {
+        return Present::Zero;
+    };
+    if d.len() != FILE_BYTES {
+        return Present::Bad(format!("{} bytes, not {FILE_BYTES}", d.len()));
+    }
+    let mut gen = None;
+    for (c, chunk) in d.chunks_exact(BS).enumerate() {
+        match crashlog::present(chunk, id << 16 | c as u64) {
+            Present::Gen(g) if gen.is_none_or(|x| x == g) => gen = Some(g),
+            Present::Gen(g) => {
+                return Present::Bad(format!("chunk {c} of generation {g}, chunk 0 of {gen:?}"))
+            }
+            p => return Present::Bad(format!("chunk {c}: {p}")),
+        }
+    }
+    Present::Gen(gen.expect("four chunks"))
+}
+
+fn files(
+    dir: PathBuf,
+    n: u64,
+    secs: u64,
+    batch: u64,
+    mark_dev: String,
+    record: PathBuf,
+) -> Result<(), String> {
+    let sh = Shared {
+        seq: AtomicU64::new(1),
+        stop: AtomicBool::new(false),
+        errors: AtomicU64::new(0),
+        flushed_before: AtomicU64::new(0),
+    };
+    let io = |what: &str, e: std::io::Error| format!("{what}: {e}");
+    let d = File::open(&dir).map_err(|e| io(&dir.display().to_string(), e))?;
+    let mut gens = vec![0u64; n as usize];
+    let (mut writes, mut flushes) = (Vec::new(), Vec::new());
+    let t0 = Instant::now();
+    let mut k = 0;
+    while t0.elapsed() < Duration::from_secs(secs) {
+        for _ in 0..batch {
+            let id = rand::random::<u64>() % n;
+            let gen = gens[id as usize] + 1;
+            let (tmp, name) = (dir.join(format!("f{id}.tmp")), dir.join(format!("f{id}")));
+            let sub = sh.next();
+            let mut f = File::create(&tmp).map_err(|e| io(&tmp.display().to_string(), e))?;
+            std::io::Write::write_all(&mut f, &file_content(id, gen))
+                .and_then(|()| f.sync_all())
+                .map_err(|e| io(&tmp.display().to_string(), e))?;
+            drop(f);
+            std::fs::rename(&tmp, &name).map_err(|e| io("rename", e))?;
+            d.sync_all().map_err(|e| io("fsync of the directory", e))?;
+            let done = sh.next();
+            gens[id as usize] = gen;
+            writes.push(Write {
+                block: id,
+                gen,
+                zero: false,
+                fua: false,
+                sub,
+                done,
+            });
+        }
+        k += 1;
+        let mark = format!("f{k}");
+        let mark_before = sh.next();
+        let o = Command::new("dmsetup")
+            .args(["message", &mark_dev, "0", "mark", &mark])
+            .output()
+            .map_err(|e| format!("dmsetup: {e}"))?;
+        if !o.status.success() {
+            return Err(format!(
+                "dmsetup message {mark_dev} 0 mark {mark}: {}",
+                String::from_utf8_lossy(&o.stderr).trim()
+            ));
+        }
+        // The fsyncs are the flushes: everything replaced before the mark is durable.
+        flushes.push(Flush {
+            sub: mark_before,
+            done: mark_before,
+            mark_before,
+            mark_after: sh.next(),
+            mark,
+        });
+    }
+    let rec = Record {
+        block_size: FILE_BYTES as u32,
+        blocks: n,
+        writes,
+        flushes,
+    };
+    rec.save(&record)
+        .map_err(|e| format!("{}: {e}", record.display()))?;
+    println!(
+        "crashpoint files: {} file replacements (fsynced) and {} marks in {:.1} s",
+        rec.writes.len(),
+        rec.flushes.len(),
+        t0.elapsed().as_secs_f64()
+    );
+    Ok(())
 }
 
 const BS: usize = 4096;
@@ -332,24 +476,6 @@ fn blocks(
 /// bytes, unmounts.
 fn read_from_fs(dev: &Path, mnt: &Path, file: &Path, len: usize) -> Result<Vec<u8>, String> {
     std::fs::create_dir_all(mnt).map_err(|e| format!("{}: {e}", mnt.display()))?;
-    let run = |args: &[&std::ffi::OsStr]| -> Result<(), String> {
-        let o = Command::new(args[0])
-            .args(&args[1..])
-            .output()
-            .map_err(|e| format!("{:?}: {e}", args[0]))?;
-        if o.status.success() {
-            Ok(())
-        } else {
-            Err(format!(
-                "{}: {}",
-                args.iter()
-                    .map(|a| a.to_string_lossy())
-                    .collect::<Vec<_>>()
-                    .join(" "),
-                String::from_utf8_lossy(&o.stderr).trim()
-            ))
-        }
-    };
     run(&["mount".as_ref(), dev.as_os_str(), mnt.as_os_str()])?;
     let path = mnt.join(file);
     let r = std::fs::read(&path).map_err(|e| format!("{}: {e}", path.display()));
@@ -367,6 +493,55 @@ struct CheckOpts {
     file: Option<PathBuf>,
     scratch: Option<PathBuf>,
     mnt: PathBuf,
+    files: bool,
+}
+
+fn run(args: &[&std::ffi::OsStr]) -> Result<String, String> {
+    let o = Command::new(args[0])
+        .args(&args[1..])
+        .output()
+        .map_err(|e| format!("{:?}: {e}", args[0]))?;
+    if o.status.success() {
+        Ok(String::from_utf8_lossy(&o.stdout).into_owned())
+    } else {
+        Err(format!(
+            "{}: {}{}",
+            args.iter()
+                .map(|a| a.to_string_lossy())
+                .collect::<Vec<_>>()
+                .join(" "),
+            String::from_utf8_lossy(&o.stdout).trim(),
+            String::from_utf8_lossy(&o.stderr).trim()
+        ))
+    }
+}
+
+/// Writes `image` to `scratch` (the state to look at).
+fn to_scratch(image: &[u8], scratch: &Path) -> Result<(), String> {
+    let dev = OpenOptions::new()
+        .write(true)
+        .open(scratch)
+        .map_err(|e| format!("{}: {e}", scratch.display()))?;
+    dev.write_all_at(image, 0)
+        .and_then(|()| dev.sync_all())
+        .map_err(|e| format!("{}: {e}", scratch.display()))
+}
+
+/// At a mark of `files`: mount the replayed state (log recovery), read every file, unmount,
+/// then `xfs_repair -n`. Returns what each file holds, or why the file system is broken.
+fn files_at(scratch: &Path, mnt: &Path, n: u64) -> Result<Vec<Present>, String> {
+    std::fs::create_dir_all(mnt).map_err(|e| format!("{}: {e}", mnt.display()))?;
+    run(&["mount".as_ref(), scratch.as_os_str(), mnt.as_os_str()])?;
+    let got: Vec<Present> = (0..n)
+        .map(|id| {
+            let data = std::fs::read(mnt.join(format!("f{id}"))).ok();
+            file_present(id, data.as_deref())
+        })
+        .collect();
+    run(&["umount".as_ref(), mnt.as_os_str()])?;
+    run(&["xfs_repair".as_ref(), "-n".as_ref(), scratch.as_os_str()])
+        .map_err(|e| format!("the replayed file system is damaged: {e}"))?;
+    Ok(got)
 }
 
 fn check(o: CheckOpts) -> Result<bool, String> {
@@ -387,7 +562,7 @@ fn check(o: CheckOpts) -> Result<bool, String> {
     let dev_bytes = o.device_bytes.unwrap_or(logged_end.max(ns_bytes));
     let mut image = vec![0u8; dev_bytes as usize];
     let marks: HashMap<&str, &Flush> = rec.flushes.iter().map(|f| (f.mark.as_str(), f)).collect();
-    let direct = o.file.is_none();
+    let direct = o.file.is_none() && !o.files;
     let mut present = vec![Present::Zero; rec.blocks as usize];
     let mut dirty = BTreeSet::new();
     let (mut points, mut marks_checked) = (0u64, 0u64);
@@ -430,17 +605,20 @@ fn check(o: CheckOpts) -> Result<bool, String> {
         marks_checked += 1;
         let found = if direct {
             exp.at_mark(f, |b| present[b as usize].clone())
+        } else if o.files {
+            let scratch = o.scratch.as_ref().ok_or("--files needs --scratch")?;
+            to_scratch(&image, scratch)?;
+            match files_at(scratch, &o.mnt, rec.blocks) {
+                Ok(got) => exp.at_mark(f, |b| got[b as usize].clone()),
+                Err(why) => vec![Finding {
+                    block: 0,
+                    what: why,
+                }],
+            }
         } else {
             let scratch = o.scratch.as_ref().ok_or("--file needs --scratch")?;
             let file = o.file.as_ref().expect("not direct");
-            let dev = OpenOptions::new()
-                .write(true)
-                .open(scratch)
-                .map_err(|e| format!("{}: {e}", scratch.display()))?;
-            dev.write_all_at(&image, 0)
-                .and_then(|()| dev.sync_all())
-                .map_err(|e| format!("{}: {e}", scratch.display()))?;
-            drop(dev);
+            to_scratch(&image, scratch)?;
             let data = read_from_fs(scratch, &o.mnt, file, ns_bytes as usize)
                 .map_err(|why| format!("mark {} (log entry {}): {why}", f.mark, e.index))?;
             exp.at_mark(f, |b| {
@@ -526,6 +704,14 @@ fn main() -> ExitCode {
             record,
         )
         .map(|()| true),
+        Cmd::Files {
+            dir,
+            files: n,
+            secs,
+            batch,
+            mark_dev,
+            record,
+        } => files(dir, n.max(1), secs, batch.max(1), mark_dev, record).map(|()| true),
         Cmd::Check {
             log,
             record,
@@ -533,6 +719,7 @@ fn main() -> ExitCode {
             file,
             scratch,
             mnt,
+            files,
         } => check(CheckOpts {
             log,
             record,
@@ -540,6 +727,7 @@ fn main() -> ExitCode {
             file,
             scratch,
             mnt,
+            files,
         }),
     };
     match r {

@@ -98,3 +98,41 @@ crashpoint_case() {
   esac
   return 0
 }
+
+# crashpoint_xfs_case LABEL TRTYPE ADDR: xfs on the Linux host's disk (our target's block backend
+# on the logged device); `crashpoint files` replaces files the fsync way and marks the log; at
+# every mark the replayed xfs is mounted (log recovery), every file checked, and `xfs_repair -n`
+# must pass.
+crashpoint_xfs_case() {
+  local label=$1 tr=$2 addr=$3 cp rec=$OUT/record-xfs.txt out rc
+  teardown
+  cp=$(crashpoint_bin) || { fail "$label" "$REASON"; return 1; }
+  lw_up || { fail "$label" "$REASON"; return 1; }
+  start_our_target "$tr" "$addr" "/dev/mapper/$LW"; rc=$?
+  [ $rc = 3 ] && { skip "$label" "$REASON"; return 1; }
+  [ $rc = 0 ] || { fail "$label" "$REASON"; return 1; }
+  host_connect "$tr" "$addr" "$PORT" "$OUR_NQN" || { fail "$label" "$REASON"; return 1; }
+  # xfsprogs refuses file systems under 300 MB outside fstests; these variables are fstests'.
+  step "mkfs.xfs on $DEV" env TEST_DIR="$WORK" TEST_DEV="$DEV" QA_CHECK_FS=1 mkfs.xfs -q -f "$DEV" ||
+    { fail "$label" "$REASON"; return 1; }
+  mkdir -p "$WORK/hostfs" && mount "$DEV" "$WORK/hostfs" || { fail "$label" "cannot mount xfs on $DEV"; return 1; }
+  step "crashpoint files on xfs on $DEV (${CRASHPOINT_SECS} s)" \
+    "$cp" files --dir "$WORK/hostfs" --secs "$CRASHPOINT_SECS" --batch "${NVMF_VM_CRASHPOINT_BATCH:-8}" --mark-dev "$LW" --record "$rec" ||
+    { umount "$WORK/hostfs"; fail "$label" "$REASON"; return 1; }
+  grep '^crashpoint files:' "$WORK/step.out" | sed 's/^/xfs: /' | tee -a "$OUT/report.txt"
+  umount "$WORK/hostfs" || { fail "$label" "cannot unmount the host's xfs"; return 1; }
+  host_disconnect "$OUR_NQN" || { fail "$label" "$REASON"; return 1; }
+  stop_our_target || { fail "$label" "$REASON"; return 1; }
+  check_target_log || { fail "$label" "$REASON"; return 1; }
+  lw_down
+  out=$OUT/crashpoint-check-xfs.txt
+  "$cp" check --log /dev/ram1 --record "$rec" --device-bytes $((LW_MB * 1048576)) --files \
+    --scratch /dev/ram2 --mnt "$WORK/mnt" >"$out" 2>&1
+  rc=$?
+  sed 's/^/xfs: /' "$out" | tee -a "$OUT/report.txt"
+  case $rc in
+    0) return 0 ;;
+    1) fail "$label" "xfs on top: $(grep -m1 '^first finding\|^marks of the record' "$out" | cut -c1-220)"; return 1 ;;
+    *) fail "$label" "xfs on top: crashpoint check failed: $(tail -n 1 "$out" | cut -c1-200)"; return 1 ;;
+  esac
+}

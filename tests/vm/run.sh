@@ -48,7 +48,7 @@ ORDER=(
   iopoll-null-blk perf-vs-nvmet ana-multipath-kernel-host-rdma-rxe
   auth-kernel-host-rdma-rxe auth-initiator-vs-kernel-target-rdma-rxe
   kernel-host-rbd-rdma-rxe gateway-failover-kernel-host-tcp gateway-reservations-kernel-host-tcp
-  durability-kernel-host-tcp durability-broken-flush-tcp
+  durability-kernel-host-tcp durability-kernel-host-rdma-rxe durability-broken-flush-tcp
 )
 # `ci`: the CI tier. Our target under the Linux host on tcp, rxe and siw; our initiator against
 # nvmet (tcp, siw) and against our target (tcp, siw; on rxe with local invalidation); the in-process wire tests on rxe and on
@@ -58,7 +58,9 @@ ORDER=(
 # ANA multipath under the Linux host and our initiator (two TCP addresses and rxe, states
 # flipping under fio; our initiator's multipath_check half runs in `all`); a gateway group of
 # two targets on an RBD image (a Ceph cluster in the guest) failing over and back under the
-# Linux host's multipath (gateway A killed under fio verify); in-band authentication both ways with Linux 6.12 (its own VM boot).
+# Linux host's multipath (gateway A killed under fio verify); every crash point of a
+# dm-log-writes log under the Linux host over tcp (block and file backends, xfs on top); in-band
+# authentication both ways with Linux 6.12 (its own VM boot).
 # The same fault scenarios on the other RDMA device, the sanity checks, the SRQ variants and the
 # benchmarks run in `all`.
 CI_TIER=(
@@ -69,7 +71,7 @@ CI_TIER=(
   initiator-local-inv-rdma-rxe
   host-killed-mid-io-rdma-siw bad-input-rdma-rxe target-restart-rdma-rxe link-drop-rdma-siw
   kernel-host-reload-tcp soak-randrw-rdma-siw ana-multipath-kernel-host-rdma-rxe
-  gateway-failover-kernel-host-tcp
+  gateway-failover-kernel-host-tcp durability-kernel-host-tcp
   auth-kernel-host-rdma-rxe auth-initiator-vs-kernel-target-rdma-rxe
 )
 # `all`: every scenario but those whose header says `vm-in-all: no` (variants and benchmarks
@@ -103,10 +105,14 @@ while [ $# -gt 0 ]; do
 done
 [ ${#SEL[@]} -gt 0 ] || mapfile -t SEL < <(all_scenarios)
 # The CI tier's shorter forms (CI's time budget; `all` runs the long ones): a 30 s soak, the
-# ANA scenario without its initiator half (tests/tests/multipath.rs covers that on the host).
+# ANA scenario without its initiator half (tests/tests/multipath.rs covers that on the host),
+# shorter crash-point workloads.
 if [ "${CI_KNOBS:-0}" = 1 ]; then
   export NVMF_VM_SOAK_SECS=${NVMF_VM_SOAK_SECS:-30}
   export NVMF_VM_ANA_INITIATOR=${NVMF_VM_ANA_INITIATOR:-0}
+  # Crash points: 5 s of writes per backend, a mark every 16 file replacements under xfs.
+  export NVMF_VM_CRASHPOINT_SECS=${NVMF_VM_CRASHPOINT_SECS:-5}
+  export NVMF_VM_CRASHPOINT_BATCH=${NVMF_VM_CRASHPOINT_BATCH:-16}
 fi
 
 RESULTS=${RESULTS:-$ROOT/results/vm-$(date +%Y%m%d-%H%M%S)}
