@@ -1043,6 +1043,20 @@ impl Namespace {
             .map(|_| ())
     }
 
+    /// Write `buf` at byte `offset` with Force Unit Access (CDW12 bit 30): when this returns,
+    /// the data is on non-volatile media, whatever the controller's write cache (a Flush of
+    /// just these blocks).
+    pub fn write_fua_at(&mut self, buf: &[u8], offset: u64) -> Result<(), Error> {
+        let (slba, nlb) = self.lba_range(offset, buf.len() as u64)?;
+        let mut cmds = self.rw_cmds(io::WRITE, slba, nlb).map(|(mut sqe, at, len)| {
+            sqe.cdw12 = (sqe.cdw12.get() | 1 << 30).into();
+            (sqe, at, len)
+        });
+        self.queue
+            .run_borrowed("Write", Dir::ToCtrl, &mut DataRef::Write(buf), &mut cmds)
+            .map(|_| ())
+    }
+
     /// Compare `buf` with the namespace's contents at byte `offset` (Compare, split like a
     /// write): `Ok(true)` if they are equal, `Ok(false)` if the controller answered Compare
     /// Failure.
