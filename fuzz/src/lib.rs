@@ -109,6 +109,7 @@ pub fn fuzz_target_core() -> Arc<Target> {
         ana_group: nsid,
         // Namespace 2 runs one-block Compare and Writes as one store op (as RBD does).
         native_caw: if nsid == 2 { 512 } else { 0 },
+        volatile_cache: true,
     };
     Target::new(
         vec![SubsystemSpec {

@@ -1048,10 +1048,12 @@ impl Namespace {
     /// just these blocks).
     pub fn write_fua_at(&mut self, buf: &[u8], offset: u64) -> Result<(), Error> {
         let (slba, nlb) = self.lba_range(offset, buf.len() as u64)?;
-        let mut cmds = self.rw_cmds(io::WRITE, slba, nlb).map(|(mut sqe, at, len)| {
-            sqe.cdw12 = (sqe.cdw12.get() | 1 << 30).into();
-            (sqe, at, len)
-        });
+        let mut cmds = self
+            .rw_cmds(io::WRITE, slba, nlb)
+            .map(|(mut sqe, at, len)| {
+                sqe.cdw12 = (sqe.cdw12.get() | 1 << 30).into();
+                (sqe, at, len)
+            });
         self.queue
             .run_borrowed("Write", Dir::ToCtrl, &mut DataRef::Write(buf), &mut cmds)
             .map(|_| ())

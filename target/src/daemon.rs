@@ -230,6 +230,7 @@ fn subsystem_specs(
                         deallocate_zeroes: d.deallocate() == Deallocate::Zeroes,
                         ana_group: ns.ana_group,
                         native_caw: d.native_caw(),
+                        volatile_cache: d.volatile_cache(),
                     })
                 })
                 .collect(),

@@ -64,6 +64,7 @@ fn no_heap_allocation_per_io_command_in_the_core() {
                 deallocate_zeroes: true,
                 ana_group: 1,
                 native_caw: 0,
+                volatile_cache: true,
             }],
         }],
         vec![],

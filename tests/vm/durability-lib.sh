@@ -67,6 +67,8 @@ crashpoint_case() {
   [ $rc = 3 ] && { skip "$label" "$REASON"; return 1; }
   [ $rc = 0 ] || { fail "$label" "$REASON"; return 1; }
   host_connect "$tr" "$addr" "$PORT" "$OUR_NQN" || { fail "$label" "$REASON"; return 1; }
+  # dm-log-writes caches (it takes flushes), and so does a file: VWC, so the host flushes.
+  check_write_cache "$DEV" "write back" || { fail "$label" "$REASON"; return 1; }
   out=$OUT/crashpoint-blocks-$backend.txt
   step "crashpoint blocks on $DEV ($backend backend, ${CRASHPOINT_SECS} s)" \
     "$cp" blocks --dev "$DEV" --blocks "$LW_BLOCKS" --secs "$CRASHPOINT_SECS" --mark-dev "$LW" --record "$rec" ||

@@ -225,6 +225,15 @@ host_disconnect() { # NQN
   if nvme_dev_for "$nqn" >/dev/null; then REASON="block device for $nqn still present after disconnect"; return 1; fi
 }
 
+# check_write_cache DEV WANT: the host's view of the namespace's cache (`write back` when the
+# target reports a volatile write cache, `write through` when it does not).
+check_write_cache() {
+  local got
+  got=$(cat "/sys/block/${1#/dev/}/queue/write_cache" 2>/dev/null) || { REASON="no queue/write_cache for $1"; return 1; }
+  [ "$got" = "$2" ] || { REASON="$1's write cache is '$got', not '$2' (Identify VWC)"; return 1; }
+  echo "$1 write cache: $got" >>"$STEPS"
+}
+
 check_size() { # DEV EXPECTED_BYTES
   local got
   got=$(blockdev --getsize64 "$1") || { REASON="blockdev --getsize64 $1 failed"; return 1; }
@@ -294,6 +303,10 @@ kernel_host_vs_our_target() {
   fi
   host_connect "$tr" "$addr" "$PORT" "$OUR_NQN" || { fail "$label" "$REASON"; return; }
   check_size "$DEV" $((RAMDISK_MB * 1048576)) || { fail "$label" "$REASON"; return; }
+  # brd writes through: with only it behind the subsystem there is no volatile cache (VWC 0);
+  # the file namespace of RO_NS has one.
+  check_write_cache "$DEV" "$([ -n "${RO_NS:-}" ] && echo "write back" || echo "write through")" ||
+    { fail "$label" "$REASON"; return; }
   if [ -n "${RO_NS:-}" ]; then
     check_read_only_ns "$DEV" || { fail "$label" "$REASON"; return; }
     check_deallocate "$DEV" || { fail "$label" "$REASON"; return; }

@@ -166,6 +166,8 @@ pub struct Device {
     poll_max: u32,
     /// The image of an RBD namespace.
     rbd: Option<Arc<rbd::Image>>,
+    /// A completed write may still be lost until a flush (see [`Device::volatile_cache`]).
+    cache: bool,
 }
 
 impl Device {
@@ -187,6 +189,7 @@ impl Device {
                     dealloc: Deallocate::Zeroes,
                     poll_max: 0,
                     rbd: None,
+                    cache: false,
                 })
             }
             DeviceSpec::File(f) => open_file(f),
@@ -234,6 +237,17 @@ impl Device {
 
     pub fn kind(&self) -> DeviceKind {
         self.kind
+    }
+
+    /// Whether a completed write may still be lost (power failure, crash of the machine)
+    /// until a flush: a file (page cache, file system metadata, the disk's cache), a block
+    /// device through the page cache or whose queue says `write back` (sysfs
+    /// `queue/write_cache`). Not: the null device, a block device opened O_DIRECT whose queue
+    /// writes through, RBD (librbd's cache off, the OSDs journal every write before they
+    /// answer). The controller reports a volatile write cache (VWC) when one of its
+    /// subsystem's namespaces has one.
+    pub fn volatile_cache(&self) -> bool {
+        self.cache
     }
 
     /// The largest fused Compare and Write (bytes, within one aligned unit of that size) the
@@ -425,6 +439,9 @@ fn open_file(spec: &FileSpec) -> Result<Device, DeviceError> {
         } else {
             Deallocate::Ignored
         };
+        // Through the page cache, or a device whose queue caches writes: a flush is needed.
+        let cache =
+            !direct || block_queue_attr(&meta, "write_cache").as_deref() != Some("write through");
         return Ok(Device {
             file: Some(file),
             path: Some(path.to_owned()),
@@ -436,6 +453,7 @@ fn open_file(spec: &FileSpec) -> Result<Device, DeviceError> {
             dealloc,
             poll_max,
             rbd: None,
+            cache,
         });
     }
     if !ft.is_file() {
@@ -510,6 +528,8 @@ fn open_file(spec: &FileSpec) -> Result<Device, DeviceError> {
         // the file system and the disk under it.
         poll_max: 0,
         rbd: None,
+        // The page cache, the file system's metadata and the device's cache: fdatasync.
+        cache: true,
     })
 }
 
@@ -589,6 +609,9 @@ fn open_rbd(spec: &RbdSpec) -> Result<Device, DeviceError> {
         },
         poll_max: 0,
         rbd: Some(Arc::new(image)),
+        // librbd without its client cache (`rbd_cache=false`): a write is on the OSDs, which
+        // journal it, when librbd completes it.
+        cache: false,
     })
 }
 

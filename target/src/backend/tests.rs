@@ -1117,3 +1117,53 @@ fn compare_equal_and_different() {
     );
     assert_eq!(ring.pool().free_count(), free);
 }
+
+/// What each backend says about its cache, Compare and Write and deallocation: the inputs of
+/// Identify's VWC (`Device::volatile_cache`), of the fused pair's form (`native_caw`) and of
+/// DLFEAT. Block devices and RBD are covered where they exist: the VM's brd (write through)
+/// and dm-log-writes (write back) disks, and the Ceph tests.
+#[test]
+fn each_backend_reports_its_cache_and_compare_and_write() {
+    let dir = Scratch::new("cache");
+    let mut table = vec![
+        (
+            "null",
+            DeviceSpec::Null {
+                size: MIB,
+                block_size: 4096,
+            },
+            (false, 0, Deallocate::Zeroes),
+        ),
+        (
+            "file, O_DIRECT",
+            file_spec(&dir.0.join("direct.img"), MIB, false),
+            (true, 0, Deallocate::Zeroes),
+        ),
+        (
+            "file, buffered",
+            file_spec(&dir.0.join("buffered.img"), MIB, true),
+            (true, 0, Deallocate::Zeroes),
+        ),
+    ];
+    if Path::new("/dev/shm").is_dir() {
+        let p = Path::new("/dev/shm").join(format!("nvmf-backend-cache-{}", std::process::id()));
+        table.push((
+            "file on tmpfs",
+            file_spec(&p, MIB, false),
+            (true, 0, Deallocate::Zeroes),
+        ));
+    }
+    for (what, spec, want) in table {
+        let d = Device::open(&spec).unwrap();
+        assert_eq!(
+            (d.volatile_cache(), d.native_caw(), d.deallocate()),
+            want,
+            "{what}"
+        );
+        if let DeviceSpec::File(f) = &spec {
+            if f.path.starts_with("/dev/shm") {
+                let _ = std::fs::remove_file(&f.path);
+            }
+        }
+    }
+}

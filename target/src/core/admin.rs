@@ -224,8 +224,19 @@ impl Queue {
         id.acwu = u16::try_from((self.max_xfer.min(caps.max_io_size) / 4096).max(1) - 1)
             .unwrap_or(u16::MAX)
             .into();
-        // Flush is honoured per namespace; a broadcast Flush (NSID FFFFFFFFh) is not.
-        id.vwc = idc::VWC_PRESENT | idc::VWC_FLUSH_BROADCAST_UNSUPPORTED;
+        // A volatile write cache when a namespace's store has one (a file, a block device
+        // whose queue writes back); not for null, RBD or write-through devices alone, whose
+        // completed writes are durable (the host then sends neither Flush nor FUA). Flush is
+        // honoured per namespace; a broadcast Flush (NSID FFFFFFFFh) is not.
+        let cached = self
+            .namespaces()
+            .is_some_and(|t| t.by_nsid.values().any(|n| n.volatile_cache));
+        id.vwc = idc::VWC_FLUSH_BROADCAST_UNSUPPORTED | if cached { idc::VWC_PRESENT } else { 0 };
+        // Atomic write units (0's based, in blocks): one block, in normal operation and on
+        // power failure; no namespace says otherwise (NSFEAT bit 1 clear). A write of more
+        // blocks may be seen or left partly written.
+        id.awun = 0.into();
+        id.awupf = 0.into();
         id.ioccsz = ((64 + caps.in_capsule_data) / 16).into();
         // No power management; the same placeholder state nvmet (and QEMU) report.
         id.psd[0].mp = 0x9c4.into();

@@ -216,6 +216,9 @@ pub struct NamespaceSpec {
     /// of this target, which is all that reaches a local store (and an RBD image served by
     /// one gateway at a time, as a gateway group serves it).
     pub native_caw: u32,
+    /// The store may lose a completed write until a flush (`Device::volatile_cache`): the
+    /// controller reports a volatile write cache when any namespace of its subsystem has one.
+    pub volatile_cache: bool,
 }
 
 /// A subsystem as configured.

@@ -553,3 +553,47 @@ fn linux_sequence_tcp() {
 fn linux_sequence_rdma() {
     linux_sequence(rdma_caps());
 }
+
+/// Identify's cache and atomicity fields per backend mix: VWC is present when a namespace of
+/// the subsystem may lose completed writes until a flush (a file, a write-back block device),
+/// not for null, RBD or write-through devices alone; AWUN and AWUPF promise one block (0's
+/// based), and no namespace claims its own (NSFEAT bit 1).
+#[test]
+fn identify_reports_a_volatile_cache_only_where_a_namespace_has_one() {
+    let t = test_target();
+    for (what, caches, vwc) in [
+        ("every store caches (files)", [true, true], true),
+        (
+            "one file next to a write-through device",
+            [false, true],
+            true,
+        ),
+        (
+            "null, RBD or write-through devices only",
+            [false, false],
+            false,
+        ),
+    ] {
+        let mut subs = test_subsystems();
+        for (n, c) in subs[0].namespaces.iter_mut().zip(caches) {
+            n.volatile_cache = c;
+        }
+        t.reconfigure(subs, test_listeners());
+        let mut a = Host::new(&t, tcp_caps(), Instant::now());
+        a.bring_up(SUBNQN, HOSTNQN);
+        let id = IdentifyController::decode(a.identify(cns::CTRL, 0, csi::NVM).ok_data()).unwrap();
+        assert_eq!(id.vwc & idc::VWC_PRESENT != 0, vwc, "{what}");
+        assert_eq!(
+            id.vwc & !idc::VWC_PRESENT,
+            idc::VWC_FLUSH_BROADCAST_UNSUPPORTED,
+            "{what}"
+        );
+        assert_eq!((id.awun.get(), id.awupf.get()), (0, 0), "{what}: one block");
+        let ns = IdentifyNamespace::decode(a.identify(cns::NS, 1, csi::NVM).ok_data()).unwrap();
+        assert_eq!(
+            ns.nsfeat & 0x02,
+            0,
+            "{what}: no namespace atomicity of its own"
+        );
+    }
+}

@@ -52,6 +52,7 @@ pub(super) fn ns(nsid: u32, blocks: u64, lba_shift: u8, device: u32) -> Namespac
         deallocate_zeroes: true,
         ana_group: 1,
         native_caw: 0,
+        volatile_cache: true,
     }
 }
 
