@@ -39,9 +39,11 @@ APT_PACKAGES=(
   busybox-static kmod iproute2
   rdma-core ibverbs-utils ibverbs-providers libibverbs-dev librdmacm-dev rdmacm-utils perftest
   nvme-cli fio
+  dmsetup xfsprogs e2fsprogs
 )
 # Binaries whose presence the fast path checks (one per package that matters).
-KEY_BINARIES=(qemu-system-x86_64 vng nvme fio rdma ibv_devinfo rping ib_write_bw busybox modinfo ip)
+KEY_BINARIES=(qemu-system-x86_64 vng nvme fio rdma ibv_devinfo rping ib_write_bw busybox modinfo ip
+  dmsetup mkfs.xfs xfs_repair mkfs.ext4)
 
 log() { echo "vm-setup: $*" >&2; }
 die() { echo "vm-setup: ERROR: $*" >&2; exit 1; }
