@@ -8,9 +8,11 @@
 //! ```
 //!
 //! `blocks` writes stamped 4 KiB blocks to a block device with O_DIRECT from `--jobs` threads
-//! (each its own blocks, so one write per block is in flight), one in `--fua-every` with
+//! (each its own blocks, so one write per block is in flight; one op in `--large-every` covers
+//! `--large-blocks` blocks, a command the target may move in pieces), one in `--fua-every` with
 //! RWF_DSYNC (a FUA write; only over a block whose last write a flush covered, see `job`), one
-//! in `--zero-every` a BLKZEROOUT (Write Zeroes), while another
+//! in `--zero-every` a BLKZEROOUT (Write Zeroes), one in `--discard-every` a BLKDISCARD
+//! (Deallocate; for backends whose deallocated blocks read zeroes), while another
 //! thread flushes every `--flush-ms` (fsync of the block device: an NVMe Flush) and, once a
 //! flush completed, puts a mark named after it in the dm-log-writes log (`dmsetup message DEV
 //! 0 mark fN`). The record says what was sent and completed when (one global sequence).
@@ -72,6 +74,15 @@ enum Cmd {
         /// One operation in this many is a Write Zeroes of the block (0: none).
         #[arg(long, default_value_t = 16)]
         zero_every: u64,
+        /// One operation in this many is a discard (BLKDISCARD: Deallocate) of the blocks (0:
+        /// none), for backends that read deallocated blocks back as zeroes (DLFEAT).
+        #[arg(long, default_value_t = 0)]
+        discard_every: u64,
+        /// One operation in this many covers `--large-blocks` blocks (0: none).
+        #[arg(long, default_value_t = 32)]
+        large_every: u64,
+        #[arg(long, default_value_t = 16)]
+        large_blocks: u64,
         /// The dm-log-writes device (its dm name) that takes the marks.
         #[arg(long)]
         mark_dev: String,
@@ -97,28 +108,7 @@ enum Cmd {
         record: PathBuf,
     },
     /// Replay the log and check every crash point.
-    Check {
-        #[arg(long)]
-        log: PathBuf,
-        #[arg(long)]
-        record: PathBuf,
-        /// Bytes of the logged device (default: as far as the log wrote).
-        #[arg(long)]
-        device_bytes: Option<u64>,
-        /// The namespace is this file (path inside the file system on the logged device).
-        #[arg(long)]
-        file: Option<PathBuf>,
-        /// A device as large as the logged one, to mount replayed states from (`--file`).
-        #[arg(long)]
-        scratch: Option<PathBuf>,
-        /// Where to mount it.
-        #[arg(long, default_value = "/mnt/crashpoint")]
-        mnt: PathBuf,
-        /// The record is of `files` (a file system on the logged device): at each mark the
-        /// replayed device is mounted, every file checked, and `xfs_repair -n` must pass.
-        #[arg(long)]
-        files: bool,
-    },
+    Check(CheckOpts),
 }
 
 /// Bytes of each file of `files`: four stamped 4 KiB chunks.
@@ -240,27 +230,29 @@ fn files(
 const BS: usize = 4096;
 /// `_IO(0x12, 127)`: zero a byte range of a block device (Write Zeroes where it has it).
 const BLKZEROOUT: libc::c_ulong = 0x127f;
+/// `_IO(0x12, 119)`: discard a byte range (Dataset Management, Deallocate).
+const BLKDISCARD: libc::c_ulong = 0x1277;
 
 /// A block-aligned buffer for O_DIRECT.
-struct Aligned(*mut u8);
+struct Aligned(*mut u8, usize);
 
 impl Aligned {
-    fn new() -> Aligned {
-        let layout = std::alloc::Layout::from_size_align(BS, BS).expect("layout");
+    fn new(len: usize) -> Aligned {
+        let layout = std::alloc::Layout::from_size_align(len, BS).expect("layout");
         // SAFETY: a non-zero size.
         let p = unsafe { std::alloc::alloc_zeroed(layout) };
         assert!(!p.is_null(), "out of memory");
-        Aligned(p)
+        Aligned(p, len)
     }
     fn get(&mut self) -> &mut [u8] {
-        // SAFETY: BS bytes allocated in `new`, owned by self.
-        unsafe { std::slice::from_raw_parts_mut(self.0, BS) }
+        // SAFETY: self.1 bytes allocated in `new`, owned by self.
+        unsafe { std::slice::from_raw_parts_mut(self.0, self.1) }
     }
 }
 
 impl Drop for Aligned {
     fn drop(&mut self) {
-        let layout = std::alloc::Layout::from_size_align(BS, BS).expect("layout");
+        let layout = std::alloc::Layout::from_size_align(self.1, BS).expect("layout");
         // SAFETY: allocated in `new` with this layout.
         unsafe { std::alloc::dealloc(self.0, layout) };
     }
@@ -286,8 +278,15 @@ struct JobOpts {
     jobs: u64,
     fua_every: u64,
     zero_every: u64,
+    discard_every: u64,
+    large_every: u64,
+    large_blocks: u64,
 }
 
+/// One writer: its own contiguous blocks (so a block has one write in flight at a time, and a
+/// large write stays in them), single blocks and, one op in `large_every`, `large_blocks` at
+/// once (one command the target may move in pieces; each block is a version of its own, and a
+/// crash may leave some of them).
 fn job(j: u64, dev: &Path, o: &JobOpts, sh: &Shared) -> Result<Vec<Write>, String> {
     let f = OpenOptions::new()
         .read(true)
@@ -296,35 +295,49 @@ fn job(j: u64, dev: &Path, o: &JobOpts, sh: &Shared) -> Result<Vec<Write>, Strin
         .open(dev)
         .map_err(|e| format!("{}: {e}", dev.display()))?;
     let fd = f.as_raw_fd();
-    let mine = o.blocks.div_ceil(o.jobs);
+    let per = o.blocks.div_ceil(o.jobs);
+    let first = j * per;
+    let mine = per.min(o.blocks.saturating_sub(first));
+    if mine == 0 {
+        return Ok(Vec::new());
+    }
+    let large = o.large_blocks.clamp(1, mine);
     let mut gens = vec![0u64; mine as usize];
     let mut last_done = vec![0u64; mine as usize];
-    let mut buf = Aligned::new();
+    let mut buf = Aligned::new(large as usize * BS);
     let mut out = Vec::new();
     let mut n = 0u64;
     while !sh.stop.load(SeqCst) {
-        let i = rand::random::<u64>() % mine;
-        let block = j + o.jobs * i;
-        if block >= o.blocks {
-            continue;
-        }
         n += 1;
-        let gen = gens[i as usize] + 1;
-        let zero = o.zero_every > 0 && n % o.zero_every == 0;
-        // FUA only over a block with no write still in the device's cache: dm-log-writes logs a
+        let len = if o.large_every > 0 && n % o.large_every == 0 {
+            large
+        } else {
+            1
+        };
+        let i = rand::random::<u64>() % (mine - len + 1);
+        let blocks = i..i + len;
+        let discard = o.discard_every > 0 && n % o.discard_every == 0;
+        let zero = discard || (o.zero_every > 0 && n % o.zero_every == 0);
+        // FUA only over blocks with no write still in the device's cache: dm-log-writes logs a
         // FUA write when it completes but an earlier plain write of the same block at the
         // next flush, so the replay would put the older data last.
-        let clean = last_done[i as usize] < sh.flushed_before.load(SeqCst);
+        let flushed = sh.flushed_before.load(SeqCst);
+        let clean = blocks.clone().all(|b| last_done[b as usize] < flushed);
         let fua = !zero && clean && o.fua_every > 0 && n % o.fua_every == 0;
-        let off = block * BS as u64;
+        let off = (first + i) * BS as u64;
+        let bytes = len as usize * BS;
         if !zero {
-            crashlog::stamp(buf.get(), block, gen);
+            for (k, chunk) in buf.get()[..bytes].chunks_exact_mut(BS).enumerate() {
+                let b = i as usize + k;
+                crashlog::stamp(chunk, first + b as u64, gens[b] + 1);
+            }
         }
         let sub = sh.next();
         let r = if zero {
-            let range = [off, BS as u64];
-            // SAFETY: BLKZEROOUT reads two u64s from the pointer.
-            let r = unsafe { libc::ioctl(fd, BLKZEROOUT, range.as_ptr()) };
+            let range = [off, bytes as u64];
+            let req = if discard { BLKDISCARD } else { BLKZEROOUT };
+            // SAFETY: BLKZEROOUT and BLKDISCARD read two u64s from the pointer.
+            let r = unsafe { libc::ioctl(fd, req, range.as_ptr()) };
             if r == 0 {
                 Ok(())
             } else {
@@ -333,12 +346,12 @@ fn job(j: u64, dev: &Path, o: &JobOpts, sh: &Shared) -> Result<Vec<Write>, Strin
         } else {
             let iov = libc::iovec {
                 iov_base: buf.0.cast(),
-                iov_len: BS,
+                iov_len: bytes,
             };
             let flags = if fua { libc::RWF_DSYNC } else { 0 };
-            // SAFETY: one iovec over the BS-byte buffer, alive for the call.
+            // SAFETY: one iovec over `bytes` of the buffer, alive for the call.
             let r = unsafe { libc::pwritev2(fd, &iov, 1, off as libc::off_t, flags) };
-            if r == BS as isize {
+            if r == bytes as isize {
                 Ok(())
             } else if r < 0 {
                 Err(std::io::Error::last_os_error())
@@ -350,20 +363,22 @@ fn job(j: u64, dev: &Path, o: &JobOpts, sh: &Shared) -> Result<Vec<Write>, Strin
             Ok(()) => sh.next(),
             Err(e) => {
                 sh.errors.fetch_add(1, SeqCst);
-                eprintln!("crashpoint: block {block} generation {gen}: {e}");
+                eprintln!("crashpoint: blocks {}..{}: {e}", first + i, first + i + len);
                 NEVER
             }
         };
-        gens[i as usize] = gen;
-        last_done[i as usize] = done;
-        out.push(Write {
-            block,
-            gen,
-            zero,
-            fua,
-            sub,
-            done,
-        });
+        for b in blocks {
+            gens[b as usize] += 1;
+            last_done[b as usize] = done;
+            out.push(Write {
+                block: first + b,
+                gen: gens[b as usize],
+                zero,
+                fua,
+                sub,
+                done,
+            });
+        }
     }
     Ok(out)
 }
@@ -458,7 +473,7 @@ fn blocks(
         .map_err(|e| format!("{}: {e}", record.display()))?;
     let count = |p: fn(&Write) -> bool| rec.writes.iter().filter(|w| p(w)).count();
     println!(
-        "crashpoint blocks: {} writes ({} FUA, {} Write Zeroes) and {} flushes in {took:.1} s ({:.0} writes/s), {} errors",
+        "crashpoint blocks: {} block writes ({} FUA, {} zeroed by Write Zeroes or Deallocate) and {} flushes in {took:.1} s ({:.0} block writes/s), {} errors",
         rec.writes.len(),
         count(|w| w.fua),
         count(|w| w.zero),
@@ -486,13 +501,28 @@ fn read_from_fs(dev: &Path, mnt: &Path, file: &Path, len: usize) -> Result<Vec<u
     Ok(data)
 }
 
+#[derive(clap::Args, Debug)]
 struct CheckOpts {
+    #[arg(long)]
     log: PathBuf,
+    #[arg(long)]
     record: PathBuf,
+    /// Bytes of the logged device (default: as far as the log wrote).
+    #[arg(long)]
     device_bytes: Option<u64>,
+    /// The namespace is this file (path inside the file system on the logged device).
+    #[arg(long)]
     file: Option<PathBuf>,
+    /// A device as large as the logged one, to mount replayed states from (`--file`,
+    /// `--files`).
+    #[arg(long)]
     scratch: Option<PathBuf>,
+    /// Where to mount it.
+    #[arg(long, default_value = "/mnt/crashpoint")]
     mnt: PathBuf,
+    /// The record is of `files` (a file system on the logged device): at each mark the
+    /// replayed device is mounted, every file checked, and `xfs_repair -n` must pass.
+    #[arg(long)]
     files: bool,
 }
 
@@ -688,6 +718,9 @@ fn main() -> ExitCode {
             flush_ms,
             fua_every,
             zero_every,
+            discard_every,
+            large_every,
+            large_blocks,
             mark_dev,
             record,
         } => blocks(
@@ -697,6 +730,9 @@ fn main() -> ExitCode {
                 jobs: jobs.max(1),
                 fua_every,
                 zero_every,
+                discard_every,
+                large_every,
+                large_blocks,
             },
             secs,
             flush_ms,
@@ -712,23 +748,7 @@ fn main() -> ExitCode {
             mark_dev,
             record,
         } => files(dir, n.max(1), secs, batch.max(1), mark_dev, record).map(|()| true),
-        Cmd::Check {
-            log,
-            record,
-            device_bytes,
-            file,
-            scratch,
-            mnt,
-            files,
-        } => check(CheckOpts {
-            log,
-            record,
-            device_bytes,
-            file,
-            scratch,
-            mnt,
-            files,
-        }),
+        Cmd::Check(o) => check(o),
     };
     match r {
         Ok(true) => ExitCode::SUCCESS,

@@ -62,6 +62,10 @@ fn verified_writes_read_back_through_an_rbd_namespace() {
     );
     let raw = std::fs::read(&dump).unwrap();
     assert_eq!(raw.len(), 64 << 20);
+    // librbd's cache is off and the OSDs journal a write before they answer: no volatile
+    // write cache to report (Identify Controller VWC, byte 525 bit 0), so hosts send no Flush.
+    let id = connect(&t).identify(nvme::identify::cns::CTRL, 0).unwrap();
+    assert_eq!(id[525] & 1, 0, "VWC of a subsystem of RBD namespaces only");
     // A verify block starts with a header naming its own byte offset (little endian, at 16;
     // magic "NVBV" at 0: bench/src/bench/pattern.rs).
     let at = (8 << 20) + 128 * 1024;

@@ -497,6 +497,24 @@ pub struct IoOp {
     pub len: u32,
 }
 
+impl IoOp {
+    /// A Compare and Write run as one backend op: the command ID of the Write whose buffer it
+    /// needs (the transport lends it with [`IoOp::lend_write_buf`]).
+    pub fn caw_write_cid(&self) -> Option<u16> {
+        match self.kind {
+            IoKind::CompareAndWrite { write_cid, .. } => Some(write_cid),
+            _ => None,
+        }
+    }
+
+    /// Names the Write's buffer in a Compare and Write op.
+    pub fn lend_write_buf(&mut self, buf: Option<u32>) {
+        if let IoKind::CompareAndWrite { write_buf, .. } = &mut self.kind {
+            *write_buf = buf;
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum IoKind {
     Read,

@@ -24,7 +24,7 @@ use tracing::{debug, info, warn};
 use super::sendq::SendQueue;
 use super::wire::Wire;
 use super::{ConnStats, ReqRef, Store};
-use crate::core::{self, Cmd, Exec, IoKind, Queue, QueueEvent, QueueLimits, TransportCaps, Xfer};
+use crate::core::{self, Cmd, Exec, Queue, QueueEvent, QueueLimits, TransportCaps, Xfer};
 
 /// Size of the receive staging buffer: small PDUs (capsules, small in-capsule data) are read
 /// in batches through it; larger data is read straight into the slot buffer.
@@ -797,17 +797,12 @@ impl<W: Wire> Conn<W> {
         match ex {
             Exec::Done { cqe, data_len } => self.respond(slot, cqe, data_len, store),
             Exec::Io(mut op) => {
-                if let IoKind::CompareAndWrite {
-                    write_cid,
-                    write_buf,
-                } = &mut op.kind
-                {
-                    // Without its Write held here, the backend refuses the op (EINVAL).
-                    if let Some(p) = self.deferred_slot(*write_cid) {
-                        *write_buf = self.slots[p as usize].buf;
-                        self.slots[s].caw_partner = Some(p);
-                        self.set(p, SlotState::Executing);
-                    }
+                // A Compare and Write's Write lends its buffer (without it the backend
+                // refuses the op: EINVAL).
+                if let Some(p) = op.caw_write_cid().and_then(|c| self.deferred_slot(c)) {
+                    op.lend_write_buf(self.slots[p as usize].buf);
+                    self.slots[s].caw_partner = Some(p);
+                    self.set(p, SlotState::Executing);
                 }
                 self.set(s as u16, SlotState::Executing);
                 self.inflight += 1;

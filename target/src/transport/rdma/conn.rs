@@ -52,7 +52,7 @@ use super::params::{split_wr_id, wr_id, QueueSizing, WrKind, CQE_BYTES, SQE_BYTE
 use super::poller::{DevRes, RegionInfo};
 use super::request::{Req, ReqState, StagedSend, StateCounts};
 use super::verbs::{DevLink, QpLink, QpRes};
-use crate::core::{Cmd, Exec, IoKind, Queue, QueueEvent, QueueLimits, Target, TransportCaps, Xfer};
+use crate::core::{Cmd, Exec, Queue, QueueEvent, QueueLimits, Target, TransportCaps, Xfer};
 use crate::transport::{ConnStats, ReqRef, Store};
 
 /// How long a closing connection waits for the flush completions of its posted work requests
@@ -981,17 +981,12 @@ impl<Q: QpLink, D: DevLink> Conn<Q, D> {
                 self.set(slot, ReqState::ReadyToComplete);
             }
             Exec::Io(mut op) => {
-                if let IoKind::CompareAndWrite {
-                    write_cid,
-                    write_buf,
-                } = &mut op.kind
-                {
-                    // Without its Write held here, the backend refuses the op (EINVAL).
-                    if let Some(p) = self.deferred_slot(*write_cid) {
-                        *write_buf = self.slots[p as usize].buf;
-                        self.slots[s].caw_partner = Some(p);
-                        self.set(p, ReqState::Executing);
-                    }
+                // A Compare and Write's Write lends its buffer (without it the backend
+                // refuses the op: EINVAL).
+                if let Some(p) = op.caw_write_cid().and_then(|c| self.deferred_slot(c)) {
+                    op.lend_write_buf(self.slots[p as usize].buf);
+                    self.slots[s].caw_partner = Some(p);
+                    self.set(p, ReqState::Executing);
                 }
                 self.set(slot, ReqState::Executing);
                 self.io_inflight += 1;
