@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Fuzz the wire parsers, the YAML configuration and the target's NVMe/TCP connection with
 # cargo-fuzz (libFuzzer; needs the nightly toolchain). Targets and invariants: fuzz/README.md.
-#   scripts/fuzz.sh --ci             every target for FUZZ_SECONDS (default 12) from the
+#   scripts/fuzz.sh --ci             every target for FUZZ_SECONDS (default 10) from the
 #                                    committed seeds only (fresh corpus); scripts/test.sh runs it
 #   scripts/fuzz.sh [TARGET...]      longer runs: FUZZ_SECONDS (default 600) per target; the
 #                                    corpus grows in build/fuzz/corpus/TARGET
@@ -26,7 +26,7 @@ for a in "$@"; do
   esac
 done
 [ ${#names[@]} -gt 0 ] || names=("${TARGETS[@]}")
-secs=${FUZZ_SECONDS:-$([ $ci = 1 ] && echo 12 || echo 600)}
+secs=${FUZZ_SECONDS:-$([ $ci = 1 ] && echo 10 || echo 600)}
 
 if ! rustup run "$TOOLCHAIN" rustc --version >/dev/null 2>&1; then
   echo "fuzz.sh: the $TOOLCHAIN toolchain is missing (cargo-fuzz needs nightly: rustup toolchain install nightly)" >&2

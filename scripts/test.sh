@@ -32,7 +32,7 @@ PROPTEST_RNG_SEED=${PROPTEST_RNG_SEED:-1764115200} cargo test --workspace
 bash scripts/ceph-cluster.sh stop "$CEPH_DIR"
 trap - EXIT
 
-echo "== fuzz (12 s per target)" >&2
+echo "== fuzz (10 s per target)" >&2
 bash scripts/fuzz.sh --ci
 
 [ "$mode" = --host ] && exit 0

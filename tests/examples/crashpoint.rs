@@ -78,8 +78,9 @@ enum Cmd {
         /// none), for backends that read deallocated blocks back as zeroes (DLFEAT).
         #[arg(long, default_value_t = 0)]
         discard_every: u64,
-        /// One operation in this many covers `--large-blocks` blocks (0: none).
-        #[arg(long, default_value_t = 32)]
+        /// One operation in this many covers `--large-blocks` blocks (0: none; prime, so large
+        /// writes are not always the Write Zeroes or FUA ones).
+        #[arg(long, default_value_t = 29)]
         large_every: u64,
         #[arg(long, default_value_t = 16)]
         large_blocks: u64,
