@@ -192,16 +192,7 @@ fn files(
         k += 1;
         let mark = format!("f{k}");
         let mark_before = sh.next();
-        let o = Command::new("dmsetup")
-            .args(["message", &mark_dev, "0", "mark", &mark])
-            .output()
-            .map_err(|e| format!("dmsetup: {e}"))?;
-        if !o.status.success() {
-            return Err(format!(
-                "dmsetup message {mark_dev} 0 mark {mark}: {}",
-                String::from_utf8_lossy(&o.stderr).trim()
-            ));
-        }
+        put_mark(&mark_dev, &mark)?;
         // The fsyncs are the flushes: everything replaced before the mark is durable.
         flushes.push(Flush {
             sub: mark_before,
@@ -384,6 +375,22 @@ fn job(j: u64, dev: &Path, o: &JobOpts, sh: &Shared) -> Result<Vec<Write>, Strin
     Ok(out)
 }
 
+/// Puts mark `name` in the log of the dm-log-writes device `dev`.
+fn put_mark(dev: &str, name: &str) -> Result<(), String> {
+    let o = Command::new("dmsetup")
+        .args(["message", dev, "0", "mark", name])
+        .output()
+        .map_err(|e| format!("dmsetup: {e}"))?;
+    if o.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "dmsetup message {dev} 0 mark {name}: {}",
+            String::from_utf8_lossy(&o.stderr).trim()
+        ))
+    }
+}
+
 /// fsync of the device (an NVMe Flush), then a mark in the log.
 fn flush_and_mark(f: &File, k: u64, mark_dev: &str, sh: &Shared) -> Result<Flush, String> {
     let sub = sh.next();
@@ -392,16 +399,7 @@ fn flush_and_mark(f: &File, k: u64, mark_dev: &str, sh: &Shared) -> Result<Flush
     sh.flushed_before.fetch_max(sub, SeqCst);
     let mark = format!("f{k}");
     let mark_before = sh.next();
-    let o = Command::new("dmsetup")
-        .args(["message", mark_dev, "0", "mark", &mark])
-        .output()
-        .map_err(|e| format!("dmsetup: {e}"))?;
-    if !o.status.success() {
-        return Err(format!(
-            "dmsetup message {mark_dev} 0 mark {mark}: {}",
-            String::from_utf8_lossy(&o.stderr).trim()
-        ));
-    }
+    put_mark(mark_dev, &mark)?;
     let mark_after = sh.next();
     Ok(Flush {
         sub,
