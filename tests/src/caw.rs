@@ -135,6 +135,24 @@ impl RaceReport {
         self.failures.is_empty()
     }
 
+    /// Prints the timing and summary lines, then asserts the race checks out: no failure,
+    /// every round won exactly once, no torn read, a Compare and Write per win or conflict.
+    /// `logs`: what to show when it does not (the targets' logs).
+    #[track_caller]
+    pub fn assert_clean(&self, o: &RaceOptions, logs: &str) {
+        println!("{}", self.timing());
+        println!("{}", self.summary());
+        assert!(
+            self.ok(),
+            "{}\n{}\n{logs}",
+            self.failures.join("\n"),
+            self.summary()
+        );
+        assert_eq!(self.wins.iter().sum::<u64>(), o.rounds);
+        assert_eq!(self.torn, 0);
+        assert_eq!(self.caws, o.rounds + self.conflicts);
+    }
+
     /// Compare and Writes per second.
     pub fn caw_per_sec(&self) -> f64 {
         self.caws as f64 / self.elapsed.as_secs_f64().max(1e-9)

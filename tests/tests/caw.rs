@@ -137,18 +137,7 @@ fn two_hosts_race_one_winner_per_round() {
         lba: 0,
     };
     let rep = caw::race(&options(&t), &o).unwrap_or_else(|e| panic!("{e}\n{}", t.log_text()));
-    println!("{}", rep.timing());
-    println!("{}", rep.summary());
-    assert!(
-        rep.ok(),
-        "{}\n{}\n{}",
-        rep.failures.join("\n"),
-        rep.summary(),
-        t.log_text()
-    );
-    assert_eq!(rep.wins.iter().sum::<u64>(), o.rounds);
-    assert_eq!(rep.torn, 0);
-    assert_eq!(rep.caws, o.rounds + rep.conflicts);
+    rep.assert_clean(&o, &t.log_text());
 }
 
 /// Writer tags of the stamps (top byte), so every stamp is unique.

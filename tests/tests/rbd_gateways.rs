@@ -159,18 +159,6 @@ fn compare_and_write_races_through_two_gateways_have_one_winner_per_round() {
     };
     let rep = caw::race_through(&[path(&a), path(&b)], &o)
         .unwrap_or_else(|e| panic!("{e}\n{}\n{}", a.log_text(), b.log_text()));
-    println!("{}", rep.timing());
-    println!("{}", rep.summary());
-    assert!(
-        rep.ok(),
-        "{}\n{}\nA:\n{}\nB:\n{}",
-        rep.failures.join("\n"),
-        rep.summary(),
-        a.log_text(),
-        b.log_text()
-    );
-    assert_eq!(rep.wins.iter().sum::<u64>(), o.rounds);
+    rep.assert_clean(&o, &format!("A:\n{}\nB:\n{}", a.log_text(), b.log_text()));
     assert!(rep.wins.iter().all(|&w| w > 0), "{}", rep.summary());
-    assert_eq!(rep.torn, 0);
-    assert_eq!(rep.caws, o.rounds + rep.conflicts);
 }
