@@ -44,11 +44,16 @@ pub struct TestImage {
 
 impl TestImage {
     pub fn create(conf: &PathBuf, tag: &str, mib: u64) -> TestImage {
+        Self::create_with(conf, tag, mib, &[])
+    }
+
+    /// As [`TestImage::create`], with more `rbd create` arguments (e.g. `--image-feature`).
+    pub fn create_with(conf: &PathBuf, tag: &str, mib: u64, extra: &[&str]) -> TestImage {
         let name = format!("{tag}-{}-{:08x}", std::process::id(), rand::random::<u32>());
-        rbd(
-            conf,
-            &["create", "--size", &mib.to_string(), &format!("rbd/{name}")],
-        );
+        let (size, spec) = (mib.to_string(), format!("rbd/{name}"));
+        let mut args = vec!["create", "--size", &size, &spec];
+        args.extend_from_slice(extra);
+        rbd(conf, &args);
         TestImage {
             conf: conf.clone(),
             name,

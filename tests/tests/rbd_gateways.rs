@@ -132,16 +132,20 @@ fn a_second_gateway_takes_over_an_rbd_namespace() {
 }
 
 /// Two hosts race Compare and Write on one block, host 1 through gateway A and host 2 through
-/// gateway B, both serving the image optimized (librbd moves the image's exclusive lock
-/// between them as they write): the fused pair is librbd's compare-and-write, one operation on
-/// the OSD, so every round has exactly one winner and no read sees a torn block. A 512-byte
-/// block namespace: one sector is what librbd 16's compare-and-write takes (a larger pair is
-/// serialized by the gateway that runs it, which is atomic only while one gateway serves the
-/// image, as in a gateway group).
+/// gateway B, both serving the image optimized at once: the fused pair is librbd's
+/// compare-and-write, one operation on the OSD, so every round has exactly one winner and no
+/// read sees a torn block. A 512-byte block namespace: one sector is what librbd 16's
+/// compare-and-write takes (a larger pair is serialized by the gateway that runs it, which is
+/// atomic only while one gateway serves the image, as in a gateway group).
+///
+/// The image has no exclusive-lock feature, so both gateways write at once. With it, librbd
+/// hands the lock over on every change of writer, and a request that reaches the owner while
+/// it is still taking the lock is acknowledged but not served: the requester retries only
+/// after `client_notify_timeout` (10 s), past the host's command timeout (seen in CI).
 #[test]
 fn compare_and_write_races_through_two_gateways_have_one_winner_per_round() {
     let Some(conf) = ceph::conf() else { return };
-    let img = TestImage::create(&conf, "gwcaw", 8);
+    let img = TestImage::create_with(&conf, "gwcaw", 8, &["--image-feature", "layering"]);
     let dir = nvmf_tests::TempDir::new("gwcaw");
     let a = gateway_bs(&img, (1, 0x7fff), "optimized", &dir.0.join("a.sock"), 512);
     let b = gateway_bs(
