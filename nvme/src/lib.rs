@@ -17,6 +17,7 @@ pub mod resv;
 pub mod sgl;
 pub mod status;
 pub mod tcp;
+pub mod tls;
 
 pub use cmd::{Cqe, Sqe};
 pub use status::Status;
