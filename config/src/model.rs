@@ -256,7 +256,8 @@ pub struct Subsystem {
 ///
 /// A host with a key must authenticate (DH-HMAC-CHAP, NVMe Base 2.0 8.13) on every queue
 /// before any other command; with a controller key as well, the controller authenticates
-/// itself to the host too (bidirectional).
+/// itself to a host that challenges it (bidirectional; a host that does not is accepted one
+/// way, as nvmet and SPDK accept it).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Host {
     /// `nqn`: the host NQN.

@@ -208,6 +208,27 @@ fn every_hash_and_group_authenticates_every_queue() {
     assert_no_key("the target's log", &t.log_text());
 }
 
+/// A host entry with a controller key, and a host that authenticates only itself (nvme-cli's
+/// `--dhchap-secret` without `--dhchap-ctrl-secret`): every queue authenticates one way and
+/// carries I/O, as with nvmet 6.12; with a wrong host key it is still refused.
+#[test]
+fn a_host_may_authenticate_one_way_to_an_entry_with_a_controller_key() {
+    let t = TargetProc::start_with(yaml);
+    let (ik, wk) = (inline_key(), wrong_key());
+    let mut c = Controller::connect(opts(&t, S_SHA384, H_INLINE, Some((&ik, None))))
+        .unwrap_or_else(|e| panic!("{e}\n{}", t.log_text()));
+    io_on_every_queue(&mut c, 7);
+    c.shutdown().unwrap();
+    let log = t.log_text();
+    let n = log
+        .lines()
+        .filter(|l| l.contains("host authenticated") && l.contains("bidirectional=false"))
+        .count();
+    assert_eq!(n, 3, "three queues authenticated one way:\n{log}");
+    let (qid, step, detail) = refused(opts(&t, S_SHA384, H_INLINE, Some((&wk, None))));
+    assert_eq!((qid, step), (0, "reply"), "{detail}");
+}
+
 /// A wrong host key, a wrong controller key and no key: each fails quickly naming the queue and
 /// the step; the target logs the failure (or the host that left without authenticating), never
 /// a key.

@@ -176,6 +176,12 @@ impl ControllerTxn {
         (self.hash, self.group)
     }
 
+    /// Whether the host challenged the controller (bidirectional authentication); a host may
+    /// authenticate only itself even where a controller key is configured.
+    pub fn bidirectional(&self) -> bool {
+        self.ctrl_response.is_some()
+    }
+
     /// Whether the transaction has ended (either way).
     pub fn finished(&self) -> bool {
         matches!(self.state, CtrlState::Done | CtrlState::Failed)
@@ -385,14 +391,9 @@ impl ControllerTxn {
                 &self.subnqn,
                 &self.hostnqn,
             ));
-        } else if self.ctrl_key.is_some() {
-            // nvmet: a controller key configured means the host must challenge the controller.
-            return self.fail_with(fail(
-                "reply",
-                failure::FAILED,
-                "bidirectional authentication is configured, and the host did not challenge the controller",
-            ));
         }
+        // A controller key answers a challenge only when the host makes one: a host that
+        // authenticates itself alone is accepted, as Linux nvmet (6.12) and SPDK accept it.
         self.state = CtrlState::SendSuccess1;
         CtrlStep::Continue
     }

@@ -289,7 +289,8 @@ impl Queue {
                 let (hash, group) = t.negotiated();
                 let again = if *authenticated { "re-" } else { "" };
                 tracing::info!(cntlid = ctrl.cntlid, qid = self.qid, host = %ctrl.hostnqn,
-                    peer = %self.peer, hash = %hash, dhgroup = %group, "host {again}authenticated");
+                    peer = %self.peer, hash = %hash, dhgroup = %group,
+                    bidirectional = t.bidirectional(), "host {again}authenticated");
                 *authenticated = true;
                 *deadline = None;
             }
