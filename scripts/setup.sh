@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 
 source scripts/apt-lib.sh
 apt_ensure setup pkg-config libibverbs-dev librdmacm-dev libibverbs1 librdmacm1 ibverbs-providers \
-  libclang1-14 libclang-common-14-dev gcc iproute2 librbd-dev librados-dev
+  libclang1-14 libclang-common-14-dev gcc iproute2 librbd-dev librados-dev libssl-dev
 if ! command -v cargo >/dev/null; then
   echo "setup: cargo not found: install a Rust toolchain >= 1.85 (rustup) first" >&2
   exit 1
