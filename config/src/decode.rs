@@ -14,15 +14,15 @@ use std::collections::BTreeMap;
 
 use crate::model::{
     default_dhchap_dhgroups, default_dhchap_hashes, default_serial, AnaState, Backing, C2hSuccess,
-    Config, DhGroup, Gateway, HashId, Host, Key, Listener, Metrics, Namespace, Polling, RbdImage,
-    Subsystem, TargetSettings, Transport, Uuid, DEFAULT_CEPH_CONF, DEFAULT_LEASE_SECS,
-    DEFAULT_MODEL, DEFAULT_PORT, MAX_ANA_GROUP,
+    Config, DhGroup, Gateway, HashId, Host, Key, Listener, Metrics, Namespace, Polling, PskKey,
+    RbdImage, Subsystem, TargetSettings, TlsMode, Transport, Uuid, DEFAULT_CEPH_CONF,
+    DEFAULT_LEASE_SECS, DEFAULT_MODEL, DEFAULT_PORT, MAX_ANA_GROUP,
 };
 use crate::size::Size;
 use crate::yaml::{Kind, Location, Node};
 
 const CONFIG_KEYS: &[&str] = &["listeners", "subsystems", "target", "metrics", "gateway"];
-const LISTENER_KEYS: &[&str] = &["transport", "address", "port", "subsystems", "ana"];
+const LISTENER_KEYS: &[&str] = &["transport", "address", "port", "subsystems", "ana", "tls"];
 const SUBSYSTEM_KEYS: &[&str] = &[
     "nqn",
     "allow_any_host",
@@ -39,6 +39,8 @@ const HOST_KEYS: &[&str] = &[
     "dhchap_key_file",
     "dhchap_ctrl_key",
     "dhchap_ctrl_key_file",
+    "tls_psk",
+    "tls_psk_file",
 ];
 const NAMESPACE_KEYS: &[&str] = &[
     "nsid",
@@ -275,12 +277,28 @@ impl Decoder<'_> {
             }
             Some(out)
         });
+        let tls = m.get("tls").and_then(|n| {
+            let p = join(path, "tls");
+            match string(r, n, &p)?.as_str() {
+                "required" => Some(TlsMode::Required),
+                "allowed" => Some(TlsMode::Allowed),
+                other => {
+                    r.error_at(
+                        n.at,
+                        &p,
+                        format!("unknown TLS mode `{other}` (expected required or allowed)"),
+                    );
+                    None
+                }
+            }
+        });
         Some(Listener {
             transport: transport?,
             address: address?,
             port,
             subsystems,
             ana,
+            tls,
         })
     }
 
@@ -376,16 +394,34 @@ impl Decoder<'_> {
                 "a controller key needs a host key (`dhchap_key` or `dhchap_key_file`) too",
             );
         }
+        let tls_psk = self
+            .secret(r, &m, path, "tls_psk", parse_psk)
+            .map(|(file, psk)| PskKey { file, psk });
         Some(Host {
             nqn: nqn?,
             dhchap_key: key,
             dhchap_ctrl_key: ctrl_key,
+            tls_psk,
         })
     }
 
     /// `<name>` (inline) or `<name>_file`: a DH-HMAC-CHAP secret. The secret itself never
     /// appears in a message.
     fn key(&self, r: &mut Report, m: &Map<'_>, path: &str, name: &str) -> Option<Key> {
+        self.secret(r, m, path, name, parse_dhchap)
+            .map(|(file, secret)| Key { file, secret })
+    }
+
+    /// `<name>` (inline) or `<name>_file` (mode 0600), parsed by `parse`; the file's path if
+    /// it came from one. The secret itself never appears in a message.
+    fn secret<T>(
+        &self,
+        r: &mut Report,
+        m: &Map<'_>,
+        path: &str,
+        name: &str,
+        parse: fn(&str) -> Result<T, String>,
+    ) -> Option<(Option<PathBuf>, T)> {
         let file_key = format!("{name}_file");
         let (inline, file) = (m.get(name), m.get(&file_key));
         if let (Some(_), Some(f)) = (inline, file) {
@@ -406,10 +442,10 @@ impl Decoder<'_> {
                 );
                 return None;
             };
-            return match nvme::auth::Secret::parse(text) {
-                Ok(secret) => Some(Key { file: None, secret }),
+            return match parse(text) {
+                Ok(secret) => Some((None, secret)),
                 Err(e) => {
-                    r.error_at(n.at, &p, format!("not a DH-HMAC-CHAP secret: {e}"));
+                    r.error_at(n.at, &p, e);
                     None
                 }
             };
@@ -421,11 +457,8 @@ impl Decoder<'_> {
             Some(base) => base.join(&text),
             None => PathBuf::from(&text),
         };
-        match read_key_file(&file) {
-            Ok(secret) => Some(Key {
-                file: Some(file),
-                secret,
-            }),
+        match read_key_file(&file).and_then(|t| parse(&t)) {
+            Ok(secret) => Some((Some(file), secret)),
             Err(e) => {
                 r.error_at(n.at, &p, format!("{}: {e}", file.display()));
                 None
@@ -777,8 +810,8 @@ fn host_name() -> String {
 }
 
 /// Reads a key file: owned by anyone, but readable and writable by its owner only (mode
-/// 0600 or stricter), holding one `DHHC-1:` secret.
-fn read_key_file(file: &Path) -> Result<nvme::auth::Secret, String> {
+/// 0600 or stricter), holding one secret (`DHHC-1:` or `NVMeTLSkey-1:`).
+fn read_key_file(file: &Path) -> Result<zeroize::Zeroizing<String>, String> {
     use std::os::unix::fs::PermissionsExt;
     let meta = std::fs::metadata(file).map_err(|e| e.to_string())?;
     if !meta.is_file() {
@@ -790,8 +823,17 @@ fn read_key_file(file: &Path) -> Result<nvme::auth::Secret, String> {
             "a key file must be private to its owner (mode {mode:04o}; chmod 600 it)"
         ));
     }
-    let text = zeroize::Zeroizing::new(std::fs::read_to_string(file).map_err(|e| e.to_string())?);
-    nvme::auth::Secret::parse(&text).map_err(|e| format!("not a DH-HMAC-CHAP secret: {e}"))
+    Ok(zeroize::Zeroizing::new(
+        std::fs::read_to_string(file).map_err(|e| e.to_string())?,
+    ))
+}
+
+fn parse_dhchap(text: &str) -> Result<nvme::auth::Secret, String> {
+    nvme::auth::Secret::parse(text).map_err(|e| format!("not a DH-HMAC-CHAP secret: {e}"))
+}
+
+fn parse_psk(text: &str) -> Result<nvme::tls::ConfiguredPsk, String> {
+    nvme::tls::ConfiguredPsk::parse(text).map_err(|e| format!("not a TLS PSK: {e}"))
 }
 
 /// A list of names, each decoded by `parse`; an empty list is refused.

@@ -109,6 +109,20 @@ pub struct Listener {
     /// not named are `optimized`. Default: every group optimized.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub ana: BTreeMap<u32, AnaState>,
+    /// `tls`: NVMe/TCP over TLS 1.3 with pre-shared keys: `required` (plain connections are
+    /// refused) or `allowed` (both). Default: none (plain NVMe/TCP only). TCP only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls: Option<TlsMode>,
+}
+
+/// A listener's `tls`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TlsMode {
+    /// Only TLS connections.
+    Required,
+    /// TLS and plain connections (the first bytes tell which).
+    Allowed,
 }
 
 impl Listener {
@@ -120,6 +134,7 @@ impl Listener {
             port,
             subsystems: None,
             ana: BTreeMap::new(),
+            tls: None,
         }
     }
 
@@ -268,6 +283,28 @@ pub struct Host {
     /// `dhchap_ctrl_key` or `dhchap_ctrl_key_file`: the controller's secret, for
     /// bidirectional authentication. Only with `dhchap_key`.
     pub dhchap_ctrl_key: Option<Key>,
+    /// `tls_psk` or `tls_psk_file`: the host's configured TLS PSK (`NVMeTLSkey-1:01:...:`, as
+    /// `nvme gen-tls-key` prints it), for listeners with `tls`.
+    pub tls_psk: Option<PskKey>,
+}
+
+/// A configured TLS PSK and where it came from; zeroed when dropped, never printed (as
+/// [`Key`]).
+#[derive(Clone, PartialEq, Eq)]
+pub struct PskKey {
+    /// The key file (`tls_psk_file`), read at load and on every reload; `None` inline.
+    pub file: Option<PathBuf>,
+    /// The key.
+    pub psk: nvme::tls::ConfiguredPsk,
+}
+
+impl fmt::Debug for PskKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.file {
+            Some(p) => write!(f, "PskKey(file {}, secret redacted)", p.display()),
+            None => f.write_str("PskKey(inline, secret redacted)"),
+        }
+    }
 }
 
 impl Host {
@@ -277,13 +314,19 @@ impl Host {
             nqn: nqn.into(),
             dhchap_key: None,
             dhchap_ctrl_key: None,
+            tls_psk: None,
         }
+    }
+
+    /// Whether the entry carries no secret (it is written as its NQN alone).
+    pub fn is_plain(&self) -> bool {
+        self.dhchap_key.is_none() && self.dhchap_ctrl_key.is_none() && self.tls_psk.is_none()
     }
 }
 
 impl PartialEq<&str> for Host {
     fn eq(&self, other: &&str) -> bool {
-        self.dhchap_key.is_none() && self.dhchap_ctrl_key.is_none() && self.nqn == *other
+        self.is_plain() && self.nqn == *other
     }
 }
 
@@ -315,11 +358,11 @@ std::thread_local! {
 
 impl Serialize for Host {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        if self.dhchap_key.is_none() && self.dhchap_ctrl_key.is_none() {
+        if self.is_plain() {
             return serializer.serialize_str(&self.nqn);
         }
         let reveal = REVEAL_SECRETS.with(|r| r.get());
-        let mut st = serializer.serialize_struct("Host", 3)?;
+        let mut st = serializer.serialize_struct("Host", 4)?;
         st.serialize_field("nqn", &self.nqn)?;
         for (name, key) in [
             ("dhchap_key", &self.dhchap_key),
@@ -340,6 +383,16 @@ impl Serialize for Host {
                 }
                 Some(_) => st.serialize_field(name, "<secret>")?,
             }
+        }
+        match &self.tls_psk {
+            None => st.skip_field("tls_psk")?,
+            Some(PskKey { file: Some(p), .. }) => {
+                st.serialize_field("tls_psk_file", &p.display().to_string())?
+            }
+            Some(PskKey { psk, .. }) if reveal => {
+                st.serialize_field("tls_psk", psk.to_text().as_str())?
+            }
+            Some(_) => st.serialize_field("tls_psk", "<secret>")?,
         }
         st.end()
     }

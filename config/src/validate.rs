@@ -114,6 +114,32 @@ pub(crate) fn config(config: &mut Config, paths: &ItemPaths, r: &mut Report) {
                 format!("no namespace is in ANA group {g}"),
             );
         }
+        if l.tls == Some(crate::TlsMode::Required)
+            && l.transport == crate::Transport::Tcp
+            && !config
+                .subsystems
+                .iter()
+                .filter(|s| l.serves(&s.nqn))
+                .any(|s| s.hosts.iter().any(|h| h.tls_psk.is_some()))
+        {
+            r.warn(
+                &join(lp, "tls"),
+                "no host can connect: TLS is required and no host of the subsystems it serves \
+                 has a `tls_psk`",
+            );
+        }
+    }
+    if !config.listeners.iter().any(|l| l.tls.is_some()) {
+        for (i, s) in config.subsystems.iter().enumerate() {
+            for (j, h) in s.hosts.iter().enumerate() {
+                if h.tls_psk.is_some() {
+                    r.warn(
+                        &format!("{}.hosts[{j}].tls_psk", paths.subsystems[i]),
+                        "no listener has `tls`: the key is not used",
+                    );
+                }
+            }
+        }
     }
     target(&config.target, r);
     if let Some(g) = &config.gateway {
@@ -167,6 +193,12 @@ fn listeners(config: &Config, paths: &[String], r: &mut Report) {
             r.error(
                 &join(path, "address"),
                 format!("{} is not a unicast address", l.address),
+            );
+        }
+        if l.tls.is_some() && l.transport != crate::Transport::Tcp {
+            r.error(
+                &join(path, "tls"),
+                "TLS is NVMe/TCP's secure channel: only a tcp listener has `tls`",
             );
         }
         let earlier = config.listeners[..i].iter().position(|e| {

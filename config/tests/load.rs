@@ -515,6 +515,78 @@ fn dhchap_hosts_policies_and_key_files() {
 }
 
 #[test]
+fn tls_listeners_and_host_psks() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = std::env::temp_dir().join(format!("nvmf-config-tls-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let psk = nvme::tls::ConfiguredPsk::from_key(&[5; 32]).unwrap();
+    let file = dir.join("h1.psk");
+    std::fs::write(&file, format!("{}\n", psk.to_text().as_str())).unwrap();
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let inline = nvme::tls::ConfiguredPsk::from_key(&[6; 48]).unwrap();
+    let text = format!(
+        "listeners:\n  - {{ transport: tcp, address: 127.0.0.1, tls: required }}\n  \
+         - {{ transport: tcp, address: 127.0.0.1, port: 4421, tls: allowed }}\n\
+         subsystems:\n  - nqn: nqn.2026-11.io.example:a\n    \
+         hosts:\n      - {{ nqn: nqn.2026-11.io.example:h1, tls_psk_file: h1.psk }}\n      \
+         - {{ nqn: nqn.2026-11.io.example:h2, tls_psk: \"{k}\" }}\n    \
+         namespaces: [ {{ nsid: 1, null: 1GiB }} ]\n",
+        k = inline.to_text().as_str()
+    );
+    let cfg_path = dir.join("t.yaml");
+    std::fs::write(&cfg_path, &text).unwrap();
+    let c = Config::load(&cfg_path).unwrap().config;
+    assert_eq!(c.listeners[0].tls, Some(nvmf_config::TlsMode::Required));
+    assert_eq!(c.listeners[1].tls, Some(nvmf_config::TlsMode::Allowed));
+    let hosts = &c.subsystems[0].hosts;
+    assert_eq!(hosts[0].tls_psk.as_ref().unwrap().psk, psk);
+    assert_eq!(
+        hosts[0].tls_psk.as_ref().unwrap().file.as_deref(),
+        Some(&*file)
+    );
+    assert_eq!(hosts[1].tls_psk.as_ref().unwrap().psk, inline);
+    // Shown without the key, written back with it.
+    let shown = c.to_yaml();
+    assert!(!shown.contains("NVMeTLSkey"), "{shown}");
+    assert!(
+        shown.contains("<secret>") && shown.contains("h1.psk") && shown.contains("tls: required"),
+        "{shown}"
+    );
+    let again = Config::from_yaml_str(&c.to_yaml_with_secrets(), "again.yaml").unwrap();
+    assert_eq!(again.config, c);
+    assert!(!format!("{c:?}").contains("NVMeTLSkey"));
+    // A key file others can read, a mistyped key, an unknown mode, TLS on RDMA.
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o640)).unwrap();
+    let e = Config::load(&cfg_path).unwrap_err().to_string();
+    assert!(e.contains("t.yaml:7:") && e.contains("chmod 600"), "{e}");
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let k = inline.to_text();
+    let typo = format!("{}{}", &k[..20], if &k[20..21] == "A" { "B" } else { "A" }) + &k[21..];
+    let bad = text
+        .replace(k.as_str(), &typo)
+        .replace("tls: allowed", "tls: maybe");
+    let e = Config::from_yaml_str(&bad, "t.yaml")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("not a TLS PSK") && !e.contains("NVMeTLSkey-1:02:"),
+        "{e}"
+    );
+    assert!(e.contains("unknown TLS mode `maybe`"), "{e}");
+    let e = Config::from_yaml_str(
+        &text.replace(
+            "{ transport: tcp, address: 127.0.0.1, port: 4421,",
+            "{ transport: rdma, address: 127.0.0.1, port: 4421,",
+        ),
+        "t.yaml",
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("only a tcp listener has `tls`"), "{e}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
 fn listeners_serve_subsystems_with_ana_states() {
     // The form issue #19 gives (with null namespaces instead of a disk).
     let text = r#"
