@@ -73,6 +73,30 @@ pub struct ConnectOptions {
     /// that does not ask is connected without. `None` (the default): a controller that asks
     /// fails the connect with [`Error::Auth`].
     pub dhchap: Option<DhchapOptions>,
+    /// NVMe/TCP over TLS 1.3 with a pre-shared key (every queue; kernel TLS where the kernel
+    /// has it, records in user space elsewhere). `None` (the default): plain NVMe/TCP.
+    pub tls: Option<TlsOptions>,
+}
+
+/// The TLS PSK a host connects with (NVMe/TCP 1.1, 3.6): its configured key and the identity
+/// form it offers (the target accepts both; the Linux host prefers v1).
+#[derive(Debug, Clone)]
+pub struct TlsOptions {
+    pub psk: tls::ConfiguredPsk,
+    pub identity: tls::IdentityVersion,
+}
+
+impl TlsOptions {
+    /// From the interchange form `nvme gen-tls-key` prints (`NVMeTLSkey-1:01:...:`), offering
+    /// a v1 identity.
+    pub fn new(psk_text: &str) -> Result<TlsOptions, Error> {
+        let psk = tls::ConfiguredPsk::parse(psk_text)
+            .map_err(|e| Error::InvalidArgument(format!("TLS PSK: {e}")))?;
+        Ok(TlsOptions {
+            psk,
+            identity: tls::IdentityVersion::V1,
+        })
+    }
 }
 
 impl ConnectOptions {
@@ -97,7 +121,22 @@ impl ConnectOptions {
             poll_spin: crate::spin::DEFAULT_SPIN,
             busy_poll: false,
             dhchap: None,
+            tls: None,
         }
+    }
+
+    /// The TLS client side of this connection's queues (its identity names the host and
+    /// subsystem NQNs).
+    pub(crate) fn tls_for_queue(&self) -> Result<Option<tls::ClientConfig>, Error> {
+        let Some(t) = &self.tls else { return Ok(None) };
+        if self.transport != Transport::Tcp {
+            return Err(Error::InvalidArgument(
+                "TLS is NVMe/TCP's secure channel (not NVMe/RDMA)".into(),
+            ));
+        }
+        tls::ClientConfig::new(&t.psk, t.identity, &self.hostnqn, &self.subnqn)
+            .map(Some)
+            .map_err(|e| Error::Io(std::io::Error::other(e)))
     }
 
     /// NVMe/RDMA to `addr:port` (an IP address of an RDMA device's netdev, or of a peer
@@ -250,7 +289,7 @@ fn open_queue(
     cntlid: u16,
 ) -> Result<AnyQueue, Error> {
     let link = match opts.transport {
-        Transport::Tcp => AnyLink::Tcp(TcpLink::open(sa, p)?),
+        Transport::Tcp => AnyLink::Tcp(TcpLink::open_with(sa, p, opts.tls_for_queue()?)?),
         Transport::Rdma => AnyLink::Rdma(RdmaLink::connect(sa, p, cntlid)?),
     };
     Ok(Queue::new(link, p.timeout, p.spin))

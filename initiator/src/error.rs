@@ -58,6 +58,10 @@ pub enum Error {
         step: &'static str,
         detail: String,
     },
+    /// The TLS channel of an NVMe/TCP queue could not be set up (the handshake failed: a
+    /// wrong key, a target without this host's key, or one without TLS). Never holds a key.
+    #[error("TLS: {0}")]
+    Tls(String),
     /// Something this build or this controller does not offer (a command the controller does
     /// not report in ONCS/FUSES, secure channel concatenation).
     #[error("not supported: {0}")]

@@ -917,7 +917,10 @@ pub(crate) fn is_transport_failure(e: &Error) -> bool {
         | Error::Protocol(_)
         | Error::TermReq { .. }
         | Error::QueueFailed { .. }
-        | Error::Rdma(_) => true,
+        | Error::Rdma(_)
+        // A handshake that failed may be a target going away mid-way, or a key the target
+        // has not been given yet: retried, as the Linux host retries it.
+        | Error::Tls(_) => true,
         Error::Command { err, .. } => !matches!(err, CmdError::Status(_)),
         Error::Status { .. }
         | Error::Controller(_)

@@ -103,13 +103,81 @@ struct RxData {
     success: bool,
 }
 
+/// A queue's byte stream: a socket (plain, or with kernel TLS), or TLS records in user space
+/// over one.
+#[derive(Debug)]
+enum HostSock {
+    Plain(TcpStream),
+    Tls(Box<tls::TlsStream<TcpStream>>),
+}
+
+impl HostSock {
+    fn tcp(&self) -> &TcpStream {
+        match self {
+            HostSock::Plain(s) => s,
+            HostSock::Tls(t) => t.get_ref(),
+        }
+    }
+
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            HostSock::Plain(s) => s.read(buf),
+            HostSock::Tls(t) => t.read(buf),
+        }
+    }
+
+    /// Into several buffers: user-space TLS fills them in order (a short read still means
+    /// the socket is empty).
+    fn read_vectored(&mut self, iov: &mut [IoSliceMut<'_>]) -> io::Result<usize> {
+        match self {
+            HostSock::Plain(s) => s.read_vectored(iov),
+            HostSock::Tls(t) => {
+                let mut got = 0;
+                for b in iov.iter_mut() {
+                    let want = b.len();
+                    let n = match t.read(b) {
+                        Ok(n) => n,
+                        Err(_) if got > 0 => return Ok(got),
+                        Err(e) => return Err(e),
+                    };
+                    got += n;
+                    if n < want {
+                        break;
+                    }
+                }
+                Ok(got)
+            }
+        }
+    }
+
+    fn write_vectored(&mut self, iov: &[IoSlice<'_>]) -> io::Result<usize> {
+        match self {
+            HostSock::Plain(s) => s.write_vectored(iov),
+            HostSock::Tls(t) => t.write_vectored(iov),
+        }
+    }
+
+    /// Ciphertext held back for the socket (user-space TLS): sent now as far as it goes;
+    /// true when none is left.
+    fn drain(&mut self) -> io::Result<bool> {
+        match self {
+            HostSock::Plain(_) => Ok(true),
+            HostSock::Tls(t) => t.drain(),
+        }
+    }
+
+    fn backlog(&self) -> bool {
+        matches!(self, HostSock::Tls(t) if t.backlog() > 0)
+    }
+}
+
 /// The NVMe/TCP link of a [`Queue`]; `B` is the queue's buffer type (`Vec<u8>` for an
 /// [`crate::IoQueue`], [`crate::AnyBuf`] inside an [`crate::AnyQueue`]).
 #[derive(Debug)]
 pub struct TcpLink<B = Vec<u8>> {
     qid: u16,
     depth: u16,
-    sock: TcpStream,
+    sock: HostSock,
     rx: Deframer,
     tx: TxConfig,
     maxh2cdata: u32,
@@ -133,6 +201,63 @@ pub struct TcpLink<B = Vec<u8>> {
     _buf: PhantomData<fn() -> B>,
 }
 
+/// The whole of `b`, on a blocking socket (the set-up exchanges).
+fn write_all(sock: &mut HostSock, mut b: &[u8]) -> io::Result<()> {
+    while !b.is_empty() {
+        match sock.write_vectored(&[IoSlice::new(b)]) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => b = &b[n..],
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    if let HostSock::Tls(t) = sock {
+        t.flush()?;
+    }
+    Ok(())
+}
+
+/// The TLS handshake on a new (blocking, with timeouts) connection; the session goes to
+/// kernel TLS where the kernel has it, else its records stay in user space.
+fn tls_channel(
+    tcp: TcpStream,
+    cfg: &tls::ClientConfig,
+    p: &QueueParams,
+) -> Result<HostSock, Error> {
+    let sess = tls::Session::client(cfg).map_err(|e| Error::Io(io::Error::other(e)))?;
+    let mut h = tls::Handshake::new(tcp, sess);
+    match h.step() {
+        Ok(true) => {}
+        // A blocking socket returns only when done, or on its timeout.
+        Ok(false) => return Err(Error::Timeout(p.timeout, "TLS handshake")),
+        Err(tls::TlsError::Io(e)) if is_timeout(&e) => {
+            return Err(Error::Timeout(p.timeout, "TLS handshake"))
+        }
+        Err(e) => return Err(Error::Tls(e.to_string())),
+    }
+    let (tcp, sess) = h.into_parts();
+    if let Some(keys) = sess.ktls_keys() {
+        match tls::ktls::enable(tcp.as_fd(), &keys) {
+            Ok(()) => {
+                tracing::debug!(
+                    qid = p.qid,
+                    cipher = sess.cipher(),
+                    "TLS channel up (kernel TLS)"
+                );
+                return Ok(HostSock::Plain(tcp));
+            }
+            Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT | libc::ENOPROTOOPT)) => {}
+            Err(e) => return Err(Error::Tls(format!("kernel TLS set-up failed: {e}"))),
+        }
+    }
+    tracing::debug!(
+        qid = p.qid,
+        cipher = sess.cipher(),
+        "TLS channel up (user-space records)"
+    );
+    Ok(HostSock::Tls(Box::new(tls::TlsStream::new(tcp, sess))))
+}
+
 fn is_timeout(e: &io::Error) -> bool {
     matches!(
         e.kind(),
@@ -144,7 +269,11 @@ impl<B: Buf> Queue<TcpLink<B>> {
     /// Open the TCP connection and run the ICReq/ICResp exchange (the unit tests' queue).
     #[cfg(test)]
     pub(crate) fn open(addr: &SocketAddr, p: &QueueParams) -> Result<Queue<TcpLink<B>>, Error> {
-        Ok(Queue::new(TcpLink::open(addr, p)?, p.timeout, p.spin))
+        Ok(Queue::new(
+            TcpLink::open_with(addr, p, None)?,
+            p.timeout,
+            p.spin,
+        ))
     }
 
     /// MAXH2CDATA from the ICResp.
@@ -157,7 +286,7 @@ impl<B: Buf> TcpLink<B> {
     /// poll(2) the socket for `ev` (no socket lock taken): whether it is ready; an interrupted
     /// wait counts as ready (the caller reads or polls again).
     fn wait_ready(&self, ev: PollFlags, timeout: PollTimeout) -> Result<bool, Error> {
-        let mut fds = [PollFd::new(self.sock.as_fd(), ev)];
+        let mut fds = [PollFd::new(self.sock.tcp().as_fd(), ev)];
         match poll(&mut fds, timeout) {
             Ok(0) => Ok(false),
             Ok(_) | Err(nix::errno::Errno::EINTR) => Ok(true),
@@ -165,18 +294,27 @@ impl<B: Buf> TcpLink<B> {
         }
     }
 
-    /// Open the TCP connection and run the ICReq/ICResp exchange.
-    pub(crate) fn open(addr: &SocketAddr, p: &QueueParams) -> Result<TcpLink<B>, Error> {
-        let sock = TcpStream::connect_timeout(addr, p.timeout).map_err(|e| {
+    /// Open the TCP connection, run the TLS handshake when `tls` is given, and the
+    /// ICReq/ICResp exchange.
+    pub(crate) fn open_with(
+        addr: &SocketAddr,
+        p: &QueueParams,
+        tls: Option<tls::ClientConfig>,
+    ) -> Result<TcpLink<B>, Error> {
+        let tcp = TcpStream::connect_timeout(addr, p.timeout).map_err(|e| {
             if is_timeout(&e) {
                 Error::Timeout(p.timeout, "TCP connect")
             } else {
                 Error::Io(e)
             }
         })?;
-        sock.set_nodelay(true)?;
-        sock.set_read_timeout(Some(p.timeout))?;
-        sock.set_write_timeout(Some(p.timeout))?;
+        tcp.set_nodelay(true)?;
+        tcp.set_read_timeout(Some(p.timeout))?;
+        tcp.set_write_timeout(Some(p.timeout))?;
+        let mut sock = match tls {
+            None => HostSock::Plain(tcp),
+            Some(cfg) => tls_channel(tcp, &cfg, p)?,
+        };
         let req = IcReq {
             pfv: tcp::PFV_1_0,
             hpda: 0,
@@ -184,7 +322,7 @@ impl<B: Buf> TcpLink<B> {
             ddgst: p.ddgst,
             maxr2t: 0,
         };
-        (&sock).write_all(&req.encode()).map_err(|e| {
+        write_all(&mut sock, &req.encode()).map_err(|e| {
             if is_timeout(&e) {
                 Error::Timeout(p.timeout, "ICReq send")
             } else {
@@ -194,7 +332,7 @@ impl<B: Buf> TcpLink<B> {
         let mut rx = Deframer::new(RxConfig::host());
         let resp = loop {
             let buf = rx.header_buf();
-            let n = match (&sock).read(buf) {
+            let n = match sock.read(buf) {
                 Ok(0) => return Err(Error::Closed),
                 Ok(n) => n,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
@@ -217,7 +355,10 @@ impl<B: Buf> TcpLink<B> {
                     )));
                 }
                 Err(e) => {
-                    let _ = (&sock).write_all(&TermReq::of(&e).encode(true, rx.offending_header()));
+                    let _ = write_all(
+                        &mut sock,
+                        &TermReq::of(&e).encode(true, rx.offending_header()),
+                    );
                     return Err(e.into());
                 }
             }
@@ -225,11 +366,11 @@ impl<B: Buf> TcpLink<B> {
         // The Linux host's checks (nvme_tcp_init_connection): digests echoed, CPDA 0,
         // MAXH2CDATA >= 4096 and a multiple of 4 (checked by the deframer).
         if let Err(e) = resp.check_against(&req) {
-            let _ = (&sock).write_all(&TermReq::of(&e).encode(true, &resp.encode()));
+            let _ = write_all(&mut sock, &TermReq::of(&e).encode(true, &resp.encode()));
             return Err(e.into());
         }
         rx.set_digests(p.hdgst, p.ddgst);
-        sock.set_nonblocking(true)?;
+        sock.tcp().set_nonblocking(true)?;
         let depth = p.depth.max(1);
         Ok(TcpLink {
             qid: p.qid,
@@ -286,6 +427,9 @@ impl<B: Buf> TcpLink<B> {
 
     /// Write out as much of the transmit queue as the socket takes.
     fn flush(&mut self, io: &mut Io<'_, '_, B>) -> Result<(), Error> {
+        if !self.sock.drain()? {
+            return Ok(());
+        }
         while !self.txq.is_empty() {
             let res = {
                 // Not an array of MAX_IOV empty slices: filling one in costs more than the
@@ -314,7 +458,7 @@ impl<B: Buf> TcpLink<B> {
                         }
                     }
                 }
-                (&self.sock).write_vectored(&iov)
+                self.sock.write_vectored(&iov)
             };
             io.stats().syscalls += 1;
             match res {
@@ -396,7 +540,7 @@ impl<B: Buf> TcpLink<B> {
                         IoSliceMut::new(dst),
                         IoSliceMut::new(&mut self.rxbuf[..rx_read]),
                     ];
-                    match (&self.sock).read_vectored(&mut iov) {
+                    match self.sock.read_vectored(&mut iov) {
                         Ok(k) => {
                             let dk = k.min(n);
                             let ev = self.rx.data_read(&dst[..dk]);
@@ -411,7 +555,7 @@ impl<B: Buf> TcpLink<B> {
                     }
                 }
                 Need::Header(_) | Need::DataDigest(_) => {
-                    (&self.sock).read(&mut self.rxbuf[..rx_read]).map(|k| {
+                    self.sock.read(&mut self.rxbuf[..rx_read]).map(|k| {
                         self.rx_end = k;
                         (k, None)
                     })
@@ -683,7 +827,7 @@ impl<B: Buf> TcpLink<B> {
         let term = TermReq::of(&e).encode(true, self.rx.offending_header());
         // The socket is non-blocking; the TermReq is advisory and may not fit. The connection
         // is closed right after anyway.
-        let _ = (&self.sock).write(&term);
+        let _ = self.sock.write_vectored(&[IoSlice::new(&term)]);
         Error::Protocol(e)
     }
 }
@@ -771,7 +915,7 @@ impl<B: Buf> Link for TcpLink<B> {
 
     fn sleep(&mut self, io: &mut Io<'_, '_, B>, wake: Instant) -> Result<(), Error> {
         let mut ev = PollFlags::POLLIN;
-        if !self.txq.is_empty() {
+        if !self.txq.is_empty() || self.sock.backlog() {
             ev |= PollFlags::POLLOUT;
         }
         io.stats().syscalls += 1;
@@ -785,7 +929,7 @@ impl<B: Buf> Link for TcpLink<B> {
     fn shut(&mut self) {
         self.txq.clear();
         self.rx_data = None;
-        let _ = self.sock.shutdown(Shutdown::Both);
+        let _ = self.sock.tcp().shutdown(Shutdown::Both);
     }
 }
 

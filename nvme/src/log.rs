@@ -415,10 +415,20 @@ pub mod tsas {
         t[2] = RDMA_CMS_RDMA_CM;
         t
     }
+    /// NVMe/TCP security type: TLS 1.3 (byte 0; Linux `NVMF_TCP_SECTYPE_TLS13`).
+    pub const TCP_SECTYPE_TLS13: u8 = 2;
+
     /// TSAS for NVMe/TCP without TLS.
     pub fn tcp_no_tls() -> [u8; 256] {
         let mut t = [0u8; 256];
         t[0] = TCP_SECTYPE_NONE;
+        t
+    }
+
+    /// TSAS for NVMe/TCP with TLS 1.3.
+    pub fn tcp_tls13() -> [u8; 256] {
+        let mut t = [0u8; 256];
+        t[0] = TCP_SECTYPE_TLS13;
         t
     }
 }

@@ -206,6 +206,7 @@ fn subsystem_specs(
                         host: k.secret.clone(),
                         ctrl: h.dhchap_ctrl_key.as_ref().map(|c| c.secret.clone()),
                     }),
+                    tls_psk: h.tls_psk.as_ref().map(|k| k.psk.clone()),
                 })
                 .collect(),
             auth_policy: nvme::auth::Policy {
@@ -443,7 +444,8 @@ impl Daemon {
         }
         let pollers = Arc::new(pollers);
         for tr in transports.iter_mut() {
-            tr.serve(&pollers, &stop).map_err(StartError::Poller)?;
+            tr.serve(&target, &pollers, &stop)
+                .map_err(StartError::Poller)?;
         }
         for (ti, b) in bound {
             transports[ti].start(b).map_err(StartError::Poller)?;
@@ -913,6 +915,7 @@ fn listener_infos<'a>(
         .enumerate()
         .map(|(i, (l, b))| {
             let mut info = listener_info(l.transport, *b, i as u16 + 1, &l.subsystems);
+            info.tls = l.tls;
             for (&group, &state) in &l.ana {
                 info.set_ana(group, ana_code(state));
             }

@@ -21,6 +21,7 @@ mod psk;
 pub mod ktls;
 
 use std::io::{self, IoSlice, Read, Write};
+use std::os::fd::AsRawFd;
 use std::sync::{Arc, PoisonError};
 
 use nvme::auth::HashId;
@@ -646,28 +647,60 @@ impl<S: Read + Write> TlsStream<S> {
     }
 }
 
-impl<S: Read + Write> Read for TlsStream<S> {
+impl<S: Read + Write + AsRawFd> Read for TlsStream<S> {
+    /// Plaintext, as much as `buf` takes of what has arrived: a short read means the socket
+    /// had nothing more (the records OpenSSL holds are always handed out first), so a caller
+    /// that waits for the socket after a short read never strands data here. With nothing at
+    /// all, a blocking socket blocks and a non-blocking one gives `WouldBlock`.
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let mut got = 0;
         loop {
-            match self.sess.read(buf) {
-                Ok(0) => {}
-                Ok(n) => return Ok(n),
-                Err(TlsError::Closed) => return Ok(0),
-                Err(e) => return Err(e.into()),
+            while got < buf.len() {
+                match self.sess.read(&mut buf[got..]) {
+                    Ok(0) => break,
+                    Ok(n) => got += n,
+                    Err(TlsError::Closed) => return Ok(got),
+                    Err(e) if got > 0 => {
+                        tracing::debug!(error = %e, "TLS read error after data");
+                        return Ok(got);
+                    }
+                    Err(e) => return Err(e.into()),
+                }
             }
-            if buf.is_empty() {
-                return Ok(0);
+            if got == buf.len() {
+                return Ok(got);
             }
-            match self.sock.read(&mut self.scratch) {
+            let r = if got == 0 {
+                self.sock.read(&mut self.scratch)
+            } else {
+                // Only what is there now: a blocking socket must not wait with data in hand.
+                // SAFETY: `scratch` is ours, of the length passed.
+                let r = unsafe {
+                    libc::recv(
+                        self.sock.as_raw_fd(),
+                        self.scratch.as_mut_ptr().cast(),
+                        self.scratch.len(),
+                        libc::MSG_DONTWAIT,
+                    )
+                };
+                if r < 0 {
+                    Err(io::Error::last_os_error())
+                } else {
+                    Ok(r as usize)
+                }
+            };
+            match r {
                 Ok(0) => self.sess.feed_eof(),
                 Ok(n) => self.sess.feed(&self.scratch[..n]),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) if got > 0 => return Ok(got),
                 Err(e) => return Err(e),
             }
         }
     }
 }
 
-impl<S: Read + Write> Write for TlsStream<S> {
+impl<S: Read + Write + AsRawFd> Write for TlsStream<S> {
     fn write(&mut self, b: &[u8]) -> io::Result<usize> {
         match self.send_gather(&[IoSlice::new(b)])? {
             Some(n) => Ok(n),

@@ -41,9 +41,10 @@ fn entry_for(l: &ListenerInfo, subnqn: &str, local: Option<&str>) -> DiscoveryLo
         _ => l.traddr.as_str(),
     };
     let mut e = DiscoveryLogEntry::new_zeroed();
-    let (tr, ts) = match l.trtype {
-        TrType::Tcp => (trtype::TCP, tsas::tcp_no_tls()),
-        TrType::Rdma => (trtype::RDMA, tsas::rdma_cm()),
+    let (tr, ts) = match (l.trtype, l.tls) {
+        (TrType::Tcp, None) => (trtype::TCP, tsas::tcp_no_tls()),
+        (TrType::Tcp, Some(_)) => (trtype::TCP, tsas::tcp_tls13()),
+        (TrType::Rdma, _) => (trtype::RDMA, tsas::rdma_cm()),
     };
     e.trtype = tr;
     e.adrfam = match traddr.parse::<IpAddr>() {
@@ -51,8 +52,13 @@ fn entry_for(l: &ListenerInfo, subnqn: &str, local: Option<&str>) -> DiscoveryLo
         _ => adrfam::IPV4,
     };
     e.subtype = subtype::NVME;
-    // No TLS/secure channel is offered, so none is required.
-    e.treq = treq::NOT_SPECIFIED;
+    // A TLS listener says whether the secure channel is required (nvmet: `addr_treq`); a
+    // plain one offers none, so none is required.
+    e.treq = match l.tls {
+        Some(config::TlsMode::Required) => treq::REQUIRED,
+        Some(config::TlsMode::Allowed) => treq::NOT_REQUIRED,
+        None => treq::NOT_SPECIFIED,
+    };
     e.portid = l.port_id.into();
     // Dynamic controller model only.
     e.cntlid = CNTLID_DYNAMIC.into();

@@ -145,6 +145,20 @@ impl Queue {
                 "connect refused: the listener does not serve the subsystem");
             return Err(invalid_param(InvalidAttr::Data, doff::SUBNQN));
         }
+        // Over TLS the channel was keyed for one host and subsystem: a Connect for others is
+        // refused (NVMe/TCP 1.1 3.6.1.5; nvmet checks the same).
+        if let Some(id) = &self.tls {
+            if id.hostnqn != hostnqn {
+                tracing::info!(subsys = %subsys.nqn, host = hostnqn, peer = %self.peer,
+                    identity = %id, "connect refused: the Host NQN is not the TLS PSK identity's");
+                return Err(invalid_param(InvalidAttr::Data, doff::HOSTNQN));
+            }
+            if id.subnqn != subsys.nqn {
+                tracing::info!(subsys = %subsys.nqn, host = hostnqn, peer = %self.peer,
+                    identity = %id, "connect refused: the Subsystem NQN is not the TLS PSK identity's");
+                return Err(invalid_param(InvalidAttr::Data, doff::SUBNQN));
+            }
+        }
         // An empty Host NQN (SPDK's perf tool sends one by default) names no host: only a
         // subsystem open to any host takes it, as nvmet and SPDK's target do.
         if hostnqn.is_empty() && !subsys.host_allowed("") {

@@ -120,6 +120,8 @@ pub struct ListenerInfo {
     pub subsystems: Option<Vec<String>>,
     /// `nvme::log::ana_state` codes indexed by ANA group (1 to [`ANA_GROUPS`]; 0 unused).
     pub ana: Arc<Vec<u8>>,
+    /// NVMe/TCP with TLS: required (plain connections refused) or allowed; `None`: plain only.
+    pub tls: Option<config::TlsMode>,
 }
 
 /// ANA groups a namespace may be in (1 to this): Identify ANAGRPMAX and NANAGRPID, as nvmet.
@@ -135,6 +137,7 @@ impl ListenerInfo {
             port_id,
             subsystems: None,
             ana: all_optimized(),
+            tls: None,
         }
     }
 
@@ -239,6 +242,8 @@ pub struct SubsystemSpec {
 pub struct HostSpec {
     pub nqn: String,
     pub keys: Option<HostKeys>,
+    /// The host's configured TLS PSK (NVMe/TCP listeners with `tls`).
+    pub tls_psk: Option<nvme::tls::ConfiguredPsk>,
 }
 
 /// A host's secret and, for bidirectional authentication, the controller's.
@@ -253,13 +258,18 @@ impl From<&str> for HostSpec {
         HostSpec {
             nqn: nqn.to_owned(),
             keys: None,
+            tls_psk: None,
         }
     }
 }
 
 impl From<String> for HostSpec {
     fn from(nqn: String) -> HostSpec {
-        HostSpec { nqn, keys: None }
+        HostSpec {
+            nqn,
+            keys: None,
+            tls_psk: None,
+        }
     }
 }
 
@@ -641,6 +651,9 @@ pub struct Queue {
     local_addr: Option<std::net::SocketAddr>,
     /// This queue's listener's ANA states, as of the target's ANA generation.
     ana: Option<(u64, Arc<Vec<u8>>)>,
+    /// The TLS PSK identity the connection's channel was made with: its host and subsystem
+    /// NQNs must be the Connect's.
+    tls: Option<nvme::tls::PskIdentity>,
 }
 
 impl Queue {
@@ -701,6 +714,11 @@ impl Queue {
     /// its ANA states), and the discovery log reports its IP for wildcard listeners.
     pub fn set_local_addr(&mut self, local: std::net::SocketAddr) {
         self.local_addr = Some(local);
+    }
+    /// The connection runs over TLS made with `identity` (NVMe/TCP 1.1 3.6.1.5: a Connect
+    /// whose Host NQN or Subsystem NQN is not the identity's is refused).
+    pub fn set_tls_identity(&mut self, identity: nvme::tls::PskIdentity) {
+        self.tls = Some(identity);
     }
     /// Register a function to call (from any thread) when [`Queue::poll_event`] has
     /// something: an AER completion, or a teardown decided elsewhere (controller reset from the

@@ -276,6 +276,7 @@ impl Queue {
             waker: None,
             local_addr: None,
             ana: None,
+            tls: None,
             auth: Default::default(),
         }
     }

@@ -171,6 +171,19 @@ impl Subsystem {
             .map(|k| (k, a.policy.clone()))
     }
 
+    /// The configured TLS PSK of host `hostnqn` here (whether or not the subsystem is open
+    /// to any host: the key is the channel's, not an access rule).
+    pub fn host_tls_psk(&self, hostnqn: &str) -> Option<nvme::tls::ConfiguredPsk> {
+        if self.discovery {
+            return None;
+        }
+        let a = self.access.read().unwrap_or_else(PoisonError::into_inner);
+        a.hosts
+            .iter()
+            .find(|h| h.nqn == hostnqn)
+            .and_then(|h| h.tls_psk.clone())
+    }
+
     /// Replace who may connect and with which secrets; true if it changed. Controllers already
     /// connected stay (as with nvmet, removing a host from a subsystem, or changing its keys,
     /// only affects new connections and new authentication transactions).
@@ -328,7 +341,6 @@ impl TargetInner {
             .collect()
     }
 
-    /// The subsystem (or discovery subsystem) named by `nqn`.
     /// Whether subsystem `nqn`, not configured now, was removed less than [`GONE_GRACE`]
     /// before `now`.
     pub fn recently_removed(&self, nqn: &str, now: std::time::Instant) -> bool {
@@ -339,6 +351,56 @@ impl TargetInner {
             .is_some_and(|&at| now.saturating_duration_since(at) < GONE_GRACE)
     }
 
+    /// The TLS PSK that the identity a host offers names (`nvme::tls`): made from the host's
+    /// configured key in the subsystem the identity names (for the discovery subsystem, the
+    /// key the host has in the subsystems, when they agree). `Err` says why there is none, and
+    /// never holds a key.
+    pub fn tls_psk(
+        &self,
+        id: &nvme::tls::PskIdentity,
+    ) -> Result<zeroize::Zeroizing<Vec<u8>>, String> {
+        if id.generated {
+            return Err("a generated PSK (secure channel concatenation) is not known here".into());
+        }
+        let key = if id.subnqn == DISCOVERY_NQN {
+            let keys: Vec<nvme::tls::ConfiguredPsk> = self
+                .subsystems()
+                .values()
+                .filter_map(|s| s.host_tls_psk(&id.hostnqn))
+                .collect();
+            let first = keys
+                .first()
+                .ok_or_else(|| format!("host {} has no tls_psk", id.hostnqn))?;
+            if keys.iter().any(|k| k != first) {
+                return Err(format!(
+                    "host {} has different TLS PSKs in its subsystems: the discovery \
+                     controller cannot tell which to use",
+                    id.hostnqn
+                ));
+            }
+            first.clone()
+        } else {
+            let s = self
+                .find_subsystem(&id.subnqn)
+                .ok_or_else(|| format!("no subsystem {}", id.subnqn))?;
+            s.host_tls_psk(&id.hostnqn)
+                .ok_or_else(|| format!("host {} has no tls_psk in {}", id.hostnqn, id.subnqn))?
+        };
+        if key.hash() != id.hash {
+            return Err(format!(
+                "the identity is for a {} key, and the host's key is {}",
+                id.hash,
+                key.hash()
+            ));
+        }
+        let retained = key.retained(&id.hostnqn);
+        if !id.digest_matches(&retained) {
+            return Err("the identity's PSK digest is not the configured key's".into());
+        }
+        Ok(id.tls_psk(&retained))
+    }
+
+    /// The subsystem (or discovery subsystem) named by `nqn`.
     pub fn find_subsystem(&self, nqn: &str) -> Option<Arc<Subsystem>> {
         if nqn == DISCOVERY_NQN {
             return Some(self.discovery.clone());

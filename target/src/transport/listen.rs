@@ -12,8 +12,10 @@ use std::thread::JoinHandle;
 use config::Transport;
 use tracing::info;
 
-use super::poller::{self, PollerConfig, PollerHandle};
+use super::poller::{PollerConfig, PollerHandle};
 use super::rdma::{ListenError, Listening, RdmaOptions, RdmaStarting, RdmaTransport};
+use super::tls::TlsSetting;
+use crate::core::Target;
 
 /// Why a listener could not be bound.
 #[derive(Debug, thiserror::Error)]
@@ -71,6 +73,7 @@ pub trait Listeners: Send {
     /// until `stop` is set. [`start`](Self::start) needs this; [`bind`](Self::bind) does not.
     fn serve(
         &mut self,
+        target: &Arc<Target>,
         pollers: &Arc<Vec<PollerHandle>>,
         stop: &Arc<AtomicBool>,
     ) -> std::io::Result<()>;
@@ -91,6 +94,8 @@ pub trait Listeners: Send {
 struct TcpRun {
     listener: config::Listener,
     bound: SocketAddr,
+    /// The listener's `tls` as its acceptor reads it for each new connection.
+    tls: Arc<TlsSetting>,
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
 }
@@ -115,11 +120,15 @@ fn bind_tcp(l: &config::Listener) -> Result<Bound, BindError> {
     })
 }
 
-/// NVMe/TCP listeners: one acceptor thread each, handing connections to the pollers.
+/// NVMe/TCP listeners: one acceptor thread each, handing connections to the pollers (after
+/// the TLS handshake on a listener with `tls`).
 #[derive(Default)]
 pub struct TcpListeners {
     /// Set by [`Listeners::serve`].
     pollers: Option<Arc<Vec<PollerHandle>>>,
+    /// The TLS server side (keys looked up in the target's current configuration); set by
+    /// [`Listeners::serve`].
+    tls: Option<tls::ServerConfig>,
     runs: Vec<TcpRun>,
 }
 
@@ -137,12 +146,15 @@ impl Listeners for TcpListeners {
 
     fn serve(
         &mut self,
+        target: &Arc<Target>,
         pollers: &Arc<Vec<PollerHandle>>,
         _stop: &Arc<AtomicBool>,
     ) -> std::io::Result<()> {
         // The acceptors have their own stop flags (a reload closes one listener); `shut`
         // sets them all.
         self.pollers = Some(pollers.clone());
+        let keys = Arc::new(super::tls::TargetKeys(target.clone()));
+        self.tls = Some(tls::ServerConfig::new(keys).map_err(std::io::Error::other)?);
         Ok(())
     }
 
@@ -157,17 +169,22 @@ impl Listeners for TcpListeners {
         let Some(pollers) = &self.pollers else {
             return Err(std::io::Error::other("NVMe/TCP is not serving yet"));
         };
+        let Some(cfg) = self.tls.clone() else {
+            return Err(std::io::Error::other("NVMe/TCP is not serving yet"));
+        };
         let bound = b.addr;
         // Each acceptor has its own stop flag, so a reload can close one listener.
         let stop = Arc::new(AtomicBool::new(false));
-        let (p, s) = (pollers.clone(), stop.clone());
+        let tls = Arc::new(TlsSetting::new(b.listener.tls));
+        let (p, s, t) = (pollers.clone(), stop.clone(), tls.clone());
         let thread = std::thread::Builder::new()
             .name(format!("nvmf-accept-{bound}"))
-            .spawn(move || poller::run_acceptor(sock, p, s))?;
-        info!(address = %bound, "NVMe/TCP listener up");
+            .spawn(move || super::tls::run_acceptor(sock, t, cfg, p, s))?;
+        info!(address = %bound, tls = ?b.listener.tls, "NVMe/TCP listener up");
         self.runs.push(TcpRun {
             listener: b.listener,
             bound,
+            tls,
             stop,
             thread: Some(thread),
         });
@@ -176,6 +193,10 @@ impl Listeners for TcpListeners {
 
     fn update(&mut self, addr: SocketAddr, l: config::Listener) {
         if let Some(r) = self.runs.iter_mut().find(|r| r.bound == addr) {
+            if r.listener.tls != l.tls {
+                info!(address = %addr, tls = ?l.tls, "NVMe/TCP listener's TLS changed (new connections)");
+                r.tls.set(l.tls);
+            }
             r.listener = l;
         }
     }
@@ -237,6 +258,7 @@ impl Listeners for RdmaListenerSet {
 
     fn serve(
         &mut self,
+        _target: &Arc<Target>,
         pollers: &Arc<Vec<PollerHandle>>,
         stop: &Arc<AtomicBool>,
     ) -> std::io::Result<()> {

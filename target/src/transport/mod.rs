@@ -10,6 +10,7 @@ pub mod sendq;
 pub mod tcp;
 mod tcp_conns;
 pub mod thread;
+pub mod tls;
 pub mod wire;
 
 use std::sync::{mpsc, Arc};

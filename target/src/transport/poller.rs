@@ -10,7 +10,6 @@
 //! `rdma::poller::RdmaConns`); the loop knows nothing of sockets or queue pairs.
 
 use std::collections::VecDeque;
-use std::net::{TcpListener, TcpStream};
 use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
@@ -101,7 +100,7 @@ pub struct PollerStats {
 /// What a poller takes on its channel (each send also wakes it).
 pub(crate) enum ToPoller {
     /// A new NVMe/TCP connection from an acceptor.
-    Tcp(TcpStream),
+    Tcp(super::tls::Accepted),
     /// From the rdma_cm thread.
     Rdma(RdmaMsg),
     /// A backend device slot changed (configuration reload).
@@ -114,8 +113,8 @@ pub struct PollerHandle {
 }
 
 impl PollerHandle {
-    pub fn give(&self, s: TcpStream) {
-        self.thread.send(ToPoller::Tcp(s));
+    pub fn give(&self, a: super::tls::Accepted) {
+        self.thread.send(ToPoller::Tcp(a));
     }
 
     pub(crate) fn send_rdma(&self, m: RdmaMsg) -> bool {
@@ -645,36 +644,6 @@ impl Poller {
         }
         self.publish(now);
         info!(poller = self.cfg.id, "poller stopped");
-    }
-}
-
-/// Accept connections on `listener` and hand them to the pollers round robin, until `stop`.
-pub fn run_acceptor(listener: TcpListener, pollers: Arc<Vec<PollerHandle>>, stop: Arc<AtomicBool>) {
-    let _ = listener.set_nonblocking(true);
-    let mut next = 0usize;
-    let local = listener
-        .local_addr()
-        .map(|a| a.to_string())
-        .unwrap_or_default();
-    while !stop.load(Ordering::Relaxed) {
-        match listener.accept() {
-            Ok((sock, peer)) => {
-                debug!(%peer, listener = %local, "accepted");
-                pollers[next % pollers.len()].give(sock);
-                next += 1;
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                // Wait for the next connection without spinning; re-check `stop` regularly.
-                let fd = std::os::fd::AsFd::as_fd(&listener);
-                let mut pfd = [nix::poll::PollFd::new(fd, nix::poll::PollFlags::POLLIN)];
-                let _ = nix::poll::poll(&mut pfd, nix::poll::PollTimeout::from(200u8));
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => {
-                warn!(error = %e, listener = %local, "accept failed");
-                std::thread::sleep(Duration::from_millis(100));
-            }
-        }
     }
 }
 

@@ -9,7 +9,6 @@
 //! the CPU in user space.
 
 use std::io::{self, IoSlice};
-use std::net::TcpStream;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -22,6 +21,7 @@ use nvme::{Cqe, Sqe, Status};
 use tracing::{debug, info, warn};
 
 use super::sendq::SendQueue;
+use super::tls::{Accepted, NetWire};
 use super::wire::Wire;
 use super::{ConnStats, ReqRef, Store};
 use crate::core::{self, Cmd, Exec, Queue, QueueEvent, QueueLimits, TransportCaps, Xfer};
@@ -140,7 +140,7 @@ enum Phase {
 
 /// One NVMe/TCP connection (one NVMe queue), on a byte stream `W`: the state machine of the
 /// connection does its I/O through [`Wire`], so it runs over memory in its unit tests.
-pub struct Conn<W: Wire = TcpStream> {
+pub struct Conn<W: Wire = NetWire> {
     wire: W,
     pub peer: String,
     phase: Phase,
@@ -175,18 +175,21 @@ pub struct Wants {
     pub need_buffer: Vec<u16>,
 }
 
-impl Conn<TcpStream> {
-    /// A connection on `sock`; `waker` is called (from any thread) when the core has an event
-    /// for this queue.
+impl Conn<NetWire> {
+    /// A connection an acceptor handed over; `waker` is called (from any thread) when the
+    /// core has an event for this queue.
     pub fn new(
-        sock: TcpStream,
+        a: Accepted,
         target: Arc<core::Target>,
         caps: TransportCaps,
         waker: core::Waker,
     ) -> io::Result<Conn> {
-        sock.set_nonblocking(true)?;
-        sock.set_nodelay(true)?;
-        Ok(Conn::with_wire(sock, target, caps, waker))
+        a.wire.prepare()?;
+        let mut c = Conn::with_wire(a.wire, target, caps, waker);
+        if let Some(id) = a.tls {
+            c.queue.set_tls_identity(id);
+        }
+        Ok(c)
     }
 }
 
@@ -973,7 +976,13 @@ impl<W: Wire> Conn<W> {
     /// Send what is queued. Returns true when everything went out.
     pub fn flush(&mut self, store: &mut dyn Store, now: Instant) -> bool {
         if self.tx.is_empty() {
-            return true;
+            return match self.wire.drain() {
+                Ok(done) => done,
+                Err(e) => {
+                    self.io_error(store, e);
+                    true
+                }
+            };
         }
         let before = self.tx.queued_bytes();
         let mut rel = std::mem::take(&mut self.released);

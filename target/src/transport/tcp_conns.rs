@@ -1,7 +1,6 @@
 //! The NVMe/TCP half of a poller: its sockets (registered in the poller's epoll under their
 //! connection key) and their [`Conn`]s.
 
-use std::net::TcpStream;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -10,6 +9,7 @@ use tracing::{debug, warn};
 
 use super::poller::{Conns, Cx, PollerStats};
 use super::tcp::{Conn, Wants, SLOT_STATES};
+use super::tls::Accepted;
 use super::{ConnStats, ReqRef};
 use crate::core::{Target, TransportCaps, Waker};
 
@@ -44,8 +44,8 @@ impl TcpConns {
     }
 
     /// A connection the acceptor handed over; `waker` wakes the poller (core events).
-    pub fn add(&mut self, sock: TcpStream, waker: Waker, cx: &mut Cx<'_>) {
-        let mut conn = match Conn::new(sock, self.target.clone(), self.caps.clone(), waker) {
+    pub fn add(&mut self, a: Accepted, waker: Waker, cx: &mut Cx<'_>) {
+        let mut conn = match Conn::new(a, self.target.clone(), self.caps.clone(), waker) {
             Ok(c) => c,
             Err(e) => {
                 warn!(error = %e, "cannot set up a new connection");

@@ -14,6 +14,11 @@ pub trait Wire {
     /// One gathering send of as much of `iov` as the stream takes now: Ok(None) when it takes
     /// nothing (full).
     fn send(&mut self, iov: &[IoSlice<'_>]) -> io::Result<Option<usize>>;
+    /// Send what the stream itself holds back (TLS records in user space): true when nothing
+    /// is left. Called when the connection has nothing else queued.
+    fn drain(&mut self) -> io::Result<bool> {
+        Ok(true)
+    }
     /// Close both directions (the peer sees EOF; pending sends are dropped).
     fn shutdown(&mut self);
     /// The peer's address, for logs.

@@ -26,6 +26,7 @@ fn keyed_target(ctrl_key: Option<Secret>, policy: Policy) -> Arc<Target> {
                 host: secret(1),
                 ctrl: ctrl_key,
             }),
+            tls_psk: None,
         }],
         auth_policy: policy,
         namespaces: vec![ns(1, 64, 12, 9)],
@@ -285,6 +286,7 @@ fn rotated_keys_apply_to_the_next_transaction_and_removed_ones_fail_it() {
             hosts: vec![HostSpec {
                 nqn: HOSTNQN.into(),
                 keys: key.map(|host| HostKeys { host, ctrl: None }),
+                tls_psk: None,
             }],
             auth_policy: Policy::default(),
             namespaces: vec![ns(1, 64, 12, 9)],

@@ -12,6 +12,7 @@ mod metrics;
 mod pieces;
 mod reload;
 mod reservations;
+mod tls;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

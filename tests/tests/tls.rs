@@ -1,0 +1,221 @@
+//! NVMe/TCP over TLS 1.3 with pre-shared keys, end to end over loopback: our initiator against
+//! the real `nvmf-target`. This host's kernel has no `tls` module, so both sides run the
+//! records in user space here (kernel TLS is tested in the VM). Both identity forms connect
+//! and carry verified I/O on every queue; a wrong key, a host without a key and a plain
+//! connection to a `tls: required` listener are refused; a listener with `tls: allowed` takes
+//! both; the discovery log says which listener wants TLS; handshakes that never finish tie up
+//! nothing but their own sockets.
+
+use std::io::Write;
+use std::net::TcpStream;
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use initiator::{ConfiguredPsk, ConnectOptions, Controller, IdentityVersion, TlsOptions};
+use nvmf_tests::{TargetProc, TEST_NQN};
+
+const HOST: &str = "nqn.2014-08.org.nvmexpress:uuid:6a1f3c2e-1b4d-4e5f-8a9b-0c1d2e3f4a5b";
+const HOST_384: &str = "nqn.2014-08.org.nvmexpress:uuid:6a1f3c2e-1b4d-4e5f-8a9b-0c1d2e3f4a5c";
+const NO_KEY_HOST: &str = "nqn.2014-08.org.nvmexpress:uuid:6a1f3c2e-1b4d-4e5f-8a9b-0c1d2e3f4a5d";
+
+fn psk(seed: u8, len: usize) -> ConfiguredPsk {
+    let k: Vec<u8> = (0..len as u8).map(|i| i.wrapping_mul(13) ^ seed).collect();
+    ConfiguredPsk::from_key(&k).unwrap()
+}
+
+/// One subsystem, a 16 MiB file namespace; HOST's key in a 0600 file, HOST_384's inline
+/// (SHA-384), NO_KEY_HOST allowed without a key.
+fn yaml(tls: &str) -> impl FnOnce(u16, &Path) -> String + '_ {
+    move |port, dir| {
+        let file = dir.join("host.psk");
+        std::fs::write(&file, psk(1, 32).to_text().as_str()).unwrap();
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
+        format!(
+            "listeners:\n  - {{ transport: tcp, address: 127.0.0.1, port: {port}, tls: {tls} }}\n\
+             subsystems:\n  - nqn: {TEST_NQN}\n    hosts:\n      \
+             - {{ nqn: \"{HOST}\", tls_psk_file: {} }}\n      \
+             - {{ nqn: \"{HOST_384}\", tls_psk: \"{}\" }}\n      \
+             - \"{NO_KEY_HOST}\"\n    \
+             namespaces:\n      - {{ nsid: 1, path: {}/ns.img, size: 16MiB }}\n",
+            file.display(),
+            psk(2, 48).to_text().as_str(),
+            dir.display()
+        )
+    }
+}
+
+fn opts(
+    t: &TargetProc,
+    host: &str,
+    key: Option<(ConfiguredPsk, IdentityVersion)>,
+) -> ConnectOptions {
+    let mut o = ConnectOptions::tcp("127.0.0.1", t.addr.port(), TEST_NQN);
+    o.hostnqn = host.into();
+    o.queues = 2;
+    o.timeout = Duration::from_secs(5);
+    o.tls = key.map(|(psk, identity)| TlsOptions { psk, identity });
+    o
+}
+
+fn pattern(seed: u8, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31) ^ seed ^ (i >> 11) as u8)
+        .collect()
+}
+
+/// Writes, reads back and compares 4 KiB and 128 KiB through every I/O queue.
+#[track_caller]
+fn verified_io(c: &mut Controller, seed: u8) {
+    for q in 0..c.io_queues_left() {
+        let mut ns = c.open_namespace(1).expect("a namespace per I/O queue");
+        for (i, len) in [4096usize, 128 * 1024].into_iter().enumerate() {
+            let data = pattern(seed ^ q as u8 ^ i as u8, len);
+            let at = ((q as u64) << 22) + ((i as u64) << 20);
+            ns.write_at(&data, at).unwrap();
+            let mut back = vec![0u8; len];
+            ns.read_at(&mut back, at).unwrap();
+            assert!(
+                back == data,
+                "queue {q}, {len} bytes: read back what was written"
+            );
+        }
+    }
+}
+
+/// A connect that must fail: its error.
+#[track_caller]
+fn refused(o: ConnectOptions, what: &str) -> initiator::Error {
+    match Controller::connect(o) {
+        Ok(_) => panic!("{what}"),
+        Err(e) => e,
+    }
+}
+
+#[test]
+fn both_identities_and_both_hashes_carry_verified_io_on_every_queue() {
+    let t = TargetProc::start_with(yaml("required"));
+    for (i, (host, key, v)) in [
+        (HOST, psk(1, 32), IdentityVersion::V0),
+        (HOST, psk(1, 32), IdentityVersion::V1),
+        (HOST_384, psk(2, 48), IdentityVersion::V1),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let mut c = Controller::connect(opts(&t, host, Some((key, v))))
+            .unwrap_or_else(|e| panic!("{host} {v:?}: {e}\n{}", t.log_text()));
+        verified_io(&mut c, i as u8);
+        c.shutdown().unwrap();
+    }
+    let log = t.log_text();
+    // Admin and two I/O queues each time; user-space records on this kernel.
+    let up: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("TLS channel up"))
+        .collect();
+    assert_eq!(up.len(), 9, "{log}");
+    assert!(up.iter().any(|l| l.contains("NVMe0R01")), "{log}");
+    assert!(up.iter().any(|l| l.contains("NVMe1R01")), "{log}");
+    assert!(
+        up.iter()
+            .any(|l| l.contains("NVMe1R02") && l.contains("TLS_AES_256_GCM_SHA384")),
+        "{log}"
+    );
+    assert!(!log.contains("NVMeTLSkey"), "no key in the log");
+}
+
+#[test]
+fn wrong_keys_missing_keys_and_plain_connections_are_refused() {
+    let t = TargetProc::start_with(yaml("required"));
+    let started = Instant::now();
+    let e = refused(
+        opts(&t, HOST, Some((psk(9, 32), IdentityVersion::V1))),
+        "a wrong key must be refused",
+    );
+    assert!(e.to_string().contains("TLS"), "{e}");
+    t.wait_log("PSK digest is not the configured key's", 1);
+    // A v0 identity carries no digest: the wrong key fails the handshake's binder check.
+    let e = refused(
+        opts(&t, HOST, Some((psk(9, 32), IdentityVersion::V0))),
+        "a wrong key must be refused",
+    );
+    assert!(e.to_string().contains("TLS"), "{e}");
+    // A host the subsystem knows, but without a key.
+    let e = refused(
+        opts(&t, NO_KEY_HOST, Some((psk(1, 32), IdentityVersion::V0))),
+        "a host without a key must be refused",
+    );
+    assert!(e.to_string().contains("TLS"), "{e}");
+    t.wait_log("has no tls_psk", 1);
+    // Plain NVMe/TCP to a listener that requires TLS.
+    let e = refused(
+        opts(&t, NO_KEY_HOST, None),
+        "a plain connection must be refused",
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "refusals are quick: {e}"
+    );
+    t.wait_log("TLS handshake failed", 4);
+    assert!(!t.log_text().contains("NVMeTLSkey"));
+}
+
+#[test]
+fn an_allowed_listener_takes_tls_and_plain_and_discovery_says_so() {
+    let t = TargetProc::start_with(yaml("allowed"));
+    let mut c = Controller::connect(opts(&t, HOST, Some((psk(1, 32), IdentityVersion::V1))))
+        .unwrap_or_else(|e| panic!("{e}\n{}", t.log_text()));
+    verified_io(&mut c, 7);
+    let mut p = Controller::connect(opts(&t, NO_KEY_HOST, None))
+        .unwrap_or_else(|e| panic!("{e}\n{}", t.log_text()));
+    verified_io(&mut p, 8);
+    c.shutdown().unwrap();
+    p.shutdown().unwrap();
+    let log = t.log_text();
+    assert_eq!(log.matches("TLS channel up").count(), 3, "{log}");
+    // Discovery (plain, on the allowed listener): TREQ not required, TSAS TLS 1.3.
+    let entries = initiator::discover("127.0.0.1", t.addr.port(), NO_KEY_HOST).unwrap();
+    let e = entries.iter().find(|e| e.subnqn == TEST_NQN).unwrap();
+    assert_eq!(e.treq & 3, nvme::log::treq::NOT_REQUIRED);
+    assert_eq!(e.tsas[0], nvme::log::tsas::TCP_SECTYPE_TLS13);
+    // Over TLS on a required listener: TREQ required.
+    let r = TargetProc::start_with(yaml("required"));
+    let mut o = opts(&r, HOST, Some((psk(1, 32), IdentityVersion::V0)));
+    o.subnqn = "nqn.2014-08.org.nvmexpress.discovery".into();
+    o.queues = 0;
+    let entries = initiator::discover_with(&o).unwrap_or_else(|e| panic!("{e}\n{}", r.log_text()));
+    let e = entries.iter().find(|e| e.subnqn == TEST_NQN).unwrap();
+    assert_eq!(e.treq & 3, nvme::log::treq::REQUIRED);
+    assert_eq!(e.tsas[0], nvme::log::tsas::TCP_SECTYPE_TLS13);
+}
+
+/// 200 connections that send nothing, or half a ClientHello, and stay: a host with a key
+/// still connects at once and runs verified I/O (the handshakes wait on the acceptor, not on
+/// a poller); the stalled ones are dropped after the handshake timeout (10 s).
+#[test]
+fn a_handshake_flood_ties_up_nothing_but_its_sockets() {
+    let t = TargetProc::start_with(yaml("required"));
+    let mut flood = Vec::new();
+    for i in 0..200 {
+        let mut s = TcpStream::connect(t.addr).unwrap();
+        if i % 2 == 1 {
+            // A TLS record header that promises 512 bytes, and 10 of them.
+            s.write_all(&[0x16, 3, 1, 2, 0, 1, 0, 1, 252, 3, 3, 0, 0, 0, 0])
+                .unwrap();
+        }
+        flood.push(s);
+    }
+    let started = Instant::now();
+    let mut c = Controller::connect(opts(&t, HOST, Some((psk(1, 32), IdentityVersion::V1))))
+        .unwrap_or_else(|e| panic!("{e}\n{}", t.log_text()));
+    verified_io(&mut c, 3);
+    let took = started.elapsed();
+    assert!(
+        took < Duration::from_secs(3),
+        "connect and I/O took {took:?} during the flood"
+    );
+    c.shutdown().unwrap();
+    t.wait_log("TLS handshake not finished in time", 200);
+    drop(flood);
+}
