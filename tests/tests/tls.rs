@@ -219,3 +219,53 @@ fn a_handshake_flood_ties_up_nothing_but_its_sockets() {
     t.wait_log("TLS handshake not finished in time", 200);
     drop(flood);
 }
+
+/// `nvmf-bench --tls-psk-file` (and `--tls-psk` with the v0 identity): every queue of the run
+/// (admin and one per job) goes over TLS and the verify passes; a wrong key fails the run
+/// without showing the key.
+#[test]
+fn bench_runs_every_queue_over_tls() {
+    let t = TargetProc::start_with(yaml("required"));
+    let run = |extra: &[&str]| {
+        let out = t
+            .bench_command()
+            .args([
+                "--rw=randrw",
+                "--bs=4k",
+                "--size=1m",
+                "--offset_increment=1m",
+            ])
+            .args([
+                "--iodepth=4",
+                "--numjobs=2",
+                "--runtime=200ms",
+                "--verify=crc32c",
+            ])
+            .arg(format!("--hostnqn={HOST}"))
+            .args(extra)
+            .output()
+            .expect("run nvmf-bench");
+        let text = format!(
+            "status {}\n--- stdout\n{}--- stderr\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        (out.status.success(), text)
+    };
+    let file = t.dir.0.join("host.psk");
+    let (ok, text) = run(&["--tls-psk-file", file.to_str().unwrap()]);
+    assert!(ok, "{text}\n{}", t.log_text());
+    assert_eq!(t.log_text().matches("NVMe1R01").count(), 3, "{text}");
+    let key = psk(1, 32).to_text();
+    let (ok, text) = run(&["--tls-psk", key.as_str(), "--tls-identity", "0"]);
+    assert!(ok, "{text}");
+    assert_eq!(t.log_text().matches("TLS channel up").count(), 6, "{text}");
+    let wrong = psk(7, 32).to_text();
+    let (ok, text) = run(&["--tls-psk", wrong.as_str()]);
+    assert!(!ok, "a wrong key must fail the run: {text}");
+    assert!(
+        !text.contains(wrong.as_str()) && !text.contains(key.as_str()),
+        "{text}"
+    );
+}

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{ArgGroup, Parser, ValueEnum};
-use initiator::DhchapOptions;
+use initiator::{DhchapOptions, TlsOptions};
 use zeroize::Zeroizing;
 
 /// Subsystem NQN of nvmf-target's embedded default configuration.
@@ -33,6 +33,11 @@ pub const DEFAULT_SUBNQN: &str = "nqn.2026-11.io.nvmf-rs:default";
 #[command(group(
     ArgGroup::new("dhchap_host")
         .args(["dhchap_secret", "dhchap_secret_file"])
+        .requires("hostnqn")
+))]
+#[command(group(
+    ArgGroup::new("tls_key")
+        .args(["tls_psk", "tls_psk_file"])
         .requires("hostnqn")
 ))]
 pub struct Args {
@@ -138,6 +143,22 @@ pub struct Args {
         requires = "dhchap_host"
     )]
     pub dhchap_ctrl_secret: Option<SecretArg>,
+
+    /// NVMe/TCP over TLS 1.3 with this pre-shared key (`NVMeTLSkey-1:01:<base64>:` as `nvme
+    /// gen-tls-key` prints it; the key the target has for --hostnqn, needed with it): every
+    /// queue of every NVMe/TCP connection (not NVMe/RDMA). --tls-psk-file keeps it off the
+    /// command line.
+    #[arg(long = "tls-psk", value_name = "KEY", value_parser = secret_arg)]
+    pub tls_psk: Option<SecretArg>,
+
+    /// Read the TLS PSK from this file instead (mode 0600 or stricter).
+    #[arg(long = "tls-psk-file", value_name = "PATH")]
+    pub tls_psk_file: Option<PathBuf>,
+
+    /// The TLS PSK identity to offer: 1 (`NVMe1R0x <hostnqn> <subnqn> <digest>`, what the
+    /// Linux host prefers) or 0 (`NVMe0R0x <hostnqn> <subnqn>`).
+    #[arg(long = "tls-identity", default_value_t = 1, value_parser = clap::value_parser!(u8).range(0..=1))]
+    pub tls_identity: u8,
 
     /// Negotiate NVMe/TCP header digests.
     #[arg(long = "hdr_digest", alias = "hdr-digest")]
@@ -359,6 +380,30 @@ impl Args {
                 .map(Some)
                 .map_err(|e| format!("--dhchap-ctrl-secret: {}", reason(e))),
         }
+    }
+
+    /// The TLS options of every NVMe/TCP connection, from --tls-psk[-file] and
+    /// --tls-identity (`None` without a key). The error names the option, never the key.
+    pub fn tls(&self) -> Result<Option<TlsOptions>, String> {
+        let (option, text) = match (&self.tls_psk, &self.tls_psk_file) {
+            (Some(s), _) => ("--tls-psk".to_string(), s.0.clone()),
+            (None, Some(p)) => {
+                let option = format!("--tls-psk-file {}", p.display());
+                let text = read_secret_file(p).map_err(|e| format!("{option}: {e}"))?;
+                (option, text)
+            }
+            (None, None) => return Ok(None),
+        };
+        let mut t = TlsOptions::new(&text).map_err(|e| match e {
+            initiator::Error::InvalidArgument(m) => format!("{option}: {m}"),
+            e => format!("{option}: {e}"),
+        })?;
+        t.identity = if self.tls_identity == 0 {
+            initiator::IdentityVersion::V0
+        } else {
+            initiator::IdentityVersion::V1
+        };
+        Ok(Some(t))
     }
 
     /// The transports asked for, in order, without repeats (default: tcp).

@@ -175,6 +175,8 @@ pub struct TargetSpec {
     /// DH-HMAC-CHAP secrets for every queue the target asks to authenticate (`Debug` redacts
     /// them).
     pub dhchap: Option<DhchapOptions>,
+    /// TLS for the NVMe/TCP connections (`Debug` redacts the key).
+    pub tls: Option<initiator::TlsOptions>,
     pub nsid: u32,
     pub hdr_digest: bool,
     pub data_digest: bool,
@@ -234,6 +236,9 @@ pub fn open(
         o.hostnqn = h.clone();
     }
     o.dhchap = t.dhchap.clone();
+    if kind == TransportKind::Tcp {
+        o.tls = t.tls.clone();
+    }
     o.queues = jobs;
     o.queue_depth = depth;
     o.hdr_digest = t.hdr_digest;

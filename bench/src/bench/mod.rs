@@ -63,6 +63,7 @@ fn target_spec(a: &Args, dhchap: &Option<initiator::DhchapOptions>) -> TargetSpe
         subnqn: a.subnqn.clone(),
         hostnqn: a.hostnqn.clone(),
         dhchap: dhchap.clone(),
+        tls: None,
         nsid: a.nsid,
         hdr_digest: a.hdr_digest,
         data_digest: a.data_digest,
@@ -337,6 +338,13 @@ pub fn main() -> ExitCode {
             return ExitCode::from(EXIT_USAGE);
         }
     };
+    let tls = match a.tls() {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("nvmf-bench: {e}");
+            return ExitCode::from(EXIT_USAGE);
+        }
+    };
     if a.demo {
         return demo(&a, &dhchap);
     }
@@ -392,7 +400,10 @@ pub fn main() -> ExitCode {
         }
     };
     let plan = Plan {
-        target: target_spec(&a, &dhchap),
+        target: TargetSpec {
+            tls,
+            ..target_spec(&a, &dhchap)
+        },
         workloads: vec![w],
         transports: a.transports(),
         baseline: a.raw_tcp_baseline || a.raw_tcp_cpus.is_some(),

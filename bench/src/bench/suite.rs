@@ -259,6 +259,7 @@ fn run_in(o: &SuiteOpts, file: &Path) -> Result<(String, bool), String> {
             subnqn: DEFAULT_SUBNQN.into(),
             hostnqn: None,
             dhchap: o.dhchap.clone(),
+            tls: None,
             nsid,
             hdr_digest: false,
             data_digest: false,
