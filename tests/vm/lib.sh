@@ -108,7 +108,11 @@ start_our_target() {
   bin=$(target_bin) || return 1
   {
     echo "listeners:"
-    for t in "$tr" "$@"; do printf '  - transport: %s\n    address: %s\n    port: %s\n' "$t" "$addr" "$PORT"; done
+    for t in "$tr" "$@"; do
+      printf '  - transport: %s\n    address: %s\n    port: %s\n' "$t" "$addr" "$PORT"
+      # LISTENER_EXTRA: more keys for every listener (lines, 4 spaces in), e.g. `    tls: required`.
+      [ -n "${LISTENER_EXTRA:-}" ] && echo "$LISTENER_EXTRA"
+    done
   } >"$cfg"
   # TARGET_YAML: extra top-level YAML for this start (e.g. a `target:` section).
   [ -n "${TARGET_YAML:-}" ] && echo "$TARGET_YAML" >>"$cfg"

@@ -49,6 +49,7 @@ ORDER=(
   auth-kernel-host-rdma-rxe auth-initiator-vs-kernel-target-rdma-rxe
   kernel-host-rbd-rdma-rxe gateway-failover-kernel-host-tcp gateway-reservations-kernel-host-tcp
   durability-kernel-host-tcp durability-kernel-host-rdma-rxe durability-broken-flush-tcp
+  tls-initiator-vs-our-target-tcp
 )
 # `ci`: the CI tier. Our target under the Linux host on tcp, rxe (in the ANA and authentication
 # scenarios) and siw; our initiator against
@@ -61,7 +62,8 @@ ORDER=(
 # two targets on an RBD image (a Ceph cluster in the guest) failing over and back under the
 # Linux host's multipath (gateway A killed under fio verify); every crash point of a
 # dm-log-writes log under the Linux host over tcp (block and file backends, xfs on top); in-band
-# authentication both ways with Linux 6.12 (its own VM boot).
+# authentication both ways with Linux 6.12 (its own VM boot), and NVMe/TCP over TLS with kernel
+# TLS on both ends (our initiator and target, in the same 6.12 boot).
 # The same fault scenarios on the other RDMA device, the dropped link (link-drop-*; the host
 # tests drop a veth link under NVMe/TCP), kernel-host-rdma-rxe, the sanity checks, the SRQ
 # variants and the benchmarks run in `all` (CI's time budget: .ci/run took 39.8 min with them).
@@ -75,6 +77,7 @@ CI_TIER=(
   kernel-host-reload-tcp soak-randrw-rdma-siw ana-multipath-kernel-host-rdma-rxe
   gateway-failover-kernel-host-tcp durability-kernel-host-tcp
   auth-kernel-host-rdma-rxe auth-initiator-vs-kernel-target-rdma-rxe
+  tls-initiator-vs-our-target-tcp
 )
 # `all`: every scenario but those whose header says `vm-in-all: no` (variants and benchmarks
 # that run when named).
