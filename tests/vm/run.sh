@@ -49,7 +49,7 @@ ORDER=(
   auth-kernel-host-rdma-rxe auth-initiator-vs-kernel-target-rdma-rxe
   kernel-host-rbd-rdma-rxe gateway-failover-kernel-host-tcp gateway-reservations-kernel-host-tcp
   durability-kernel-host-tcp durability-kernel-host-rdma-rxe durability-broken-flush-tcp
-  tls-initiator-vs-our-target-tcp
+  tls-initiator-vs-our-target-tcp tls-kernel-host-tcp
 )
 # `ci`: the CI tier. Our target under the Linux host on tcp, rxe (in the ANA and authentication
 # scenarios) and siw; our initiator against

@@ -483,6 +483,17 @@ impl RecordReader {
                 }
                 Ok(n) => {
                     self.buf.truncate(at + n);
+                    // A record starts with its content type (change_cipher_spec, alert,
+                    // handshake, application_data) and the legacy version 3.x: anything else
+                    // (a plain NVMe/TCP ICReq starts with 00h) is refused at once.
+                    if !self.buf.is_empty() && !(20..=23).contains(&self.buf[0])
+                        || self.buf.len() >= 2 && self.buf[1] != 3
+                    {
+                        return Err(TlsError::Handshake(format!(
+                            "not a TLS record (first bytes {:02x?}): a plain NVMe/TCP host?",
+                            &self.buf[..self.buf.len().min(2)]
+                        )));
+                    }
                     if self.buf.len() == 5 {
                         let len = u16::from_be_bytes([self.buf[3], self.buf[4]]) as usize;
                         if len > MAX_RECORD {

@@ -2,6 +2,7 @@
 //! both hashes, a wrong key and an unknown host refused, nothing read past the handshake.
 
 use std::collections::HashMap;
+use std::io::Write as _;
 use std::os::unix::net::UnixStream;
 
 use super::*;
@@ -220,4 +221,24 @@ fn user_space_records_carry_megabytes_both_ways() {
     t.read_exact(&mut back).unwrap();
     assert!(back == data);
     assert!(server.join().unwrap() == data);
+}
+
+/// A plain NVMe/TCP host on a listener that requires TLS: its ICReq is refused at its first
+/// bytes, not after waiting for the "record" they would announce.
+#[test]
+fn a_plain_icreq_is_refused_at_once() {
+    let (mut a, b) = UnixStream::pair().unwrap();
+    b.set_nonblocking(true).unwrap();
+    let k = key(2, 32);
+    let mut hs = Handshake::new(b, Session::server(&server_for(&k)).unwrap());
+    // ICReq: type 00h, flags 0, HLEN 128, PDO 0, PLEN 128 (then 120 more bytes).
+    a.write_all(&[0, 0, 128, 0, 128, 0, 0, 0]).unwrap();
+    let e = loop {
+        match hs.step() {
+            Ok(false) => std::thread::yield_now(),
+            Ok(true) => panic!("a plain ICReq completed a handshake"),
+            Err(e) => break e,
+        }
+    };
+    assert!(e.to_string().contains("not a TLS record"), "{e}");
 }
