@@ -116,7 +116,7 @@ pub struct Listener {
 }
 
 /// A listener's `tls`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum TlsMode {
     /// Only TLS connections.

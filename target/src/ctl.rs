@@ -100,12 +100,29 @@ pub enum Op {
         #[arg(action = clap::ArgAction::Set)]
         allow: bool,
     },
-    /// Add a listener.
+    /// Set (or rotate) a host's TLS pre-shared key on a subsystem from a key file (the
+    /// `NVMeTLSkey-1:...` text, mode 0600; the file stays the key's home, as `tls_psk_file`),
+    /// or remove it with --clear. New connections use the new key; connected hosts keep their
+    /// channel.
+    SetTlsPsk {
+        nqn: String,
+        host: String,
+        #[serde(default)]
+        #[arg(long, required_unless_present = "clear", conflicts_with = "clear")]
+        file: Option<PathBuf>,
+        #[serde(default)]
+        #[arg(long)]
+        clear: bool,
+    },
+    /// Add a listener (--tls required|allowed: NVMe/TCP over TLS).
     AddListener {
         #[arg(value_parser = parse_transport)]
         transport: Transport,
         address: IpAddr,
         port: u16,
+        #[serde(default)]
+        #[arg(long, value_parser = parse_tls_mode)]
+        tls: Option<config::TlsMode>,
     },
     /// Remove a listener (connected hosts stay).
     RemoveListener {
@@ -137,6 +154,35 @@ fn parse_ana_state(s: &str) -> Result<AnaState, String> {
             "unknown ANA state `{s}` (optimized, non-optimized, inaccessible, persistent-loss, \
              change)"
         )
+    })
+}
+
+fn parse_tls_mode(s: &str) -> Result<config::TlsMode, String> {
+    match s {
+        "required" => Ok(config::TlsMode::Required),
+        "allowed" => Ok(config::TlsMode::Allowed),
+        _ => Err(format!("`{s}`: required or allowed")),
+    }
+}
+
+/// A TLS PSK key file: private to its owner, one `NVMeTLSkey-1:` key (never quoted in errors).
+fn read_psk_file(file: &std::path::Path) -> Result<config::PskKey, String> {
+    use std::os::unix::fs::PermissionsExt;
+    let what = file.display();
+    let meta = std::fs::metadata(file).map_err(|e| format!("{what}: {e}"))?;
+    let mode = meta.permissions().mode() & 0o777;
+    if !meta.is_file() || mode & 0o077 != 0 {
+        return Err(format!(
+            "{what}: a key file must be a regular file private to its owner (mode {mode:04o}; chmod 600 it)"
+        ));
+    }
+    let text =
+        zeroize::Zeroizing::new(std::fs::read_to_string(file).map_err(|e| format!("{what}: {e}"))?);
+    let psk = nvme::tls::ConfiguredPsk::parse(&text)
+        .map_err(|e| format!("{what}: not a TLS PSK: {e}"))?;
+    Ok(config::PskKey {
+        file: Some(file.to_owned()),
+        psk,
     })
 }
 
@@ -319,12 +365,31 @@ pub fn apply(cfg: &Config, op: &Op) -> Result<Config, String> {
             }
         }
         Op::AllowAnyHost { nqn, allow } => subsystem(&mut new, nqn)?.allow_any_host = *allow,
+        Op::SetTlsPsk {
+            nqn,
+            host,
+            file,
+            clear,
+        } => {
+            let key = match (file, clear) {
+                (_, true) => None,
+                (Some(f), false) => Some(read_psk_file(f)?),
+                (None, false) => return Err("give --file KEYFILE or --clear".into()),
+            };
+            let s = subsystem(&mut new, nqn)?;
+            let h = s.hosts.iter_mut().find(|h| &h.nqn == host).ok_or_else(|| {
+                format!("{host} is not on the host list of {nqn} (add-host first)")
+            })?;
+            h.tls_psk = key;
+        }
         Op::AddListener {
             transport,
             address,
             port,
+            tls,
         } => {
-            let l = Listener::new(*transport, *address, *port);
+            let mut l = Listener::new(*transport, *address, *port);
+            l.tls = *tls;
             if new
                 .listeners
                 .iter()

@@ -269,3 +269,68 @@ fn bench_runs_every_queue_over_tls() {
         "{text}"
     );
 }
+
+/// `nvmf-target ctl set-tls-psk` rotates a host's key on the running target: the controller
+/// connected with the old key keeps doing I/O, a new connection with the old key is refused,
+/// the new key connects; `ctl list` shows the key as `<secret>`.
+#[test]
+fn ctl_rotates_a_key_and_live_connections_keep_theirs() {
+    let dir = nvmf_tests::TempDir::new("tls-ctl");
+    let sock = dir.0.join("ctl.sock");
+    let t = TargetProc::start_with_env(
+        yaml("required"),
+        &[],
+        &["--control-socket".into(), sock.clone().into()],
+    );
+    let ctl = |args: &[&str]| {
+        std::process::Command::new(nvmf_tests::target_bin())
+            .arg("ctl")
+            .arg("--control-socket")
+            .arg(&sock)
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let mut old = Controller::connect(opts(&t, HOST, Some((psk(1, 32), IdentityVersion::V1))))
+        .unwrap_or_else(|e| panic!("{e}\n{}", t.log_text()));
+    let newkey = dir.0.join("new.psk");
+    std::fs::write(&newkey, psk(4, 32).to_text().as_str()).unwrap();
+    std::fs::set_permissions(&newkey, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let out = ctl(&[
+        "set-tls-psk",
+        TEST_NQN,
+        HOST,
+        "--file",
+        newkey.to_str().unwrap(),
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(!out.status.success() && err.contains("chmod 600"), "{err}");
+    std::fs::set_permissions(&newkey, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let out = ctl(&[
+        "set-tls-psk",
+        TEST_NQN,
+        HOST,
+        "--file",
+        newkey.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    verified_io(&mut old, 5);
+    refused(
+        opts(&t, HOST, Some((psk(1, 32), IdentityVersion::V1))),
+        "the old key must be refused after the rotation",
+    );
+    let mut new = Controller::connect(opts(&t, HOST, Some((psk(4, 32), IdentityVersion::V0))))
+        .unwrap_or_else(|e| panic!("{e}\n{}", t.log_text()));
+    verified_io(&mut new, 6);
+    let listed = String::from_utf8_lossy(&ctl(&["list"]).stdout).to_string();
+    assert!(
+        listed.contains("tls_psk_file") && !listed.contains("NVMeTLSkey"),
+        "{listed}"
+    );
+    old.shutdown().unwrap();
+    new.shutdown().unwrap();
+}
