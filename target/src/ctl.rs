@@ -606,9 +606,11 @@ mod tests {
             transport: Transport::Tcp,
             address: "127.0.0.1".parse().unwrap(),
             port: 4421,
+            tls: Some(config::TlsMode::Required),
         };
         let two = apply(&c, &l).unwrap();
         assert_eq!(two.listeners.len(), 2);
+        assert_eq!(two.listeners[1].tls, Some(config::TlsMode::Required));
         assert!(apply(&two, &l).is_err());
         let resize = |size: &str| {
             apply(
