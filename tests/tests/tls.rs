@@ -125,9 +125,25 @@ fn both_identities_and_both_hashes_carry_verified_io_on_every_queue() {
     assert!(!log.contains("NVMeTLSkey"), "no key in the log");
 }
 
+/// `GET /metrics` from 127.0.0.1:`mport`.
+fn get_metrics(mport: u16) -> String {
+    use std::io::Read;
+    let mut s = TcpStream::connect(("127.0.0.1", mport)).expect("metrics port");
+    s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").unwrap();
+    let mut body = String::new();
+    s.read_to_string(&mut body).unwrap();
+    body
+}
+
 #[test]
 fn wrong_keys_missing_keys_and_plain_connections_are_refused() {
-    let t = TargetProc::start_with(yaml("required"));
+    let mport = nvmf_tests::free_port();
+    let t = TargetProc::start_with(|port, dir| {
+        format!(
+            "{}metrics: {{ listen: \"127.0.0.1:{mport}\" }}\n",
+            yaml("required")(port, dir)
+        )
+    });
     let started = Instant::now();
     let e = refused(
         opts(&t, HOST, Some((psk(9, 32), IdentityVersion::V1))),
@@ -159,6 +175,26 @@ fn wrong_keys_missing_keys_and_plain_connections_are_refused() {
     );
     t.wait_log("TLS handshake failed", 4);
     assert!(!t.log_text().contains("NVMeTLSkey"));
+    // One good connection: its three queues count as user-space records on this kernel.
+    let c = Controller::connect(opts(&t, HOST, Some((psk(1, 32), IdentityVersion::V1))))
+        .unwrap_or_else(|e| panic!("{e}\n{}", t.log_text()));
+    c.shutdown().unwrap();
+    let m = get_metrics(mport);
+    assert!(
+        m.contains("nvmf_tls_connections_total{records=\"user\"} 3"),
+        "{m}"
+    );
+    assert!(
+        m.contains("nvmf_tls_connections_total{records=\"kernel\"} 0"),
+        "{m}"
+    );
+    // The four refusals (and the harness's probe of the port, which closes at once).
+    let refused: u64 = m
+        .lines()
+        .find_map(|l| l.strip_prefix("nvmf_tls_handshakes_failed_total{reason=\"refused\"} "))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    assert!(refused >= 4, "{m}");
 }
 
 #[test]
