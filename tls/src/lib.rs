@@ -597,7 +597,12 @@ pub struct TlsStream<S> {
     sock: S,
     sess: Session,
     scratch: Box<[u8]>,
+    /// Plaintext gathered into one record before it is encrypted.
+    gather: Vec<u8>,
 }
+
+/// The most plaintext a TLS record carries (2^14).
+const RECORD_PLAINTEXT: usize = 16384;
 
 impl<S: Read + Write> TlsStream<S> {
     /// After a completed handshake.
@@ -606,6 +611,7 @@ impl<S: Read + Write> TlsStream<S> {
             sock,
             sess,
             scratch: vec![0u8; 64 * 1024].into_boxed_slice(),
+            gather: Vec::with_capacity(RECORD_PLAINTEXT),
         }
     }
 
@@ -645,14 +651,34 @@ impl<S: Read + Write> TlsStream<S> {
     /// taken (their ciphertext is sent, or waits for [`TlsStream::drain`]).
     pub fn send_gather(&mut self, iov: &[IoSlice<'_>]) -> io::Result<Option<usize>> {
         self.drain()?;
+        // The pieces (a PDU header, its data, a digest, the next PDU...) are gathered into
+        // full records: a record per piece would cost a record's overhead and a cipher call
+        // for every 8-byte header.
         let mut taken = 0;
-        for s in iov {
-            if self.backlog() >= BACKLOG_MAX {
-                break;
+        let mut rec = std::mem::take(&mut self.gather);
+        rec.clear();
+        'pieces: for s in iov {
+            let mut off = 0;
+            while off < s.len() {
+                if rec.is_empty() && self.backlog() >= BACKLOG_MAX {
+                    break 'pieces;
+                }
+                let n = (s.len() - off).min(RECORD_PLAINTEXT - rec.len());
+                rec.extend_from_slice(&s[off..off + n]);
+                off += n;
+                if rec.len() == RECORD_PLAINTEXT {
+                    self.sess.write(&rec).map_err(io::Error::from)?;
+                    taken += rec.len();
+                    rec.clear();
+                }
             }
-            self.sess.write(s).map_err(io::Error::from)?;
-            taken += s.len();
         }
+        if !rec.is_empty() {
+            self.sess.write(&rec).map_err(io::Error::from)?;
+            taken += rec.len();
+            rec.clear();
+        }
+        self.gather = rec;
         self.drain()?;
         Ok((taken > 0 || iov.iter().all(|s| s.is_empty())).then_some(taken))
     }
