@@ -88,7 +88,6 @@ count() {
     PER_IO=$((ir / IOS))
 }
 
-median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 
 echo "$NAME: callgrind instructions per I/O of the $([ "$SIDE" = client ] && echo "client's job thread" || echo "target's poller thread"); $RW $BS QD$QD, client $CLIENT, ${RUNTIME}s; A=$A B=$B"
 ratios=()

@@ -88,3 +88,6 @@ in_turn() {
 }
 # The jq path of the TCP result of the first workload.
 TCP_RESULT='.workloads[0].results[] | select(.transport == "tcp")'
+
+# median: the median of the numbers on stdin, one a line.
+median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }

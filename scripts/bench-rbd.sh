@@ -109,7 +109,6 @@ measure() {
         n = i * r; printf "%.0f %.1f %.1f\n", i, 1e6 * ((c1 - c0) + (t1 - t0) / hz) / n, 1e6 * (o1 - o0) / hz / n }')
 }
 
-median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 
 [ -n "$CLIENT" ] || { if [ -n "$spdk" ]; then CLIENT=perf; else CLIENT=bench; fi; }
 case $CLIENT in

@@ -49,7 +49,6 @@ raw() {
     RAW_IOPS=$(jq -r '.workloads[0].raw_tcp_baseline.pingpong.iops | floor' "$dir/raw.json")
 }
 
-median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 
 echo "spdk_nvme_perf against A=$A and B=$B: NVMe/TCP 127.0.0.1, null namespace, target on CPU $TGT_CPU, client on CPU $CLIENT_CPU; $ROUNDS rounds of ${RUNTIME}s per target and workload; $(tcp_settings)"
 declare -A iops ratios

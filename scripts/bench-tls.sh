@@ -65,7 +65,6 @@ run() {
         'BEGIN { printf "%.1f", 1e6 * d / hz / (i * r) }')
 }
 
-median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 
 echo "NVMe/TCP with TLS 1.3 ($records records) vs plain: one target thread, a null namespace, 127.0.0.1;" \
     "$ROUNDS rounds of ${RUNTIME}s, alternating; kernel $(uname -r); $(tcp_settings)"

@@ -65,7 +65,6 @@ run_bench() {
     result "$(jq -r "$TCP_RESULT.total.iops" "$dir/bench.json")" "$c0" "$c1"
 }
 
-median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 
 # shellcheck disable=SC2086 # TARGETS is a list
 check_targets $TARGETS

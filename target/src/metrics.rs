@@ -134,32 +134,31 @@ impl Source {
         ));
         let tls = crate::transport::tls::counters();
         let load = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
-        o.push_str(
-            "# HELP nvmf_tls_connections_total NVMe/TCP connections whose TLS handshake completed, \
-             by who runs the records (kernel TLS or user space).\n",
-        );
-        o.push_str("# TYPE nvmf_tls_connections_total counter\n");
-        o.push_str(&format!(
-            "nvmf_tls_connections_total{{records=\"kernel\"}} {}\n",
-            load(&tls.kernel)
-        ));
-        o.push_str(&format!(
-            "nvmf_tls_connections_total{{records=\"user\"}} {}\n",
-            load(&tls.user)
-        ));
-        o.push_str(
-            "# HELP nvmf_tls_handshakes_failed_total TLS handshakes refused (a wrong or unknown key, \
-             not TLS) or not finished in time.\n",
-        );
-        o.push_str("# TYPE nvmf_tls_handshakes_failed_total counter\n");
-        o.push_str(&format!(
-            "nvmf_tls_handshakes_failed_total{{reason=\"refused\"}} {}\n",
-            load(&tls.failed)
-        ));
-        o.push_str(&format!(
-            "nvmf_tls_handshakes_failed_total{{reason=\"timeout\"}} {}\n",
-            load(&tls.timed_out)
-        ));
+        let tls_families = [
+            (
+                "nvmf_tls_connections_total",
+                "NVMe/TCP connections whose TLS handshake completed, by who runs the records \
+                 (kernel TLS or user space).",
+                [
+                    ("records=\"kernel\"", &tls.kernel),
+                    ("records=\"user\"", &tls.user),
+                ],
+            ),
+            (
+                "nvmf_tls_handshakes_failed_total",
+                "TLS handshakes refused (a wrong or unknown key, not TLS) or not finished in time.",
+                [
+                    ("reason=\"refused\"", &tls.failed),
+                    ("reason=\"timeout\"", &tls.timed_out),
+                ],
+            ),
+        ];
+        for (name, help, series) in tls_families {
+            o.push_str(&format!("# HELP {name} {help}\n# TYPE {name} counter\n"));
+            for (labels, v) in series {
+                o.push_str(&format!("{name}{{{labels}}} {}\n", load(v)));
+            }
+        }
         let per_transport: [TransportMetric; 6] = [
             (
                 "nvmf_connections",

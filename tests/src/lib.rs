@@ -42,6 +42,17 @@ fn sibling_bin(name: &str, package: &str) -> PathBuf {
 }
 
 /// A free TCP port on 127.0.0.1 (bound and released; good enough for tests).
+/// `GET /metrics` from the target's metrics endpoint at 127.0.0.1:`mport`: the whole HTTP
+/// response.
+pub fn get_metrics(mport: u16) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", mport)).expect("metrics port");
+    s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").unwrap();
+    let mut body = String::new();
+    s.read_to_string(&mut body).unwrap();
+    body
+}
+
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .unwrap()

@@ -42,16 +42,6 @@ fn with_metrics(port: u16, dir: &std::path::Path, mport: u16) -> String {
     )
 }
 
-/// `GET /metrics` from 127.0.0.1:`mport`: the whole HTTP response.
-fn get_metrics(mport: u16) -> String {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", mport)).expect("metrics port");
-    s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").unwrap();
-    let mut body = String::new();
-    s.read_to_string(&mut body).unwrap();
-    body
-}
-
 #[test]
 fn metrics_endpoint_and_stats_command() {
     let mport = nvmf_tests::free_port();
@@ -62,7 +52,7 @@ fn metrics_endpoint_and_stats_command() {
         &[],
         &["--control-socket".into(), ctl.clone().into()],
     );
-    let get = || get_metrics(mport);
+    let get = || nvmf_tests::get_metrics(mport);
     let commands = |text: &str| -> u64 {
         text.lines()
             .filter(|l| l.starts_with("nvmf_commands_total{"))
@@ -216,7 +206,7 @@ fn value(text: &str, key: &str) -> f64 {
 fn metrics_move_during_a_bench_run() {
     let mport = nvmf_tests::free_port();
     let t = TargetProc::start_with(|port, dir| with_metrics(port, dir, mport));
-    let get = || get_metrics(mport);
+    let get = || nvmf_tests::get_metrics(mport);
     let mut bench = std::process::Command::new(nvmf_tests::bench_bin())
         .args(["--transport", "tcp", "--traddr", "127.0.0.1", "--trsvcid"])
         .arg(t.addr.port().to_string())

@@ -125,16 +125,6 @@ fn both_identities_and_both_hashes_carry_verified_io_on_every_queue() {
     assert!(!log.contains("NVMeTLSkey"), "no key in the log");
 }
 
-/// `GET /metrics` from 127.0.0.1:`mport`.
-fn get_metrics(mport: u16) -> String {
-    use std::io::Read;
-    let mut s = TcpStream::connect(("127.0.0.1", mport)).expect("metrics port");
-    s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").unwrap();
-    let mut body = String::new();
-    s.read_to_string(&mut body).unwrap();
-    body
-}
-
 #[test]
 fn wrong_keys_missing_keys_and_plain_connections_are_refused() {
     let mport = nvmf_tests::free_port();
@@ -179,7 +169,7 @@ fn wrong_keys_missing_keys_and_plain_connections_are_refused() {
     let c = Controller::connect(opts(&t, HOST, Some((psk(1, 32), IdentityVersion::V1))))
         .unwrap_or_else(|e| panic!("{e}\n{}", t.log_text()));
     c.shutdown().unwrap();
-    let m = get_metrics(mport);
+    let m = nvmf_tests::get_metrics(mport);
     assert!(
         m.contains("nvmf_tls_connections_total{records=\"user\"} 3"),
         "{m}"
