@@ -111,13 +111,17 @@ done
 [ ${#SEL[@]} -gt 0 ] || mapfile -t SEL < <(all_scenarios)
 # The CI tier's shorter forms (CI's time budget; `all` runs the long ones): a 30 s soak, the
 # ANA scenario without its initiator half (tests/tests/multipath.rs covers that on the host),
-# shorter crash-point workloads.
+# shorter crash-point workloads, one-way authentication and kernel TLS in one form each.
 if [ "${CI_KNOBS:-0}" = 1 ]; then
   export NVMF_VM_SOAK_SECS=${NVMF_VM_SOAK_SECS:-30}
   export NVMF_VM_ANA_INITIATOR=${NVMF_VM_ANA_INITIATOR:-0}
   # Crash points: 5 s of writes per backend, a mark every 32 file replacements under xfs.
   export NVMF_VM_CRASHPOINT_SECS=${NVMF_VM_CRASHPOINT_SECS:-5}
   export NVMF_VM_CRASHPOINT_BATCH=${NVMF_VM_CRASHPOINT_BATCH:-32}
+  # One-way DH-HMAC-CHAP over tcp only (rdma too in `all`); kernel TLS with the v1 identity only
+  # (the v0 one too in `all`; both are in the host tests).
+  export NVMF_VM_AUTH_ONEWAY_TRANSPORTS=${NVMF_VM_AUTH_ONEWAY_TRANSPORTS:-tcp}
+  export NVMF_VM_TLS_IDENTITIES=${NVMF_VM_TLS_IDENTITIES:-v1}
 fi
 
 RESULTS=${RESULTS:-$ROOT/results/vm-$(date +%Y%m%d-%H%M%S)}
