@@ -227,16 +227,6 @@ fn test_subsystems_ana() -> Vec<SubsystemSpec> {
     ana_target(0).0
 }
 
-fn test_target_params() -> TargetParams {
-    TargetParams {
-        keep_alive_ms_min: 1000,
-        resv_store: None,
-        auth_timeout: crate::core::AUTH_TIMEOUT,
-        data_completes_always: false,
-        cntlid_range: nvme::fabrics::CNTLID_MIN..=nvme::fabrics::CNTLID_MAX,
-    }
-}
-
 #[test]
 fn a_removed_listener_keeps_its_hosts_states_until_it_comes_back() {
     let (subs, ls) = ana_target(ana_state::INACCESSIBLE);

@@ -89,19 +89,24 @@ pub(crate) fn test_listeners() -> Vec<ListenerInfo> {
     ]
 }
 
+/// The target parameters the tests start with.
+pub(crate) fn test_target_params() -> TargetParams {
+    TargetParams {
+        keep_alive_ms_min: 1000,
+        resv_store: None,
+        auth_timeout: crate::core::AUTH_TIMEOUT,
+        data_completes_always: false,
+        cntlid_range: nvme::fabrics::CNTLID_MIN..=nvme::fabrics::CNTLID_MAX,
+    }
+}
+
 pub(crate) fn test_target() -> Arc<Target> {
     test_target_with(|_| {})
 }
 
 /// The test target with its parameters changed by `f`.
 pub(crate) fn test_target_with(f: impl FnOnce(&mut TargetParams)) -> Arc<Target> {
-    let mut params = TargetParams {
-        keep_alive_ms_min: 1000,
-        resv_store: None,
-        auth_timeout: crate::core::AUTH_TIMEOUT,
-        data_completes_always: false,
-        cntlid_range: nvme::fabrics::CNTLID_MIN..=nvme::fabrics::CNTLID_MAX,
-    };
+    let mut params = test_target_params();
     f(&mut params);
     Target::new(test_subsystems(), test_listeners(), params)
 }

@@ -48,17 +48,7 @@ fn keys_are_found_in_the_subsystem_the_identity_names() {
         keys: None,
         tls_psk: Some(other.clone()),
     }];
-    let t = Target::new(
-        subs,
-        test_listeners(),
-        TargetParams {
-            keep_alive_ms_min: 1000,
-            resv_store: None,
-            auth_timeout: crate::core::AUTH_TIMEOUT,
-            data_completes_always: false,
-            cntlid_range: nvme::fabrics::CNTLID_MIN..=nvme::fabrics::CNTLID_MAX,
-        },
-    );
+    let t = Target::new(subs, test_listeners(), test_target_params());
     for v in [IdentityVersion::V0, IdentityVersion::V1] {
         let (id, psk) = key.tls_psk(v, HOSTNQN, SUBNQN);
         assert_eq!(t.inner().tls_psk(&id).unwrap(), psk);
