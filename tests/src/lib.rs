@@ -53,6 +53,16 @@ pub fn get_metrics(mport: u16) -> String {
     body
 }
 
+/// A finished command's status, stdout and stderr, for assertion messages.
+pub fn output_text(out: &std::process::Output) -> String {
+    format!(
+        "status {}\n--- stdout\n{}--- stderr\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .unwrap()

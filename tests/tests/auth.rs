@@ -397,12 +397,7 @@ fn bench(t: &TargetProc, args: &[&str]) -> (Output, String) {
         .args(args)
         .output()
         .expect("run nvmf-bench");
-    let text = format!(
-        "status {}\n--- stdout\n{}--- stderr\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let text = nvmf_tests::output_text(&out);
     (out, text)
 }
 

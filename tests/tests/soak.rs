@@ -34,12 +34,7 @@ fn randrw_verify_soak_has_no_mismatches() {
         ])
         .output()
         .expect("run nvmf-bench");
-    let text = format!(
-        "status {}\n--- stdout\n{}--- stderr\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let text = nvmf_tests::output_text(&out);
     println!("{text}");
     assert!(out.status.success(), "{text}");
     let verify = text

@@ -271,12 +271,7 @@ fn bench_runs_every_queue_over_tls() {
             .args(extra)
             .output()
             .expect("run nvmf-bench");
-        let text = format!(
-            "status {}\n--- stdout\n{}--- stderr\n{}",
-            out.status,
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let text = nvmf_tests::output_text(&out);
         (out.status.success(), text)
     };
     let file = t.dir.0.join("host.psk");
