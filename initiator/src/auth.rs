@@ -22,6 +22,7 @@ use nvme::auth::{self, AuthMessage, HostStep, HostTxn, Policy, Secret};
 use nvme::fabrics::{self, AUTHREQ_ASCR, AUTHREQ_ATR};
 use nvme::sgl::Sgl;
 use rand::RngCore;
+use zeroize::Zeroizing;
 
 use crate::cmd::DataRef;
 use crate::error::Error;
@@ -92,9 +93,14 @@ impl TxnIds {
     }
 }
 
+/// The PSK a secure channel concatenation generated, and its hash.
+pub(crate) type Generated = (auth::HashId, Zeroizing<Vec<u8>>);
+
 /// After a successful Fabrics Connect on `q` whose response carried `authreq` (DW0 bits
 /// 18:16, shifted down): run the authentication transaction the controller asks for, if it
-/// asks for one. A host secret without ATR is not used (the Linux host connects the same way).
+/// asks for one, with SC_C `sc_c` (secure channel concatenation; `secp::NOSC` for none). A
+/// host secret without ATR is not used (the Linux host connects the same way). Returns the
+/// PSK a concatenation generated.
 pub(crate) fn on_connect<L: Link>(
     q: &mut Queue<L>,
     authreq: u8,
@@ -102,12 +108,19 @@ pub(crate) fn on_connect<L: Link>(
     hostnqn: &str,
     subnqn: &str,
     ids: &mut TxnIds,
-) -> Result<(), Error> {
-    if authreq & AUTHREQ_ASCR != 0 {
-        return Err(Error::Unsupported("secure channel concatenation"));
+    sc_c: u8,
+) -> Result<Option<Generated>, Error> {
+    if authreq & AUTHREQ_ASCR != 0 && sc_c == auth::secp::NOSC {
+        return Err(Error::Auth {
+            qid: q.qid(),
+            step: "connect",
+            detail: "the controller requires secure channel concatenation (ASCR): connect \
+                     with `concat`"
+                .into(),
+        });
     }
     if authreq & AUTHREQ_ATR == 0 {
-        return Ok(());
+        return Ok(None);
     }
     let Some(dhchap) = dhchap else {
         return Err(Error::Auth {
@@ -118,7 +131,7 @@ pub(crate) fn on_connect<L: Link>(
                 .into(),
         });
     };
-    authenticate(q, dhchap, hostnqn, subnqn, ids.next())
+    authenticate(q, dhchap, hostnqn, subnqn, ids.next(), sc_c)
 }
 
 /// One DH-HMAC-CHAP transaction with T_ID `t_id` on `q` (`nvme_queue_auth_work`).
@@ -135,7 +148,8 @@ pub(crate) fn authenticate<L: Link>(
     hostnqn: &str,
     subnqn: &str,
     t_id: u16,
-) -> Result<(), Error> {
+    sc_c: u8,
+) -> Result<Option<Generated>, Error> {
     let qid = q.qid();
     let mut txn = HostTxn::new(
         dhchap.policy.clone(),
@@ -144,7 +158,8 @@ pub(crate) fn authenticate<L: Link>(
         hostnqn,
         subnqn,
         t_id,
-    );
+    )
+    .with_concat(sc_c);
     let mut rng = |b: &mut [u8]| rand::rng().fill_bytes(b);
     let mut buf = vec![0u8; RECEIVE_LEN];
 
@@ -192,7 +207,9 @@ pub(crate) fn authenticate<L: Link>(
         Err(f) => return Err(refused(q, &txn, f, &buf, is_success1)),
     }
     tracing::debug!(qid, t_id, hash = %txn.hash(), "authenticated (DH-HMAC-CHAP)");
-    Ok(())
+    Ok(txn
+        .generated_psk()
+        .map(|(hash, psk)| (hash, Zeroizing::new(psk.to_vec()))))
 }
 
 fn is_challenge(m: &AuthMessage) -> bool {

@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
+use nvme::auth::secp;
 use nvme::fabrics::{self, reg, Cap, Cc, ConnectData, ConnectResult, Csts, PropSize};
 use nvme::identify::{self, cns, IdentifyController, IdentifyNamespace};
 use nvme::opcode::{admin, io};
@@ -76,6 +77,13 @@ pub struct ConnectOptions {
     /// NVMe/TCP over TLS 1.3 with a pre-shared key (every queue; kernel TLS where the kernel
     /// has it, records in user space elsewhere). `None` (the default): plain NVMe/TCP.
     pub tls: Option<TlsOptions>,
+    /// Secure channel concatenation (NVMe/TCP; NVMe Base 2.1, 8.3.4.5.9): the admin queue's
+    /// DH-HMAC-CHAP transaction (`dhchap` is needed, with a DH group) negotiates a TLS PSK,
+    /// and every queue then runs over TLS 1.3 with it, the admin queue again first: a secure
+    /// channel with no PSK to distribute. Every connect (and reconnect) negotiates a new key.
+    /// The target's listener must take the plain connection it starts with (`tls: allowed`
+    /// on nvmf-target). `false` (the default): not asked.
+    pub concat: bool,
 }
 
 /// The TLS PSK a host connects with (NVMe/TCP 1.1, 3.6): its configured key and the identity
@@ -122,12 +130,29 @@ impl ConnectOptions {
             busy_poll: false,
             dhchap: None,
             tls: None,
+            concat: false,
         }
     }
 
     /// The TLS client side of this connection's queues (its identity names the host and
     /// subsystem NQNs).
     pub(crate) fn tls_for_queue(&self) -> Result<Option<tls::ClientConfig>, Error> {
+        if self.concat {
+            let why = if self.transport != Transport::Tcp {
+                Some("it is NVMe/TCP's (not NVMe/RDMA's)")
+            } else if self.dhchap.is_none() {
+                Some("it needs a DH-HMAC-CHAP secret (`dhchap`)")
+            } else if self.tls.is_some() {
+                Some("it makes its own TLS PSK (leave `tls` out)")
+            } else {
+                None
+            };
+            if let Some(why) = why {
+                return Err(Error::InvalidArgument(format!(
+                    "secure channel concatenation: {why}"
+                )));
+            }
+        }
         let Some(t) = &self.tls else { return Ok(None) };
         if self.transport != Transport::Tcp {
             return Err(Error::InvalidArgument(
@@ -285,24 +310,64 @@ pub(crate) fn resolve(addr: &str, port: u16) -> Result<SocketAddr, Error> {
 fn open_queue(
     sa: &SocketAddr,
     opts: &ConnectOptions,
+    channel: Option<&tls::ClientConfig>,
     p: &QueueParams,
     cntlid: u16,
 ) -> Result<AnyQueue, Error> {
     let link = match opts.transport {
-        Transport::Tcp => AnyLink::Tcp(TcpLink::open_with(sa, p, opts.tls_for_queue()?)?),
+        Transport::Tcp => AnyLink::Tcp(TcpLink::open_with(sa, p, channel.cloned())?),
         Transport::Rdma => AnyLink::Rdma(RdmaLink::connect(sa, p, cntlid)?),
     };
     Ok(Queue::new(link, p.timeout, p.spin))
 }
 
+/// The TLS channel of a controller's queues: `None` for plain NVMe/TCP and NVMe/RDMA.
+pub(crate) type Channel = Option<tls::ClientConfig>;
+
 /// A bare admin queue: TCP connection, ICReq/ICResp (or rdma_cm connect), Fabrics Connect,
 /// and the authentication transaction if the controller asks for one (its T_ID from `ids`).
-/// Returns the queue and the controller ID.
+/// With secure channel concatenation that is done twice: plain, negotiating a TLS PSK, then
+/// over TLS with it (the plain queue closed, as the Linux host does). Returns the queue, the
+/// controller ID and the channel the I/O queues use.
 pub(crate) fn connect_admin(
     sa: &SocketAddr,
     opts: &ConnectOptions,
     ids: &mut TxnIds,
-) -> Result<(AnyQueue, u16), Error> {
+) -> Result<(AnyQueue, u16, Channel), Error> {
+    let channel = opts.tls_for_queue()?;
+    if !opts.concat {
+        let (q, cntlid, _) = admin_queue(sa, opts, channel.as_ref(), secp::NOSC, ids)?;
+        return Ok((q, cntlid, channel));
+    }
+    let (plain, _, generated) = admin_queue(sa, opts, None, secp::NEWTLSPSK, ids)?;
+    drop(plain);
+    let Some((hash, psk)) = generated else {
+        return Err(Error::Auth {
+            qid: 0,
+            step: "connect",
+            detail: "the controller did not ask for authentication: no TLS PSK was negotiated \
+                     (secure channel concatenation needs a host key on the target)"
+                .into(),
+        });
+    };
+    let id = tls::PskIdentity::generated(hash, &opts.hostnqn, &opts.subnqn, &psk);
+    tracing::debug!(identity = %id, "secure channel concatenation: TLS PSK generated");
+    let tls_psk = id.tls_psk(&psk);
+    let cfg = tls::ClientConfig::with_identity(id, tls_psk)
+        .map_err(|e| Error::Tls(format!("TLS set-up with the generated PSK: {e}")))?;
+    let (q, cntlid, _) = admin_queue(sa, opts, Some(&cfg), secp::NOSC, ids)?;
+    Ok((q, cntlid, Some(cfg)))
+}
+
+/// One admin queue over `channel`, its Connect and authentication (with SC_C `sc_c`); the
+/// PSK a concatenation generated.
+fn admin_queue(
+    sa: &SocketAddr,
+    opts: &ConnectOptions,
+    channel: Option<&tls::ClientConfig>,
+    sc_c: u8,
+    ids: &mut TxnIds,
+) -> Result<(AnyQueue, u16, Option<auth::Generated>), Error> {
     let params = QueueParams {
         qid: 0,
         depth: ADMIN_SQSIZE,
@@ -314,14 +379,14 @@ pub(crate) fn connect_admin(
     if opts.transport == Transport::Rdma {
         crate::rdma::check_devices()?;
     }
-    let mut q = open_queue(sa, opts, &params, 0)?;
+    let mut q = open_queue(sa, opts, channel, &params, 0)?;
     // The Linux RDMA host puts no data in admin capsules (nvmet-rdma admin RECVs have no room).
     if opts.transport == Transport::Tcp {
         q.set_icd_max(ADMIN_ICD);
     }
     let kato_ms = u32::try_from(opts.kato.as_millis())
         .map_err(|_| Error::InvalidArgument("kato too large".into()))?;
-    let cntlid = fabrics_connect(
+    let (cntlid, generated) = fabrics_connect(
         &mut q,
         opts,
         0,
@@ -329,14 +394,16 @@ pub(crate) fn connect_admin(
         kato_ms,
         fabrics::CNTLID_DYNAMIC,
         ids,
+        sc_c,
     )?;
-    Ok((q, cntlid))
+    Ok((q, cntlid, generated))
 }
 
 /// Fabrics Connect on `q` (`nvmf_connect_admin_queue` / `nvmf_connect_io_queue`), then the
 /// DH-HMAC-CHAP transaction on it when the response asks for one ([`auth::on_connect`], its
-/// T_ID the next of `ids`). Every queue of every transport, and every queue a reconnect
-/// creates, comes through here.
+/// T_ID the next of `ids`, SC_C `sc_c`). Every queue of every transport, and every queue a
+/// reconnect creates, comes through here. Returns the controller ID and the PSK a secure
+/// channel concatenation generated.
 #[allow(clippy::too_many_arguments)]
 fn fabrics_connect(
     q: &mut AnyQueue,
@@ -346,7 +413,8 @@ fn fabrics_connect(
     kato_ms: u32,
     cntlid: u16,
     ids: &mut TxnIds,
-) -> Result<u16, Error> {
+    sc_c: u8,
+) -> Result<(u16, Option<auth::Generated>), Error> {
     let data = ConnectData::new(opts.hostid, cntlid, &opts.subnqn, &opts.hostnqn).encode();
     // NVMe/TCP I/O queues disable SQ flow control (CATTR bit 2, as Linux's `disable_sqflow`):
     // this initiator never reads SQHD (a tag is free once its command completed), and it lets
@@ -371,15 +439,16 @@ fn fabrics_connect(
     match q.execute("Connect", sqe, DataRef::Write(&data)) {
         Ok(result) => match ConnectResult::decode(result, false) {
             ConnectResult::Success { cntlid, authreq } => {
-                auth::on_connect(
+                let generated = auth::on_connect(
                     q,
                     authreq,
                     opts.dhchap.as_ref(),
                     &opts.hostnqn,
                     &opts.subnqn,
                     ids,
+                    sc_c,
                 )?;
-                Ok(cntlid)
+                Ok((cntlid, generated))
             }
             ConnectResult::InvalidParam { .. } => unreachable!("decoded as success"),
         },
@@ -503,7 +572,7 @@ impl Controller {
         let sa = resolve(&opts.addr, opts.port)?;
         // One T_ID counter per controller: the admin queue's transaction, then the I/O queues'.
         let mut txn_ids = TxnIds::default();
-        let (mut admin, cntlid) = connect_admin(&sa, &opts, &mut txn_ids)?;
+        let (mut admin, cntlid, channel) = connect_admin(&sa, &opts, &mut txn_ids)?;
         let cap = enable(&mut admin)?;
         let vs = property_get(&mut admin, reg::VS, PropSize::Four)? as u32;
 
@@ -617,9 +686,11 @@ impl Controller {
                 },
             };
             for qid in 1..=nq {
-                let mut q = open_queue(&sa, &opts, &QueueParams { qid, ..params }, cntlid)?;
+                let p = QueueParams { qid, ..params };
+                let mut q = open_queue(&sa, &opts, channel.as_ref(), &p, cntlid)?;
                 q.set_icd_max(in_capsule);
-                fabrics_connect(&mut q, &opts, qid, depth, 0, cntlid, &mut txn_ids)?;
+                let nosc = secp::NOSC;
+                fabrics_connect(&mut q, &opts, qid, depth, 0, cntlid, &mut txn_ids, nosc)?;
                 io.push(q);
             }
         }

@@ -86,10 +86,12 @@ pub fn discover_with(opts: &ConnectOptions) -> Result<Vec<DiscoveryEntry>, Error
     opts.subnqn = nvme::DISCOVERY_NQN.to_string();
     opts.queues = 0;
     opts.kato = Duration::ZERO;
+    // A discovery controller has no data to protect (nvme-cli concatenates I/O controllers).
+    opts.concat = false;
     let sa = resolve(&opts.addr, opts.port)?;
     // A discovery controller may ask for authentication too (Linux's persistent discovery
     // controllers with a key): the same path as an I/O controller's admin queue.
-    let (mut q, _cntlid) = connect_admin(&sa, &opts, &mut TxnIds::default())?;
+    let (mut q, _cntlid, _) = connect_admin(&sa, &opts, &mut TxnIds::default())?;
     enable(&mut q)?;
     let _vs = q.execute(
         "Property Get",

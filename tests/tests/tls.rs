@@ -4,7 +4,8 @@
 //! and carry verified I/O on every queue; a wrong key, a host without a key and a plain
 //! connection to a `tls: required` listener are refused; a listener with `tls: allowed` takes
 //! both; the discovery log says which listener wants TLS; handshakes that never finish tie up
-//! nothing but their own sockets.
+//! nothing but their own sockets; secure channel concatenation keys every queue with a PSK
+//! the admin queue's DH-HMAC-CHAP negotiated.
 
 use std::io::Write;
 use std::net::TcpStream;
@@ -12,7 +13,9 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use initiator::{ConfiguredPsk, ConnectOptions, Controller, IdentityVersion, TlsOptions};
+use initiator::{
+    ConfiguredPsk, ConnectOptions, Controller, DhchapOptions, IdentityVersion, TlsOptions,
+};
 use nvmf_tests::{TargetProc, TEST_NQN};
 
 const HOST: &str = "nqn.2014-08.org.nvmexpress:uuid:6a1f3c2e-1b4d-4e5f-8a9b-0c1d2e3f4a5b";
@@ -354,4 +357,138 @@ fn ctl_rotates_a_key_and_live_connections_keep_theirs() {
     );
     old.shutdown().unwrap();
     new.shutdown().unwrap();
+}
+
+/// A `DHHC-1` secret from `seed`.
+fn dhchap_key(seed: u8) -> String {
+    let bytes: Vec<u8> = (0..32u8).map(|i| i.wrapping_mul(37) ^ seed).collect();
+    nvme::auth::Secret::from_key(&bytes, None)
+        .unwrap()
+        .to_text()
+        .to_string()
+}
+
+/// Secure channel concatenation (issue #38, item 5), ours against ours: the admin queue's
+/// DH-HMAC-CHAP (one way and both ways) negotiates a TLS PSK, and the admin queue again and
+/// every I/O queue run over TLS with it, with no configured PSK anywhere. A wrong host key, a
+/// listener without `tls` and a made-up generated identity are refused.
+#[test]
+fn secure_channel_concatenation_keys_every_queue_from_the_authentication() {
+    let plain_port = nvmf_tests::free_port();
+    let mport = nvmf_tests::free_port();
+    let (host_key, ctrl_key) = (dhchap_key(0x21), dhchap_key(0x22));
+    let t = TargetProc::start_with(|port, dir| {
+        format!(
+            "listeners:\n  - {{ transport: tcp, address: 127.0.0.1, port: {port}, tls: allowed }}\n  \
+             - {{ transport: tcp, address: 127.0.0.1, port: {plain_port} }}\n\
+             metrics: {{ listen: \"127.0.0.1:{mport}\" }}\n\
+             subsystems:\n  - nqn: {TEST_NQN}\n    hosts:\n      \
+             - {{ nqn: \"{HOST}\", dhchap_key: \"{host_key}\", dhchap_ctrl_key: \"{ctrl_key}\" }}\n    \
+             namespaces:\n      - {{ nsid: 1, path: {}/ns.img, size: 16MiB }}\n",
+            dir.display()
+        )
+    });
+    let concat = |port: u16, key: &str, ctrl: Option<&str>| {
+        let mut o = ConnectOptions::tcp("127.0.0.1", port, TEST_NQN);
+        o.hostnqn = HOST.into();
+        o.queues = 2;
+        o.timeout = Duration::from_secs(5);
+        o.dhchap = Some(DhchapOptions::new(key, ctrl).unwrap());
+        o.concat = true;
+        o
+    };
+    for (i, ctrl) in [None, Some(ctrl_key.as_str())].into_iter().enumerate() {
+        let mut c = Controller::connect(concat(t.addr.port(), &host_key, ctrl))
+            .unwrap_or_else(|e| panic!("{e}\n{}", t.log_text()));
+        verified_io(&mut c, 20 + i as u8);
+        c.shutdown().unwrap();
+    }
+    let log = t.log_text();
+    let generated = log
+        .lines()
+        .filter(|l| l.contains("TLS PSK generated"))
+        .count();
+    assert_eq!(generated, 2, "a key per connect:\n{log}");
+    // Each connect: the admin queue and two I/O queues over TLS keyed by the generated PSK.
+    let up: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("TLS channel up"))
+        .collect();
+    assert_eq!(up.len(), 6, "{log}");
+    assert!(
+        up.iter().all(|l| l.contains("NVMe1G02")),
+        "SHA-384, the strongest a TLS suite has:\n{log}"
+    );
+    assert_eq!(
+        log.lines()
+            .filter(|l| l.contains("host authenticated"))
+            .count(),
+        2,
+        "only the plain admin queues authenticate:\n{log}"
+    );
+
+    // A wrong host key; a listener that takes no TLS (nothing could follow there).
+    let e = refused(
+        concat(t.addr.port(), &dhchap_key(0x99), None),
+        "a wrong host key must be refused",
+    );
+    assert!(matches!(e, initiator::Error::Auth { .. }), "{e}");
+    let e = refused(
+        concat(plain_port, &host_key, None),
+        "concatenation through a listener without tls must be refused",
+    );
+    assert!(e.to_string().contains("concatenation mismatch"), "{e}");
+    // A generated identity this target never made: the handshake finds no key.
+    let psk = [7u8; 32];
+    let forged = tls::PskIdentity::generated(nvme::auth::HashId::Sha256, HOST, TEST_NQN, &psk);
+    let cfg = tls::ClientConfig::with_identity(forged.clone(), forged.tls_psk(&psk)).unwrap();
+    let sock = TcpStream::connect(t.addr).unwrap();
+    sock.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut h = tls::Handshake::new(sock, tls::Session::client(&cfg).unwrap());
+    let until = Instant::now() + Duration::from_secs(5);
+    let done = loop {
+        match h.step() {
+            Ok(true) => break true,
+            Ok(false) if Instant::now() < until => {}
+            Ok(false) | Err(_) => break false,
+        }
+    };
+    assert!(!done, "a made-up generated identity must be refused");
+    t.wait_log("no such generated PSK", 1);
+
+    let m = nvmf_tests::get_metrics(mport);
+    assert!(
+        m.contains("nvmf_tls_connections_total{records=\"user\"} 6"),
+        "{m}"
+    );
+    // nvmf-bench --concat: the run's admin queue and its two jobs' queues over a new key.
+    let out = t
+        .bench_command()
+        .args([
+            "--rw=randrw",
+            "--bs=4k",
+            "--size=1m",
+            "--offset_increment=1m",
+        ])
+        .args([
+            "--iodepth=4",
+            "--numjobs=2",
+            "--runtime=200ms",
+            "--verify=crc32c",
+        ])
+        .args(["--hostnqn", HOST, "--dhchap-secret", &host_key, "--concat"])
+        .output()
+        .expect("run nvmf-bench");
+    let text = nvmf_tests::output_text(&out);
+    assert!(out.status.success(), "{text}\n{}", t.log_text());
+    let log = t.log_text();
+    assert_eq!(log.matches("TLS PSK generated").count(), 3, "{text}");
+    assert_eq!(log.matches("TLS channel up").count(), 9, "{text}");
+    for k in [&host_key, &ctrl_key] {
+        let body = &k["DHHC-1:00:".len()..k.len() - 1];
+        assert!(
+            !log.contains(body) && !text.contains(body),
+            "a key in the output"
+        );
+    }
 }

@@ -160,6 +160,13 @@ pub struct Args {
     #[arg(long = "tls-identity", default_value_t = 1, value_parser = clap::value_parser!(u8).range(0..=1))]
     pub tls_identity: u8,
 
+    /// Secure channel concatenation (nvme-cli's `--concat`): the admin queue's DH-HMAC-CHAP
+    /// (--dhchap-secret) negotiates a TLS PSK and every NVMe/TCP queue runs over TLS with it,
+    /// no configured PSK needed. The target's listener must take plain connections too
+    /// (`tls: allowed`).
+    #[arg(long = "concat", requires = "dhchap_host", conflicts_with_all = ["tls_psk", "tls_psk_file"])]
+    pub concat: bool,
+
     /// Negotiate NVMe/TCP header digests.
     #[arg(long = "hdr_digest", alias = "hdr-digest")]
     pub hdr_digest: bool,

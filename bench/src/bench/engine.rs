@@ -177,6 +177,8 @@ pub struct TargetSpec {
     pub dhchap: Option<DhchapOptions>,
     /// TLS for the NVMe/TCP connections (`Debug` redacts the key).
     pub tls: Option<initiator::TlsOptions>,
+    /// Secure channel concatenation on the NVMe/TCP connections.
+    pub concat: bool,
     pub nsid: u32,
     pub hdr_digest: bool,
     pub data_digest: bool,
@@ -238,6 +240,7 @@ pub fn open(
     o.dhchap = t.dhchap.clone();
     if kind == TransportKind::Tcp {
         o.tls = t.tls.clone();
+        o.concat = t.concat;
     }
     o.queues = jobs;
     o.queue_depth = depth;

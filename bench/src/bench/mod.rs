@@ -64,6 +64,7 @@ fn target_spec(a: &Args, dhchap: &Option<initiator::DhchapOptions>) -> TargetSpe
         hostnqn: a.hostnqn.clone(),
         dhchap: dhchap.clone(),
         tls: None,
+        concat: a.concat,
         nsid: a.nsid,
         hdr_digest: a.hdr_digest,
         data_digest: a.data_digest,

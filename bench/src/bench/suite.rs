@@ -260,6 +260,7 @@ fn run_in(o: &SuiteOpts, file: &Path) -> Result<(String, bool), String> {
             hostnqn: None,
             dhchap: o.dhchap.clone(),
             tls: None,
+            concat: false,
             nsid,
             hdr_digest: false,
             data_digest: false,

@@ -6,7 +6,7 @@ use subtle::ConstantTimeEq;
 use zeroize::Zeroizing;
 
 use super::msg::{
-    failure, id, AuthMessage, Challenge, Failure, Negotiate, Reply, Success1, Success2,
+    failure, id, secp, AuthMessage, Challenge, Failure, Negotiate, Reply, Success1, Success2,
 };
 use super::{
     augmented_challenge, controller_response, host_response, DhGroup, HashId, KeyPair, Secret,
@@ -127,6 +127,12 @@ pub struct ControllerTxn {
     ctrl_response: Option<Zeroizing<Vec<u8>>>,
     /// The failure explanation Failure1 will carry, and why.
     failure: Option<AuthFailure>,
+    /// The SC_C this queue takes besides NOSC ([`ControllerTxn::with_concat`]).
+    concat: u8,
+    /// The transaction's SC_C (from the Negotiate).
+    sc_c: u8,
+    /// The PSK a transaction with secure channel concatenation generated.
+    generated: Option<Zeroizing<Vec<u8>>>,
 }
 
 impl std::fmt::Debug for ControllerTxn {
@@ -163,6 +169,27 @@ impl ControllerTxn {
             keys: None,
             ctrl_response: None,
             failure: None,
+            concat: secp::NOSC,
+            sc_c: secp::NOSC,
+            generated: None,
+        }
+    }
+
+    /// Let the host ask for secure channel concatenation `sc_c` ([`secp::NEWTLSPSK`] on an
+    /// NVMe/TCP admin queue without TLS, [`secp::REPLACETLSPSK`] on one over a generated PSK);
+    /// any other SC_C fails the transaction with a concatenation mismatch.
+    pub fn with_concat(mut self, sc_c: u8) -> ControllerTxn {
+        self.concat = sc_c;
+        self
+    }
+
+    /// After a successful transaction with secure channel concatenation: its SC_C and the
+    /// generated PSK, HMAC-H(KS, C1 || C2) with KS the DH shared secret (NVMe Base 2.1,
+    /// 8.3.4.5.9).
+    pub fn generated_psk(&self) -> Option<(u8, &[u8])> {
+        match (&self.state, &self.generated) {
+            (CtrlState::Done, Some(p)) => Some((self.sc_c, p.as_slice())),
+            _ => None,
         }
     }
 
@@ -249,39 +276,69 @@ impl ControllerTxn {
         self.t_id = n.t_id;
         self.keys = None;
         self.ctrl_response = None;
-        if n.sc_c != 0 {
-            return self.fail_with(fail(
-                "negotiate",
-                failure::CONCAT_MISMATCH,
-                format!("secure channel concatenation {} is not offered", n.sc_c),
-            ));
+        self.generated = None;
+        self.sc_c = secp::NOSC;
+        if n.sc_c != secp::NOSC {
+            if n.sc_c != self.concat {
+                let detail = match self.concat {
+                    secp::NOSC => format!(
+                        "secure channel concatenation (SC_C {}) is not taken on this queue (only \
+                         an NVMe/TCP admin queue, through a listener with `tls`)",
+                        n.sc_c
+                    ),
+                    want => format!("SC_C {} where this queue takes {want}", n.sc_c),
+                };
+                return self.fail_with(fail("negotiate", failure::CONCAT_MISMATCH, detail));
+            }
+            self.sc_c = n.sc_c;
         }
+        let concat = self.sc_c != secp::NOSC;
+        // A generated PSK keys TLS 1.3, whose suites have SHA-256 and SHA-384 only.
         let Some(hash) = self
             .policy
             .hashes
             .iter()
             .copied()
+            .filter(|h| !concat || *h != HashId::Sha512)
             .find(|h| n.hashes.contains(&(*h as u8)))
         else {
             return self.fail_with(fail(
                 "negotiate",
                 failure::HASH_UNUSABLE,
-                format!("no common hash (host offers ids {:?})", n.hashes),
+                format!(
+                    "no common hash (host offers ids {:?}{})",
+                    n.hashes,
+                    if concat {
+                        "; concatenation takes sha256 or sha384"
+                    } else {
+                        ""
+                    }
+                ),
             ));
         };
         // This side's order of preference among the groups the host offers (the Linux host
-        // lists null first: its order says nothing).
+        // lists null first: its order says nothing). Concatenation needs a DH exchange: its
+        // PSK is made from the shared secret.
         let Some(group) = self
             .policy
             .dhgroups
             .iter()
             .copied()
+            .filter(|g| !concat || *g != DhGroup::Null)
             .find(|g| n.dhgroups.contains(&(*g as u8)))
         else {
+            let (explanation, why) = if concat {
+                (
+                    failure::CONCAT_MISMATCH,
+                    "; concatenation needs a group other than null",
+                )
+            } else {
+                (failure::DHGROUP_UNUSABLE, "")
+            };
             return self.fail_with(fail(
                 "negotiate",
-                failure::DHGROUP_UNUSABLE,
-                format!("no common DH group (host offers ids {:?})", n.dhgroups),
+                explanation,
+                format!("no common DH group (host offers ids {:?}{why})", n.dhgroups),
             ));
         };
         self.hash = hash;
@@ -353,7 +410,7 @@ impl ControllerTxn {
             &ca,
             self.seqnum,
             self.t_id,
-            0,
+            self.sc_c,
             &self.hostnqn,
             &self.subnqn,
         );
@@ -364,7 +421,33 @@ impl ControllerTxn {
                 "the host's response does not match its key",
             ));
         }
-        if let Some(c2) = &r.challenge {
+        let concat = self.sc_c != secp::NOSC;
+        if concat && r.challenge.is_none() {
+            return self.fail_with(fail(
+                "reply",
+                failure::FAILED,
+                "secure channel concatenation without the host's challenge C2",
+            ));
+        }
+        if let Some(c2) = r
+            .challenge
+            .as_ref()
+            .filter(|c| c.len() != hl || (!concat && r.seqnum == 0))
+        {
+            return self.fail_with(fail(
+                "reply",
+                failure::INCORRECT_PAYLOAD,
+                format!(
+                    "controller challenge of {} bytes, or sequence number 0",
+                    c2.len()
+                ),
+            ));
+        }
+        if let (true, Some(c2), Some(s)) = (concat, &r.challenge, &session) {
+            // With concatenation C2 is there for the PSK; S2 = 0 asks no controller response.
+            self.generated = Some(self.hash.hmac(s, &[&self.challenge, c2]));
+        }
+        if let Some(c2) = r.challenge.as_ref().filter(|_| r.seqnum != 0) {
             let Some(ctrl_key) = &self.ctrl_key else {
                 return self.fail_with(fail(
                     "reply",
@@ -372,13 +455,6 @@ impl ControllerTxn {
                     "the host asks the controller to authenticate, and it has no controller key",
                 ));
             };
-            if c2.len() != hl || r.seqnum == 0 {
-                return self.fail_with(fail(
-                    "reply",
-                    failure::INCORRECT_PAYLOAD,
-                    "controller challenge of the wrong length, or sequence number 0",
-                ));
-            }
             let ca2 = augmented_challenge(self.hash, session.as_ref().map(|s| s.as_slice()), c2);
             let key = ctrl_key.transform(&self.subnqn);
             self.ctrl_response = Some(controller_response(
@@ -485,6 +561,10 @@ pub struct HostTxn {
     seqnum2: u32,
     challenge2: Zeroizing<Vec<u8>>,
     session: Option<Zeroizing<Vec<u8>>>,
+    /// SC_C of the Negotiate ([`HostTxn::with_concat`]).
+    sc_c: u8,
+    /// The PSK this transaction generates (with concatenation), once the challenge is in.
+    generated: Option<Zeroizing<Vec<u8>>>,
 }
 
 impl std::fmt::Debug for HostTxn {
@@ -516,7 +596,25 @@ impl HostTxn {
             seqnum2: 0,
             challenge2: Zeroizing::new(Vec::new()),
             session: None,
+            sc_c: secp::NOSC,
+            generated: None,
         }
+    }
+
+    /// Ask for secure channel concatenation `sc_c` ([`secp::NEWTLSPSK`], or
+    /// [`secp::REPLACETLSPSK`] over a generated PSK): the Negotiate carries it and offers only
+    /// what a TLS PSK can be made with (SHA-256 or SHA-384, a DH group other than null), the
+    /// Reply always carries a challenge C2 (with S2 = 0 when the controller is not
+    /// authenticated).
+    pub fn with_concat(mut self, sc_c: u8) -> HostTxn {
+        self.sc_c = sc_c;
+        self
+    }
+
+    /// The PSK a transaction with concatenation generated, HMAC-H(KS, C1 || C2), and its hash;
+    /// valid once the transaction has succeeded.
+    pub fn generated_psk(&self) -> Option<(HashId, &[u8])> {
+        self.generated.as_ref().map(|p| (self.hash, p.as_slice()))
     }
 
     /// The negotiated hash (after the challenge).
@@ -526,7 +624,16 @@ impl HostTxn {
 
     /// AUTH_Negotiate.
     pub fn negotiate(&self) -> Vec<u8> {
-        Negotiate::new(self.t_id, &self.policy.hashes, &self.policy.dhgroups).encode()
+        let concat = self.sc_c != secp::NOSC;
+        let hashes: Vec<HashId> = (self.policy.hashes.iter().copied())
+            .filter(|h| !concat || *h != HashId::Sha512)
+            .collect();
+        let groups: Vec<DhGroup> = (self.policy.dhgroups.iter().copied())
+            .filter(|g| !concat || *g != DhGroup::Null)
+            .collect();
+        let mut n = Negotiate::new(self.t_id, &hashes, &groups);
+        n.sc_c = self.sc_c;
+        n.encode()
     }
 
     /// A Failure2 for the controller, after `f` (what the host sends when the controller's
@@ -613,19 +720,36 @@ impl HostTxn {
             &ca,
             c.seqnum,
             self.t_id,
-            0,
+            self.sc_c,
             &self.hostnqn,
             &self.subnqn,
         );
-        let challenge = if self.ctrl_key.is_some() {
+        let concat = self.sc_c != secp::NOSC;
+        self.generated = None;
+        let challenge = if self.ctrl_key.is_some() || concat {
             let mut c2 = Zeroizing::new(vec![0u8; hash.len()]);
             rng(&mut c2);
-            self.seqnum2 = random_u32_nonzero(rng);
+            // S2 = 0: C2 is there for the generated PSK only, no controller response asked.
+            self.seqnum2 = if self.ctrl_key.is_some() {
+                random_u32_nonzero(rng)
+            } else {
+                0
+            };
             self.challenge2 = c2;
             Some(self.challenge2.to_vec())
         } else {
             None
         };
+        if concat {
+            let Some(s) = &self.session else {
+                return Err(fail(
+                    "challenge",
+                    failure::CONCAT_MISMATCH,
+                    "secure channel concatenation with the null DH group",
+                ));
+            };
+            self.generated = Some(hash.hmac(s, &[&c.challenge, &self.challenge2]));
+        }
         Ok(Reply {
             t_id: self.t_id,
             response: response.to_vec(),

@@ -25,8 +25,9 @@ pub use chap::{
 };
 pub use dh::{DhError, DhGroup, KeyPair};
 pub use msg::{
-    failure, id, AuthMessage, Challenge, Failure, MsgError, Negotiate, Reply, Success1, Success2,
-    AUTH_COMMON_MESSAGES, AUTH_DHCHAP_MESSAGES, DHCHAP_AUTH_ID, SECP_DHCHAP, SPSP0, SPSP1,
+    failure, id, secp, AuthMessage, Challenge, Failure, MsgError, Negotiate, Reply, Success1,
+    Success2, AUTH_COMMON_MESSAGES, AUTH_DHCHAP_MESSAGES, DHCHAP_AUTH_ID, SECP_DHCHAP, SPSP0,
+    SPSP1,
 };
 pub use secret::{Secret, SecretError};
 

@@ -27,6 +27,18 @@ pub mod id {
     pub const FAILURE1: u8 = 0xf1;
 }
 
+/// SC_C values of AUTH_Negotiate: secure channel concatenation (NVMe Base 2.1, 8.3.4.5.2;
+/// Linux `NVME_AUTH_SECP_*`). On an admin queue the transaction then generates a TLS PSK
+/// (see [`super::ControllerTxn::generated_psk`]) that the host re-establishes its queues with.
+pub mod secp {
+    /// No secure channel concatenation.
+    pub const NOSC: u8 = 0x00;
+    /// A new TLS PSK, negotiated on a queue without TLS.
+    pub const NEWTLSPSK: u8 = 0x02;
+    /// A replacement of the generated TLS PSK the queue runs over.
+    pub const REPLACETLSPSK: u8 = 0x03;
+}
+
 /// Failure reason code explanations (Figure 210; Linux `NVME_AUTH_DHCHAP_FAILURE_*`); the
 /// reason code itself is always 01h, "authentication failure".
 pub mod failure {
@@ -139,7 +151,7 @@ impl AuthMessage {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Negotiate {
     pub t_id: u16,
-    /// Secure channel concatenation (0: none; TLS concatenation is not offered here).
+    /// Secure channel concatenation ([`secp`]).
     pub sc_c: u8,
     /// Hash identifiers the host takes, in its order of preference (unknown ids kept as 0xff).
     pub hashes: Vec<u8>,

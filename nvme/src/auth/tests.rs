@@ -27,10 +27,33 @@ fn run(
     ctrl_side: (Secret, Option<Secret>),
     host_side: (Secret, Option<Secret>),
 ) -> (CtrlStep, Result<(), AuthFailure>) {
-    let mut r = rng(7);
-    let mut c = ControllerTxn::new(cp, ctrl_side.0, ctrl_side.1, HOST, SUB);
-    let mut h = HostTxn::new(hp, host_side.0, host_side.1, HOST, SUB, 3);
-    assert_eq!(c.on_send(&h.negotiate(), &mut r), CtrlStep::Continue);
+    let c = ControllerTxn::new(cp, ctrl_side.0, ctrl_side.1, HOST, SUB);
+    let h = HostTxn::new(hp, host_side.0, host_side.1, HOST, SUB, 3);
+    let (c, h, step, res) = run_txns(c, h, 7);
+    drop((c, h));
+    (step, res)
+}
+
+/// Runs one whole transaction between `c` and `h`; both sides afterwards and their results.
+fn run_txns(
+    mut c: ControllerTxn,
+    mut h: HostTxn,
+    seed: u64,
+) -> (ControllerTxn, HostTxn, CtrlStep, Result<(), AuthFailure>) {
+    let (step, res) = exchange(&mut c, &mut h, seed);
+    (c, h, step, res)
+}
+
+fn exchange(
+    c: &mut ControllerTxn,
+    h: &mut HostTxn,
+    seed: u64,
+) -> (CtrlStep, Result<(), AuthFailure>) {
+    let mut r = rng(seed);
+    let step = c.on_send(&h.negotiate(), &mut r);
+    if step != CtrlStep::Continue {
+        return (step, Ok(()));
+    }
     let (chal, step) = c.on_receive().unwrap();
     let reply = match h.on_challenge(&chal, &mut r) {
         Ok(m) => m,
@@ -312,4 +335,148 @@ fn messages_round_trip() {
     // Sizes the Linux structs have.
     assert_eq!(Negotiate::new(0, &[], &[]).encode().len(), 8 + 64);
     assert_eq!(Success2 { t_id: 0 }.encode().len(), 16);
+}
+
+/// Secure channel concatenation: both sides generate the same PSK, HMAC-H(KS, C1 || C2), with
+/// and without the controller authenticated, for both hashes a TLS suite has; a new DH
+/// exchange gives a new PSK; the generated identity and TLS PSK follow.
+#[test]
+fn concatenation_generates_one_psk_on_both_sides() {
+    for h in [HashId::Sha256, HashId::Sha384] {
+        for ctrl_key in [None, Some(key(32, None, 5))] {
+            let hk = key(32, None, 1);
+            let mut psks = Vec::new();
+            for seed_round in 0..2u8 {
+                let c =
+                    ControllerTxn::new(Policy::default(), hk.clone(), ctrl_key.clone(), HOST, SUB)
+                        .with_concat(secp::NEWTLSPSK);
+                let hp = Policy {
+                    hashes: vec![h, HashId::Sha512],
+                    ..Policy::default()
+                };
+                let host = HostTxn::new(
+                    hp,
+                    hk.clone(),
+                    ctrl_key.clone(),
+                    HOST,
+                    SUB,
+                    seed_round as u16,
+                )
+                .with_concat(secp::NEWTLSPSK);
+                let (c, host, step, res) = run_txns(c, host, 7 + seed_round as u64);
+                assert_eq!(step, CtrlStep::Authenticated, "{h}");
+                assert_eq!(res, Ok(()));
+                let (sc_c, cp) = c.generated_psk().expect("the controller generated a PSK");
+                let (hh, hpsk) = host.generated_psk().expect("the host generated a PSK");
+                assert_eq!(sc_c, secp::NEWTLSPSK);
+                assert_eq!(hh, h, "sha512 is not offered with concatenation");
+                assert_eq!(cp, hpsk);
+                assert_eq!(cp.len(), h.len());
+                assert_eq!(c.bidirectional(), ctrl_key.is_some());
+                let id = crate::tls::PskIdentity::generated(hh, HOST, SUB, hpsk);
+                assert!(id
+                    .to_string()
+                    .starts_with(&format!("NVMe1G0{} {HOST} {SUB} ", h as u8)));
+                assert_eq!(
+                    crate::tls::PskIdentity::parse(id.to_string().as_bytes()),
+                    Ok(id.clone())
+                );
+                assert!(id.digest_matches(cp));
+                assert_eq!(id.tls_psk(cp).len(), h.len());
+                psks.push(cp.to_vec());
+            }
+            assert_ne!(
+                psks[0], psks[1],
+                "each transaction's DH exchange makes its own PSK"
+            );
+        }
+    }
+    // Without concatenation nothing is generated.
+    let hk = key(32, None, 1);
+    let c = ControllerTxn::new(Policy::default(), hk.clone(), None, HOST, SUB)
+        .with_concat(secp::NEWTLSPSK);
+    let host = HostTxn::new(Policy::default(), hk, None, HOST, SUB, 0);
+    let (c, host, step, _) = run_txns(c, host, 7);
+    assert_eq!(step, CtrlStep::Authenticated);
+    assert!(c.generated_psk().is_none() && host.generated_psk().is_none());
+}
+
+/// What concatenation refuses, with the Failure1 explanation the spec gives.
+#[test]
+fn concatenation_mismatches_are_refused_with_their_reason() {
+    let hk = key(32, None, 1);
+    let txn = |allow: u8, cp: Policy| {
+        ControllerTxn::new(cp, hk.clone(), None, HOST, SUB).with_concat(allow)
+    };
+    let host =
+        |ask: u8, hp: Policy| HostTxn::new(hp, hk.clone(), None, HOST, SUB, 1).with_concat(ask);
+    let explanation = |step: CtrlStep| match step {
+        CtrlStep::Failed(f) => f.explanation,
+        other => panic!("not refused: {other:?}"),
+    };
+    // Not taken on this queue (an I/O queue, RDMA, no TLS listener), or another SC_C.
+    for (allow, ask) in [
+        (secp::NOSC, secp::NEWTLSPSK),
+        (secp::NEWTLSPSK, secp::REPLACETLSPSK),
+        (secp::REPLACETLSPSK, secp::NEWTLSPSK),
+        (secp::NEWTLSPSK, 1),
+    ] {
+        let (_, _, step, _) = run_txns(
+            txn(allow, Policy::default()),
+            host(ask, Policy::default()),
+            7,
+        );
+        assert_eq!(
+            explanation(step),
+            failure::CONCAT_MISMATCH,
+            "allow {allow} ask {ask}"
+        );
+    }
+    // A controller that takes only the null group, or only SHA-512.
+    let (_, _, step, _) = run_txns(
+        txn(secp::NEWTLSPSK, only(HashId::Sha256, DhGroup::Null)),
+        host(secp::NEWTLSPSK, Policy::default()),
+        7,
+    );
+    assert_eq!(explanation(step), failure::CONCAT_MISMATCH);
+    let (_, _, step, _) = run_txns(
+        txn(secp::NEWTLSPSK, only(HashId::Sha512, DhGroup::Ffdhe2048)),
+        host(secp::NEWTLSPSK, Policy::default()),
+        7,
+    );
+    assert_eq!(explanation(step), failure::HASH_UNUSABLE);
+    // A wrong host key: refused, nothing generated.
+    let c = ControllerTxn::new(Policy::default(), key(32, None, 2), None, HOST, SUB)
+        .with_concat(secp::NEWTLSPSK);
+    let (c, _, step, res) = run_txns(c, host(secp::NEWTLSPSK, Policy::default()), 7);
+    assert_eq!(explanation(step), failure::FAILED);
+    assert!(res.is_err() && c.generated_psk().is_none());
+    // The SC_C is in the host's response: a Negotiate without it and a response made with it
+    // do not match (and the other way round).
+    let mut r = rng(3);
+    let mut c = txn(secp::NEWTLSPSK, Policy::default());
+    let mut h = host(secp::NEWTLSPSK, Policy::default());
+    let plain = HostTxn::new(Policy::default(), hk.clone(), None, HOST, SUB, 1).negotiate();
+    assert_eq!(c.on_send(&plain, &mut r), CtrlStep::Continue);
+    let (chal, _) = c.on_receive().unwrap();
+    let reply = h.on_challenge(&chal, &mut r).unwrap();
+    assert_eq!(c.on_send(&reply, &mut r), CtrlStep::Continue);
+    assert_eq!(explanation(c.on_receive().unwrap().1), failure::FAILED);
+    // A Reply without C2 under concatenation.
+    let mut c = txn(secp::NEWTLSPSK, Policy::default());
+    let mut h = host(secp::NEWTLSPSK, Policy::default());
+    assert_eq!(c.on_send(&h.negotiate(), &mut r), CtrlStep::Continue);
+    let (chal, _) = c.on_receive().unwrap();
+    let Ok(AuthMessage::Reply(mut reply)) =
+        AuthMessage::decode(&h.on_challenge(&chal, &mut r).unwrap())
+    else {
+        panic!("not a Reply")
+    };
+    reply.challenge = None;
+    assert_eq!(c.on_send(&reply.encode(), &mut r), CtrlStep::Continue);
+    let (_, step) = c.on_receive().unwrap();
+    assert!(
+        matches!(&step, CtrlStep::Failed(f) if f.detail.contains("C2")),
+        "{step:?}"
+    );
 }

@@ -156,6 +156,16 @@ impl Queue {
         let required = self
             .ctrl()
             .is_some_and(|c| c.subsys.host_auth(hostnqn).is_some());
+        if required && self.over_generated_psk() {
+            // The channel's key came from this host's authentication (secure channel
+            // concatenation): not asked again; the host may re-authenticate (a replacement key).
+            self.auth = QueueAuth::Required {
+                txn: None,
+                authenticated: true,
+                deadline: None,
+            };
+            return false;
+        }
         self.auth = if required {
             QueueAuth::required(now, self.target.inner().params.auth_timeout)
         } else {
@@ -195,6 +205,7 @@ impl Queue {
             return Err(Reject::dnr(Status::CMD_SEQ_ERROR, loc::OPCODE));
         };
         let send = sqe.fctype() == fctype::AUTH_SEND;
+        let concat = self.concat_allowed();
         let (txn, authenticated, deadline) = match &mut self.auth {
             QueueAuth::Required {
                 txn,
@@ -213,13 +224,16 @@ impl Queue {
             // A Negotiate starts a transaction, with the keys configured now.
             match ctrl.subsys.host_auth(&ctrl.hostnqn) {
                 Some((keys, policy)) => {
-                    *txn = Some(Box::new(ControllerTxn::new(
-                        policy,
-                        keys.host,
-                        keys.ctrl,
-                        &ctrl.hostnqn,
-                        &ctrl.subsys.nqn,
-                    )))
+                    *txn = Some(Box::new(
+                        ControllerTxn::new(
+                            policy,
+                            keys.host,
+                            keys.ctrl,
+                            &ctrl.hostnqn,
+                            &ctrl.subsys.nqn,
+                        )
+                        .with_concat(concat),
+                    ))
                 }
                 // A reload took the host's keys (or the host) away: the transaction fails, and
                 // the Receive that follows gets the Failure1.
@@ -283,6 +297,7 @@ impl Queue {
                 }
             }
         };
+        let mut generated = None;
         match step {
             CtrlStep::Continue => *deadline = Some(now + timeout),
             CtrlStep::Authenticated => {
@@ -293,8 +308,13 @@ impl Queue {
                     bidirectional = t.bidirectional(), "host {again}authenticated");
                 *authenticated = true;
                 *deadline = None;
+                generated = (t.generated_psk())
+                    .map(|(sc_c, psk)| (sc_c, hash, zeroize::Zeroizing::new(psk.to_vec())));
             }
             CtrlStep::Failed(f) => self.auth_failed(&f, None, now),
+        }
+        if let Some((sc_c, hash, psk)) = generated {
+            self.concat_done(&ctrl, sc_c, hash, &psk, now);
         }
         Ok(out)
     }

@@ -170,6 +170,8 @@ pub(crate) struct Controller {
     last_seen_ns: AtomicU64,
     /// An event was queued: the admin queue should pair events with AERs.
     aen_pending: AtomicBool,
+    /// The admin queue is over TLS, or generated a TLS PSK: I/O queues must come over TLS.
+    tls_io: AtomicBool,
     inner: Mutex<CtrlInner>,
 }
 
@@ -204,6 +206,7 @@ impl Controller {
             kato_ms: AtomicU32::new(kato_ms),
             last_seen_ns: AtomicU64::new(0),
             aen_pending: AtomicBool::new(false),
+            tls_io: AtomicBool::new(false),
             inner: Mutex::new(CtrlInner {
                 io_queues: MAX_IO_QUEUES,
                 io_queues_set: false,
@@ -238,6 +241,17 @@ impl Controller {
             super::TrType::Tcp => "tcp",
             super::TrType::Rdma => "rdma",
         }
+    }
+
+    /// From now on this controller's I/O queues must come over TLS (its admin queue is
+    /// over TLS, or negotiated a TLS PSK).
+    pub fn require_tls_io(&self) {
+        self.tls_io.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether I/O queues must come over TLS.
+    pub fn tls_io_required(&self) -> bool {
+        self.tls_io.load(Ordering::Relaxed)
     }
 
     pub fn is_discovery(&self) -> bool {

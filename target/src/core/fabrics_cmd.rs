@@ -258,6 +258,9 @@ impl Queue {
         if let Some(w) = &self.waker {
             ctrl.set_admin_waker(Some(w.clone()));
         }
+        if self.tls.is_some() {
+            ctrl.require_tls_io();
+        }
         let cntlid = ctrl.cntlid;
         self.install(Link::Admin(ctrl), c, depth);
         let authreq = if self.auth_on_connect(hostnqn, now) {
@@ -323,6 +326,13 @@ impl Queue {
         }
         if qid > ctrl.lock().io_queues {
             return Err(invalid_param(InvalidAttr::Sqe, soff::QID));
+        }
+        // No plain I/O queue under a controller whose admin queue is over TLS or negotiated a
+        // TLS PSK (secure channel concatenation): its data goes over TLS.
+        if self.tls.is_none() && ctrl.tls_io_required() {
+            tracing::info!(cntlid = ctrl.cntlid, qid, host = hostnqn, peer = %self.peer,
+                "connect refused: the controller's I/O queues must come over TLS");
+            return Err(invalid_param(InvalidAttr::Data, doff::CNTLID));
         }
         let depth = self.check_sqsize(c, self.caps.max_queue_depth)?;
         let epoch = ctrl.io_epoch();

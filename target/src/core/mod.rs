@@ -23,6 +23,7 @@
 
 mod admin;
 mod auth;
+mod concat;
 mod controller;
 mod discovery;
 mod fabrics_cmd;

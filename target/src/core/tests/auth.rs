@@ -2,8 +2,9 @@
 //! Connect, nothing but Authentication Send/Receive before it authenticates, and a failed or
 //! stalled transaction tears the queue down after the host was told.
 
-use nvme::auth::{failure, AuthMessage, DhGroup, HashId, HostStep, HostTxn, Policy, Secret};
+use nvme::auth::{failure, secp, AuthMessage, DhGroup, HashId, HostStep, HostTxn, Policy, Secret};
 use nvme::fabrics::AUTHREQ_ATR;
+use nvme::tls::PskIdentity;
 
 use super::*;
 
@@ -14,6 +15,14 @@ fn secret(fill: u8) -> Secret {
 }
 
 fn keyed_target(ctrl_key: Option<Secret>, policy: Policy) -> Arc<Target> {
+    keyed_target_with(ctrl_key, policy, test_listeners())
+}
+
+fn keyed_target_with(
+    ctrl_key: Option<Secret>,
+    policy: Policy,
+    listeners: Vec<ListenerInfo>,
+) -> Arc<Target> {
     let mut subs = test_subsystems();
     subs.push(SubsystemSpec {
         nqn: KEYED.into(),
@@ -33,7 +42,7 @@ fn keyed_target(ctrl_key: Option<Secret>, policy: Policy) -> Arc<Target> {
     });
     Target::new(
         subs,
-        test_listeners(),
+        listeners,
         TargetParams {
             keep_alive_ms_min: 1000,
             resv_store: None,
@@ -312,4 +321,142 @@ fn rotated_keys_apply_to_the_next_transaction_and_removed_ones_fail_it() {
         .authenticate(&mut txn(secret(5), None, 1))
         .unwrap_err();
     assert!(e.detail.contains("rejected the host"), "{e}");
+}
+
+// ---- secure channel concatenation --------------------------------------------------------
+
+/// The test listeners, the NVMe/TCP one with `tls: allowed`.
+fn tls_listeners() -> Vec<ListenerInfo> {
+    let mut l = test_listeners();
+    l[0].tls = Some(config::TlsMode::Allowed);
+    l
+}
+
+/// A host's queue through the NVMe/TCP listener, over TLS keyed for `tls` or plain.
+fn tcp_host(t: &Arc<Target>, tls: Option<&PskIdentity>) -> Host {
+    let mut h = Host::new(t, tcp_caps(), Instant::now());
+    h.q.set_local_addr("192.0.2.1:4420".parse().unwrap());
+    if let Some(id) = tls {
+        h.q.set_tls_identity(id.clone());
+    }
+    h
+}
+
+fn connect_result(r: u64) -> (u16, u8) {
+    match ConnectResult::decode(r, false) {
+        ConnectResult::Success { cntlid, authreq } => (cntlid, authreq),
+        other => panic!("{other:?}"),
+    }
+}
+
+fn enable(h: &mut Host) {
+    let cc = Cc::new(true, Cc::CSS_NVM, 0, 0, Cc::SHN_NONE, 6, 4);
+    assert!(h.prop_set(reg::CC, cc.0 as u64).status().is_success());
+}
+
+fn concat_txn(sc_c: u8, t_id: u16) -> HostTxn {
+    txn(secret(1), None, t_id).with_concat(sc_c)
+}
+
+/// NEWTLSPSK on a plain admin queue generates the key the host's TLS queues are keyed with:
+/// the target finds it by its identity, its queues need no authentication, and the
+/// controller's I/O queues must come over TLS; REPLACETLSPSK over it retires it for a new one.
+#[test]
+fn concatenation_generates_the_psk_the_hosts_tls_queues_are_keyed_with() {
+    let t = keyed_target_with(None, Policy::default(), tls_listeners());
+    let mut plain = tcp_host(&t, None);
+    let (cntlid, authreq) = connect_result(plain.connect_admin(KEYED, HOSTNQN, 5000).ok_result());
+    assert_eq!(authreq, AUTHREQ_ATR);
+    let mut h = concat_txn(secp::NEWTLSPSK, 0);
+    plain.authenticate(&mut h).unwrap();
+    let (hash, psk) = h.generated_psk().expect("the host generated a PSK");
+    let id = PskIdentity::generated(hash, HOSTNQN, KEYED, psk);
+    assert_eq!(t.inner().tls_psk(&id).unwrap(), id.tls_psk(psk));
+    // The concatenating controller takes no plain I/O queue.
+    enable(&mut plain);
+    let d = ConnectData::new(HOSTID, cntlid, KEYED, HOSTNQN);
+    let mut io = tcp_host(&t, None);
+    assert_eq!(
+        io.connect(1, 31, 0, &d).status(),
+        Status::CONNECT_INVALID_PARAM.dnr()
+    );
+
+    // Over TLS with the generated key: no ATR, commands at once, on the I/O queues too.
+    let mut admin = tcp_host(&t, Some(&id));
+    let (cntlid, authreq) = connect_result(admin.connect_admin(KEYED, HOSTNQN, 5000).ok_result());
+    assert_eq!(authreq, 0);
+    enable(&mut admin);
+    assert!(admin.identify(cns::CTRL, 0, 0).status().is_success());
+    let d = ConnectData::new(HOSTID, cntlid, KEYED, HOSTNQN);
+    let mut io = tcp_host(&t, Some(&id));
+    let (_, authreq) = connect_result(io.connect(1, 31, 0, &d).ok_result());
+    assert_eq!(authreq, 0);
+    assert!(matches!(io.rw(io::READ, 1, 0, 1, 12), Reply::Io(..)));
+    let mut plain_io = tcp_host(&t, None);
+    assert_eq!(
+        plain_io.connect(2, 31, 0, &d).status(),
+        Status::CONNECT_INVALID_PARAM.dnr(),
+        "a controller over TLS takes no plain I/O queue"
+    );
+
+    // REPLACETLSPSK in a re-authentication over the generated key: a successor, the old key
+    // retired, the queue still carrying commands.
+    let mut h = concat_txn(secp::REPLACETLSPSK, 1);
+    admin.authenticate(&mut h).unwrap();
+    let (hash, psk) = h.generated_psk().unwrap();
+    let id2 = PskIdentity::generated(hash, HOSTNQN, KEYED, psk);
+    assert_ne!(id2, id);
+    assert!(
+        t.inner().tls_psk(&id).is_err(),
+        "the replaced key is retired"
+    );
+    assert_eq!(t.inner().tls_psk(&id2).unwrap(), id2.tls_psk(psk));
+    assert!(admin.identify(cns::CTRL, 0, 0).status().is_success());
+
+    // A new key over TLS is a mismatch (it is a replacement there).
+    let mut again = tcp_host(&t, Some(&id2));
+    again.connect_admin(KEYED, HOSTNQN, 5000).ok_result();
+    let f = again
+        .authenticate(&mut concat_txn(secp::NEWTLSPSK, 2))
+        .unwrap_err();
+    assert_eq!(f.explanation, failure::CONCAT_MISMATCH, "{f}");
+}
+
+/// Concatenation only where a TLS channel can follow: an NVMe/TCP admin queue through a
+/// listener with `tls`. Keys never negotiated here, or for a host without a DH-HMAC-CHAP key,
+/// name nothing.
+#[test]
+fn concatenation_is_refused_where_no_tls_channel_can_follow() {
+    let refused = |h: &mut Host, t_id| {
+        let f = h
+            .authenticate(&mut concat_txn(secp::NEWTLSPSK, t_id))
+            .unwrap_err();
+        assert_eq!(f.explanation, failure::CONCAT_MISMATCH, "{f}");
+    };
+    // A listener without `tls`.
+    let t = keyed_target(None, Policy::default());
+    let mut h = tcp_host(&t, None);
+    h.connect_admin(KEYED, HOSTNQN, 5000).ok_result();
+    refused(&mut h, 0);
+    // NVMe/RDMA.
+    let t = keyed_target_with(None, Policy::default(), tls_listeners());
+    let mut h = Host::new(&t, rdma_caps(), Instant::now());
+    h.connect_admin(KEYED, HOSTNQN, 5000).ok_result();
+    refused(&mut h, 0);
+    // An I/O queue.
+    let mut admin = tcp_host(&t, None);
+    let (cntlid, _) = connect_result(admin.connect_admin(KEYED, HOSTNQN, 5000).ok_result());
+    admin.authenticate(&mut txn(secret(1), None, 0)).unwrap();
+    enable(&mut admin);
+    let mut io = tcp_host(&t, None);
+    let d = ConnectData::new(HOSTID, cntlid, KEYED, HOSTNQN);
+    io.connect(1, 31, 0, &d).ok_result();
+    refused(&mut io, 1);
+    // Forged and keyless identities.
+    let forged = PskIdentity::generated(HashId::Sha256, HOSTNQN, KEYED, &[7; 32]);
+    let e = t.inner().tls_psk(&forged).unwrap_err();
+    assert!(e.contains("no such generated PSK"), "{e}");
+    let keyless = PskIdentity::generated(HashId::Sha256, OTHER_HOST, KEYED, &[7; 32]);
+    let e = t.inner().tls_psk(&keyless).unwrap_err();
+    assert!(e.contains("no DH-HMAC-CHAP key"), "{e}");
 }
