@@ -18,8 +18,10 @@ use crate::core::{
 };
 use crate::resv_store::{state_file, FileResvStore};
 use crate::store::RingStore;
+use crate::transport::conns::PollerHandle;
+use crate::transport::conns::PollerStats;
 use crate::transport::listen::{BindError, Bound, Listeners, RdmaListenerSet, TcpListeners};
-use crate::transport::poller::{self, PollerConfig, PollerHandle, PollerStats};
+use crate::transport::poller::{self, PollerConfig};
 use crate::transport::rdma::{ListenError, RdmaOptions, SendWithInvalidate};
 use crate::transport::DeviceUpdate;
 

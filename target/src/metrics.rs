@@ -13,7 +13,7 @@ use crate::core::stats::{
     ControllerMetrics, IoTotals, NsTotals, SubsystemMetrics, LAT_BUCKETS, LAT_FIRST_US, NSID_OTHER,
 };
 use crate::core::Target;
-use crate::transport::poller::{PollerStats, TransportStats};
+use crate::transport::conns::{PollerStats, TransportStats};
 
 /// CPU time (user + system) this process has used so far, in nanoseconds.
 pub fn process_cpu_ns() -> u64 {
@@ -132,7 +132,7 @@ impl Source {
             "process_cpu_seconds_total {:.6}\n",
             process_cpu_ns() as f64 / 1e9
         ));
-        let tls = crate::transport::tls::counters();
+        let tls = crate::transport::tcp::tls::counters();
         let load = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
         let tls_families = [
             (

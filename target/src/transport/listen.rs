@@ -12,9 +12,10 @@ use std::thread::JoinHandle;
 use config::Transport;
 use tracing::info;
 
-use super::poller::{PollerConfig, PollerHandle};
+use super::conns::PollerHandle;
+use super::poller::PollerConfig;
 use super::rdma::{ListenError, Listening, RdmaOptions, RdmaStarting, RdmaTransport};
-use super::tls::TlsSetting;
+use super::tcp::tls::TlsSetting;
 use crate::core::Target;
 
 /// Why a listener could not be bound.
@@ -153,7 +154,7 @@ impl Listeners for TcpListeners {
         // The acceptors have their own stop flags (a reload closes one listener); `shut`
         // sets them all.
         self.pollers = Some(pollers.clone());
-        let keys = Arc::new(super::tls::TargetKeys(target.clone()));
+        let keys = Arc::new(super::tcp::tls::TargetKeys(target.clone()));
         self.tls = Some(tls::ServerConfig::new(keys).map_err(std::io::Error::other)?);
         Ok(())
     }
@@ -179,7 +180,7 @@ impl Listeners for TcpListeners {
         let (p, s, t) = (pollers.clone(), stop.clone(), tls.clone());
         let thread = std::thread::Builder::new()
             .name(format!("nvmf-accept-{bound}"))
-            .spawn(move || super::tls::run_acceptor(sock, t, cfg, p, s))?;
+            .spawn(move || super::tcp::tls::run_acceptor(sock, t, cfg, p, s))?;
         info!(address = %bound, tls = ?b.listener.tls, "NVMe/TCP listener up");
         self.runs.push(TcpRun {
             listener: b.listener,

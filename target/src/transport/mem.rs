@@ -7,7 +7,7 @@ use std::collections::VecDeque;
 use std::io::{self, IoSlice};
 use std::net::SocketAddr;
 
-use super::wire::Wire;
+use super::tcp::wire::Wire;
 use super::Store;
 use crate::core::{IoKind, IoOp};
 

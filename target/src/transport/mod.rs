@@ -1,17 +1,14 @@
 //! Transports: they move capsules and data between hosts and `core::Queue`s. No controller
 //! logic here.
 
+pub mod conns;
 pub mod listen;
 #[cfg(any(test, feature = "testing"))]
 pub mod mem;
 pub mod poller;
 pub mod rdma;
-pub mod sendq;
 pub mod tcp;
-mod tcp_conns;
 pub mod thread;
-pub mod tls;
-pub mod wire;
 
 use std::sync::{mpsc, Arc};
 

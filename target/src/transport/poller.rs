@@ -6,12 +6,13 @@
 //! block in epoll (sockets, RDMA completion channels armed just before, a wake eventfd) after
 //! `idle_poll` without any.
 //!
-//! Each transport's connections sit behind `Conns` (`tcp_conns::TcpConns`,
-//! `rdma::poller::RdmaConns`); the loop knows nothing of sockets or queue pairs.
+//! Each transport's connections sit behind [`Conns`] (`tcp::TcpConns`,
+//! `rdma::conns::RdmaConns`), and the loop drives them only through it: it knows nothing of
+//! sockets or queue pairs (only the messages that bring it a new connection name one).
 
 use std::collections::VecDeque;
 use std::os::fd::AsFd;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
@@ -19,10 +20,11 @@ use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags, EpollTime
 use nix::sys::eventfd::EventFd;
 use tracing::{debug, error, info, warn};
 
-use super::rdma::poller::{RdmaConns, RdmaMsg, RdmaSetup, VerbsStats};
-use super::tcp_conns::TcpConns;
+use super::conns::{Conns, Cx, PollerHandle, PollerStats, ToPoller, RDMA_KEY};
+use super::rdma::conns::{RdmaConns, RdmaSetup};
+use super::tcp::TcpConns;
 use super::thread::PollerThread;
-use super::{ConnStats, DeviceUpdate, Kind, ReqRef, Store};
+use super::{Kind, ReqRef, Store};
 use crate::backend::ReadyWatch;
 use crate::core::{Target, TrType, TransportCaps};
 use crate::store::RingStore;
@@ -32,112 +34,10 @@ const WAKE_KEY: u64 = u64::MAX;
 /// Epoll key of the eventfd librbd's results signal (registered once the poller first sleeps
 /// with librbd operations in flight).
 const RBD_KEY: u64 = u64::MAX - 1;
-/// Epoll key bit of an RDMA completion channel (the low bits name the device); a key without
-/// it is a TCP connection's.
-const RDMA_KEY: u64 = 1 << 62;
 /// Timer granularity for keep-alive checks, core events and RDMA drain deadlines.
 const TICK: Duration = Duration::from_millis(50);
 /// How long shutdown waits for flushes and backend operations.
 const SHUTDOWN_LIMIT: Duration = Duration::from_secs(5);
-
-/// The epoll key under which a transport registers its descriptor `index` (a TCP connection's
-/// key, an RDMA device's index).
-pub(crate) fn epoll_key(kind: Kind, index: u32) -> u64 {
-    match kind {
-        Kind::Tcp => u64::from(index),
-        Kind::Rdma => RDMA_KEY | u64::from(index),
-    }
-}
-
-/// Counters of one transport's connections on a poller.
-#[derive(Debug, Default)]
-pub struct TransportStats {
-    /// Live connections (queues).
-    pub connections: AtomicUsize,
-    /// Commands received.
-    pub commands: AtomicU64,
-    /// Completions with an error status, protocol errors, failed work requests.
-    pub errors: AtomicU64,
-    /// Payload bytes the CPU copied in user space (in-capsule write data into pool buffers).
-    pub copied_bytes: AtomicU64,
-    /// Bytes received from hosts (PDUs; RDMA: capsules plus bytes RDMA READ).
-    pub rx_bytes: AtomicU64,
-    /// Bytes sent to hosts (PDUs; RDMA: responses plus bytes RDMA WRITTEN).
-    pub tx_bytes: AtomicU64,
-    /// Read payload bytes sent to hosts.
-    pub tx_payload: AtomicU64,
-}
-
-impl TransportStats {
-    pub(crate) fn store(&self, connections: usize, t: &ConnStats) {
-        self.connections.store(connections, Ordering::Relaxed);
-        self.commands.store(t.commands, Ordering::Relaxed);
-        self.errors.store(t.errors, Ordering::Relaxed);
-        self.copied_bytes.store(t.copied_bytes, Ordering::Relaxed);
-        self.rx_bytes.store(t.rx_bytes, Ordering::Relaxed);
-        self.tx_bytes.store(t.tx_bytes, Ordering::Relaxed);
-        self.tx_payload.store(t.tx_payload, Ordering::Relaxed);
-    }
-}
-
-/// Counters a poller publishes every tick and when connections come and go (read by
-/// stats/metrics and tests).
-#[derive(Debug, Default)]
-pub struct PollerStats {
-    pub tcp: TransportStats,
-    pub rdma: TransportStats,
-    /// Registered I/O buffers held by commands (returns to 0 when idle).
-    pub buffers_in_use: AtomicUsize,
-    /// io_uring_enter system calls of this poller's backend ring so far.
-    pub ring_enters: AtomicU64,
-    /// Memory regions, shared receive queues and request states of the RDMA connections.
-    pub verbs: VerbsStats,
-    /// NVMe/TCP request slots in each [`SlotState`](super::tcp::SlotState) over all
-    /// connections (index = state).
-    pub tcp_requests: [AtomicU32; super::tcp::SLOT_STATES],
-}
-
-/// What a poller takes on its channel (each send also wakes it).
-pub(crate) enum ToPoller {
-    /// A new NVMe/TCP connection from an acceptor.
-    Tcp(super::tls::Accepted),
-    /// From the rdma_cm thread.
-    Rdma(RdmaMsg),
-    /// A backend device slot changed (configuration reload).
-    Device(DeviceUpdate),
-}
-
-/// The handle acceptors, the rdma_cm thread and the daemon use to reach a poller.
-pub struct PollerHandle {
-    pub(crate) thread: PollerThread<ToPoller, PollerStats>,
-}
-
-impl PollerHandle {
-    pub fn give(&self, a: super::tls::Accepted) {
-        self.thread.send(ToPoller::Tcp(a));
-    }
-
-    pub(crate) fn send_rdma(&self, m: RdmaMsg) -> bool {
-        self.thread.send(ToPoller::Rdma(m))
-    }
-
-    pub fn wake(&self) {
-        self.thread.wake();
-    }
-
-    /// Hand the poller a device slot change (configuration reload); false if it is gone.
-    pub fn update_device(&self, u: DeviceUpdate) -> bool {
-        self.thread.send(ToPoller::Device(u))
-    }
-
-    pub fn stats(&self) -> &Arc<PollerStats> {
-        &self.thread.stats
-    }
-
-    pub fn join(&mut self) {
-        self.thread.join();
-    }
-}
 
 /// Settings of one poller.
 #[derive(Clone)]
@@ -171,53 +71,6 @@ where
         },
     )?;
     Ok(PollerHandle { thread })
-}
-
-/// What a transport's connections borrow from their poller while they handle an event.
-pub(crate) struct Cx<'a> {
-    pub store: &'a mut RingStore,
-    /// The poller's FIFO of requests waiting for a pool buffer.
-    pub need_buf: &'a mut VecDeque<ReqRef>,
-    pub epoll: &'a Epoll,
-    pub now: Instant,
-}
-
-/// The connections of one transport on a poller: all the loop asks of a transport.
-pub(crate) trait Conns {
-    /// The descriptor this transport registered under epoll key `key` (see [`epoll_key`]) is
-    /// ready. False if nothing is registered there any more.
-    fn ready(&mut self, key: u32, flags: EpollFlags, cx: &mut Cx<'_>) -> bool;
-    /// Look for work that epoll does not report (RDMA completion queues). True on progress.
-    fn poll(&mut self, cx: &mut Cx<'_>) -> bool;
-    /// A backend operation of request `slot` of connection `conn` finished. False if the
-    /// connection is gone.
-    fn backend_done(
-        &mut self,
-        conn: u32,
-        slot: u32,
-        res: Result<u32, i32>,
-        cx: &mut Cx<'_>,
-    ) -> bool;
-    /// Whether connection `conn` still takes a buffer it waited for.
-    fn takes_buffer(&self, conn: u32) -> bool;
-    fn buffer_granted(&mut self, conn: u32, slot: u32, buf: u32, cx: &mut Cx<'_>);
-    /// Timers: keep-alive, core events, drain deadlines.
-    fn tick(&mut self, cx: &mut Cx<'_>);
-    /// The poller was woken (a core event may wait).
-    fn woken(&mut self, cx: &mut Cx<'_>);
-    /// Send what is queued; release finished connections. True if anything was sent that no
-    /// readiness event accounts for (RDMA responses staged by this pass).
-    fn flush(&mut self, cx: &mut Cx<'_>) -> bool;
-    /// The poller is about to block in epoll: arm what must wake it, then look once more.
-    /// True if there was work after all.
-    fn prepare_sleep(&mut self, cx: &mut Cx<'_>) -> bool;
-    /// Tear every connection down (shutdown).
-    fn close_all(&mut self, reason: &str, cx: &mut Cx<'_>);
-    /// Release every connection, finished or not (the end of shutdown).
-    fn remove_all(&mut self, cx: &mut Cx<'_>);
-    /// Connections held.
-    fn live(&self) -> usize;
-    fn publish(&mut self, stats: &PollerStats, cx: &mut Cx<'_>);
 }
 
 /// Where a busy-polling poller stands with its [`ReadyWatch`] (a pass without progress moves it
@@ -301,6 +154,25 @@ macro_rules! cx {
     };
 }
 
+/// Each transport's connections, as the loop drives them: `for c in each!(self) { .. }` leaves
+/// the poller's other fields free for a [`Cx`].
+macro_rules! each {
+    ($p:ident) => {
+        std::iter::once(&mut $p.tcp as &mut dyn Conns)
+            .chain($p.rdma.as_mut().map(|r| r as &mut dyn Conns))
+    };
+}
+
+/// The connections of transport `kind` (`None`: a poller without RDMA).
+macro_rules! of_kind {
+    ($p:ident, $kind:expr) => {
+        match $kind {
+            Kind::Tcp => Some(&mut $p.tcp as &mut dyn Conns),
+            Kind::Rdma => $p.rdma.as_mut().map(|r| r as &mut dyn Conns),
+        }
+    };
+}
+
 impl Poller {
     fn new(
         target: Arc<Target>,
@@ -371,7 +243,11 @@ impl Poller {
     }
 
     fn live(&self) -> usize {
-        self.tcp.live() + self.rdma.as_ref().map_or(0, |r| r.live())
+        let rdma = self.rdma.as_ref().map(|r| r as &dyn Conns);
+        std::iter::once(&self.tcp as &dyn Conns)
+            .chain(rdma)
+            .map(|c| c.live())
+            .sum()
     }
 
     fn run(&mut self) {
@@ -398,8 +274,8 @@ impl Poller {
             let mut progress = false;
             if !busy {
                 // Going to block: RDMA arms its completion queues and polls them once more.
-                if let Some(r) = self.rdma.as_mut() {
-                    if r.prepare_sleep(cx!(self, now)) {
+                for c in each!(self) {
+                    if c.prepare_sleep(cx!(self, now)) {
                         busy = true;
                         progress = true;
                     }
@@ -421,7 +297,7 @@ impl Poller {
             // polled below either way.
             let quiet = match spin {
                 Spin::Quiet => true,
-                Spin::Polling => self.tcp.live() == 0,
+                Spin::Polling => !each!(self).any(|c| c.level_triggered()),
                 Spin::Confirm => false,
             };
             let skip = busy && quiet && self.watch.as_mut().is_some_and(|w| !w.fired());
@@ -450,35 +326,35 @@ impl Poller {
                 } else if key == WAKE_KEY {
                     let _ = self.wake.read();
                     self.drain_messages(now);
-                    self.tcp.woken(cx!(self, now));
-                    if let Some(r) = self.rdma.as_mut() {
-                        r.woken(cx!(self, now));
-                    }
-                } else if key & RDMA_KEY != 0 {
-                    if let Some(r) = self.rdma.as_mut() {
-                        r.ready(key as u32, ev.events(), cx!(self, now));
+                    for c in each!(self) {
+                        c.woken(cx!(self, now));
                     }
                 } else {
-                    self.tcp.ready(key as u32, ev.events(), cx!(self, now));
+                    let kind = if key & RDMA_KEY != 0 {
+                        Kind::Rdma
+                    } else {
+                        Kind::Tcp
+                    };
+                    if let Some(c) = of_kind!(self, kind) {
+                        c.ready(key as u32, ev.events(), cx!(self, now));
+                    }
                 }
             }
-            if let Some(r) = self.rdma.as_mut() {
-                progress |= r.poll(cx!(self, now));
+            for c in each!(self) {
+                progress |= c.poll(cx!(self, now));
             }
             progress |= self.reap_backend(now);
             progress |= self.grant_buffers(now);
             if now >= next_tick {
                 next_tick = now + TICK;
-                self.tcp.tick(cx!(self, now));
-                if let Some(r) = self.rdma.as_mut() {
-                    r.tick(cx!(self, now));
+                for c in each!(self) {
+                    c.tick(cx!(self, now));
                 }
                 self.publish(now);
             }
             // Last in the pass: everything above may have queued PDUs or staged responses.
-            progress |= self.tcp.flush(cx!(self, now));
-            if let Some(r) = self.rdma.as_mut() {
-                progress |= r.flush(cx!(self, now));
+            for c in each!(self) {
+                progress |= c.flush(cx!(self, now));
             }
             if self.live() != live {
                 self.publish(now);
@@ -548,13 +424,8 @@ impl Poller {
         for i in 0..self.done.len() {
             let (ud, res) = self.done[i];
             let r = ReqRef::from_user_data(ud);
-            let found = match r.kind {
-                Kind::Tcp => self.tcp.backend_done(r.conn, r.slot, res, cx!(self, now)),
-                Kind::Rdma => self
-                    .rdma
-                    .as_mut()
-                    .is_some_and(|c| c.backend_done(r.conn, r.slot, res, cx!(self, now))),
-            };
+            let found = of_kind!(self, r.kind)
+                .is_some_and(|c| c.backend_done(r.conn, r.slot, res, cx!(self, now)));
             if !found {
                 warn!(
                     user_data = ud,
@@ -570,10 +441,7 @@ impl Poller {
     fn grant_buffers(&mut self, now: Instant) -> bool {
         let mut any = false;
         while let Some(&r) = self.need_buf.front() {
-            let live = match r.kind {
-                Kind::Tcp => self.tcp.takes_buffer(r.conn),
-                Kind::Rdma => self.rdma.as_ref().is_some_and(|c| c.takes_buffer(r.conn)),
-            };
+            let live = of_kind!(self, r.kind).is_some_and(|c| c.takes_buffer(r.conn));
             if !live {
                 self.need_buf.pop_front();
                 continue;
@@ -582,13 +450,8 @@ impl Poller {
                 break;
             };
             self.need_buf.pop_front();
-            match r.kind {
-                Kind::Tcp => self.tcp.buffer_granted(r.conn, r.slot, b, cx!(self, now)),
-                Kind::Rdma => {
-                    if let Some(c) = self.rdma.as_mut() {
-                        c.buffer_granted(r.conn, r.slot, b, cx!(self, now));
-                    }
-                }
+            if let Some(c) = of_kind!(self, r.kind) {
+                c.buffer_granted(r.conn, r.slot, b, cx!(self, now));
             }
             any = true;
         }
@@ -597,9 +460,8 @@ impl Poller {
 
     fn publish(&mut self, now: Instant) {
         let stats = self.stats.clone();
-        self.tcp.publish(&stats, cx!(self, now));
-        if let Some(r) = self.rdma.as_mut() {
-            r.publish(&stats, cx!(self, now));
+        for c in each!(self) {
+            c.publish(&stats, cx!(self, now));
         }
         stats
             .buffers_in_use
@@ -613,24 +475,22 @@ impl Poller {
     /// release everything.
     fn shutdown(&mut self) {
         let now = Instant::now();
-        self.tcp.close_all("target shutting down", cx!(self, now));
-        if let Some(r) = self.rdma.as_mut() {
-            r.close_all("target shutting down", cx!(self, now));
+        for c in each!(self) {
+            c.close_all("target shutting down", cx!(self, now));
         }
         let deadline = now + SHUTDOWN_LIMIT;
         loop {
             let now = Instant::now();
-            if let Some(r) = self.rdma.as_mut() {
-                r.poll(cx!(self, now));
+            for c in each!(self) {
+                c.poll(cx!(self, now));
             }
             self.reap_backend(now);
-            if let Some(r) = self.rdma.as_mut() {
-                // Past the drain limit this destroys QPs whose flushes never came.
-                r.tick(cx!(self, now));
+            for c in each!(self) {
+                // Past the drain limit this destroys RDMA QPs whose flushes never came.
+                c.tick(cx!(self, now));
             }
-            self.tcp.flush(cx!(self, now));
-            if let Some(r) = self.rdma.as_mut() {
-                r.flush(cx!(self, now));
+            for c in each!(self) {
+                c.flush(cx!(self, now));
             }
             if (self.live() == 0 && self.store.inflight() == 0) || now >= deadline {
                 break;
@@ -638,9 +498,8 @@ impl Poller {
             std::thread::sleep(Duration::from_millis(1));
         }
         let now = Instant::now();
-        self.tcp.remove_all(cx!(self, now));
-        if let Some(r) = self.rdma.as_mut() {
-            r.remove_all(cx!(self, now));
+        for c in each!(self) {
+            c.remove_all(cx!(self, now));
         }
         self.publish(now);
         info!(poller = self.cfg.id, "poller stopped");

@@ -16,7 +16,7 @@ use nvme::rdma::CmRequest;
 use nvme::sgl::Sgl;
 use nvme::{Cqe, Sqe};
 use nvmf_target::daemon::Daemon;
-use nvmf_target::transport::poller::PollerStats;
+use nvmf_target::transport::conns::PollerStats;
 use nvmf_target::transport::rdma::RegionKind;
 use rdma::active::{self, ConnectError};
 use rdma::{

@@ -17,9 +17,9 @@ use nix::poll::{PollFd, PollFlags, PollTimeout};
 use nvme::rdma::{CmReject, CmRequest};
 use tracing::{debug, info, warn};
 
-use super::poller::RdmaMsg;
+use super::conns::RdmaMsg;
 use super::CmNote;
-use crate::transport::poller::PollerHandle;
+use crate::transport::conns::PollerHandle;
 
 /// Tags of listening ids have this bit set; connection tags count up from 1 below it.
 pub(super) const LISTENER_TAG: u64 = 1 << 62;

@@ -48,8 +48,8 @@ use nvme::{Sqe, Status};
 use std::net::SocketAddr;
 use tracing::{debug, info, warn};
 
+use super::conns::{DevRes, RegionInfo};
 use super::params::{split_wr_id, wr_id, QueueSizing, WrKind, CQE_BYTES, SQE_BYTES};
-use super::poller::{DevRes, RegionInfo};
 use super::request::{Req, ReqState, StagedSend, StateCounts};
 use super::verbs::{DevLink, QpLink, QpRes};
 use crate::core::{Cmd, Exec, Queue, QueueEvent, QueueLimits, Target, TransportCaps, Xfer};

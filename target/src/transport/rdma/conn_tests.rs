@@ -23,8 +23,8 @@ use super::*;
 use crate::core::tests::{rw_sqe as rw, test_target, Host, HOSTID, HOSTNQN, SUBNQN};
 use crate::core::TrType;
 use crate::transport::mem::MemStore;
+use crate::transport::rdma::conns::RegionKind;
 use crate::transport::rdma::params::{size_queue, split_wr_id, DeviceLimits};
-use crate::transport::rdma::poller::RegionKind;
 use crate::transport::Kind;
 
 type Result<T> = std::result::Result<T, ::rdma::Error>;

@@ -9,7 +9,7 @@
 //!   TIMEWAIT_EXIT, DEVICE_REMOVAL, ADDR_CHANGE, errors) are forwarded to that poller. It also
 //!   forwards COMM_EST to rdma_cm (`rdma_notify`) and fatal QP async events to the poller.
 //! - The **pollers** (`transport::poller`, one per core for both transports) own everything of
-//!   a connection; their RDMA half (`poller.rs` here, `RdmaConns`) holds its QP and CQ (one CQ
+//!   a connection; their RDMA half (`conns.rs` here, `RdmaConns`) holds its QP and CQ (one CQ
 //!   per connection, sized for every RECV and send WR, so a CQ never overruns and a connection
 //!   is drained by reaping its own CQ), its RECV and response buffers and a `core::Queue`; the
 //!   poller's io_uring ring and buffer pool are the ones its TCP connections use. The pool is
@@ -66,8 +66,8 @@
 
 mod cm;
 mod conn;
+pub(crate) mod conns;
 pub mod params;
-pub(crate) mod poller;
 pub mod request;
 mod srq;
 mod verbs;
@@ -81,10 +81,10 @@ use std::time::{Duration, Instant};
 use ::rdma::EventChannel;
 use tracing::{info, warn};
 
-pub use poller::{RegionInfo, RegionKind, VerbsStats};
+pub use conns::{RegionInfo, RegionKind, VerbsStats};
 pub use request::ReqState;
 
-use crate::transport::poller::PollerHandle;
+use crate::transport::conns::PollerHandle;
 
 /// Environment variable that overrides [`SendWithInvalidate`]: `auto`, `on` or `off`.
 pub const SEND_WITH_INV_ENV: &str = "NVMF_RDMA_SEND_WITH_INV";
@@ -265,7 +265,7 @@ impl RdmaStarting {
     }
 
     /// For every poller's [`PollerConfig`](crate::transport::poller::PollerConfig).
-    pub(crate) fn poller_setup(&self) -> poller::RdmaSetup {
+    pub(crate) fn poller_setup(&self) -> conns::RdmaSetup {
         self.prep.setup.clone()
     }
 
@@ -337,7 +337,7 @@ impl Drop for Listening {
 
 /// What the pollers need before the rdma_cm thread starts ([`RdmaTransport::prepare`]).
 struct RdmaPrepared {
-    setup: poller::RdmaSetup,
+    setup: conns::RdmaSetup,
     notes: mpsc::Receiver<CmNote>,
 }
 
@@ -347,7 +347,7 @@ impl RdmaTransport {
     fn prepare(options: RdmaOptions) -> RdmaPrepared {
         let (tx, rx) = mpsc::channel();
         RdmaPrepared {
-            setup: poller::RdmaSetup { options, notes: tx },
+            setup: conns::RdmaSetup { options, notes: tx },
             notes: rx,
         }
     }

@@ -18,8 +18,8 @@ use std::sync::Arc;
 
 use ::rdma::{AccessFlags, Mr, Pd, Srq};
 
+use super::conns::{RegionInfo, RegionKind};
 use super::params::{wr_id, WrKind, SQE_BYTES};
-use super::poller::{RegionInfo, RegionKind};
 
 /// A poller's shared receive queue on one device and its receive area.
 pub(super) struct SharedRecv {

@@ -1,6 +1,6 @@
 //! What an NVMe/RDMA connection does to its queue pair and device, behind two small traits, so
 //! the connection's request machine ([`super::conn::Conn`]) runs on the verbs in the daemon
-//! ([`QpRes`], [`super::poller::DevRes`]) and on a recording stand-in in its unit tests
+//! ([`QpRes`], [`super::conns::DevRes`]) and on a recording stand-in in its unit tests
 //! (`conn_tests.rs`: no device, no memory registration, completions when the test says).
 //!
 //! The traits carry no protocol: which work request to post when, credits, ordering, rollback
@@ -11,8 +11,8 @@ use std::sync::Arc;
 use ::rdma::{CmId, Cq, Mr, Qp, SendWr, Sge, WorkCompletion};
 use tracing::debug;
 
+use super::conns::{DevRes, RegionInfo, RegionKind};
 use super::params::{wr_id, WrKind};
-use super::poller::{DevRes, RegionInfo, RegionKind};
 use crate::transport::rdma::params::CQE_BYTES;
 
 type Result<T> = std::result::Result<T, ::rdma::Error>;

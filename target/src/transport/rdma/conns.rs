@@ -20,14 +20,14 @@ use super::request::{ReqState, STATE_COUNT};
 use super::srq::SharedRecv;
 use super::{CmNote, RdmaOptions};
 use crate::core::{Target, TransportCaps, Waker};
-use crate::transport::poller::{epoll_key, Conns, Cx, PollerStats};
+use crate::transport::conns::{epoll_key, Conns, Cx, PollerStats};
 use crate::transport::{ConnStats, Kind};
 
 /// Completions taken per CQ poll.
 const WC_BATCH: usize = 32;
 
 /// What only an RDMA poller half has to report (the connection counters are in
-/// [`TransportStats`](crate::transport::poller::TransportStats)); published every tick and
+/// [`TransportStats`](crate::transport::conns::TransportStats)); published every tick and
 /// when connections go away.
 #[derive(Debug, Default)]
 pub struct VerbsStats {

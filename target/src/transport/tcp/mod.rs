@@ -7,6 +7,11 @@
 //! lets the backend run the I/O on it, and sends read data from it with one gathering
 //! `sendmsg` (C2HData header + payload + CapsuleResp), so read payloads are never copied by
 //! the CPU in user space.
+//!
+//! Beside the connection (this file): [`conns`], the NVMe/TCP half of a poller; [`wire`], the
+//! byte stream under a connection; [`sendq`], its outgoing queue; [`tls`], the secure channel
+//! (handshakes on the acceptor, kernel or user-space records). Its tests and fuzz target run
+//! it on the in-memory stand-ins of `transport::mem`.
 
 use std::io::{self, IoSlice};
 use std::sync::Arc;
@@ -20,9 +25,15 @@ use nvme::tcp::{
 use nvme::{Cqe, Sqe, Status};
 use tracing::{debug, info, warn};
 
-use super::sendq::SendQueue;
-use super::tls::{Accepted, NetWire};
-use super::wire::Wire;
+mod conns;
+pub mod sendq;
+pub mod tls;
+pub mod wire;
+
+pub(crate) use self::conns::TcpConns;
+use self::sendq::SendQueue;
+use self::tls::{Accepted, NetWire};
+use self::wire::Wire;
 use super::{ConnStats, ReqRef, Store};
 use crate::core::{self, Cmd, Exec, Queue, QueueEvent, QueueLimits, TransportCaps, Xfer};
 
@@ -1098,5 +1109,4 @@ fn write_bounded(wire: &mut impl Wire, bytes: &[u8], limit: Duration) {
 }
 
 #[cfg(test)]
-#[path = "tcp_tests.rs"]
 mod tests;

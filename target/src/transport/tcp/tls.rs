@@ -22,9 +22,9 @@ use tls::{Handshake, KeyLookup, PskIdentity, ServerConfig, Session, TlsStream};
 use tracing::{debug, info, warn};
 use zeroize::Zeroizing;
 
-use super::poller::PollerHandle;
 use super::wire::Wire;
 use crate::core::Target;
+use crate::transport::conns::PollerHandle;
 
 /// A listener's `tls`, as its acceptor reads it for each new connection (a reload may change
 /// it; connections already made keep what they have).

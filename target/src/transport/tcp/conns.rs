@@ -7,14 +7,14 @@ use std::sync::Arc;
 use nix::sys::epoll::{EpollEvent, EpollFlags};
 use tracing::{debug, warn};
 
-use super::poller::{Conns, Cx, PollerStats};
-use super::tcp::{Conn, Wants, SLOT_STATES};
 use super::tls::Accepted;
-use super::{ConnStats, ReqRef};
+use super::{Conn, Wants, SLOT_STATES};
 use crate::core::{Target, TransportCaps, Waker};
+use crate::transport::conns::{Conns, Cx, PollerStats};
+use crate::transport::{ConnStats, ReqRef};
 
 /// A poller's NVMe/TCP connections.
-pub(super) struct TcpConns {
+pub(crate) struct TcpConns {
     poller: usize,
     target: Arc<Target>,
     caps: TransportCaps,
@@ -178,6 +178,10 @@ impl Conns for TcpConns {
 
     fn prepare_sleep(&mut self, _cx: &mut Cx<'_>) -> bool {
         false
+    }
+
+    fn level_triggered(&self) -> bool {
+        self.live() > 0
     }
 
     fn close_all(&mut self, reason: &str, cx: &mut Cx<'_>) {
