@@ -735,11 +735,15 @@ impl Decoder<'_> {
                 match string(r, n, p)?.as_str() {
                     "adaptive" => Some(Polling::Adaptive),
                     "busy" => Some(Polling::Busy),
+                    "interrupt" => Some(Polling::Interrupt),
                     other => {
                         r.error_at(
                             n.at,
                             p,
-                            format!("unknown polling mode `{other}` (expected adaptive or busy)"),
+                            format!(
+                                "unknown polling mode `{other}` (expected adaptive, busy or \
+                                 interrupt)"
+                            ),
                         );
                         None
                     }

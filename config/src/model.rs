@@ -530,12 +530,12 @@ pub struct TargetSettings {
     /// `keep_alive_ms_min`: smallest keep-alive timeout a host may set, ms (smaller KATO
     /// values are raised to it), 100–3600000. Default 1000.
     pub keep_alive_ms_min: u32,
-    /// `idle_poll_us`: how long an idle poller keeps busy-polling before it sleeps until the
-    /// next event, µs, 0–1000000 (0: sleep at once). Default 1000.
+    /// `idle_poll_us`: the longest an adaptive poller spins after its last work before it
+    /// sleeps until the next event, µs, 0–1000000 (0: sleep at once). Default 1000.
     pub idle_poll_us: u32,
-    /// `polling`: `adaptive` (busy-poll while there is traffic, sleep after `idle_poll_us`
-    /// without any) or `busy` (never sleep: one core per poller thread at 100%, for the
-    /// lowest latency and for comparing against adaptive polling).
+    /// `polling`: `adaptive` (spin while the gaps between I/Os are shorter than a wake-up,
+    /// measured, for at most `idle_poll_us`; sleep otherwise), `busy` (never sleep: one core
+    /// per poller thread at 100%, the lowest latency) or `interrupt` (never spin).
     pub polling: Polling,
     /// `sqpoll`: give each poller's io_uring a kernel submission-polling thread
     /// (IORING_SETUP_SQPOLL): block I/O is submitted without a system call, at the cost of
@@ -586,11 +586,14 @@ impl fmt::Display for C2hSuccess {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Polling {
-    /// Busy-poll while there is traffic, sleep after `idle_poll_us` without any.
+    /// Spin while the gaps between I/Os are shorter than a wake-up (measured), for at most
+    /// `idle_poll_us`; sleep otherwise.
     #[default]
     Adaptive,
     /// Never sleep.
     Busy,
+    /// Never spin: sleep whenever there is nothing to do.
+    Interrupt,
 }
 
 impl fmt::Display for Polling {
@@ -598,6 +601,7 @@ impl fmt::Display for Polling {
         f.write_str(match self {
             Polling::Adaptive => "adaptive",
             Polling::Busy => "busy",
+            Polling::Interrupt => "interrupt",
         })
     }
 }

@@ -469,7 +469,7 @@ fn semantic_rules() {
         case(format!("{L}target: {{ idle_poll_us: 2000000 }}\n"), "t.yaml:3:25: target.idle_poll_us:", "out of range (0 to 1000000)"),
         case(format!("{L}target: {{ rdma_srq_depth: 16 }}\n"), "t.yaml:3:27: target.rdma_srq_depth:", "rdma_srq_depth 16 is out of range (0 for a receive queue per queue pair, or 32 to 65536 RECV buffers per shared receive queue)"),
         case(format!("{L}target: {{ rdma_srq_depth: 65537 }}\n"), "t.yaml:3:27: target.rdma_srq_depth:", "out of range (0 for a receive queue per queue pair, or 32 to 65536"),
-        case(format!("{L}target: {{ polling: spin }}\n"), "t.yaml:3:20: target.polling:", "unknown polling mode `spin` (expected adaptive or busy)"),
+        case(format!("{L}target: {{ polling: spin }}\n"), "t.yaml:3:20: target.polling:", "unknown polling mode `spin` (expected adaptive, busy or interrupt)"),
         case(format!("{L}target: {{ c2h_success: never }}\n"), "t.yaml:3:24: target.c2h_success:", "unknown c2h_success mode `never` (expected spec or always)"),
         // Metrics.
         case(format!("{L}metrics: {{ listen: '127.0.0.1:0' }}\n"), "t.yaml:3:20: metrics.listen:", "port 0 is not allowed"),

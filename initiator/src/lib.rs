@@ -61,9 +61,12 @@
 //! (NVMe/TCP) or on the completion channel (NVMe/RDMA).
 //! A loopback or fabric round trip fits in the budget, so at QD1 the completion is picked up
 //! without a sleep and a wake-up; at deep queue depths completions keep coming and the queue
-//! never sleeps; an idle or slow queue costs one budget of CPU per wait and then sleeps. No
-//! flag is needed for low latency at QD1 and throughput at QD32 ([`ConnectOptions::busy_poll`]
-//! spins without bound; `poll_spin: Duration::ZERO` always sleeps). Commands submitted
+//! never sleeps; a slow queue (a slow device, a load far below the queue's pace) stops
+//! spinning once most of its spins run out, sleeping at once and spinning through one wait in
+//! 16 to notice completions coming fast again, so it costs a wake-up per I/O rather than a
+//! budget. No flag is needed for low latency at QD1 and throughput at QD32
+//! ([`ConnectOptions::busy_poll`] spins without bound; `poll_spin: Duration::ZERO` always
+//! sleeps). Commands submitted
 //! between two waits leave in one `writev` (NVMe/TCP) and one receive pass parses every PDU
 //! the socket had.
 //!

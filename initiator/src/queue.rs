@@ -26,7 +26,7 @@ use nvme::Sqe;
 
 use crate::cmd::{Completion, Data, DataRef, Dir, Stats, SubmitError};
 use crate::error::{CmdError, Error};
-use crate::spin::{Spin, SpinWindow};
+use crate::spin::{Spin, SpinScore, SpinWindow};
 use crate::state::{next, CmdEvent, CmdState};
 
 /// A data buffer a queue can carry: `Vec<u8>` (NVMe/TCP), [`crate::RdmaBuf`] (registered memory
@@ -379,6 +379,8 @@ pub struct Queue<L: Link> {
     failed: Option<Arc<Error>>,
     timeout: Duration,
     spin: Spin,
+    /// Whether spinning has been paying (see [`crate::spin`]).
+    score: SpinScore,
     spins: u32,
     /// Commands submitted so far (numbers them in [`Slot::seq`]).
     submitted: u64,
@@ -398,6 +400,7 @@ impl<L: Link> Queue<L> {
             failed: None,
             timeout,
             spin,
+            score: SpinScore::default(),
             spins: 0,
             submitted: 0,
         }
@@ -416,6 +419,7 @@ impl<L: Link> Queue<L> {
             failed,
             timeout,
             spin,
+            score,
             spins,
             submitted,
         } = self;
@@ -428,6 +432,7 @@ impl<L: Link> Queue<L> {
             failed,
             timeout,
             spin,
+            score,
             spins,
             submitted,
         }
@@ -787,6 +792,7 @@ impl<L: Link> Queue<L> {
                 return if got > 0 { Ok(got) } else { Err(e) };
             }
             if got >= want {
+                window.finish(&mut self.score);
                 return Ok(got);
             }
             // After a pass without a read, wait (sleep) once whatever the time: never return
@@ -796,7 +802,7 @@ impl<L: Link> Queue<L> {
             }
             // A failure here (a command timed out) completed everything in flight: the next
             // pass hands those completions out, then reports the failure.
-            let spin = !skipped && window.spin(self.spin);
+            let spin = !skipped && window.spin(self.spin, &mut self.score);
             let _ = self.wait(until, spin);
         }
     }
@@ -906,11 +912,12 @@ impl<L: Link> Queue<L> {
                 };
             }
             if all_done {
+                window.finish(&mut self.score);
                 break;
             }
             if pending > 0 {
                 // On failure the pump of the next pass reports it, after collecting the slots.
-                let spin = window.spin(self.spin);
+                let spin = window.spin(self.spin, &mut self.score);
                 let _ = self.wait(None, spin);
             }
         }
@@ -977,12 +984,13 @@ impl<L: Link> Queue<L> {
                 res[s.user_data as usize] = Some(r);
             }
             if let [Some(a), Some(b)] = res {
+                window.finish(&mut self.score);
                 return Ok([a, b]);
             }
             // A failed queue completes everything it held (collected above), so both are in
             // unless the second was never posted.
             pumped?;
-            let spin = window.spin(self.spin);
+            let spin = window.spin(self.spin, &mut self.score);
             let _ = self.wait(None, spin);
         }
     }

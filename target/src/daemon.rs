@@ -18,8 +18,8 @@ use crate::core::{
 };
 use crate::resv_store::{state_file, FileResvStore};
 use crate::store::RingStore;
-use crate::transport::conns::PollerHandle;
-use crate::transport::conns::PollerStats;
+use crate::transport::adaptive::{self, PollMode};
+use crate::transport::conns::{PollerHandle, PollerStats};
 use crate::transport::listen::{BindError, Bound, Listeners, RdmaListenerSet, TcpListeners};
 use crate::transport::poller::{self, PollerConfig};
 use crate::transport::rdma::{ListenError, RdmaOptions, SendWithInvalidate};
@@ -388,12 +388,18 @@ impl Daemon {
             max_transfer: t.max_io_size.bytes() as u32,
             max_queue_depth: t.max_queue_depth as u16,
         };
-        // Busy polling never goes idle: the pollers' "idle for longer than this" test
-        // never holds.
-        let idle_poll = match t.polling {
-            config::Polling::Adaptive => Duration::from_micros(t.idle_poll_us as u64),
-            config::Polling::Busy => Duration::MAX,
+        let poll = match t.polling {
+            config::Polling::Adaptive => PollMode::Adaptive {
+                max_spin: Duration::from_micros(t.idle_poll_us as u64),
+            },
+            config::Polling::Busy => PollMode::Busy,
+            config::Polling::Interrupt => PollMode::Interrupt,
         };
+        // What a sleeping poller pays per wake-up on this machine (the adaptive policy spins
+        // only through gaps shorter than that).
+        let wake_latency = adaptive::measure_wake_latency(50);
+        tracing::info!(polling = %t.polling, wake_latency_us = wake_latency.as_secs_f64() * 1e6,
+            "poller wake-up latency measured");
         let stop = Arc::new(AtomicBool::new(false));
         let buffers = (2 * t.max_queue_depth).clamp(64, 1024);
         let (sqpoll, sqpoll_idle_ms, iopoll) = (t.sqpoll, t.sqpoll_idle_ms, t.iopoll);
@@ -433,7 +439,8 @@ impl Daemon {
             let mut pc = PollerConfig {
                 id,
                 caps: caps.clone(),
-                idle_poll,
+                poll,
+                wake_latency,
                 stop: stop.clone(),
                 rdma: None,
             };

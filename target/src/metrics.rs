@@ -76,6 +76,11 @@ pub struct PollerSample {
     pub ring_enters: u64,
     /// RDMA memory regions registered now (0 without RDMA).
     pub mrs_registered: u64,
+    /// Nanoseconds working, spinning and sleeping so far; the measured wake-up latency.
+    pub work_ns: u64,
+    pub spin_ns: u64,
+    pub sleep_ns: u64,
+    pub wake_latency_ns: u64,
     /// TCP, then RDMA when the target serves it.
     pub transports: Vec<TransportSample>,
 }
@@ -112,6 +117,10 @@ impl Source {
                     buffers_in_use: s.buffers_in_use.load(Ordering::Relaxed) as u64,
                     ring_enters: s.ring_enters.load(Ordering::Relaxed),
                     mrs_registered: s.verbs.mrs_registered.load(Ordering::Relaxed) as u64,
+                    work_ns: s.work_ns.load(Ordering::Relaxed),
+                    spin_ns: s.spin_ns.load(Ordering::Relaxed),
+                    sleep_ns: s.sleep_ns.load(Ordering::Relaxed),
+                    wake_latency_ns: s.wake_latency_ns.load(Ordering::Relaxed),
                     transports,
                 }
             })
@@ -237,6 +246,36 @@ impl Source {
             for p in &ps {
                 o.push_str(&format!("{name}{{poller=\"{}\"}} {}\n", p.poller, get(p)));
             }
+        }
+        o.push_str(
+            "# HELP nvmf_poller_seconds_total Poller thread time: passes that did work, passes \
+             that spun without work, blocked waiting for work.\n\
+             # TYPE nvmf_poller_seconds_total counter\n",
+        );
+        for p in &ps {
+            for (state, ns) in [
+                ("work", p.work_ns),
+                ("spin", p.spin_ns),
+                ("sleep", p.sleep_ns),
+            ] {
+                o.push_str(&format!(
+                    "nvmf_poller_seconds_total{{poller=\"{}\",state=\"{state}\"}} {:.6}\n",
+                    p.poller,
+                    ns as f64 / 1e9
+                ));
+            }
+        }
+        o.push_str(
+            "# HELP nvmf_poller_wake_latency_seconds The wake-up latency measured at start, \
+             which the adaptive poller spins through gaps shorter than.\n\
+             # TYPE nvmf_poller_wake_latency_seconds gauge\n",
+        );
+        for p in &ps {
+            o.push_str(&format!(
+                "nvmf_poller_wake_latency_seconds{{poller=\"{}\"}} {:.9}\n",
+                p.poller,
+                p.wake_latency_ns as f64 / 1e9
+            ));
         }
         io_prometheus(&mut o, &self.target.io_metrics());
         if let Some(g) = &self.gateway {

@@ -85,6 +85,12 @@ pub struct Args {
     #[arg(long = "offset_increment", alias = "offset-increment", value_parser = parse_size, default_value = "0")]
     pub offset_increment: u64,
 
+    /// Cap each job at this many I/Os per second (fio's `rate_iops`: submissions evenly
+    /// spaced, the job sleeping in between): a load below saturation, to measure the CPU per
+    /// I/O of both ends there.
+    #[arg(long = "rate_iops", alias = "rate-iops", value_parser = clap::value_parser!(u64).range(1..))]
+    pub rate_iops: Option<u64>,
+
     /// Write blocks carrying a header (offset, seed, generation) and a CRC32C; check every
     /// block read. Write workloads read back what they wrote at the end.
     #[arg(long, value_enum)]

@@ -43,6 +43,8 @@ pub struct Workload {
     pub offset: u64,
     pub offset_increment: u64,
     pub verify: bool,
+    /// Each job's I/Os per second at most (fio's `rate_iops`).
+    pub rate_iops: Option<u64>,
 }
 
 /// A job's part of the namespace, in bytes (a whole number of `bs` blocks).
@@ -80,6 +82,7 @@ impl Workload {
             offset: a.offset,
             offset_increment: a.offset_increment,
             verify: a.verify.is_some(),
+            rate_iops: a.rate_iops,
         };
         Ok(Workload {
             name: a.name.clone().unwrap_or_else(|| w.label()),
@@ -103,6 +106,9 @@ impl Workload {
         }
         if self.verify {
             s += " verify";
+        }
+        if let Some(r) = self.rate_iops {
+            s += &format!(" @{}", human_rate(r));
         }
         s
     }
@@ -174,6 +180,17 @@ impl Workload {
 }
 
 /// `4k`, `128k`, `1m`, or bytes.
+/// A rate of I/Os per second, short: "10k/s", "1.5M/s", "500/s".
+pub fn human_rate(r: u64) -> String {
+    let (v, unit) = match r {
+        r if r >= 1_000_000 => (r as f64 / 1e6, "M"),
+        r if r >= 1_000 => (r as f64 / 1e3, "k"),
+        r => (r as f64, ""),
+    };
+    let v = format!("{v:.1}");
+    format!("{}{unit}/s", v.trim_end_matches(".0"))
+}
+
 pub fn human_size(b: u64) -> String {
     for (shift, s) in [(40, "t"), (30, "g"), (20, "m"), (10, "k")] {
         if b >= 1 << shift && b % (1 << shift) == 0 {
@@ -214,6 +231,8 @@ pub struct JobPlan {
     /// The run's seed (offsets, read/write mix, verify data).
     pub seed: u64,
     pub verify: bool,
+    /// Time between two submissions at most (from `rate_iops`); `None`: as fast as it goes.
+    pub interval: Option<Duration>,
 }
 
 /// Completed I/Os of one direction.
@@ -368,6 +387,11 @@ pub fn run_job(
     let bs = plan.bs;
     let blocks = plan.region.len / bs;
     let depth = engine.slots();
+    if plan.interval.is_some() {
+        // Paced submissions sleep tens of microseconds at a time: without this the kernel
+        // lets each sleep run 50 us long (the default timer slack) and the rate falls short.
+        let _ = nix::sys::prctl::set_timerslack(1000);
+    }
     let mut offsets = Offsets::new(
         plan.rw.is_random(),
         blocks,
@@ -412,6 +436,9 @@ pub fn run_job(
     let mut counters_start: Option<Counters> = None;
     let mut last_completion = now0;
     let mut window_end: Option<Instant> = None;
+    // With a rate: when the next submission is due (evenly spaced from the start; a job that
+    // fell behind catches up by at most one interval, not in a burst).
+    let mut due = now0;
     // One clock reading per pass, taken after the reap: it times the completions just reaped,
     // the checks at the top of the next pass and the commands that pass submits (they leave
     // together, in the next reap's flush, so one submission time serves them all). A verifying
@@ -439,6 +466,12 @@ pub fn run_job(
         }
         while !stopping {
             let Some(&slot) = free.last() else { break };
+            if let Some(iv) = plan.interval {
+                if now < due {
+                    break;
+                }
+                due = due.max(now.checked_sub(iv).unwrap_or(now)) + iv;
+            }
             let (op, block) = match pending.take() {
                 Some(p) => p,
                 None => match offsets.next() {
@@ -492,10 +525,19 @@ pub fn run_job(
                 start: now,
             };
         }
-        if engine.in_flight() == 0 && (stopping || pending.is_none()) {
+        let paced = plan.interval.is_some() && !stopping && now < due;
+        if engine.in_flight() == 0 && (stopping || pending.is_none()) && !paced {
             break;
         }
-        if let Err(e) = engine.reap(&mut done, 1, REAP_SLICE) {
+        // With a rate, wait no longer than until the next submission is due.
+        let slice = if paced {
+            due.saturating_duration_since(now).min(REAP_SLICE)
+        } else {
+            REAP_SLICE
+        };
+        if paced && engine.in_flight() == 0 {
+            std::thread::sleep(slice);
+        } else if let Err(e) = engine.reap(&mut done, 1, slice) {
             res.error
                 .get_or_insert_with(|| format!("queue failed: {e}"));
             stopping = true;
@@ -735,6 +777,7 @@ mod tests {
             },
             seed: 77,
             verify,
+            interval: None,
         }
     }
 
@@ -836,6 +879,32 @@ mod tests {
         assert!(r.verify.checked > 0);
         let ratio = r.read.ios as f64 / (r.read.ios + r.write.ios) as f64;
         assert!((0.35..0.65).contains(&ratio), "rwmixread 50: {ratio}");
+    }
+
+    /// `rate_iops`: evenly spaced submissions, at any depth, the job sleeping in between.
+    #[test]
+    fn a_rate_caps_a_job_at_any_depth() {
+        for depth in [1, 8] {
+            let mut e = MemEngine::new(8192 + 64 * 4096, depth, 4096);
+            let shared = Shared::default();
+            let p = JobPlan {
+                interval: Some(Duration::from_millis(2)),
+                ..plan(Rw::Randread, 64, false)
+            };
+            let t0 = std::time::Instant::now();
+            let r = run_job(&mut e, &p, timed(200), &shared);
+            assert_eq!(r.error, None);
+            // 200 ms at one I/O per 2 ms: about 100 (a loaded machine may run late).
+            assert!(
+                (60..=101).contains(&r.read.ios),
+                "depth {depth}: {} I/Os",
+                r.read.ios
+            );
+            assert!(t0.elapsed() < Duration::from_millis(400));
+        }
+        assert_eq!(human_rate(10_000), "10k/s");
+        assert_eq!(human_rate(1_500_000), "1.5M/s");
+        assert_eq!(human_rate(500), "500/s");
     }
 
     #[test]

@@ -272,6 +272,7 @@ fn demo(a: &Args, dhchap: &Option<initiator::DhchapOptions>) -> ExitCode {
             offset: 0,
             offset_increment: 0,
             verify: false,
+            rate_iops: None,
         };
         Workload {
             name: w.label(),

@@ -159,6 +159,9 @@ pub fn run(kind: TransportKind, t: &TargetSpec, w: &Workload) -> Outcome {
             region,
             seed,
             verify: w.verify,
+            interval: w
+                .rate_iops
+                .map(|r| Duration::from_secs(1) / r.min(u32::MAX as u64) as u32),
         })
         .collect();
     let engine::Session {

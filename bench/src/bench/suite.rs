@@ -100,6 +100,7 @@ fn workloads(o: &SuiteOpts, jobs: u16) -> Vec<Workload> {
             offset: 0,
             offset_increment: 0,
             verify: false,
+            rate_iops: None,
         };
         Workload {
             // Without the " xN": the threads column says it.

@@ -70,6 +70,13 @@ pub struct PollerStats {
     pub buffers_in_use: AtomicUsize,
     /// io_uring_enter system calls of this poller's backend ring so far.
     pub ring_enters: AtomicU64,
+    /// Nanoseconds of passes that did work, of passes that spun without work, and blocked in
+    /// epoll, so far.
+    pub work_ns: AtomicU64,
+    pub spin_ns: AtomicU64,
+    pub sleep_ns: AtomicU64,
+    /// The wake-up latency the poller's spin policy works with.
+    pub wake_latency_ns: AtomicU64,
     /// Memory regions, shared receive queues and request states of the RDMA connections.
     pub verbs: VerbsStats,
     /// NVMe/TCP request slots in each [`SlotState`](super::tcp::SlotState) over all

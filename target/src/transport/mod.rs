@@ -1,6 +1,7 @@
 //! Transports: they move capsules and data between hosts and `core::Queue`s. No controller
 //! logic here.
 
+pub mod adaptive;
 pub mod conns;
 pub mod listen;
 #[cfg(any(test, feature = "testing"))]

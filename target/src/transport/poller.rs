@@ -2,9 +2,9 @@
 //! transport: run-to-completion loops that own their connections, one io_uring backend ring
 //! and one registered buffer pool. A pass reads socket readiness from epoll, polls the RDMA
 //! completion queues, reaps the backend ring, grants waiting requests their buffers (FIFO over
-//! both transports), then sends what is queued. They busy-poll while there is traffic and
-//! block in epoll (sockets, RDMA completion channels armed just before, a wake eventfd) after
-//! `idle_poll` without any.
+//! both transports), then sends what is queued. They spin while that pays and block in epoll
+//! (sockets, RDMA completion channels armed just before, a wake eventfd) otherwise: see
+//! [`super::adaptive`]. Each poller counts the time it spends working, spinning and sleeping.
 //!
 //! Each transport's connections sit behind [`Conns`] (`tcp::TcpConns`,
 //! `rdma::conns::RdmaConns`), and the loop drives them only through it: it knows nothing of
@@ -20,6 +20,7 @@ use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags, EpollTime
 use nix::sys::eventfd::EventFd;
 use tracing::{debug, error, info, warn};
 
+use super::adaptive::{PollMode, SpinPolicy};
 use super::conns::{Conns, Cx, PollerHandle, PollerStats, ToPoller, RDMA_KEY};
 use super::rdma::conns::{RdmaConns, RdmaSetup};
 use super::tcp::TcpConns;
@@ -45,7 +46,10 @@ pub struct PollerConfig {
     pub id: usize,
     /// The NVMe/TCP limits (`trtype` TCP); RDMA connections get the same with `trtype` RDMA.
     pub caps: TransportCaps,
-    pub idle_poll: Duration,
+    /// How the poller waits for work.
+    pub poll: PollMode,
+    /// The wake-up latency measured at start ([`super::adaptive::measure_wake_latency`]).
+    pub wake_latency: Duration,
     pub stop: Arc<AtomicBool>,
     /// Set when the target has RDMA listeners.
     pub(crate) rdma: Option<RdmaSetup>,
@@ -139,6 +143,19 @@ struct Poller {
     done: Vec<(u64, Result<u32, i32>)>,
     /// librbd's results eventfd is in `epoll` (see `watch_ring`).
     ring_watched: bool,
+    /// Time spent working, spinning and sleeping so far.
+    times: PollerTimes,
+}
+
+/// Where a poller's time went.
+#[derive(Debug, Default, Clone, Copy)]
+struct PollerTimes {
+    /// Passes that did something.
+    work: Duration,
+    /// Passes that found nothing and did not block.
+    spin: Duration,
+    /// Blocked in epoll.
+    sleep: Duration,
 }
 
 /// Borrows the poller's parts for a transport call: `cx!(self, now)` is a [`Cx`] and leaves
@@ -215,6 +232,7 @@ impl Poller {
             need_buf: VecDeque::with_capacity(1024),
             done: Vec::with_capacity(1024),
             ring_watched: false,
+            times: PollerTimes::default(),
         })
     }
 
@@ -256,15 +274,30 @@ impl Poller {
         let mut next_tick = Instant::now() + TICK;
         // One clock read per pass (a busy-polling pass is little more than an epoll_wait or a
         // CQ poll and this read): deciding whether to block uses the previous pass's time, a
-        // few microseconds old, against a window of `idle_poll`.
+        // few microseconds old, against the policy's spin window.
         let mut now = Instant::now();
         let mut spin = Spin::Polling;
+        let mut policy = SpinPolicy::new(self.cfg.poll, self.cfg.wake_latency);
+        // How long to spin after the last work; whether the last pass did anything (an idle
+        // gap ends at the next pass that does); whether the poller blocked in this gap.
+        let mut window = policy.next_window();
+        let mut worked = true;
+        let mut slept = false;
         loop {
             if self.cfg.stop.load(Ordering::Relaxed) {
+                info!(
+                    poller = self.cfg.id,
+                    caught = policy.caught,
+                    missed = policy.missed,
+                    work_s = self.times.work.as_secs_f64(),
+                    spin_s = self.times.spin.as_secs_f64(),
+                    sleep_s = self.times.sleep.as_secs_f64(),
+                    "poller time and spins"
+                );
                 self.shutdown();
                 return;
             }
-            let mut busy = now.saturating_duration_since(last_work) < self.cfg.idle_poll
+            let mut busy = now.saturating_duration_since(last_work) < window
                 || self.store.inflight_polled() > 0
                 || !self.need_buf.is_empty();
             if !busy && self.store.inflight() > 0 && !self.ring_watched {
@@ -301,6 +334,8 @@ impl Poller {
                 Spin::Confirm => false,
             };
             let skip = busy && quiet && self.watch.as_mut().is_some_and(|w| !w.fired());
+            // Only a pass that may block reads the clock before its wait (to count the sleep).
+            let wait_from = (!busy).then(Instant::now);
             let n = if skip {
                 // A spin-wait hint between checks (frees the core's pipeline for an SMT
                 // sibling; the check itself is a load).
@@ -316,7 +351,21 @@ impl Poller {
                     }
                 }
             };
-            now = Instant::now();
+            let t = Instant::now();
+            // The time since the last pass's clock read was that pass's (working if it did
+            // anything, spinning if not), up to this pass's sleep.
+            let active = wait_from.unwrap_or(t).saturating_duration_since(now);
+            let acct = if worked {
+                &mut self.times.work
+            } else {
+                &mut self.times.spin
+            };
+            *acct += active;
+            if let Some(w) = wait_from {
+                self.times.sleep += t.saturating_duration_since(w);
+                slept = true;
+            }
+            now = t;
             let live = self.live();
             progress |= n > 0;
             for ev in &events[..n] {
@@ -382,8 +431,18 @@ impl Poller {
                 next => next,
             };
             if progress {
+                if !worked || slept {
+                    // An idle gap ended (after empty passes, or in this pass's sleep): the
+                    // policy learns whether its spin caught the work, and sets the next gap's
+                    // window.
+                    policy.gap_ended(slept);
+                    window = policy.next_window();
+                }
+                slept = false;
                 last_work = now;
-            } else if self.store.inflight() > 0 {
+            }
+            worked = progress;
+            if !progress && self.store.inflight() > 0 {
                 // Waiting on the backend only (librbd's threads too want this core). io_uring runs what it cannot do without
                 // blocking (buffered reads of tmpfs on this machine's kernel: every one) on
                 // an io-wq worker thread of this process; spinning here keeps it off this
@@ -469,6 +528,15 @@ impl Poller {
         stats
             .ring_enters
             .store(self.store.ring_enters(), Ordering::Relaxed);
+        let ns = |d: Duration| d.as_nanos() as u64;
+        stats.work_ns.store(ns(self.times.work), Ordering::Relaxed);
+        stats.spin_ns.store(ns(self.times.spin), Ordering::Relaxed);
+        stats
+            .sleep_ns
+            .store(ns(self.times.sleep), Ordering::Relaxed);
+        stats
+            .wake_latency_ns
+            .store(ns(self.cfg.wake_latency), Ordering::Relaxed);
     }
 
     /// Close every connection, wait (bounded) for flushes and in-flight backend operations,

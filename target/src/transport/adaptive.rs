@@ -1,0 +1,286 @@
+//! When a poller spins and when it sleeps (`target.polling`).
+//!
+//! Spinning through an idle gap costs the gap in CPU and adds no latency; sleeping in the
+//! kernel costs a wake-up: the time from an event to the poller running again, which is
+//! latency the I/O pays and (most of it) CPU the wake-up path burns. So spinning pays only
+//! while the gaps between bursts of work are short against a wake-up. The adaptive policy
+//! measures both: the wake-up latency once at start ([`measure_wake_latency`]: loopback TCP
+//! round trips to a thread that spins, then sleeps, on its socket), and, gap by gap, whether
+//! spinning for three wake-ups (at most `idle_poll_us`) caught the next work. While most
+//! recent spins did, it spins; once they stop paying it sleeps as soon as a pass finds
+//! nothing, and spins through one gap in 16 to notice when the load comes back. (The gaps
+//! themselves cannot be averaged: a gap that ends in a sleep is longer by the wake-up, which
+//! would keep a poller asleep under the very load that made it spin.) `busy` never sleeps,
+//! `interrupt` never spins.
+
+use std::time::{Duration, Instant};
+
+use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags, EpollTimeout};
+
+/// How a poller waits for work.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PollMode {
+    /// Spin while spinning catches the next work within a few wake-ups, at most `max_spin`.
+    Adaptive { max_spin: Duration },
+    /// Never sleep.
+    Busy,
+    /// Never spin: sleep whenever a pass finds nothing.
+    Interrupt,
+}
+
+/// An adaptive poller spins up to this many wake-up latencies after its last work.
+const WINDOW_WAKEUPS: u32 = 3;
+/// While spinning does not pay, every this many idle gaps are spun through anyway (a probe:
+/// otherwise a poller that sleeps would never see that the gaps became short again).
+const PROBE_EVERY: u32 = 16;
+
+/// The spin decision of one poller: spin after work while recent spins caught the next work
+/// within the window (a success score, 1/4 per idle gap), sleep at once while they did not;
+/// a probe that catches the work turns spinning back on.
+#[derive(Debug, Clone)]
+pub struct SpinPolicy {
+    mode: PollMode,
+    /// The measured wake-up latency.
+    wake: Duration,
+    /// Recent spins that caught the work, out of 256 (exponentially weighted).
+    score: u32,
+    /// Idle gaps since the last probe (while not spinning).
+    since_probe: u32,
+    /// The idle gap in progress spins (it was given a window).
+    spinning: bool,
+    /// ... as a probe (spinning did not pay before it).
+    probing: bool,
+    /// Idle gaps spun through that the spin caught, and that it did not.
+    pub caught: u64,
+    pub missed: u64,
+}
+
+impl SpinPolicy {
+    pub fn new(mode: PollMode, wake: Duration) -> SpinPolicy {
+        SpinPolicy {
+            mode,
+            wake,
+            score: 256,
+            since_probe: 0,
+            spinning: false,
+            probing: false,
+            caught: 0,
+            missed: 0,
+        }
+    }
+
+    /// The wake-up latency the policy works with.
+    pub fn wake_latency(&self) -> Duration {
+        self.wake
+    }
+
+    /// Whether spinning pays now (recent spins mostly caught the work).
+    pub fn pays(&self) -> bool {
+        self.score >= 128
+    }
+
+    /// The poller did work and an idle gap may follow: how long to spin through it before
+    /// sleeping.
+    pub fn next_window(&mut self) -> Duration {
+        let window = match self.mode {
+            PollMode::Busy => return Duration::MAX,
+            PollMode::Interrupt => return Duration::ZERO,
+            PollMode::Adaptive { max_spin } => (self.wake * WINDOW_WAKEUPS).min(max_spin),
+        };
+        self.probing = !self.pays() && {
+            self.since_probe += 1;
+            self.since_probe >= PROBE_EVERY
+        };
+        self.spinning = self.pays() || self.probing;
+        if self.spinning {
+            self.since_probe = 0;
+            window
+        } else {
+            Duration::ZERO
+        }
+    }
+
+    /// The idle gap ended with new work; `slept`: the poller blocked in it (its spin, if it
+    /// had one, did not catch the work).
+    pub fn gap_ended(&mut self, slept: bool) {
+        if self.spinning {
+            if slept {
+                self.missed += 1;
+            } else {
+                self.caught += 1;
+            }
+            let hit = if slept { 0 } else { 256 };
+            self.score = self.score - self.score / 4 + hit / 4;
+            if self.probing && !slept {
+                // A probe that caught the work: spinning pays again.
+                self.score = 256;
+            }
+        }
+    }
+}
+
+/// What a sleeping poller pays per wake-up on this machine, measured the way a host's command
+/// wakes it: a byte over a loopback TCP connection to a thread that either spins on its socket
+/// or sleeps in `epoll_wait` on it, echoed back; the difference of the median round trips
+/// (softirq, wake-up and scheduling included). `rounds` round trips each way. Falls back to
+/// 20 us if the measurement cannot run.
+pub fn measure_wake_latency(rounds: usize) -> Duration {
+    match try_measure(rounds) {
+        Ok(d) => d,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot measure the wake-up latency; assuming 20 us");
+            Duration::from_micros(20)
+        }
+    }
+}
+
+fn try_measure(rounds: usize) -> std::io::Result<Duration> {
+    use std::io::{Read, Write};
+    use std::net::{TcpListener, TcpStream};
+
+    let l = TcpListener::bind("127.0.0.1:0")?;
+    let mut a = TcpStream::connect(l.local_addr()?)?;
+    let (b, _) = l.accept()?;
+    a.set_nodelay(true)?;
+    b.set_nodelay(true)?;
+    b.set_nonblocking(true)?;
+    // The echo side: round trips with it spinning on its socket, then with it sleeping in
+    // epoll (byte 0 ends a phase).
+    let echo = std::thread::Builder::new()
+        .name("nvmf-wake-probe".into())
+        .spawn(move || -> std::io::Result<()> {
+            let mut b = b;
+            let epoll = Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC)?;
+            epoll.add(&b, EpollEvent::new(EpollFlags::EPOLLIN, 1))?;
+            let mut events = [EpollEvent::empty(); 1];
+            for sleeping in [false, true] {
+                loop {
+                    let mut x = [0u8; 1];
+                    match b.read(&mut x) {
+                        Ok(0) => return Ok(()),
+                        Ok(_) => {
+                            b.write_all(&x)?;
+                            if x[0] == 0 {
+                                break;
+                            }
+                        }
+                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                            if sleeping {
+                                match epoll.wait(&mut events, EpollTimeout::from(1000u16)) {
+                                    Ok(_) | Err(nix::errno::Errno::EINTR) => {}
+                                    Err(e) => return Err(e.into()),
+                                }
+                            } else {
+                                std::hint::spin_loop();
+                            }
+                        }
+                        Err(e) => return Err(e),
+                    }
+                }
+            }
+            Ok(())
+        })?;
+    a.set_read_timeout(Some(Duration::from_secs(1)))?;
+    let mut medians = [Duration::ZERO; 2];
+    for (phase, m) in medians.iter_mut().enumerate() {
+        let mut rtts = Vec::with_capacity(rounds);
+        for i in 0..=rounds {
+            if phase == 1 {
+                // Let the echo side fall asleep.
+                std::thread::sleep(Duration::from_micros(100));
+            }
+            let t = Instant::now();
+            a.write_all(&[if i == rounds { 0 } else { 1 }])?;
+            let mut x = [0u8; 1];
+            a.read_exact(&mut x)?;
+            if i > 0 && i < rounds {
+                rtts.push(t.elapsed());
+            }
+        }
+        rtts.sort();
+        *m = rtts.get(rtts.len() / 2).copied().unwrap_or_default();
+    }
+    drop(a);
+    echo.join()
+        .map_err(|_| std::io::Error::other("the probe thread panicked"))??;
+    Ok(medians[1]
+        .saturating_sub(medians[0])
+        .max(Duration::from_micros(1)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const WAKE: Duration = Duration::from_micros(10);
+
+    fn adaptive() -> SpinPolicy {
+        SpinPolicy::new(
+            PollMode::Adaptive {
+                max_spin: Duration::from_millis(1),
+            },
+            WAKE,
+        )
+    }
+
+    /// One idle gap of `gap` under the policy: whether the poller spun through it, and it
+    /// tells the policy how it ended.
+    fn gap(p: &mut SpinPolicy, gap: Duration) -> bool {
+        let w = p.next_window();
+        let caught = gap < w;
+        p.gap_ended(!caught);
+        w > Duration::ZERO
+    }
+
+    #[test]
+    fn short_gaps_spin_long_gaps_sleep_and_it_follows_the_load() {
+        let mut p = adaptive();
+        // Saturation at QD1: the next command 13 us after the answer, inside 3 wake-ups.
+        for _ in 0..100 {
+            assert!(gap(&mut p, Duration::from_micros(13)));
+        }
+        // 10k IOPS: 100 us gaps. After a few misses it sleeps at once, spinning through only
+        // one gap in PROBE_EVERY.
+        let spun = (0..160)
+            .filter(|_| gap(&mut p, Duration::from_micros(100)))
+            .count();
+        assert!(spun <= 3 + 160 / PROBE_EVERY as usize, "{spun}");
+        assert!(!p.pays());
+        // Short gaps again: the next probe finds it, and it spins again.
+        let mut n = 0;
+        while !p.pays() {
+            gap(&mut p, Duration::from_micros(5));
+            n += 1;
+            assert!(n <= PROBE_EVERY, "the policy must follow the load back");
+        }
+        // One long pause does not undo a run of short gaps.
+        for _ in 0..20 {
+            gap(&mut p, Duration::from_micros(5));
+        }
+        gap(&mut p, Duration::from_secs(5));
+        assert!(p.pays());
+    }
+
+    #[test]
+    fn busy_and_interrupt_ignore_the_gaps_and_the_cap_holds() {
+        let mut b = SpinPolicy::new(PollMode::Busy, WAKE);
+        let mut i = SpinPolicy::new(PollMode::Interrupt, WAKE);
+        for g in [1, 1000, 1_000_000] {
+            assert!(gap(&mut b, Duration::from_micros(g)));
+            assert!(!gap(&mut i, Duration::from_micros(g)));
+        }
+        let mut p = SpinPolicy::new(
+            PollMode::Adaptive {
+                max_spin: Duration::from_micros(5),
+            },
+            WAKE,
+        );
+        assert_eq!(p.next_window(), Duration::from_micros(5));
+    }
+
+    #[test]
+    fn the_wake_latency_is_measured() {
+        let d = measure_wake_latency(20);
+        assert!(d > Duration::ZERO && d < Duration::from_millis(50), "{d:?}");
+    }
+}
