@@ -142,6 +142,10 @@ impl Link for AnyLink {
     fn shut(&mut self) {
         each!(self, l => l.shut())
     }
+
+    fn learns_spin(&self) -> bool {
+        each!(self, l => l.learns_spin())
+    }
 }
 
 impl AnyLink {

@@ -64,7 +64,7 @@
 //! never sleeps; a slow queue (a slow device, a load far below the queue's pace) stops
 //! spinning once most of its spins run out, sleeping at once and spinning through one wait in
 //! 16 to notice completions coming fast again, so it costs a wake-up per I/O rather than a
-//! budget. No flag is needed for low latency at QD1 and throughput at QD32
+//! budget (NVMe/TCP; RDMA queues keep the budget: a completion-channel wake-up costs more). No flag is needed for low latency at QD1 and throughput at QD32
 //! ([`ConnectOptions::busy_poll`] spins without bound; `poll_spin: Duration::ZERO` always
 //! sleeps). Commands submitted
 //! between two waits leave in one `writev` (NVMe/TCP) and one receive pass parses every PDU

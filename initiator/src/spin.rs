@@ -12,7 +12,8 @@
 //!
 //! The budget is also learnt per queue ([`SpinScore`]): once most recent spins ran out without
 //! their completion (a slow device, a load far below the queue's pace), waits sleep at once,
-//! spinning through one wait in 16 to notice when completions come fast again.
+//! spinning through one wait in 16 to notice when completions come fast again. NVMe/TCP queues
+//! only: an RDMA queue keeps its budget (a sleep on the completion channel costs far more).
 
 use std::time::{Duration, Instant};
 
@@ -53,19 +54,26 @@ pub(crate) struct SpinScore {
     score: u16,
     since_probe: u16,
     probing: bool,
+    /// Whether it learns at all (not on links where sleeping costs more: [`crate::Link`]).
+    learns: bool,
 }
 
 impl Default for SpinScore {
     fn default() -> SpinScore {
-        SpinScore {
-            score: 256,
-            since_probe: 0,
-            probing: false,
-        }
+        SpinScore::new(true)
     }
 }
 
 impl SpinScore {
+    pub fn new(learns: bool) -> SpinScore {
+        SpinScore {
+            score: 256,
+            since_probe: 0,
+            probing: false,
+            learns,
+        }
+    }
+
     pub fn pays(&self) -> bool {
         self.score >= 128
     }
@@ -83,6 +91,9 @@ impl SpinScore {
     }
 
     fn record(&mut self, caught: bool) {
+        if !self.learns {
+            return;
+        }
         let hit = if caught { 256 } else { 0 };
         self.score = self.score - self.score / 4 + hit / 4;
         if self.probing && caught {

@@ -826,6 +826,10 @@ impl<B: RegisteredBuf> Link for RdmaLink<B> {
         self.check_cm(io)
     }
 
+    fn learns_spin(&self) -> bool {
+        false
+    }
+
     fn shut(&mut self) {
         self.conn.shut = true;
         self.conn.quiesce(true);

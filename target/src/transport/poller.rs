@@ -280,7 +280,7 @@ impl Poller {
         let mut policy = SpinPolicy::new(self.cfg.poll, self.cfg.wake_latency);
         // How long to spin after the last work; whether the last pass did anything (an idle
         // gap ends at the next pass that does); whether the poller blocked in this gap.
-        let mut window = policy.next_window();
+        let mut window = policy.next_window(true);
         let mut worked = true;
         let mut slept = false;
         loop {
@@ -436,7 +436,8 @@ impl Poller {
                     // policy learns whether its spin caught the work, and sets the next gap's
                     // window.
                     policy.gap_ended(slept);
-                    window = policy.next_window();
+                    let rdma = self.rdma.as_ref().is_some_and(|r| r.live() > 0);
+                    window = policy.next_window(!rdma);
                 }
                 slept = false;
                 last_work = now;
