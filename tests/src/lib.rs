@@ -234,6 +234,31 @@ impl TargetProc {
         c
     }
 
+    /// The short verified job the authentication and TLS tests run with nvmf-bench (4k randrw,
+    /// two jobs of 1 MiB at QD4 for 200 ms, crc32c) plus `extra`: its output and its text
+    /// ([`output_text`]).
+    pub fn bench_verified(&self, extra: &[&str]) -> (Output, String) {
+        let out = self
+            .bench_command()
+            .args([
+                "--rw=randrw",
+                "--bs=4k",
+                "--size=1m",
+                "--offset_increment=1m",
+            ])
+            .args([
+                "--iodepth=4",
+                "--numjobs=2",
+                "--runtime=200ms",
+                "--verify=crc32c",
+            ])
+            .args(extra)
+            .output()
+            .expect("run nvmf-bench");
+        let text = output_text(&out);
+        (out, text)
+    }
+
     /// Runs nvmf-bench ([`TargetProc::bench_command`] with `args`) to its end: its output, and
     /// for assertion messages its status, output and this target's log ([`describe`]).
     pub fn run_bench(&self, args: &[&str]) -> (Output, String) {

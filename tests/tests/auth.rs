@@ -384,21 +384,7 @@ fn both_sides_trace_the_same_messages() {
 }
 
 fn bench(t: &TargetProc, args: &[&str]) -> (Output, String) {
-    let out = t
-        .bench_command()
-        .args([
-            "--rw=randrw",
-            "--bs=4k",
-            "--size=1m",
-            "--offset_increment=1m",
-            "--iodepth=4",
-        ])
-        .args(["--numjobs=2", "--runtime=200ms", "--verify=crc32c"])
-        .args(args)
-        .output()
-        .expect("run nvmf-bench");
-    let text = nvmf_tests::output_text(&out);
-    (out, text)
+    t.bench_verified(args)
 }
 
 /// `nvmf-bench` with the inline host's secrets (bidirectional) and with the key file: every

@@ -256,25 +256,8 @@ fn a_handshake_flood_ties_up_nothing_but_its_sockets() {
 fn bench_runs_every_queue_over_tls() {
     let t = TargetProc::start_with(yaml("required"));
     let run = |extra: &[&str]| {
-        let out = t
-            .bench_command()
-            .args([
-                "--rw=randrw",
-                "--bs=4k",
-                "--size=1m",
-                "--offset_increment=1m",
-            ])
-            .args([
-                "--iodepth=4",
-                "--numjobs=2",
-                "--runtime=200ms",
-                "--verify=crc32c",
-            ])
-            .arg(format!("--hostnqn={HOST}"))
-            .args(extra)
-            .output()
-            .expect("run nvmf-bench");
-        let text = nvmf_tests::output_text(&out);
+        let host = format!("--hostnqn={HOST}");
+        let (out, text) = t.bench_verified(&[&[host.as_str()], extra].concat());
         (out.status.success(), text)
     };
     let file = t.dir.0.join("host.psk");
@@ -462,24 +445,8 @@ fn secure_channel_concatenation_keys_every_queue_from_the_authentication() {
         "{m}"
     );
     // nvmf-bench --concat: the run's admin queue and its two jobs' queues over a new key.
-    let out = t
-        .bench_command()
-        .args([
-            "--rw=randrw",
-            "--bs=4k",
-            "--size=1m",
-            "--offset_increment=1m",
-        ])
-        .args([
-            "--iodepth=4",
-            "--numjobs=2",
-            "--runtime=200ms",
-            "--verify=crc32c",
-        ])
-        .args(["--hostnqn", HOST, "--dhchap-secret", &host_key, "--concat"])
-        .output()
-        .expect("run nvmf-bench");
-    let text = nvmf_tests::output_text(&out);
+    let (out, text) =
+        t.bench_verified(&["--hostnqn", HOST, "--dhchap-secret", &host_key, "--concat"]);
     assert!(out.status.success(), "{text}\n{}", t.log_text());
     let log = t.log_text();
     assert_eq!(log.matches("TLS PSK generated").count(), 3, "{text}");
