@@ -74,6 +74,9 @@ pid file = $dir/run/\$name.pid
 log file = $dir/\$name.log
 osd crush chooseleaf type = 0
 mon warn on pool no redundancy = false
+# A throw-away monitor on a build machine's disk: it refuses to start below 5% free by default
+# (a disk full of build trees), and its store is a few MiB.
+mon data avail crit = 1
 osd pool default pg autoscale mode = off
 # The script puts the OSD into the CRUSH map itself: an OSD that does it at start sends monitor
 # commands before it knows the cluster's fsid on a slow machine (a VM under emulation), gets
