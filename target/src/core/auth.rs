@@ -205,7 +205,15 @@ impl Queue {
             return Err(Reject::dnr(Status::CMD_SEQ_ERROR, loc::OPCODE));
         };
         let send = sqe.fctype() == fctype::AUTH_SEND;
-        let concat = self.concat_allowed();
+        // A Negotiate starts a transaction (with the keys configured now, and the secure
+        // channel concatenation this queue takes).
+        let negotiate =
+            send && buf.len() >= 8 && buf[0] == nvme::auth::AUTH_COMMON_MESSAGES && buf[1] == 0;
+        let concat = if negotiate {
+            self.concat_allowed()
+        } else {
+            nvme::auth::secp::NOSC
+        };
         let (txn, authenticated, deadline) = match &mut self.auth {
             QueueAuth::Required {
                 txn,
@@ -220,7 +228,7 @@ impl Queue {
             }
             _ => return Err(Reject::dnr(Status::AUTH_REQUIRED, loc::OPCODE)),
         };
-        if send && buf.len() >= 8 && buf[0] == nvme::auth::AUTH_COMMON_MESSAGES && buf[1] == 0 {
+        if negotiate {
             // A Negotiate starts a transaction, with the keys configured now.
             match ctrl.subsys.host_auth(&ctrl.hostnqn) {
                 Some((keys, policy)) => {

@@ -133,6 +133,12 @@ pub(crate) trait Conns {
     fn level_triggered(&self) -> bool {
         false
     }
+    /// Whether a sleep of the poller now waits on something other than sockets (RDMA
+    /// completion channels), whose wake-ups the adaptive policy did not measure
+    /// ([`super::adaptive::SpinPolicy::next_window`]).
+    fn sleeps_unmeasured(&self) -> bool {
+        false
+    }
     fn publish(&mut self, stats: &PollerStats, cx: &mut Cx<'_>);
 }
 

@@ -436,8 +436,8 @@ impl Poller {
                     // policy learns whether its spin caught the work, and sets the next gap's
                     // window.
                     policy.gap_ended(slept);
-                    let rdma = self.rdma.as_ref().is_some_and(|r| r.live() > 0);
-                    window = policy.next_window(!rdma);
+                    let measured = !each!(self).any(|c| c.sleeps_unmeasured());
+                    window = policy.next_window(measured);
                 }
                 slept = false;
                 last_work = now;

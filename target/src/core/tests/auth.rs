@@ -44,11 +44,8 @@ fn keyed_target_with(
         subs,
         listeners,
         TargetParams {
-            keep_alive_ms_min: 1000,
-            resv_store: None,
             auth_timeout: Duration::from_secs(10),
-            data_completes_always: false,
-            cntlid_range: nvme::fabrics::CNTLID_MIN..=nvme::fabrics::CNTLID_MAX,
+            ..test_target_params()
         },
     )
 }

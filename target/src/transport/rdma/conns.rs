@@ -599,6 +599,10 @@ impl Conns for RdmaConns {
         any
     }
 
+    fn sleeps_unmeasured(&self) -> bool {
+        self.live() > 0
+    }
+
     fn prepare_sleep(&mut self, cx: &mut Cx<'_>) -> bool {
         // Arm every CQ, then look once more for completions that arrived before the arm.
         for c in self.conns.iter().flatten() {
