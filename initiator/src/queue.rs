@@ -820,6 +820,13 @@ impl<L: Link> Queue<L> {
         }
     }
 
+    /// Send what submissions have queued (NVMe/TCP: capsules submitted since the last wait
+    /// leave in one `writev`), without looking for completions: for a caller that submits in
+    /// bursts and reaps later (fio's commit). Waits send on their own.
+    pub fn send(&mut self) -> Result<(), Error> {
+        self.pump(&mut DataRef::None, false)
+    }
+
     /// Collect completions that are ready, without waiting.
     pub fn poll(&mut self, out: &mut Vec<Completion<L::Buf>>) -> Result<usize, Error> {
         self.reap(out, 0, Some(Duration::ZERO))

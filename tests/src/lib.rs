@@ -24,6 +24,11 @@ pub fn bench_bin() -> PathBuf {
     sibling_bin("nvmf-bench", "nvmf-bench")
 }
 
+/// The fio engine (`libnvmf_fio.so`, the nvmf-fio crate) built in the same profile as this test.
+pub fn fio_engine() -> PathBuf {
+    sibling_bin("libnvmf_fio.so", "nvmf-fio")
+}
+
 /// A workspace binary built in the same profile as this test (build/<profile>/<name>).
 fn sibling_bin(name: &str, package: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("current_exe");
