@@ -24,12 +24,20 @@ struct nvmf_fio_options {
 	unsigned int ddgst;
 	unsigned int hipri;
 	unsigned int io_timeout_ms;
+	unsigned int stats;
 };
+/* The layout the Rust half's `RawOptions` has (its test checks the same numbers). */
+_Static_assert(sizeof(struct nvmf_fio_options) == 64 &&
+	       offsetof(struct nvmf_fio_options, tls_psk) == 32 &&
+	       offsetof(struct nvmf_fio_options, hdgst) == 40 &&
+	       offsetof(struct nvmf_fio_options, stats) == 56,
+	       "struct nvmf_fio_options and RawOptions differ");
 
 /* The Rust half (src/lib.rs). Errors are printed there; these return 0 or a negative errno. */
 extern int nvmf_fio_probe(const char *filename, const struct nvmf_fio_options *o,
 			  uint64_t *size);
-extern void *nvmf_fio_job_new(const char *name, unsigned int iodepth, unsigned int nr_files);
+extern void *nvmf_fio_job_new(const char *name, unsigned int iodepth, unsigned int nr_files,
+			      const struct nvmf_fio_options *o);
 extern int nvmf_fio_job_connect(void *job, unsigned int fileno, const char *filename,
 				const struct nvmf_fio_options *o);
 extern void *nvmf_fio_job_buffer(void *job, unsigned int index, uint64_t len);
@@ -68,7 +76,7 @@ static int nvmf_init(struct thread_data *td)
 {
 	struct fio_file *f;
 	unsigned int i;
-	void *job = nvmf_fio_job_new(td->o.name, td->o.iodepth, td->o.nr_files);
+	void *job = nvmf_fio_job_new(td->o.name, td->o.iodepth, td->o.nr_files, td->eo);
 
 	if (!job)
 		return 1;
@@ -265,6 +273,16 @@ static struct fio_option options[] = {
 		.def = "30000",
 		.minval = 1,
 		.help = "Bound of every command and of connecting, in milliseconds",
+		.category = FIO_OPT_C_ENGINE,
+		.group = FIO_OPT_G_INVALID,
+	},
+	{
+		.name = "queue_stats",
+		.lname = "Queue statistics",
+		.type = FIO_OPT_BOOL,
+		.off1 = offsetof(struct nvmf_fio_options, stats),
+		.def = "0",
+		.help = "At the end of each job, print its queues' commands, system calls and copies per payload byte",
 		.category = FIO_OPT_C_ENGINE,
 		.group = FIO_OPT_G_INVALID,
 	},

@@ -16,7 +16,8 @@
 //! carried through the queues' pools with one copy). Reads, writes, trims (Dataset
 //! Management, deallocate) and fio's syncs (Flush) are carried; fio's `verify` works on what
 //! comes back. Engine options: `hostnqn`, `dhchap_secret`, `dhchap_ctrl_secret`, `tls_psk`,
-//! `hdgst`, `ddgst`, `hipri` (spin without bound), `io_timeout_ms`.
+//! `hdgst`, `ddgst`, `hipri` (spin without bound), `io_timeout_ms`, `queue_stats` (print each
+//! queue's commands, system calls and copies per payload byte at the end of its job).
 //!
 //! The C half (`src/engine.c`) holds fio's `ioengine_ops` and option table, compiled against
 //! fio's headers (build.rs); this half is reached through the `nvmf_fio_*` functions with
@@ -50,6 +51,7 @@ pub struct RawOptions {
     ddgst: c_uint,
     hipri: c_uint,
     io_timeout_ms: c_uint,
+    stats: c_uint,
 }
 
 /// The engine options, read.
@@ -63,6 +65,8 @@ pub struct Options {
     pub ddgst: bool,
     pub hipri: bool,
     pub io_timeout: Option<Duration>,
+    /// Print each job's queue statistics at its end.
+    pub stats: bool,
 }
 
 impl Options {
@@ -86,6 +90,7 @@ impl Options {
             hipri: o.hipri != 0,
             io_timeout: (o.io_timeout_ms > 0)
                 .then(|| Duration::from_millis(o.io_timeout_ms.into())),
+            stats: o.stats != 0,
         }
     }
 }
@@ -191,6 +196,31 @@ pub struct Job {
     scratch: Vec<Completion<AnyBuf>>,
     /// Errors printed so far (the first few are, with their NVMe status).
     errors_shown: u32,
+    /// Print the queues' statistics when the job ends.
+    stats: bool,
+}
+
+impl Drop for Job {
+    fn drop(&mut self) {
+        if !self.stats {
+            return;
+        }
+        for f in self.files.iter().flatten() {
+            let s = f.q.stats();
+            let per = |n: u64| n as f64 / s.completed.max(1) as f64;
+            let line = format!(
+                "{}: {} commands, {:.2} system calls per command, {:.2} copies per payload byte \
+                 (socket {:.2}, memcpy {:.2})",
+                f.spec,
+                s.completed,
+                per(s.syscalls),
+                s.copies_per_byte(),
+                s.socket_payload_bytes as f64 / s.payload_bytes.max(1) as f64,
+                s.memcpy_bytes as f64 / s.payload_bytes.max(1) as f64,
+            );
+            eprintln!("nvmf: job {}: {line}", self.name);
+        }
+    }
 }
 
 impl std::fmt::Debug for Job {
@@ -206,7 +236,7 @@ const EIO: c_int = libc::EIO;
 const ERRORS_SHOWN: u32 = 8;
 
 impl Job {
-    fn new(name: String, depth: usize, files: usize) -> Job {
+    fn new(name: String, depth: usize, files: usize, stats: bool) -> Job {
         Job {
             name,
             files: (0..files).map(|_| None).collect(),
@@ -218,6 +248,7 @@ impl Job {
             events: Vec::with_capacity(depth),
             scratch: Vec::with_capacity(depth),
             errors_shown: 0,
+            stats,
         }
     }
 
@@ -585,17 +616,24 @@ pub unsafe extern "C" fn nvmf_fio_probe(
 }
 
 /// # Safety
-/// `name` is null or NUL-terminated.
+/// `name` is null or NUL-terminated, `o` as for `nvmf_fio_probe`.
 #[no_mangle]
 pub unsafe extern "C" fn nvmf_fio_job_new(
     name: *const c_char,
     iodepth: c_uint,
     nr_files: c_uint,
+    o: *const RawOptions,
 ) -> *mut c_void {
-    // SAFETY: the caller's promise.
-    let name = unsafe { cstr(name) }.unwrap_or_default();
+    // SAFETY: the caller's promises.
+    let (name, opts) = unsafe { (cstr(name).unwrap_or_default(), Options::read(o)) };
     let depth = iodepth.clamp(1, u32::from(u16::MAX)) as usize;
-    Box::into_raw(Box::new(Job::new(name, depth, nr_files as usize))).cast()
+    Box::into_raw(Box::new(Job::new(
+        name,
+        depth,
+        nr_files as usize,
+        opts.stats,
+    )))
+    .cast()
 }
 
 /// # Safety
@@ -773,7 +811,8 @@ mod tests {
     #[test]
     fn options_layout_matches_engine_c() {
         // engine.c's struct nvmf_fio_options on LP64.
-        assert_eq!(std::mem::size_of::<RawOptions>(), 56);
+        assert_eq!(std::mem::size_of::<RawOptions>(), 64);
+        assert_eq!(std::mem::offset_of!(RawOptions, stats), 56);
         assert_eq!(std::mem::offset_of!(RawOptions, tls_psk), 32);
         assert_eq!(std::mem::offset_of!(RawOptions, hdgst), 40);
         assert_eq!(std::mem::offset_of!(RawOptions, io_timeout_ms), 52);

@@ -24,9 +24,18 @@ pub fn bench_bin() -> PathBuf {
     sibling_bin("nvmf-bench", "nvmf-bench")
 }
 
-/// The fio engine (`libnvmf_fio.so`, the nvmf-fio crate) built in the same profile as this test.
+/// The fio engine (`libnvmf_fio.so`, the nvmf-fio crate) built in the same profile as this test:
+/// the copy in build/<profile>/deps, which building the tests (nvmf-fio is a dev-dependency)
+/// keeps current (cargo copies it up to build/<profile> only when the crate itself is built).
 pub fn fio_engine() -> PathBuf {
-    sibling_bin("libnvmf_fio.so", "nvmf-fio")
+    let exe = std::env::current_exe().expect("current_exe");
+    let lib = exe.with_file_name("libnvmf_fio.so");
+    assert!(
+        lib.exists(),
+        "{} is missing: build it first (cargo build -p nvmf-fio; scripts/test.sh does)",
+        lib.display()
+    );
+    lib
 }
 
 /// A workspace binary built in the same profile as this test (build/<profile>/<name>).

@@ -66,6 +66,19 @@ fn the_job_file_writes_and_verifies_over_one_queue_and_two() {
     // The first job wrote 16 MiB at random and read all of it back to verify it.
     assert_eq!(jobs[0]["write"]["io_bytes"], 16 << 20);
     assert_eq!(jobs[0]["read"]["io_bytes"], 16 << 20);
+    // queue_stats=1: each job's queue said what it cost. Over NVMe/TCP every payload byte
+    // crosses the socket once; a 4 KiB read is copied once more out of the receive buffer, a
+    // write leaves from fio's buffer as it is: as many reads as writes make 1.50.
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let reports: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.contains("copies per payload byte"))
+        .collect();
+    assert_eq!(reports.len(), 3, "{stderr}");
+    assert!(
+        reports[0].contains("1.50 copies per payload byte (socket 1.00, memcpy 0.50)"),
+        "{stderr}"
+    );
     // The mixed jobs synced (Flush) every 32 writes.
     assert!(
         jobs[1]["sync"]["total_ios"].as_u64().unwrap() > 0,

@@ -189,10 +189,11 @@ if [ $need_build = 1 ]; then
   for pkg_bin in nvmf-target:nvmf-target nvmf-bench:nvmf-bench nvmf-tests:io_check:example \
       nvmf-tests:reconnect_check:example nvmf-tests:rdma_bad_input:example:raw \
       nvmf-tests:auth_kat:example nvmf-tests:multipath_check:example \
-      nvmf-tests:caw_race:example nvmf-tests:crashpoint:example; do
+      nvmf-tests:caw_race:example nvmf-tests:crashpoint:example nvmf-fio:libnvmf_fio.so:lib; do
     IFS=: read -r pkg bin kind feat <<<"$pkg_bin"
     sel=() path=$TDIR/release/$bin
     [ "$kind" = example ] && sel=(--example "$bin") path=$TDIR/release/examples/$bin
+    [ "$kind" = lib ] && sel=(--lib)
     [ -n "$feat" ] && sel+=(--features "$feat")
     if [ $BUILD = 1 ]; then
       echo "run.sh: cargo build --release -p $pkg ${sel[*]}" >&2
@@ -205,7 +206,7 @@ if [ $need_build = 1 ]; then
         continue
       fi
     fi
-    if [ -x "$path" ]; then
+    if [ -x "$path" ] || { [ "$kind" = lib ] && [ -f "$path" ]; }; then
       BIN[$bin]=$path
     else
       NOTE[$bin]="$path does not exist"
@@ -288,6 +289,7 @@ envs=(
   NVMF_MPCHECK_BIN="${BIN[multipath_check]:-}" NVMF_MPCHECK_NOTE="${NOTE[multipath_check]:-}"
   NVMF_CAWRACE_BIN="${BIN[caw_race]:-}" NVMF_CAWRACE_NOTE="${NOTE[caw_race]:-}"
   NVMF_CRASHPOINT_BIN="${BIN[crashpoint]:-}" NVMF_CRASHPOINT_NOTE="${NOTE[crashpoint]:-}"
+  NVMF_FIO_ENGINE="${BIN[libnvmf_fio.so]:-}" NVMF_FIO_ENGINE_NOTE="${NOTE[libnvmf_fio.so]:-}"
   NVMF_NOFLUSH_BIN="$NOFLUSH_BIN" NVMF_NOFLUSH_NOTE="$NOFLUSH_NOTE"
   NVMF_TEST_BREAK="${NVMF_TEST_BREAK:-}" RUST_LOG="${RUST_LOG:-info}" RUST_BACKTRACE=1
 )
