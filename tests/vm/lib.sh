@@ -680,8 +680,8 @@ fio_engine_vs_our_target() {
   if grep -E 'err=' "$out" | grep -vq 'err= 0'; then fail "$label" "a fio job reported an error"; return; fi
   lines=$(grep -c 'copies per payload byte' "$out")
   [ "$lines" = 3 ] || { fail "$label" "expected 3 queue reports (1 + 2 jobs), got $lines"; return; }
-  if [ "$tr" = rdma ] && grep 'copies per payload byte' "$out" | grep -vq 'copies per payload byte 0.00'; then
-    fail "$label" "copies over RDMA: $(grep -m1 'copies per payload byte' "$out" | grep -v ' 0.00' | cut -c1-200)"; return
+  if [ "$tr" = rdma ] && grep 'copies per payload byte' "$out" | grep -vq ' 0.00 copies per payload byte'; then
+    fail "$label" "copies over RDMA: $(grep 'copies per payload byte' "$out" | grep -v ' 0.00 copies' | head -n 1 | cut -c1-200)"; return
   fi
   stop_our_target || { fail "$label" "$REASON"; return; }
   check_target_log || { fail "$label" "$REASON"; return; }

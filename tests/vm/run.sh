@@ -79,7 +79,7 @@ CI_TIER=(
   kernel-host-reload-tcp soak-randrw-rdma-siw ana-multipath-kernel-host-rdma-rxe
   gateway-failover-kernel-host-tcp durability-kernel-host-tcp
   auth-kernel-host-rdma-rxe auth-initiator-vs-kernel-target-rdma-rxe
-  tls-initiator-vs-our-target-tcp
+  tls-initiator-vs-our-target-tcp fio-engine-rdma-rxe
 )
 # `all`: every scenario but those whose header says `vm-in-all: no` (variants and benchmarks
 # that run when named).
