@@ -467,21 +467,25 @@ impl Job {
     ) -> Result<usize, c_int> {
         let until = timeout.map(|t| Instant::now() + t);
         self.events.clear();
-        // Send what commits left queued and take what is there already.
-        let mut failed = None;
-        for f in self.files.iter_mut().flatten() {
-            if f.q.in_flight() > 0 {
-                f.unsent = 0;
-                if let Err(e) = f.q.poll(&mut self.scratch) {
-                    failed = Some(format!("{}: {e}", f.spec));
+        // A call that needs no wait sends what commits left queued and takes what is there
+        // already; one that waits goes straight to the reaps below, whose first pass does
+        // the same (a read less per call at QD1).
+        if self.ready.len() >= min {
+            let mut failed = None;
+            for f in self.files.iter_mut().flatten() {
+                if f.q.in_flight() > 0 {
+                    f.unsent = 0;
+                    if let Err(e) = f.q.poll(&mut self.scratch) {
+                        failed = Some(format!("{}: {e}", f.spec));
+                    }
                 }
             }
-        }
-        self.take_completions();
-        if let Some(e) = failed {
-            if self.ready.is_empty() {
-                self.report(&e);
-                return Err(EIO);
+            self.take_completions();
+            if let Some(e) = failed {
+                if self.ready.is_empty() {
+                    self.report(&e);
+                    return Err(EIO);
+                }
             }
         }
         let live = self
@@ -492,9 +496,6 @@ impl Job {
             .count();
         while self.ready.len() < min {
             let left = until.map(|u| u.saturating_duration_since(Instant::now()));
-            if left == Some(Duration::ZERO) {
-                break;
-            }
             let want = min - self.ready.len();
             let mut progress = false;
             let mut failed = None;
@@ -502,6 +503,7 @@ impl Job {
                 if f.q.in_flight() == 0 {
                     continue;
                 }
+                f.unsent = 0;
                 // One queue in flight: wait on it; several: take turns in short waits.
                 let wait = if live <= 1 {
                     left
@@ -521,7 +523,9 @@ impl Job {
                 }
                 break;
             }
-            if !progress && self.files.iter().flatten().all(|f| f.q.in_flight() == 0) {
+            if left == Some(Duration::ZERO)
+                || !progress && self.files.iter().flatten().all(|f| f.q.in_flight() == 0)
+            {
                 break;
             }
         }
