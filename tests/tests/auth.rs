@@ -3,7 +3,8 @@
 //! authenticate the admin queue and both I/O queues, which then carry I/O; a wrong host key, a
 //! wrong controller key and no key fail fast naming the step, and the target logs why without
 //! a key; `--check-config` redacts inline keys; a SIGHUP rotates a key file without dropping a
-//! connected controller; `nvmf-bench --dhchap-secret[-file]` authenticates every queue. At
+//! connected controller; `nvmf-bench --dhchap-secret[-file]` and fio with the nvmf engine
+//! (`dhchap_secret`, `dhchap_ctrl_secret`) authenticate every queue. At
 //! trace level both sides log the same messages (known-answer vectors), never a key.
 
 use std::os::unix::fs::PermissionsExt;
@@ -437,5 +438,52 @@ fn bench_authenticates_every_queue() {
         "{text}"
     );
     assert_no_key("nvmf-bench's output", &text);
+    assert_no_key("the target's log", &t.log_text());
+}
+
+/// fio with the nvmf engine and its `dhchap_secret`/`dhchap_ctrl_secret` options: the size probe
+/// (admin queue) and the job's controller (admin and I/O queue) authenticate both ways and the
+/// job verifies what it wrote; a wrong secret ends fio with the failure named and no key shown.
+#[test]
+fn the_fio_engine_authenticates_every_queue() {
+    let t = TargetProc::start_with(yaml);
+    let (ik, ck, wk) = (inline_key(), ctrl_key(), wrong_key());
+    let fio = |secret: &str| {
+        let out = std::process::Command::new("fio")
+            .arg(format!(
+                "--ioengine=external:{}",
+                nvmf_tests::fio_engine().display()
+            ))
+            .arg(format!("--hostnqn={H_INLINE}"))
+            .arg(format!("--dhchap_secret={secret}"))
+            .arg(format!("--dhchap_ctrl_secret={ck}"))
+            .args(["--name=auth", "--thread=1", "--rw=randwrite", "--bs=4k"])
+            .args(["--size=1m", "--iodepth=4", "--verify=crc32c"])
+            .arg(format!(
+                "--filename=trtype=tcp traddr=127.0.0.1 trsvcid={} subnqn={} ns=1",
+                t.addr.port(),
+                TEST_NQN.replace(':', "\\:")
+            ))
+            .output()
+            .expect("fio runs (scripts/setup.sh installs it)");
+        let text = nvmf_tests::output_text(&out);
+        (out, text)
+    };
+    let (out, text) = fio(&ik);
+    assert!(out.status.success(), "{text}\n{}", t.log_text());
+    let authenticated = t
+        .log_text()
+        .lines()
+        .filter(|l| l.contains("host authenticated") && l.contains(&format!("host={H_INLINE}")))
+        .count();
+    assert_eq!(
+        authenticated, 3,
+        "probe admin, job admin and I/O queue\n{text}"
+    );
+
+    let (out, text) = fio(&wk);
+    assert!(!out.status.success(), "{text}");
+    assert!(text.contains("authentication failed on queue 0"), "{text}");
+    assert_no_key("fio's output", &text);
     assert_no_key("the target's log", &t.log_text());
 }

@@ -277,6 +277,45 @@ fn bench_runs_every_queue_over_tls() {
     );
 }
 
+/// fio with the nvmf engine's `tls_psk` option: the size probe and the job's admin and I/O
+/// queues run over TLS (3 channels) and the job verifies what it wrote; a wrong key ends fio
+/// without showing a key.
+#[test]
+fn the_fio_engine_runs_every_queue_over_tls() {
+    let t = TargetProc::start_with(yaml("required"));
+    let fio = |key: &str| {
+        let out = std::process::Command::new("fio")
+            .arg(format!(
+                "--ioengine=external:{}",
+                nvmf_tests::fio_engine().display()
+            ))
+            .arg(format!("--hostnqn={HOST}"))
+            .arg(format!("--tls_psk={key}"))
+            .args(["--name=tls", "--thread=1", "--rw=randwrite", "--bs=4k"])
+            .args(["--size=1m", "--iodepth=4", "--verify=crc32c"])
+            .arg(format!(
+                "--filename=trtype=tcp traddr=127.0.0.1 trsvcid={} subnqn={} ns=1",
+                t.addr.port(),
+                TEST_NQN.replace(':', "\\:")
+            ))
+            .output()
+            .expect("fio runs (scripts/setup.sh installs it)");
+        let text = nvmf_tests::output_text(&out);
+        (out.status.success(), text)
+    };
+    let key = psk(1, 32).to_text();
+    let (ok, text) = fio(key.as_str());
+    assert!(ok, "{text}\n{}", t.log_text());
+    assert_eq!(t.log_text().matches("TLS channel up").count(), 3, "{text}");
+    let wrong = psk(7, 32).to_text();
+    let (ok, text) = fio(wrong.as_str());
+    assert!(!ok, "a wrong key must fail the job: {text}");
+    assert!(
+        !text.contains(wrong.as_str()) && !text.contains(key.as_str()),
+        "{text}"
+    );
+}
+
 /// `nvmf-target ctl set-tls-psk` rotates a host's key on the running target: the controller
 /// connected with the old key keeps doing I/O, a new connection with the old key is refused,
 /// the new key connects; `ctl list` shows the key as `<secret>`.
