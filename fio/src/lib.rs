@@ -134,7 +134,9 @@ pub fn connect_options(spec: &Spec, opts: &Options, depth: u16) -> Result<Connec
     }
     o.hdr_digest = opts.hdgst;
     o.data_digest = opts.ddgst;
-    o.busy_poll = opts.hipri;
+    if opts.hipri {
+        o.polling = initiator::Polling::Busy;
+    }
     if let Some(t) = opts.io_timeout {
         o.timeout = t;
     }
@@ -834,7 +836,8 @@ mod tests {
         };
         let o = connect_options(&spec, &opts, 32).unwrap();
         assert_eq!(o.hostnqn, "nqn.file");
-        assert!(o.hdr_digest && !o.data_digest && o.busy_poll);
+        assert!(o.hdr_digest && !o.data_digest);
+        assert_eq!(o.polling, initiator::Polling::Busy);
         assert_eq!(
             (o.queues, o.queue_depth, o.timeout),
             (1, 32, Duration::from_secs(3))

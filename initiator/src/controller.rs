@@ -21,7 +21,7 @@ use crate::cmd::{rw_sqe, DataRef, Dir, NsInfo, Transport};
 use crate::error::{CmdError, Error};
 use crate::queue::{Queue, QueueParams};
 use crate::rdma::RdmaLink;
-use crate::spin::Spin;
+use crate::spin::{Polling, Spin};
 use crate::tcp::TcpLink;
 
 /// The block API (`read_at`, `write_at`, `compare_at`) splits a transfer into commands of at
@@ -61,14 +61,14 @@ pub struct ConnectOptions {
     pub data_digest: bool,
     /// Bound of every wait: TCP connect, each command, controller enable.
     pub timeout: Duration,
-    /// How long a wait on an I/O queue spins (looks at the socket or completion queue again
-    /// without sleeping) before it sleeps in the kernel, while commands are in flight: see
-    /// [`DEFAULT_SPIN`](crate::DEFAULT_SPIN) (50 us, the default over both transports) and
-    /// the crate docs. `Duration::ZERO`: always sleep
-    /// (fewest CPU cycles, a wake-up per completion).
+    /// How I/O queues wait for completions: [`Polling::Adaptive`] (the default), `Busy`
+    /// (fio's `hipri`) or `Interrupt`.
+    pub polling: Polling,
+    /// How long an adaptive wait on an I/O queue spins (looks at the socket or completion
+    /// queue again without sleeping) before it sleeps in the kernel, while commands are in
+    /// flight: see [`DEFAULT_SPIN`](crate::DEFAULT_SPIN) (50 us, the default over both
+    /// transports) and the crate docs. `Duration::ZERO`: always sleep, as `Interrupt`.
     pub poll_spin: Duration,
-    /// Spin without bound instead of sleeping while waiting on I/O queues (fio's `hipri`).
-    pub busy_poll: bool,
     /// In-band authentication (DH-HMAC-CHAP) secrets: used on every queue whose Connect
     /// response asks for authentication (AUTHREQ.ATR), as the Linux host does; a controller
     /// that does not ask is connected without. `None` (the default): a controller that asks
@@ -126,8 +126,8 @@ impl ConnectOptions {
             hdr_digest: false,
             data_digest: false,
             timeout: Duration::from_secs(30),
+            polling: Polling::Adaptive,
             poll_spin: crate::spin::DEFAULT_SPIN,
-            busy_poll: false,
             dhchap: None,
             tls: None,
             concat: false,
@@ -680,10 +680,7 @@ impl Controller {
                 hdgst: opts.hdr_digest,
                 ddgst: opts.data_digest,
                 timeout: opts.timeout,
-                spin: Spin {
-                    budget: opts.poll_spin,
-                    always: opts.busy_poll,
-                },
+                spin: opts.polling.spin(opts.poll_spin),
             };
             for qid in 1..=nq {
                 let p = QueueParams { qid, ..params };

@@ -55,7 +55,10 @@
 //! written once; a link only moves capsules, data and responses.
 //!
 //! # Waiting for completions
-//! A queue waiting for completions spins (reads the socket, or polls the RDMA completion queue,
+//! [`ConnectOptions::polling`] chooses how I/O queues wait: [`Polling::Adaptive`] (the
+//! default, below), [`Polling::Busy`] (never sleep while commands are in flight) or
+//! [`Polling::Interrupt`] (always sleep). An adaptive
+//! queue waiting for completions spins (reads the socket, or polls the RDMA completion queue,
 //! again without sleeping) for up to [`ConnectOptions::poll_spin`] (default [`DEFAULT_SPIN`],
 //! 50 us, over both transports) while commands are in flight, and only then sleeps in `poll(2)`
 //! (NVMe/TCP) or on the completion channel (NVMe/RDMA).
@@ -65,8 +68,7 @@
 //! spinning once most of its spins run out, sleeping at once and spinning through one wait in
 //! 16 to notice completions coming fast again, so it costs a wake-up per I/O rather than a
 //! budget (NVMe/TCP; RDMA queues keep the budget: a completion-channel wake-up costs more). No flag is needed for low latency at QD1 and throughput at QD32
-//! ([`ConnectOptions::busy_poll`] spins without bound; `poll_spin: Duration::ZERO` always
-//! sleeps). Commands submitted
+//! ([`Polling::Busy`] spins without bound; [`Polling::Interrupt`] always sleeps). Commands submitted
 //! between two waits leave in one `writev` (NVMe/TCP) and one receive pass parses every PDU
 //! the socket had.
 //!
@@ -159,7 +161,7 @@ pub use multipath::{
 /// Reservation command fields and the Reservation Report, for [`Namespace::reservation_register`] and friends.
 pub use nvme::resv;
 pub use reconnect::{ReconnectPolicy, ReconnectStats, ReconnectingNamespace, ReconnectingQueue};
-pub use spin::DEFAULT_SPIN;
+pub use spin::{Polling, DEFAULT_SPIN};
 pub use stdio::NamespaceIo;
 
 impl From<CmdError> for Error {

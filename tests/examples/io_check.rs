@@ -240,7 +240,9 @@ fn run(a: &Args) -> Res<()> {
     let mut o = a.target.options();
     o.queues = a.numjobs.max(1);
     o.queue_depth = a.iodepth.max(4);
-    o.busy_poll = a.busy_poll;
+    if a.busy_poll {
+        o.polling = initiator::Polling::Busy;
+    }
     o.timeout = Duration::from_secs(a.timeout);
     let tr = a.target.transport_name();
 

@@ -286,3 +286,40 @@ fn async_queue_on_tokio() {
         assert!(q.read(&ns, 0, vec![0u8; 100]).await.is_err());
     });
 }
+
+/// Each of the initiator's polling modes carries verified I/O at QD1, and an interrupt-mode
+/// queue sleeps through every wait instead of spinning: a write, a poll and a read per command
+/// (a spinning wait reads the socket over and over).
+#[test]
+fn every_polling_mode_carries_io_and_interrupt_sleeps_every_wait() {
+    use initiator::Polling;
+    let t = TargetProc::start_default();
+    for polling in [Polling::Adaptive, Polling::Busy, Polling::Interrupt] {
+        let mut o = ConnectOptions::tcp("127.0.0.1", t.addr.port(), TEST_NQN);
+        o.polling = polling;
+        let mut ctrl = Controller::connect(o).unwrap_or_else(|e| panic!("{e}\n{}", t.log_text()));
+        let ns = ctrl.namespaces()[0];
+        let mut q = ctrl.take_io_queue().expect("an I/O queue");
+        let bs = ns.block_size as usize;
+        let mut done = Vec::new();
+        for i in 0..200u64 {
+            let data: Vec<u8> = (0..bs)
+                .map(|b| (b as u64 ^ i ^ polling as u64) as u8)
+                .collect();
+            q.submit_write(&ns, i, data.clone(), i).unwrap();
+            q.reap(&mut done, 1, None).unwrap();
+            q.submit_read(&ns, i, vec![0u8; bs], i).unwrap();
+            q.reap(&mut done, 1, None).unwrap();
+            let c = done.pop().unwrap();
+            c.result.unwrap();
+            assert_eq!(c.buf.unwrap(), data, "{polling:?} block {i}");
+            done.clear();
+        }
+        let s = q.stats();
+        let per = s.syscalls as f64 / s.completed as f64;
+        eprintln!("{polling:?}: {per:.2} system calls per command");
+        if polling == Polling::Interrupt {
+            assert!(per <= 3.5, "{polling:?}: {per:.2} system calls per command");
+        }
+    }
+}

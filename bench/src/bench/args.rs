@@ -181,11 +181,17 @@ pub struct Args {
     #[arg(long = "data_digest", alias = "data-digest")]
     pub data_digest: bool,
 
-    /// Busy-poll for completions without bound (fio's hipri). Without it the initiator's
-    /// default applies: spin up to 50 us while I/O is in flight, then sleep in the kernel
-    /// (nvmf_initiator::ConnectOptions::poll_spin).
+    /// Busy-poll for completions without bound (fio's hipri; the same as --polling busy).
+    /// Without it the initiator's default applies: spin up to 50 us while I/O is in flight,
+    /// then sleep in the kernel (nvmf_initiator::ConnectOptions::poll_spin).
     #[arg(long)]
     pub hipri: bool,
+
+    /// How the initiator's queues wait for completions (nvmf_initiator::Polling): adaptive
+    /// (spin up to --poll_spin, then sleep; stop spinning while spins do not pay), busy (never
+    /// sleep; --hipri) or interrupt (always sleep).
+    #[arg(long, value_enum, default_value = "adaptive")]
+    pub polling: PollingArg,
 
     /// How long a wait spins while I/O is in flight before it sleeps in the kernel (the
     /// initiator's ConnectOptions::poll_spin; default 50us; 0: always sleep).
@@ -657,5 +663,24 @@ mod tests {
         let e = args(&dir.join("missing")).dhchap().unwrap_err();
         assert!(e.contains("No such file"), "{e}");
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
+
+/// `--polling`: the initiator's [`initiator::Polling`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum PollingArg {
+    Adaptive,
+    Busy,
+    Interrupt,
+}
+
+impl Args {
+    /// The initiator's polling from --polling and --hipri (which means busy).
+    pub fn polling(&self) -> initiator::Polling {
+        match (self.hipri, self.polling) {
+            (true, _) | (_, PollingArg::Busy) => initiator::Polling::Busy,
+            (false, PollingArg::Adaptive) => initiator::Polling::Adaptive,
+            (false, PollingArg::Interrupt) => initiator::Polling::Interrupt,
+        }
     }
 }

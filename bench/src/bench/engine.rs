@@ -182,7 +182,8 @@ pub struct TargetSpec {
     pub nsid: u32,
     pub hdr_digest: bool,
     pub data_digest: bool,
-    pub busy_poll: bool,
+    /// How the initiator's queues wait (--polling, --hipri).
+    pub polling: initiator::Polling,
     /// The initiator's spin budget before a wait sleeps (`None`: its default).
     pub poll_spin: Option<Duration>,
     pub io_timeout: Duration,
@@ -246,7 +247,7 @@ pub fn open(
     o.queue_depth = depth;
     o.hdr_digest = t.hdr_digest;
     o.data_digest = t.data_digest;
-    o.busy_poll = t.busy_poll;
+    o.polling = t.polling;
     if let Some(s) = t.poll_spin {
         o.poll_spin = s;
     }

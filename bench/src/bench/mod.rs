@@ -68,7 +68,7 @@ fn target_spec(a: &Args, dhchap: &Option<initiator::DhchapOptions>) -> TargetSpe
         nsid: a.nsid,
         hdr_digest: a.hdr_digest,
         data_digest: a.data_digest,
-        busy_poll: a.hipri,
+        polling: a.polling(),
         poll_spin: a.poll_spin,
         io_timeout: a.io_timeout,
         stats_socket: a.target_stats.clone(),
@@ -124,7 +124,7 @@ fn execute(plan: &Plan) -> Vec<WorkloadOutcome> {
                 w.iodepth as usize,
                 w.numjobs as usize,
                 reads,
-                plan.target.busy_poll,
+                plan.target.polling == initiator::Polling::Busy,
                 each.max(Duration::from_millis(200)),
                 plan.baseline_cpus,
             )
@@ -372,7 +372,7 @@ pub fn main() -> ExitCode {
         let o = suite::SuiteOpts {
             runtime: a.runtime.unwrap_or(Duration::from_secs(2)),
             ramp: a.ramp_time,
-            busy_poll: a.hipri,
+            busy_poll: a.polling() == initiator::Polling::Busy,
             io_timeout: a.io_timeout,
             file_dir: a.suite_dir.clone(),
             file_size: a.suite_file_size,

@@ -265,7 +265,11 @@ fn run_in(o: &SuiteOpts, file: &Path) -> Result<(String, bool), String> {
             nsid,
             hdr_digest: false,
             data_digest: false,
-            busy_poll: o.busy_poll,
+            polling: if o.busy_poll {
+                initiator::Polling::Busy
+            } else {
+                initiator::Polling::Adaptive
+            },
             poll_spin: None,
             io_timeout: o.io_timeout,
             stats_socket: Some(t.control.clone()),

@@ -14,7 +14,8 @@ TRIALS=${NVMF_VM_FIOBENCH_TRIALS:-3}
 RUNTIME=${NVMF_VM_FIOBENCH_RUNTIME:-10}
 median() { sort -g | awk '{ v[NR] = $1 } END { if (NR == 0) exit 1; if (NR % 2) print v[(NR + 1) / 2]; else printf "%.3f\n", (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 
-# one_run WHO QD TAG: one measured run; prints its IOPS.
+# one_run WHO QD TAG: one measured run; prints its IOPS (and nothing else on stdout: step's log
+# lines go to stderr).
 one_run() {
   local who=$1 qd=$2 tag=$3 batch=() f=$OUT/$3.json
   [ "$qd" -gt 1 ] && batch=(--iodepth_batch_submit=$((qd / 2)) --iodepth_batch_complete_min=$((qd / 2)))
@@ -23,17 +24,17 @@ one_run() {
       step "fio engine qd$qd ($tag)" fio --ioengine="external:$NVMF_FIO_ENGINE" --name="$tag" --thread=1 \
         --filename="trtype=tcp traddr=127.0.0.1 trsvcid=$PORT subnqn=${OUR_NQN//:/\\:} ns=1" \
         --rw=randread --bs=4k --iodepth="$qd" "${batch[@]}" --time_based --runtime="$RUNTIME" \
-        --output-format=json --output="$f" || return 1
+        --output-format=json --output="$f" >&2 || return 1
       jq '.jobs[0].read.iops | floor' "$f" ;;
     kernel)
       step "fio io_uring qd$qd on $DEV ($tag)" fio --ioengine=io_uring --direct=1 --name="$tag" \
         --filename="$DEV" --rw=randread --bs=4k --iodepth="$qd" "${batch[@]}" --time_based \
-        --runtime="$RUNTIME" --output-format=json --output="$f" || return 1
+        --runtime="$RUNTIME" --output-format=json --output="$f" >&2 || return 1
       jq '.jobs[0].read.iops | floor' "$f" ;;
     bench)
       step "nvmf-bench qd$qd ($tag)" "$(bench_bin)" --transport tcp --traddr 127.0.0.1 --trsvcid "$PORT" \
         --subnqn "$OUR_NQN" --rw randread --bs 4k --iodepth "$qd" --runtime "$RUNTIME" \
-        --output-format json || return 1
+        --output-format json >&2 || return 1
       cp "$WORK/step.out" "$f"
       jq '.workloads[0].results[] | select(.transport == "tcp") | .total.iops | floor' "$f" ;;
   esac
