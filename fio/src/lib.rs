@@ -444,20 +444,15 @@ impl Job {
                 continue;
             }
             f.unsent = 0;
-            {
-                if let Err(e) = f.q.send() {
-                    failed = Some(format!("{}: {e}", f.spec));
-                }
+            if let Err(e) = f.q.send() {
+                failed = Some(format!("{}: {e}", f.spec));
             }
         }
-        match failed {
-            // The queue failed: its commands complete with errors in getevents.
-            Some(e) => {
-                self.report(&e);
-                Ok(())
-            }
-            None => Ok(()),
+        // A failed queue's commands complete with errors in getevents.
+        if let Some(e) = failed {
+            self.report(&e);
         }
+        Ok(())
     }
 
     /// Waits for at least `min` completions (or `timeout`), hands out at most `max`.
@@ -560,26 +555,10 @@ fn set_len(b: &mut AnyBuf, cap: usize, len: usize) -> Result<(), Error> {
 }
 
 fn namespace(ctrl: &Controller, spec: &Spec) -> Result<NsInfo, String> {
-    ctrl.namespaces()
-        .iter()
-        .find(|n| n.nsid == spec.nsid)
-        .copied()
-        .ok_or_else(|| {
-            let have: Vec<String> = ctrl
-                .namespaces()
-                .iter()
-                .map(|n| n.nsid.to_string())
-                .collect();
-            format!(
-                "{spec}: no active namespace {} (the controller has {})",
-                spec.nsid,
-                if have.is_empty() {
-                    "none".to_string()
-                } else {
-                    have.join(", ")
-                }
-            )
-        })
+    ctrl.namespace(spec.nsid).map_err(|e| match e {
+        Error::InvalidArgument(m) => format!("{spec}: {m}"),
+        e => format!("{spec}: {e}"),
+    })
 }
 
 /// The size in bytes of the namespace `filename` names (an admin-only connection).

@@ -772,13 +772,27 @@ impl Controller {
         self.io.len()
     }
 
-    /// A namespace handle with the synchronous block API, on one of the I/O queues.
-    pub fn open_namespace(&mut self, nsid: u32) -> Result<Namespace, Error> {
-        let info = *self
-            .namespaces
+    /// The geometry of active namespace `nsid`; the error names the active ones.
+    pub fn namespace(&self, nsid: u32) -> Result<NsInfo, Error> {
+        self.namespaces
             .iter()
             .find(|n| n.nsid == nsid)
-            .ok_or_else(|| Error::InvalidArgument(format!("namespace {nsid} is not active")))?;
+            .copied()
+            .ok_or_else(|| {
+                let active: Vec<String> =
+                    self.namespaces.iter().map(|n| n.nsid.to_string()).collect();
+                let active = if active.is_empty() {
+                    "none".to_string()
+                } else {
+                    active.join(", ")
+                };
+                Error::InvalidArgument(format!("namespace {nsid} is not active (active: {active})"))
+            })
+    }
+
+    /// A namespace handle with the synchronous block API, on one of the I/O queues.
+    pub fn open_namespace(&mut self, nsid: u32) -> Result<Namespace, Error> {
+        let info = self.namespace(nsid)?;
         let queue = self
             .io
             .pop()

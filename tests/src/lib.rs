@@ -38,6 +38,24 @@ pub fn fio_engine() -> PathBuf {
     lib
 }
 
+/// fio with the nvmf engine against namespace 1 of `nqn` on 127.0.0.1:`port`: 1 MiB of random
+/// 4 KiB writes at QD4, read back and checked (crc32c). `engine_opts` (`--hostnqn=...`,
+/// `--dhchap_secret=...`) follow `--ioengine`. Whether fio succeeded, and its whole output.
+pub fn fio_verified(port: u16, nqn: &str, engine_opts: &[String]) -> (bool, String) {
+    let out = Command::new("fio")
+        .arg(format!("--ioengine=external:{}", fio_engine().display()))
+        .args(engine_opts)
+        .args(["--name=verified", "--thread=1", "--rw=randwrite", "--bs=4k"])
+        .args(["--size=1m", "--iodepth=4", "--verify=crc32c"])
+        .arg(format!(
+            "--filename=trtype=tcp traddr=127.0.0.1 trsvcid={port} subnqn={} ns=1",
+            nqn.replace(':', "\\:")
+        ))
+        .output()
+        .expect("fio runs (scripts/setup.sh installs it)");
+    (out.status.success(), output_text(&out))
+}
+
 /// A workspace binary built in the same profile as this test (build/<profile>/<name>).
 fn sibling_bin(name: &str, package: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("current_exe");

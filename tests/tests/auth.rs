@@ -449,28 +449,15 @@ fn the_fio_engine_authenticates_every_queue() {
     let t = TargetProc::start_with(yaml);
     let (ik, ck, wk) = (inline_key(), ctrl_key(), wrong_key());
     let fio = |secret: &str| {
-        let out = std::process::Command::new("fio")
-            .arg(format!(
-                "--ioengine=external:{}",
-                nvmf_tests::fio_engine().display()
-            ))
-            .arg(format!("--hostnqn={H_INLINE}"))
-            .arg(format!("--dhchap_secret={secret}"))
-            .arg(format!("--dhchap_ctrl_secret={ck}"))
-            .args(["--name=auth", "--thread=1", "--rw=randwrite", "--bs=4k"])
-            .args(["--size=1m", "--iodepth=4", "--verify=crc32c"])
-            .arg(format!(
-                "--filename=trtype=tcp traddr=127.0.0.1 trsvcid={} subnqn={} ns=1",
-                t.addr.port(),
-                TEST_NQN.replace(':', "\\:")
-            ))
-            .output()
-            .expect("fio runs (scripts/setup.sh installs it)");
-        let text = nvmf_tests::output_text(&out);
-        (out, text)
+        let opts = [
+            format!("--hostnqn={H_INLINE}"),
+            format!("--dhchap_secret={secret}"),
+            format!("--dhchap_ctrl_secret={ck}"),
+        ];
+        nvmf_tests::fio_verified(t.addr.port(), TEST_NQN, &opts)
     };
-    let (out, text) = fio(&ik);
-    assert!(out.status.success(), "{text}\n{}", t.log_text());
+    let (ok, text) = fio(&ik);
+    assert!(ok, "{text}\n{}", t.log_text());
     let authenticated = t
         .log_text()
         .lines()
@@ -481,8 +468,8 @@ fn the_fio_engine_authenticates_every_queue() {
         "probe admin, job admin and I/O queue\n{text}"
     );
 
-    let (out, text) = fio(&wk);
-    assert!(!out.status.success(), "{text}");
+    let (ok, text) = fio(&wk);
+    assert!(!ok, "{text}");
     assert!(text.contains("authentication failed on queue 0"), "{text}");
     assert_no_key("fio's output", &text);
     assert_no_key("the target's log", &t.log_text());

@@ -152,7 +152,7 @@ fn bad_filenames_and_unreachable_targets_are_named() {
         ),
         (
             format!("trtype=tcp traddr=127.0.0.1 trsvcid={port} subnqn={nqn} ns=7"),
-            "no active namespace 7".to_string(),
+            "namespace 7 is not active (active: 1)".to_string(),
         ),
         (
             format!(

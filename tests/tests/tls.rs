@@ -284,24 +284,8 @@ fn bench_runs_every_queue_over_tls() {
 fn the_fio_engine_runs_every_queue_over_tls() {
     let t = TargetProc::start_with(yaml("required"));
     let fio = |key: &str| {
-        let out = std::process::Command::new("fio")
-            .arg(format!(
-                "--ioengine=external:{}",
-                nvmf_tests::fio_engine().display()
-            ))
-            .arg(format!("--hostnqn={HOST}"))
-            .arg(format!("--tls_psk={key}"))
-            .args(["--name=tls", "--thread=1", "--rw=randwrite", "--bs=4k"])
-            .args(["--size=1m", "--iodepth=4", "--verify=crc32c"])
-            .arg(format!(
-                "--filename=trtype=tcp traddr=127.0.0.1 trsvcid={} subnqn={} ns=1",
-                t.addr.port(),
-                TEST_NQN.replace(':', "\\:")
-            ))
-            .output()
-            .expect("fio runs (scripts/setup.sh installs it)");
-        let text = nvmf_tests::output_text(&out);
-        (out.status.success(), text)
+        let opts = [format!("--hostnqn={HOST}"), format!("--tls_psk={key}")];
+        nvmf_tests::fio_verified(t.addr.port(), TEST_NQN, &opts)
     };
     let key = psk(1, 32).to_text();
     let (ok, text) = fio(key.as_str());

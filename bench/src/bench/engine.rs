@@ -275,26 +275,10 @@ pub fn open(
             };
         }
     };
-    let ns = *ctrl
-        .namespaces()
-        .iter()
-        .find(|n| n.nsid == t.nsid)
-        .ok_or_else(|| {
-            let have: Vec<String> = ctrl
-                .namespaces()
-                .iter()
-                .map(|n| n.nsid.to_string())
-                .collect();
-            format!(
-                "{where_}: namespace {} is not active (active: {})",
-                t.nsid,
-                if have.is_empty() {
-                    "none".to_string()
-                } else {
-                    have.join(", ")
-                }
-            )
-        })?;
+    let ns = ctrl.namespace(t.nsid).map_err(|e| match e {
+        Error::InvalidArgument(m) => format!("{where_}: {m}"),
+        e => format!("{where_}: {e}"),
+    })?;
     let info = ctrl.info().clone();
     let block = ns.block_size as u64;
     if bs % block != 0 {
