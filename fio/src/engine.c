@@ -25,12 +25,14 @@ struct nvmf_fio_options {
 	unsigned int hipri;
 	unsigned int io_timeout_ms;
 	unsigned int stats;
+	char *polling;
 };
 /* The layout the Rust half's `RawOptions` has (its test checks the same numbers). */
-_Static_assert(sizeof(struct nvmf_fio_options) == 64 &&
+_Static_assert(sizeof(struct nvmf_fio_options) == 72 &&
 	       offsetof(struct nvmf_fio_options, tls_psk) == 32 &&
 	       offsetof(struct nvmf_fio_options, hdgst) == 40 &&
-	       offsetof(struct nvmf_fio_options, stats) == 56,
+	       offsetof(struct nvmf_fio_options, stats) == 56 &&
+	       offsetof(struct nvmf_fio_options, polling) == 64,
 	       "struct nvmf_fio_options and RawOptions differ");
 
 /* The Rust half (src/lib.rs). Errors are printed there; these return 0 or a negative errno. */
@@ -262,6 +264,15 @@ static struct fio_option options[] = {
 		.off1 = offsetof(struct nvmf_fio_options, hipri),
 		.def = "0",
 		.help = "Spin without bound while waiting for completions (default: spin briefly, then sleep)",
+		.category = FIO_OPT_C_ENGINE,
+		.group = FIO_OPT_G_INVALID,
+	},
+	{
+		.name = "polling",
+		.lname = "How queues wait",
+		.type = FIO_OPT_STR_STORE,
+		.off1 = offsetof(struct nvmf_fio_options, polling),
+		.help = "adaptive (default: spin briefly, then sleep), busy (never sleep; hipri) or interrupt (always sleep)",
 		.category = FIO_OPT_C_ENGINE,
 		.group = FIO_OPT_G_INVALID,
 	},

@@ -16,7 +16,8 @@
 //! carried through the queues' pools with one copy). Reads, writes, trims (Dataset
 //! Management, deallocate) and fio's syncs (Flush) are carried; fio's `verify` works on what
 //! comes back. Engine options: `hostnqn`, `dhchap_secret`, `dhchap_ctrl_secret`, `tls_psk`,
-//! `hdgst`, `ddgst`, `hipri` (spin without bound), `io_timeout_ms`, `queue_stats` (print each
+//! `hdgst`, `ddgst`, `hipri` (spin without bound), `polling` (`adaptive`, `busy`,
+//! `interrupt`: [`initiator::Polling`]), `io_timeout_ms`, `queue_stats` (print each
 //! queue's commands, system calls and copies per payload byte at the end of its job).
 //!
 //! The C half (`src/engine.c`) holds fio's `ioengine_ops` and option table, compiled against
@@ -52,6 +53,7 @@ pub struct RawOptions {
     hipri: c_uint,
     io_timeout_ms: c_uint,
     stats: c_uint,
+    polling: *const c_char,
 }
 
 /// The engine options, read.
@@ -67,6 +69,8 @@ pub struct Options {
     pub io_timeout: Option<Duration>,
     /// Print each job's queue statistics at its end.
     pub stats: bool,
+    /// `polling=`: adaptive, busy or interrupt.
+    pub polling: Option<String>,
 }
 
 impl Options {
@@ -91,6 +95,7 @@ impl Options {
             io_timeout: (o.io_timeout_ms > 0)
                 .then(|| Duration::from_millis(o.io_timeout_ms.into())),
             stats: o.stats != 0,
+            polling: s(o.polling),
         }
     }
 }
@@ -134,6 +139,12 @@ pub fn connect_options(spec: &Spec, opts: &Options, depth: u16) -> Result<Connec
     }
     o.hdr_digest = opts.hdgst;
     o.data_digest = opts.ddgst;
+    o.polling = match opts.polling.as_deref() {
+        None | Some("adaptive") => initiator::Polling::Adaptive,
+        Some("busy") => initiator::Polling::Busy,
+        Some("interrupt") => initiator::Polling::Interrupt,
+        Some(p) => return Err(format!("polling={p}: adaptive, busy or interrupt")),
+    };
     if opts.hipri {
         o.polling = initiator::Polling::Busy;
     }
@@ -796,7 +807,8 @@ mod tests {
     #[test]
     fn options_layout_matches_engine_c() {
         // engine.c's struct nvmf_fio_options on LP64.
-        assert_eq!(std::mem::size_of::<RawOptions>(), 64);
+        assert_eq!(std::mem::size_of::<RawOptions>(), 72);
+        assert_eq!(std::mem::offset_of!(RawOptions, polling), 64);
         assert_eq!(std::mem::offset_of!(RawOptions, stats), 56);
         assert_eq!(std::mem::offset_of!(RawOptions, tls_psk), 32);
         assert_eq!(std::mem::offset_of!(RawOptions, hdgst), 40);
@@ -840,6 +852,11 @@ mod tests {
             ..Options::default()
         });
         assert!(e.starts_with("dhchap_secret:"), "{e}");
+        let e = with(Options {
+            polling: Some("sometimes".into()),
+            ..Options::default()
+        });
+        assert!(e.contains("polling=sometimes"), "{e}");
         let e = with(Options {
             tls_psk: Some("NVMeTLSkey-1:01:x:".into()),
             ..Options::default()
