@@ -189,3 +189,42 @@ fn bad_filenames_and_unreachable_targets_are_named() {
         assert!(text.contains(&want), "{name}: no '{want}'\n{text}");
     }
 }
+
+/// `polling=interrupt`: the job's queue sleeps through every wait (a write, a poll and a read
+/// per command, as `queue_stats` counts them); a bad value is named.
+#[test]
+fn the_polling_option_reaches_the_queue() {
+    let t = TargetProc::start_default();
+    let run = |polling: &str| {
+        let mut c = fio();
+        c.arg(format!("--ioengine=external:{}", fio_engine().display()))
+            .args([&format!("--polling={polling}"), "--queue_stats=1"])
+            .args([
+                "--name=p",
+                "--thread=1",
+                "--rw=randread",
+                "--bs=4k",
+                "--size=1m",
+            ])
+            .arg(format!("--filename={}", filename(&t)));
+        run(c)
+    };
+    let out = run("interrupt");
+    let text = output_text(&out);
+    assert!(out.status.success(), "{text}");
+    let per: f64 = text
+        .lines()
+        .find_map(|l| {
+            let (head, _) = l.split_once(" system calls per command")?;
+            head.rsplit(' ').next()?.parse().ok()
+        })
+        .unwrap_or_else(|| panic!("no queue_stats line\n{text}"));
+    assert!(per <= 3.5, "{per} system calls per command\n{text}");
+    let out = run("sometimes");
+    let text = output_text(&out);
+    assert!(!out.status.success(), "{text}");
+    assert!(
+        text.contains("polling=sometimes: adaptive, busy or interrupt"),
+        "{text}"
+    );
+}
