@@ -38,19 +38,33 @@ pub fn fio_engine() -> PathBuf {
     lib
 }
 
-/// fio with the nvmf engine against namespace 1 of `nqn` on 127.0.0.1:`port`: 1 MiB of random
-/// 4 KiB writes at QD4, read back and checked (crc32c). `engine_opts` (`--hostnqn=...`,
+/// `fio` against `t`, run in its temporary directory (where fio leaves its verify state files),
+/// with `NVMF_FIO_ENGINE` naming the engine for job files.
+pub fn fio_command(t: &TargetProc) -> Command {
+    let mut c = Command::new("fio");
+    c.current_dir(&t.dir.0).env("NVMF_FIO_ENGINE", fio_engine());
+    c
+}
+
+/// The engine's filename for namespace 1 of `nqn` on 127.0.0.1:`port` (the NQN's colons
+/// escaped: fio splits filenames at `:`).
+pub fn fio_filename(port: u16, nqn: &str) -> String {
+    format!(
+        "trtype=tcp traddr=127.0.0.1 trsvcid={port} subnqn={} ns=1",
+        nqn.replace(':', "\\:")
+    )
+}
+
+/// fio with the nvmf engine against namespace 1 of `nqn` on `t`: 1 MiB of random 4 KiB
+/// writes at QD4, read back and checked (crc32c). `engine_opts` (`--hostnqn=...`,
 /// `--dhchap_secret=...`) follow `--ioengine`. Whether fio succeeded, and its whole output.
-pub fn fio_verified(port: u16, nqn: &str, engine_opts: &[String]) -> (bool, String) {
-    let out = Command::new("fio")
+pub fn fio_verified(t: &TargetProc, nqn: &str, engine_opts: &[String]) -> (bool, String) {
+    let out = fio_command(t)
         .arg(format!("--ioengine=external:{}", fio_engine().display()))
         .args(engine_opts)
         .args(["--name=verified", "--thread=1", "--rw=randwrite", "--bs=4k"])
         .args(["--size=1m", "--iodepth=4", "--verify=crc32c"])
-        .arg(format!(
-            "--filename=trtype=tcp traddr=127.0.0.1 trsvcid={port} subnqn={} ns=1",
-            nqn.replace(':', "\\:")
-        ))
+        .arg(format!("--filename={}", fio_filename(t.addr.port(), nqn)))
         .output()
         .expect("fio runs (scripts/setup.sh installs it)");
     (out.status.success(), output_text(&out))

@@ -454,7 +454,7 @@ fn the_fio_engine_authenticates_every_queue() {
             format!("--dhchap_secret={secret}"),
             format!("--dhchap_ctrl_secret={ck}"),
         ];
-        nvmf_tests::fio_verified(t.addr.port(), TEST_NQN, &opts)
+        nvmf_tests::fio_verified(&t, TEST_NQN, &opts)
     };
     let (ok, text) = fio(&ik);
     assert!(ok, "{text}\n{}", t.log_text());

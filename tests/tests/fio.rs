@@ -7,26 +7,16 @@ use std::path::Path;
 use std::process::{Command, Output};
 
 use initiator::{ConnectOptions, Controller};
-use nvmf_tests::{fio_engine, output_text, TargetProc, TEST_NQN};
-
-fn fio() -> Command {
-    let mut c = Command::new("fio");
-    c.env("NVMF_FIO_ENGINE", fio_engine());
-    c
-}
+use nvmf_tests::{fio_command, fio_engine, fio_filename, output_text, TargetProc, TEST_NQN};
 
 fn run(mut c: Command) -> Output {
     c.output()
         .expect("fio runs (Debian's fio package: scripts/setup.sh installs it)")
 }
 
-/// The filename of namespace 1 of `t`'s test subsystem (the NQN's colon escaped for fio).
+/// The filename of namespace 1 of `t`'s test subsystem.
 fn filename(t: &TargetProc) -> String {
-    format!(
-        "trtype=tcp traddr=127.0.0.1 trsvcid={} subnqn={} ns=1",
-        t.addr.port(),
-        TEST_NQN.replace(':', "\\:")
-    )
+    fio_filename(t.addr.port(), TEST_NQN)
 }
 
 /// fio's JSON report (fio may print warnings before it).
@@ -42,7 +32,7 @@ fn report(out: &Output) -> serde_json::Value {
 fn the_job_file_writes_and_verifies_over_one_queue_and_two() {
     let t = TargetProc::start_default();
     let job = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fio/jobs/tcp-verify.fio");
-    let mut c = fio();
+    let mut c = fio_command(&t);
     c.arg(&job)
         .arg("--output-format=json")
         .env("NVMF_TRADDR", "127.0.0.1")
@@ -92,7 +82,7 @@ fn verification_through_the_engine_catches_a_block_changed_behind_it() {
     let t = TargetProc::start_default();
     let name = filename(&t);
     let job = |extra: &[&str]| {
-        let mut c = fio();
+        let mut c = fio_command(&t);
         c.args([
             "--name=v",
             "--thread=1",
@@ -172,7 +162,7 @@ fn bad_filenames_and_unreachable_targets_are_named() {
             "unknown key 'lun'".to_string(),
         ),
     ] {
-        let mut c = fio();
+        let mut c = fio_command(&t);
         // Engine options follow --ioengine (fio parses in order).
         c.arg(format!("--ioengine=external:{}", fio_engine().display()))
             .args([
@@ -196,7 +186,7 @@ fn bad_filenames_and_unreachable_targets_are_named() {
 fn the_polling_option_reaches_the_queue() {
     let t = TargetProc::start_default();
     let run = |polling: &str| {
-        let mut c = fio();
+        let mut c = fio_command(&t);
         c.arg(format!("--ioengine=external:{}", fio_engine().display()))
             .args([&format!("--polling={polling}"), "--queue_stats=1"])
             .args([

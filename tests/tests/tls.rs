@@ -285,7 +285,7 @@ fn the_fio_engine_runs_every_queue_over_tls() {
     let t = TargetProc::start_with(yaml("required"));
     let fio = |key: &str| {
         let opts = [format!("--hostnqn={HOST}"), format!("--tls_psk={key}")];
-        nvmf_tests::fio_verified(t.addr.port(), TEST_NQN, &opts)
+        nvmf_tests::fio_verified(&t, TEST_NQN, &opts)
     };
     let key = psk(1, 32).to_text();
     let (ok, text) = fio(key.as_str());
