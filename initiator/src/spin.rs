@@ -41,6 +41,20 @@ pub enum Polling {
     Interrupt,
 }
 
+impl std::str::FromStr for Polling {
+    type Err = String;
+
+    /// `adaptive`, `busy` or `interrupt` (the names of nvmf-target's `target.polling`).
+    fn from_str(s: &str) -> Result<Polling, String> {
+        match s {
+            "adaptive" => Ok(Polling::Adaptive),
+            "busy" => Ok(Polling::Busy),
+            "interrupt" => Ok(Polling::Interrupt),
+            _ => Err(format!("polling={s}: adaptive, busy or interrupt")),
+        }
+    }
+}
+
 impl Polling {
     /// The wait policy of an I/O queue with spin budget `budget`.
     pub(crate) fn spin(self, budget: Duration) -> Spin {

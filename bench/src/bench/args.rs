@@ -190,8 +190,8 @@ pub struct Args {
     /// How the initiator's queues wait for completions (nvmf_initiator::Polling): adaptive
     /// (spin up to --poll_spin, then sleep; stop spinning while spins do not pay), busy (never
     /// sleep; --hipri) or interrupt (always sleep).
-    #[arg(long, value_enum, default_value = "adaptive")]
-    pub polling: PollingArg,
+    #[arg(long, default_value = "adaptive")]
+    pub polling: initiator::Polling,
 
     /// How long a wait spins while I/O is in flight before it sleeps in the kernel (the
     /// initiator's ConnectOptions::poll_spin; default 50us; 0: always sleep).
@@ -508,6 +508,17 @@ fn parse_cpu_pair(s: &str) -> Result<(usize, usize), String> {
     ))
 }
 
+impl Args {
+    /// The initiator's polling from --polling and --hipri (which means busy).
+    pub fn polling(&self) -> initiator::Polling {
+        if self.hipri {
+            initiator::Polling::Busy
+        } else {
+            self.polling
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -663,24 +674,5 @@ mod tests {
         let e = args(&dir.join("missing")).dhchap().unwrap_err();
         assert!(e.contains("No such file"), "{e}");
         std::fs::remove_dir_all(&dir).unwrap();
-    }
-}
-
-/// `--polling`: the initiator's [`initiator::Polling`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum PollingArg {
-    Adaptive,
-    Busy,
-    Interrupt,
-}
-
-impl Args {
-    /// The initiator's polling from --polling and --hipri (which means busy).
-    pub fn polling(&self) -> initiator::Polling {
-        match (self.hipri, self.polling) {
-            (true, _) | (_, PollingArg::Busy) => initiator::Polling::Busy,
-            (false, PollingArg::Adaptive) => initiator::Polling::Adaptive,
-            (false, PollingArg::Interrupt) => initiator::Polling::Interrupt,
-        }
     }
 }

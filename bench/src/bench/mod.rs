@@ -372,7 +372,7 @@ pub fn main() -> ExitCode {
         let o = suite::SuiteOpts {
             runtime: a.runtime.unwrap_or(Duration::from_secs(2)),
             ramp: a.ramp_time,
-            busy_poll: a.polling() == initiator::Polling::Busy,
+            polling: a.polling(),
             io_timeout: a.io_timeout,
             file_dir: a.suite_dir.clone(),
             file_size: a.suite_file_size,

@@ -47,7 +47,8 @@ pub struct SuiteOpts {
     /// Per NVMe run; each baseline runs half as long.
     pub runtime: Duration,
     pub ramp: Duration,
-    pub busy_poll: bool,
+    /// How the bench's queues wait (the raw baselines busy-poll when it is `Busy`).
+    pub polling: initiator::Polling,
     pub io_timeout: Duration,
     /// Where the file goes (a tmpfs).
     pub file_dir: PathBuf,
@@ -265,11 +266,7 @@ fn run_in(o: &SuiteOpts, file: &Path) -> Result<(String, bool), String> {
             nsid,
             hdr_digest: false,
             data_digest: false,
-            polling: if o.busy_poll {
-                initiator::Polling::Busy
-            } else {
-                initiator::Polling::Adaptive
-            },
+            polling: o.polling,
             poll_spin: None,
             io_timeout: o.io_timeout,
             stats_socket: Some(t.control.clone()),
@@ -304,11 +301,12 @@ fn run_in(o: &SuiteOpts, file: &Path) -> Result<(String, bool), String> {
             }
             let reads = w.rw.read_percent(w.rwmixread) >= 50;
             let (bs, qd, jobs) = (w.bs as usize, w.iodepth as usize, threads as usize);
+            let busy = o.polling == initiator::Polling::Busy;
             let baseline = match o.rdma {
-                None => baseline::run(bs, qd, jobs, reads, o.busy_poll, each, None)
+                None => baseline::run(bs, qd, jobs, reads, busy, each, None)
                     .map(Limits::Tcp)
                     .map_err(|e| format!("raw TCP baseline: {e}")),
-                Some(ip) => rdma_baseline::run(ip, bs, qd, jobs, reads, o.busy_poll, each)
+                Some(ip) => rdma_baseline::run(ip, bs, qd, jobs, reads, busy, each)
                     .map(Limits::Rdma)
                     .map_err(|e| format!("raw RDMA baseline: {e}")),
             };
@@ -523,7 +521,7 @@ fn table(cells: &[Cell], o: &SuiteOpts) -> String {
          bench {}\n\n",
         o.runtime,
         (o.runtime / 2).max(Duration::from_millis(20)),
-        if o.busy_poll {
+        if o.polling == initiator::Polling::Busy {
             "busy-polling (--hipri)"
         } else {
             "sleeping in poll(2)"
@@ -707,7 +705,7 @@ mod tests {
         SuiteOpts {
             runtime: Duration::from_secs(1),
             ramp: Duration::ZERO,
-            busy_poll: false,
+            polling: initiator::Polling::Adaptive,
             io_timeout: Duration::from_secs(30),
             file_dir: PathBuf::from("/dev/shm"),
             file_size: 256 << 20,
