@@ -253,6 +253,15 @@ impl TargetProc {
         let _ = self.child.wait();
     }
 
+    /// The `--control-socket` this target was started with, if any.
+    fn control_socket(&self) -> Option<PathBuf> {
+        let args = &self.launch.args;
+        args.iter()
+            .position(|a| a == "--control-socket")
+            .and_then(|i| args.get(i + 1))
+            .map(PathBuf::from)
+    }
+
     fn wait_listening(&mut self, limit: Duration) {
         let deadline = Instant::now() + limit;
         while Instant::now() < deadline {
@@ -260,7 +269,18 @@ impl TargetProc {
                 panic!("nvmf-target exited early ({st}):\n{}", self.log_text());
             }
             if TcpStream::connect_timeout(&self.addr, Duration::from_millis(200)).is_ok() {
-                return;
+                // One probe connection only (tests count them per poller); then the control
+                // socket, bound after the listeners (a killed target's stale one refuses).
+                let Some(sock) = self.control_socket() else {
+                    return;
+                };
+                while Instant::now() < deadline {
+                    if std::os::unix::net::UnixStream::connect(&sock).is_ok() {
+                        return;
+                    }
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                panic!("no control socket {} within {limit:?}", sock.display());
             }
             std::thread::sleep(Duration::from_millis(50));
         }
