@@ -537,6 +537,152 @@ impl IoCtx {
     }
 }
 
+/// A watch on one RADOS object ([`IoCtx::watch`]): every notify sent to the object
+/// ([`IoCtx::notify`]) calls its function, on a librados thread, before it is acknowledged.
+/// Unregistered on drop.
+pub struct ObjectWatch {
+    io: Arc<IoCtx>,
+    cookie: u64,
+    ctx: *mut ObjectWatchCtx,
+}
+
+struct ObjectWatchCtx {
+    /// The context's handle, for acknowledging (the watch holds an `Arc` of the context).
+    io: sys::rados_ioctx_t,
+    oid: CString,
+    f: WatchFn,
+    /// The watch failed (its connection to the OSD was lost): it notices nothing any more.
+    broken: std::sync::atomic::AtomicBool,
+}
+
+// SAFETY: the context pointer is only read by librados callbacks (the function is
+// Send + Sync, the flag atomic) and freed on drop after they are flushed.
+unsafe impl Send for ObjectWatch {}
+// SAFETY: as above; `&ObjectWatch` only reads the atomic flag.
+unsafe impl Sync for ObjectWatch {}
+
+impl fmt::Debug for ObjectWatch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ObjectWatch")
+            .field("cookie", &self.cookie)
+            .field("broken", &self.broken())
+            .finish_non_exhaustive()
+    }
+}
+
+extern "C" fn on_notify(
+    arg: *mut c_void,
+    notify_id: u64,
+    cookie: u64,
+    _notifier: u64,
+    _data: *mut c_void,
+    _len: usize,
+) {
+    // SAFETY: `arg` is the watch's context, freed only after rados_unwatch2 and
+    // rados_watch_flush returned (no callback in progress any more).
+    let ctx = unsafe { &*(arg as *const ObjectWatchCtx) };
+    // Never unwind into librados.
+    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(&ctx.f));
+    // SAFETY: a live context (see above) and the ids librados gave this callback.
+    unsafe { sys::rados_notify_ack(ctx.io, ctx.oid.as_ptr(), notify_id, cookie, ptr::null(), 0) };
+}
+
+extern "C" fn on_watch_error(arg: *mut c_void, _cookie: u64, _err: i32) {
+    // SAFETY: as in `on_notify`.
+    let ctx = unsafe { &*(arg as *const ObjectWatchCtx) };
+    ctx.broken.store(true, std::sync::atomic::Ordering::Release);
+}
+
+impl ObjectWatch {
+    /// The watch was lost (a connection to the OSD failed, or its timeout passed without
+    /// one): it will not notice notifies any more; make a new one.
+    pub fn broken(&self) -> bool {
+        // SAFETY: the context lives as long as `self`.
+        unsafe { &*self.ctx }
+            .broken
+            .load(std::sync::atomic::Ordering::Acquire)
+    }
+}
+
+impl Drop for ObjectWatch {
+    fn drop(&mut self) {
+        // SAFETY: a watch made by rados_watch3 on this context, unregistered once; the flush
+        // waits for callbacks in progress, after which nothing points to the context.
+        unsafe {
+            sys::rados_unwatch2(self.io.h, self.cookie);
+            sys::rados_watch_flush(self.io.cluster.h);
+            drop(Box::from_raw(self.ctx));
+        }
+    }
+}
+
+impl IoCtx {
+    /// Watches object `oid` (which must exist): `f` runs for each notify sent to it. The OSD
+    /// drops a watch whose client stops answering for `timeout` (whole seconds, at least 1).
+    pub fn watch(
+        self: &Arc<Self>,
+        oid: &str,
+        timeout: std::time::Duration,
+        f: impl Fn() + Send + Sync + 'static,
+    ) -> Result<ObjectWatch, Error> {
+        let ctx = Box::into_raw(Box::new(ObjectWatchCtx {
+            io: self.h,
+            oid: cstr("object", oid)?,
+            f: Box::new(f),
+            broken: std::sync::atomic::AtomicBool::new(false),
+        }));
+        let mut cookie = 0u64;
+        // SAFETY: a live context; `ctx` (and the name in it) stays allocated until the watch
+        // is unregistered and flushed (ObjectWatch's drop).
+        let r = unsafe {
+            sys::rados_watch3(
+                self.h,
+                (*ctx).oid.as_ptr(),
+                &mut cookie,
+                Some(on_notify),
+                Some(on_watch_error),
+                timeout.as_secs().max(1) as u32,
+                ctx.cast(),
+            )
+        };
+        if r < 0 {
+            // SAFETY: not registered, so nothing else points to it.
+            drop(unsafe { Box::from_raw(ctx) });
+            return Err(self.err("watch", oid, r));
+        }
+        Ok(ObjectWatch {
+            io: Arc::clone(self),
+            cookie,
+            ctx,
+        })
+    }
+
+    /// Sends a notify to every watch of object `oid` and waits (up to `timeout`) until each
+    /// has acknowledged it. `Ok(false)` when some did not in time (a watcher that died
+    /// stays registered until its watch times out).
+    pub fn notify(&self, oid: &str, timeout: std::time::Duration) -> Result<bool, Error> {
+        let coid = cstr("object", oid)?;
+        // SAFETY: a live context and a NUL-terminated name; no payload and no reply buffer
+        // (both optional).
+        let r = unsafe {
+            sys::rados_notify2(
+                self.h,
+                coid.as_ptr(),
+                ptr::null(),
+                0,
+                timeout.as_millis() as u64,
+                ptr::null_mut(),
+                ptr::null_mut(),
+            )
+        };
+        match r {
+            0 => Ok(true),
+            r if r == -libc::ETIMEDOUT => Ok(false),
+            r => Err(self.err("notify", oid, r)),
+        }
+    }
+}
+
 impl Drop for IoCtx {
     fn drop(&mut self) {
         // SAFETY: created by rados_ioctx_create; every Image on it holds an Arc of it.

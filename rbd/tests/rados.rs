@@ -128,3 +128,48 @@ fn guarded_writes_replace_only_the_version_they_saw() {
     assert_eq!(a.read_full(&oid).unwrap().unwrap(), b"3rd");
     a.remove(&oid).unwrap();
 }
+
+/// Watch and notify between two connections (two gateways): a notify reaches the other's
+/// watch (acknowledged, so the notifier learns every watcher saw it) and its own; a watch
+/// dropped gets nothing more; a missing object cannot be watched.
+#[test]
+fn a_notify_reaches_every_watch_of_the_object() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let Some(a) = pool() else { return };
+    let conf = PathBuf::from(std::env::var_os("NVMF_CEPH_CONF").unwrap());
+    let c = Cluster::connect(&conf, "admin", &[("client_mount_timeout", "15")]).unwrap();
+    let b = IoCtx::open(&c, "rbd", "").unwrap();
+    let oid = unique("watch");
+    let err = a.watch(&oid, Duration::from_secs(5), || {}).unwrap_err();
+    assert_eq!(err.errno, libc::ENOENT, "{err}");
+    assert!(a.write_guarded(&oid, "version", None, b"1", b"x").unwrap());
+
+    let (seen_a, seen_b) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let s = Arc::clone(&seen_a);
+    let wa = a
+        .watch(&oid, Duration::from_secs(5), move || {
+            s.fetch_add(1, Ordering::SeqCst);
+        })
+        .unwrap();
+    let s = Arc::clone(&seen_b);
+    let wb = b
+        .watch(&oid, Duration::from_secs(5), move || {
+            s.fetch_add(1, Ordering::SeqCst);
+        })
+        .unwrap();
+    // Every watcher acknowledges before notify returns, after its function ran.
+    assert!(a.notify(&oid, Duration::from_secs(5)).unwrap());
+    assert_eq!(seen_a.load(Ordering::SeqCst), 1);
+    assert_eq!(seen_b.load(Ordering::SeqCst), 1);
+    assert!(b.notify(&oid, Duration::from_secs(5)).unwrap());
+    assert_eq!(seen_a.load(Ordering::SeqCst), 2);
+    assert_eq!(seen_b.load(Ordering::SeqCst), 2);
+    assert!(!wa.broken() && !wb.broken());
+
+    drop(wb);
+    assert!(a.notify(&oid, Duration::from_secs(5)).unwrap());
+    assert_eq!(seen_a.load(Ordering::SeqCst), 3);
+    assert_eq!(seen_b.load(Ordering::SeqCst), 2);
+    drop(wa);
+    a.remove(&oid).unwrap();
+}

@@ -8,6 +8,10 @@
 //! - `nvmf.<group>.ana.<g>`: ANA group `g`'s lease, the same kind of lock. Its holder serves
 //!   the group optimized; every other gateway reports it inaccessible.
 //!
+//! - `nvmf.<group>.config`: the group's configuration (its subsystems, as YAML) and its
+//!   `version` attribute; every gateway watches it, and the one that changes it sends a notify
+//!   (each also reads the version every round, should a notify be lost).
+//!
 //! One thread per gateway renews its locks every third of the lease and decides, each round,
 //! what to do with each group ([`plan`], pure): renew what it holds, give a group back to its
 //! home gateway when that one is up again (failback), take its own groups, and take any
@@ -300,6 +304,8 @@ struct SharedState {
     version: u64,
     /// A newer group configuration, not yet taken by the daemon.
     subsystems: Option<Vec<config::Subsystem>>,
+    /// A notify came for the group's configuration object: read it now, not at the next round.
+    poked: bool,
     /// The groups the daemon serves, as it last said after applying a view and draining what
     /// it gave up ([`Gateway::applied`]).
     applied: Option<BTreeSet<u32>>,
@@ -423,6 +429,9 @@ struct Member {
     record: String,
     /// Holds its liveness lock (since start-up).
     joined: bool,
+    /// The watch on the group's configuration object (none while the object does not exist
+    /// or the watch could not be made; retried every round).
+    watch: Option<rbd::ObjectWatch>,
 }
 
 impl Gateway {
@@ -461,6 +470,7 @@ impl Gateway {
             published: None,
             record: String::new(),
             joined: false,
+            watch: None,
         };
         // Liveness first: its errors (no permission on the pool, a name taken by a live
         // gateway) stop the start-up. A gateway restarted after a crash finds its own old
@@ -521,7 +531,7 @@ impl Gateway {
         let sh = Arc::clone(&self.shared);
         let thread = std::thread::Builder::new()
             .name("nvmf-gateway".into())
-            .spawn(move || m.run(&sh))
+            .spawn(move || m.run(sh))
             .map_err(|e| format!("cannot start the gateway thread: {e}"))?;
         self.thread = Some(thread);
         Ok(())
@@ -553,6 +563,26 @@ impl Gateway {
             ));
         }
         s.version = v + 1;
+        drop(s);
+        // The other gateways watch the object: tell them now rather than at their next round
+        // (they read the version every round too, should a notify be lost). The notify waits
+        // for every watcher's acknowledgement, a dead gateway's until its watch times out, so
+        // it is sent from a thread of its own.
+        let timeout = Duration::from_secs(cfg.lease_secs.into()) / 4;
+        let sent = std::thread::Builder::new()
+            .name("nvmf-gw-notify".into())
+            .spawn(move || match io.notify(&obj, timeout) {
+                Ok(true) => {}
+                Ok(false) => {
+                    info!(object = %obj, "a gateway did not acknowledge the configuration notify in time (it reads the version at its next round)")
+                }
+                Err(e) => {
+                    warn!(error = %e, "cannot notify the group's gateways (they read the version at their next round)")
+                }
+            });
+        if let Err(e) = sent {
+            warn!(error = %e, "cannot start the notify thread (the group's gateways read the version at their next round)");
+        }
         Ok(())
     }
 
@@ -696,8 +726,9 @@ impl Member {
         Err(format!("{obj}: could not settle the group's configuration"))
     }
 
-    /// Each round: a newer group configuration is handed to the daemon.
-    fn poll_config(&mut self, sh: &Shared) {
+    /// Each round, and on a notify (`notified`): a newer group configuration is handed to the
+    /// daemon.
+    fn poll_config(&mut self, sh: &Shared, notified: bool) {
         let known = sh
             .state
             .lock()
@@ -728,7 +759,8 @@ impl Member {
                         s.version = v;
                         s.subsystems = Some(subs);
                     }
-                    info!(group = %self.cfg.group, version = v, "the group's configuration changed");
+                    let via = if notified { "notify" } else { "round" };
+                    info!(group = %self.cfg.group, version = v, via = %via, "the group's configuration changed");
                     sh.wake();
                 }
                 Err(e) => {
@@ -846,23 +878,63 @@ impl Member {
         !stale.is_empty()
     }
 
-    fn run(mut self, sh: &Shared) {
+    /// Watches the group's configuration object (when it is not watched yet, or the watch
+    /// broke): a notify sets `poked` and wakes the member's thread, which reads the new
+    /// configuration at once.
+    fn ensure_watch(&mut self, sh: &Arc<Shared>) {
+        if self.watch.as_ref().is_some_and(|w| !w.broken()) {
+            return;
+        }
+        // Dropped here, with no lock held (the drop waits for a callback in progress, which
+        // takes the state's lock).
+        self.watch = None;
+        let weak = Arc::downgrade(sh);
+        let poke = move || {
+            if let Some(sh) = weak.upgrade() {
+                sh.state
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .poked = true;
+                sh.cv.notify_all();
+            }
+        };
+        match self
+            .io
+            .watch(&config_obj(&self.cfg.group), self.lease, poke)
+        {
+            Ok(w) => self.watch = Some(w),
+            // No configuration stored yet: the version read of each round finds the first.
+            Err(e) if e.errno == libc::ENOENT => {}
+            Err(e) => {
+                warn!(group = %self.cfg.group, error = %e, "cannot watch the group's configuration (changes are read every round)")
+            }
+        }
+    }
+
+    fn run(mut self, sh: Arc<Shared>) {
         let tick = self.lease / 3;
+        let mut next = Instant::now();
         loop {
-            let (wanted, listeners) = {
-                let s = sh.state.lock().unwrap_or_else(PoisonError::into_inner);
+            let (wanted, listeners, poked) = {
+                let mut s = sh.state.lock().unwrap_or_else(PoisonError::into_inner);
                 if s.stop {
                     break;
                 }
-                (s.wanted.clone(), s.listeners.clone())
+                let poked = std::mem::take(&mut s.poked);
+                (s.wanted.clone(), s.listeners.clone(), poked)
             };
-            let t0 = Instant::now();
-            self.round(sh, &wanted, &listeners);
+            if Instant::now() >= next {
+                next = Instant::now() + tick;
+                self.ensure_watch(&sh);
+                self.round(&sh, &wanted, &listeners);
+            } else if poked {
+                self.poll_config(&sh, true);
+            }
             let s = sh.state.lock().unwrap_or_else(PoisonError::into_inner);
-            let left = tick.saturating_sub(t0.elapsed());
+            let left = next.saturating_duration_since(Instant::now());
             let (s, _) = sh
                 .cv
-                .wait_timeout_while(s, left, |s| !s.stop)
+                .wait_timeout_while(s, left, |s| !s.stop && !s.poked)
                 .unwrap_or_else(PoisonError::into_inner);
             if s.stop {
                 break;
@@ -916,7 +988,7 @@ impl Member {
             Ok(p) => self.peers = p,
             Err(e) => warn!(%group, error = %e, "cannot read the group's gateways"),
         }
-        self.poll_config(sh);
+        self.poll_config(sh, false);
         let settled = self.started.elapsed() >= self.lease;
         // Groups no longer watched are given back.
         let gone: Vec<u32> = self

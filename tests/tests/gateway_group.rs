@@ -37,11 +37,26 @@ fn gateway_yaml(
     home: &[u32],
     cntlids: (u16, u16),
 ) -> String {
+    gateway_yaml_lease(img, port, subsystems, group, name, home, cntlids, 4)
+}
+
+/// [`gateway_yaml`] with a lease of `lease` seconds.
+#[allow(clippy::too_many_arguments)]
+fn gateway_yaml_lease(
+    img: &TestImage,
+    port: u16,
+    subsystems: &str,
+    group: &str,
+    name: &str,
+    home: &[u32],
+    cntlids: (u16, u16),
+    lease: u32,
+) -> String {
     let conf = img.conf.display();
     format!(
         "listeners:\n  - {{ transport: tcp, address: 127.0.0.1, port: {port} }}\n{subsystems}\
          target: {{ threads: 1, cntlid_min: {}, cntlid_max: {} }}\n\
-         gateway: {{ group: {group}, name: {name}, pool: rbd, conf: {conf}, ana_groups: {home:?}, lease_secs: 4 }}\n",
+         gateway: {{ group: {group}, name: {name}, pool: rbd, conf: {conf}, ana_groups: {home:?}, lease_secs: {lease} }}\n",
         cntlids.0, cntlids.1
     )
 }
@@ -54,9 +69,22 @@ fn member(
     cntlids: (u16, u16),
     sock: &Path,
 ) -> TargetProc {
+    member_lease(img, group, name, home, cntlids, sock, 4)
+}
+
+/// [`member`] with a lease of `lease` seconds.
+fn member_lease(
+    img: &TestImage,
+    group: &str,
+    name: &str,
+    home: &[u32],
+    cntlids: (u16, u16),
+    sock: &Path,
+    lease: u32,
+) -> TargetProc {
     let subs = subsystems_yaml(img, "NVMFRSGG01");
     TargetProc::start_with_env(
-        |port, _| gateway_yaml(img, port, &subs, group, name, home, cntlids),
+        |port, _| gateway_yaml_lease(img, port, &subs, group, name, home, cntlids, lease),
         &[],
         &["--control-socket".into(), sock.into()],
     )
@@ -222,7 +250,9 @@ fn ctl(sock: &Path, args: &[&str]) -> String {
 
 /// The group's configuration lives in RADOS: the first gateway's file seeds it, a gateway
 /// whose file has no subsystems takes it, a file that disagrees with it is refused (naming
-/// the difference), and `ctl` on one gateway changes every gateway, also one started later.
+/// the difference), and `ctl` on one gateway changes every gateway at once (a RADOS notify:
+/// the leases of 60 s put the rounds that read the version 20 s apart), also one started
+/// later.
 #[test]
 fn the_group_configuration_is_kept_in_rados_and_shared() {
     let Some(conf) = ceph::conf() else { return };
@@ -230,11 +260,11 @@ fn the_group_configuration_is_kept_in_rados_and_shared() {
     let group = format!("c{}", std::process::id());
     let dir = nvmf_tests::TempDir::new("gc");
     let (sock_a, sock_b) = (dir.0.join("a.sock"), dir.0.join("b.sock"));
-    let a = member(&img, &group, "gw-a", &[1], (1, 0x7fff), &sock_a);
+    let a = member_lease(&img, &group, "gw-a", &[1], (1, 0x7fff), &sock_a, 60);
     a.wait_log("seeded the group's configuration", 1);
     // B's file has no subsystems: it serves the group's.
     let mut b = TargetProc::start_with_env(
-        |port, _| gateway_yaml(&img, port, "", &group, "gw-b", &[], (0x8000, 0xffef)),
+        |port, _| gateway_yaml_lease(&img, port, "", &group, "gw-b", &[], (0x8000, 0xffef), 60),
         &[],
         &["--control-socket".into(), sock_b.clone().into()],
     );
@@ -300,7 +330,15 @@ fn the_group_configuration_is_kept_in_rados_and_shared() {
         &sock_b,
         &["add-namespace", TEST_NQN, "--nsid", "2", "--null", "16MiB"],
     );
-    a.wait_log("the group's configuration applied", 1);
+    let t = Instant::now();
+    let log = a.wait_log("the group's configuration applied", 1);
+    let took = t.elapsed();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("the group's configuration changed") && l.contains("via=notify")),
+        "{log}"
+    );
+    assert!(took < Duration::from_secs(5), "applied after {took:?}");
     let on_a = ctl(&sock_a, &["list"]);
     assert!(on_a.contains("nsid: 2"), "{on_a}");
     let c = initiator::Controller::connect(path(&a)).unwrap();
@@ -309,7 +347,8 @@ fn the_group_configuration_is_kept_in_rados_and_shared() {
 
     // B restarted (its file still has no subsystems) starts with the group's, namespace 2
     // included.
-    b.kill_and_restart();
+    assert!(b.terminate(), "{}", b.log_text());
+    b.restart();
     b.wait_log("took the group's configuration", 2);
     let on_b = ctl(&sock_b, &["list"]);
     assert!(on_b.contains("nsid: 2"), "{on_b}");
