@@ -333,9 +333,22 @@ pub struct Status {
 /// lease holder of its ANA group: the others answer its commands ANA Inaccessible) changes
 /// it; it reads the state when it starts serving the group and saves every change with a
 /// write guarded by the version it read, so a gateway that lost the group without knowing it
-/// yet cannot overwrite what the new server did (its command fails instead).
+/// yet cannot overwrite what the new server did (its command fails instead). The writes of
+/// reservation commands run on a thread of the store's own (`nvmf-resv-save`), so a poller
+/// never waits for the cluster.
 #[derive(Debug)]
 pub struct GroupResvStore {
+    objects: Arc<ResvObjects>,
+    /// The saving thread's queue (started with the first save).
+    saver: Mutex<Option<std::sync::mpsc::Sender<SaveJob>>>,
+}
+
+/// A save for the saving thread: (subsystem NQN, NSID, state, where the result goes).
+type SaveJob = (String, u32, Option<Vec<u8>>, crate::core::SaveDone);
+
+/// The reservation objects of a group.
+#[derive(Debug)]
+struct ResvObjects {
     io: Arc<rbd::IoCtx>,
     group: String,
     /// The version each namespace's state was read at (0: none stored; `u64::MAX`: the read
@@ -343,7 +356,7 @@ pub struct GroupResvStore {
     versions: Mutex<BTreeMap<(String, u32), u64>>,
 }
 
-impl GroupResvStore {
+impl ResvObjects {
     fn obj(&self, subnqn: &str, nsid: u32) -> String {
         format!("nvmf.{}.resv.{subnqn}.{nsid}", self.group)
     }
@@ -354,6 +367,60 @@ impl crate::core::ResvStore for GroupResvStore {
         true
     }
 
+    fn load(&self, subnqn: &str, nsid: u32) -> Option<Vec<u8>> {
+        self.objects.load(subnqn, nsid)
+    }
+
+    fn save(&self, subnqn: &str, nsid: u32, state: Option<&[u8]>) -> std::io::Result<()> {
+        self.objects.save(subnqn, nsid, state)
+    }
+
+    fn save_then(
+        &self,
+        subnqn: &str,
+        nsid: u32,
+        state: Option<Vec<u8>>,
+        done: crate::core::SaveDone,
+    ) {
+        let mut saver = self.saver.lock().unwrap_or_else(PoisonError::into_inner);
+        if saver.is_none() {
+            let (tx, rx) = std::sync::mpsc::channel::<SaveJob>();
+            let objects = Arc::clone(&self.objects);
+            let started = std::thread::Builder::new()
+                .name("nvmf-resv-save".into())
+                .spawn(move || {
+                    for (subnqn, nsid, state, done) in rx {
+                        done(objects.save(&subnqn, nsid, state.as_deref()));
+                    }
+                });
+            match started {
+                Ok(_) => *saver = Some(tx),
+                Err(e) => {
+                    drop(saver);
+                    return done(Err(std::io::Error::other(format!(
+                        "cannot start the reservation saving thread: {e}"
+                    ))));
+                }
+            }
+        }
+        let job = (subnqn.to_owned(), nsid, state, done);
+        if let Some(Err(std::sync::mpsc::SendError((_, _, _, done)))) =
+            saver.as_ref().map(|tx| tx.send(job))
+        {
+            // The thread is gone (it does not end while the store lives): fail the command.
+            drop(saver);
+            done(Err(std::io::Error::other(
+                "the reservation saving thread is gone",
+            )));
+        }
+    }
+
+    fn shared(&self) -> bool {
+        true
+    }
+}
+
+impl ResvObjects {
     fn load(&self, subnqn: &str, nsid: u32) -> Option<Vec<u8>> {
         let oid = self.obj(subnqn, nsid);
         let (version, data) = match read_versioned(&self.io, &oid) {
@@ -399,10 +466,6 @@ impl crate::core::ResvStore for GroupResvStore {
         }
         versions.insert(key, v + 1);
         Ok(())
-    }
-
-    fn shared(&self) -> bool {
-        true
     }
 }
 
@@ -590,9 +653,12 @@ impl Gateway {
     pub fn resv_store(&self) -> Arc<GroupResvStore> {
         let (io, cfg) = self.member();
         Arc::new(GroupResvStore {
-            io,
-            group: cfg.group,
-            versions: Mutex::new(BTreeMap::new()),
+            objects: Arc::new(ResvObjects {
+                io,
+                group: cfg.group,
+                versions: Mutex::new(BTreeMap::new()),
+            }),
+            saver: Mutex::new(None),
         })
     }
 

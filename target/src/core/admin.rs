@@ -146,7 +146,7 @@ impl Queue {
         match sqe.opcode {
             admin::IDENTIFY => self.identify(ctrl, sqe, buf),
             admin::GET_LOG_PAGE => self.get_log_page(ctrl, sqe, buf),
-            admin::SET_FEATURES => self.set_features(ctrl, sqe, buf, now),
+            admin::SET_FEATURES => self.set_features(ctrl, cmd, buf, now),
             admin::GET_FEATURES => self.get_features(ctrl, sqe, buf, now),
             admin::ASYNC_EVENT_REQUEST => self.async_event_request(ctrl, sqe),
             admin::KEEP_ALIVE => self.keep_alive(ctrl, now),
@@ -456,10 +456,11 @@ impl Queue {
     fn set_features(
         &mut self,
         ctrl: &Controller,
-        sqe: &Sqe,
+        cmd: &Cmd,
         buf: &[u8],
         now: Instant,
     ) -> Result<Outcome, Reject> {
+        let sqe = &cmd.sqe;
         let fid = sqe.cdw10.get() as u8;
         let cdw11 = sqe.cdw11.get();
         match fid {
@@ -501,13 +502,9 @@ impl Queue {
                 Ok(Outcome::ok())
             }
             feat::RESV_PERSIST => {
-                let bad_ns = || Reject::dnr(Status::INVALID_NS, loc::NSID);
-                let table = self.namespaces().ok_or_else(bad_ns)?;
-                let r = table.reservation(sqe.nsid.get()).ok_or_else(bad_ns)?;
                 let on = cdw11 & 1 != 0;
-                r.command(|s, capable| s.set_ptpl(on, capable))
-                    .map_err(|st| Reject::dnr(st, loc::CDW11))?;
-                Ok(Outcome::ok())
+                let at = (sqe.nsid.get(), loc::CDW11);
+                self.reservation_cmd(cmd, at, false, now, |s, _, capable| s.set_ptpl(on, capable))
             }
             feat::TIMESTAMP => {
                 need_len(buf, feat::TIMESTAMP_DATA_SIZE as usize)?;

@@ -19,9 +19,9 @@ use nvme::resv::{
     notice, AcquireAction, AcquireCmd, BadField, RegisterCmd, ReleaseCmd, REPORT_EDS,
 };
 
-use super::queue::{loc, Fence, Link, Outcome, Parsed, Reject};
-use super::reservation::{Access, HostId, ResvError, ResvState};
-use super::{put_trim_range, Cmd, IoKind, IoOp, NamespaceSpec, Queue, Xfer};
+use super::queue::{loc, Fence, Link, Outcome, Parsed, Reject, ResvSave};
+use super::reservation::{Access, Change, HostId, ResvError, ResvState};
+use super::{put_trim_range, Cmd, IoKind, IoOp, NamespaceSpec, Queue, QueueEvent, Xfer};
 
 /// Read/Write CDW12 bit 30: Force Unit Access.
 const RW_FUA: u32 = 1 << 30;
@@ -194,13 +194,19 @@ impl Queue {
         }
     }
 
-    /// Runs a reservation command on the namespace's state and delivers the notifications it
-    /// raised; returns them.
-    fn reservation_cmd(
+    /// Runs a reservation command on the namespace's state: delivers the notifications it
+    /// raised and completes it (a Preempt and Abort once fenced), or defers it while its
+    /// change is being saved ([`Queue::resv_poll`] finishes it) or while another change of
+    /// the namespace is.
+    /// `field`: where a refusal by the rules points (the command's dword).
+    pub(super) fn reservation_cmd(
         &mut self,
-        nsid: u32,
+        cmd: &Cmd,
+        (nsid, field): (u32, u16),
+        preempt_abort: bool,
+        now: Instant,
         f: impl FnOnce(&mut ResvState, &HostId, bool) -> Result<(), ResvError>,
-    ) -> Result<Vec<(HostId, u8)>, Reject> {
+    ) -> Result<Outcome, Reject> {
         self.refresh_ns_cache();
         let (Some(host), Some((_, table))) = (self.host_id().copied(), &self.ns_cache) else {
             return Err(Reject::dnr(Status::INVALID_NS, loc::NSID));
@@ -208,19 +214,96 @@ impl Queue {
         let r = table
             .reservation(nsid)
             .ok_or_else(|| Reject::dnr(Status::INVALID_NS, loc::NSID))?;
-        let notices = r
-            .command(|s, ptpl_capable| f(s, &host, ptpl_capable))
-            .map_err(|st| {
-                if st == Status::INTERNAL {
-                    Reject::new(st, loc::NONE)
-                } else {
-                    Reject::dnr(st, loc::CDW10)
-                }
-            })?;
-        if !notices.is_empty() {
-            self.deliver_notices(nsid, &notices);
+        let cid = cmd.sqe.cid();
+        if self.resv_save.is_some() {
+            // One save at a time per queue: after this queue's.
+            self.resv_waiting.push((cid, nsid));
+            return Ok(Outcome::Deferred);
         }
-        Ok(notices)
+        let change = r
+            .command(
+                |s, ptpl_capable| f(s, &host, ptpl_capable),
+                self.waker.as_ref(),
+            )
+            .map_err(|st| resv_reject(st, field))?;
+        match change {
+            Change::Done(notices) => Ok(self.resv_done(cmd, nsid, &notices, preempt_abort, now)),
+            Change::Saving(slot) => {
+                self.resv_save = Some(ResvSave {
+                    cmd: cmd.clone(),
+                    nsid,
+                    slot,
+                    preempt_abort,
+                    started: now,
+                });
+                Ok(Outcome::Deferred)
+            }
+            Change::Busy => {
+                self.resv_waiting.push((cid, nsid));
+                Ok(Outcome::Deferred)
+            }
+        }
+    }
+
+    /// A reservation command's change counts: the hosts named are told, and a Preempt and
+    /// Abort waits for the preempted hosts' writes.
+    fn resv_done(
+        &mut self,
+        cmd: &Cmd,
+        nsid: u32,
+        notices: &[(HostId, u8)],
+        preempt_abort: bool,
+        now: Instant,
+    ) -> Outcome {
+        if !notices.is_empty() {
+            self.deliver_notices(nsid, notices);
+        }
+        if preempt_abort {
+            return self.fence(cmd, notices, now);
+        }
+        Outcome::ok()
+    }
+
+    /// Progress of reservation commands (from the event poll): the one whose change was being
+    /// saved completes (or goes on to its fence), and a waiting one runs again once no save
+    /// of its namespace is in progress.
+    pub(super) fn resv_poll(&mut self) {
+        if let Some(p) = &self.resv_save {
+            let Some(r) = p.slot.take() else { return };
+            let p = self.resv_save.take().expect("checked just above");
+            let cid = p.cmd.sqe.cid();
+            match r {
+                Ok(notices) => {
+                    if let Outcome::Deferred =
+                        self.resv_done(&p.cmd, p.nsid, &notices, p.preempt_abort, p.started)
+                    {
+                        // Fenced: completed by the fence's poll.
+                    } else {
+                        self.io_done(&p.cmd, Status::SUCCESS, p.started);
+                        let c = self.cqe(cid, Status::SUCCESS, 0);
+                        self.events.push_back(QueueEvent::Complete(c));
+                    }
+                }
+                Err(st) => {
+                    self.io_done(&p.cmd, st, p.started);
+                    let c = self.reject_cqe(&p.cmd.sqe, resv_reject(st, loc::NONE));
+                    self.events.push_back(QueueEvent::Complete(c));
+                }
+            }
+        }
+        if self.resv_save.is_some() || self.resv_waiting.is_empty() {
+            return;
+        }
+        let (_, nsid) = self.resv_waiting[0];
+        let busy = self
+            .ns_cache
+            .as_ref()
+            .and_then(|(_, t)| t.reservation(nsid))
+            .is_some_and(|r| r.saving());
+        if !busy {
+            let (cid, _) = self.resv_waiting.remove(0);
+            self.events.push_back(QueueEvent::Resume(cid));
+        }
     }
 
     /// Preempt and Abort: the command completes once no write admitted before it is still in
@@ -383,21 +466,22 @@ impl Queue {
             }
             io::RESV_REGISTER => {
                 let c = decoded(RegisterCmd::decode(sqe, buf))?;
-                self.reservation_cmd(ns.nsid, |s, h, ptpl| s.register(h, &c, ptpl))?;
-                Ok(Outcome::ok())
+                self.reservation_cmd(cmd, (ns.nsid, loc::CDW10), false, now, |s, h, ptpl| {
+                    s.register(h, &c, ptpl)
+                })
             }
             io::RESV_ACQUIRE => {
                 let c = decoded(AcquireCmd::decode(sqe, buf))?;
-                let notices = self.reservation_cmd(ns.nsid, |s, h, _| s.acquire(h, &c))?;
-                if c.action == AcquireAction::PreemptAndAbort {
-                    return Ok(self.fence(cmd, &notices, now));
-                }
-                Ok(Outcome::ok())
+                let pa = c.action == AcquireAction::PreemptAndAbort;
+                self.reservation_cmd(cmd, (ns.nsid, loc::CDW10), pa, now, |s, h, _| {
+                    s.acquire(h, &c)
+                })
             }
             io::RESV_RELEASE => {
                 let c = decoded(ReleaseCmd::decode(sqe, buf))?;
-                self.reservation_cmd(ns.nsid, |s, h, _| s.release(h, &c))?;
-                Ok(Outcome::ok())
+                self.reservation_cmd(cmd, (ns.nsid, loc::CDW10), false, now, |s, h, _| {
+                    s.release(h, &c)
+                })
             }
             io::RESV_REPORT => {
                 // Fabrics hosts have 128-bit identifiers: only the extended format can carry
@@ -425,5 +509,15 @@ fn decoded<T>(r: Result<Result<T, BadField>, nvme::DecodeError>) -> Result<T, Re
         Ok(Ok(c)) => Ok(c),
         Ok(Err(_)) => Err(Reject::dnr(Status::INVALID_FIELD, loc::CDW10)),
         Err(_) => Err(Reject::dnr(Status::SGL_INVALID_DATA, loc::DPTR)),
+    }
+}
+
+/// How a reservation command that failed in the state (or its save) is answered: Internal
+/// Error (a save that failed) may be retried, a rule's refusal not.
+fn resv_reject(st: Status, field: u16) -> Reject {
+    if st == Status::INTERNAL {
+        Reject::new(st, loc::NONE)
+    } else {
+        Reject::dnr(st, field)
     }
 }

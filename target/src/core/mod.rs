@@ -42,7 +42,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 pub use queue::QueueStats;
-pub use reservation::ResvStore;
+pub use reservation::{ResvStore, SaveDone};
 
 use nvme::sgl::Sgl;
 use nvme::{Cqe, Sqe, Status};
@@ -637,6 +637,11 @@ pub struct Queue {
     auth: auth::QueueAuth,
     /// A Reservation Acquire (Preempt and Abort) waiting for the preempted hosts' writes.
     fence: Option<queue::Fence>,
+    /// A reservation command whose change is being saved.
+    resv_save: Option<queue::ResvSave>,
+    /// Reservation commands waiting for a save to end (this queue's, or another's on the same
+    /// namespace): (CID, NSID).
+    resv_waiting: Vec<(u16, u32)>,
     /// Fused Compare and Write pairs in progress on this queue.
     fused: fused::Fused,
     /// Writes deferred because a range lock was in the way: (CID, NSID, byte offset, length).

@@ -174,6 +174,16 @@ pub(crate) struct Fence {
     pub started: Instant,
 }
 
+/// A reservation command whose change a store is saving ([`super::reservation::Change`]).
+pub(crate) struct ResvSave {
+    pub cmd: Cmd,
+    pub nsid: u32,
+    pub slot: Arc<super::reservation::SaveSlot>,
+    /// Preempt and Abort: fenced once saved.
+    pub preempt_abort: bool,
+    pub started: Instant,
+}
+
 impl Fence {
     pub(crate) fn done(&self) -> bool {
         self.queues
@@ -267,6 +277,8 @@ impl Queue {
             counters: Arc::new(Counters::default()),
             ns_cache: None,
             fence: None,
+            resv_save: None,
+            resv_waiting: Vec::new(),
             fused: Default::default(),
             blocked: Vec::new(),
             events: VecDeque::new(),
@@ -783,8 +795,12 @@ impl Queue {
         if let Some(ev) = self.events.pop_front() {
             return Some(ev);
         }
-        if matches!(self.link, Link::Io { .. }) && !self.teardown_sent {
-            self.fused_poll();
+        if matches!(self.link, Link::Io { .. } | Link::Admin(_)) && !self.teardown_sent {
+            if matches!(self.link, Link::Io { .. }) {
+                self.fused_poll();
+            }
+            // Reservation commands (Set Features PTPL on the admin queue).
+            self.resv_poll();
             if let Some(ev) = self.events.pop_front() {
                 return Some(ev);
             }

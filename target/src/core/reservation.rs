@@ -8,7 +8,11 @@
 //! Persist Through Power Loss: where the daemon can store the state ([`ResvStore`]: next to a
 //! file namespace), a host may turn PTPL on (Register with CPTPL); from then on every change is
 //! handed to the store as bytes ([`ResvState::encode`]) before the command completes, and a
-//! namespace created at start-up or by a reload starts from what the store kept.
+//! namespace created at start-up or by a reload starts from what the store kept. A change
+//! counts once it is saved: until then the I/O path checks the state before it, the command
+//! waits ([`Change::Saving`]: a store such as a gateway group's saves on a thread of its own, so
+//! the poller never waits for the cluster) and the namespace's next reservation command waits
+//! behind it ([`Change::Busy`]).
 //!
 //! A command that preempts a registration, releases a registrants-only or all-registrants
 //! reservation, or preempts/clears a reservation names the hosts to notify; the queue hands
@@ -20,7 +24,7 @@
 //! parse. Nothing is cancelled: the wait is for those writes to finish.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use nvme::resv::{
     notice, AcquireAction, AcquireCmd, ChangePtpl, RegisterAction, RegisterCmd, ReleaseAction,
@@ -448,12 +452,55 @@ pub trait ResvStore: Send + Sync + std::fmt::Debug {
     fn load(&self, subnqn: &str, nsid: u32) -> Option<Vec<u8>>;
     /// Saves `state`, or with `None` forgets what was saved (PTPL turned off).
     fn save(&self, subnqn: &str, nsid: u32, state: Option<&[u8]>) -> std::io::Result<()>;
+    /// [`ResvStore::save`], with the result handed to `done`, which may run on another thread
+    /// after this returns (a store whose saves take long: the caller is a poller). By default
+    /// the save runs here and `done` before this returns.
+    fn save_then(&self, subnqn: &str, nsid: u32, state: Option<Vec<u8>>, done: SaveDone) {
+        done(self.save(subnqn, nsid, state.as_deref()))
+    }
     /// The state is shared with other targets (a gateway group): every change is saved, PTPL
     /// or not, and [`NsReservation::reload`] reads it again when this target starts serving
     /// the namespace.
     fn shared(&self) -> bool {
         false
     }
+}
+
+/// What [`ResvStore::save_then`] hands the result to.
+pub type SaveDone = Box<dyn FnOnce(std::io::Result<()>) + Send>;
+
+/// What a reservation command did ([`NsReservation::command`]).
+#[derive(Debug)]
+pub enum Change {
+    /// Done (saved, or nothing to save): the hosts to notify.
+    Done(Vec<(HostId, u8)>),
+    /// The change is being saved: the command's result comes through the slot.
+    Saving(Arc<SaveSlot>),
+    /// Another command's change on this namespace is being saved: run the command again
+    /// after it ([`NsReservation::saving`] says when).
+    Busy,
+}
+
+/// Where a change being saved leaves the command's result (the hosts to notify, or the
+/// status to fail it with).
+#[derive(Debug, Default)]
+pub struct SaveSlot(Mutex<Option<Result<Notices, Status>>>);
+
+/// The hosts a change tells, and what (a Reservation Notification log page type).
+pub type Notices = Vec<(HostId, u8)>;
+
+impl SaveSlot {
+    /// The result, once the save ended (taken: `None` again after).
+    pub fn take(&self) -> Option<Result<Notices, Status>> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner).take()
+    }
+}
+
+/// A namespace's state and whether a change of it is being saved.
+#[derive(Debug, Default)]
+struct Guarded {
+    state: ResvState,
+    saving: bool,
 }
 
 /// Where one namespace persists (a store and its key).
@@ -469,7 +516,7 @@ struct Persist {
 #[derive(Debug, Default)]
 pub struct NsReservation {
     held: AtomicBool,
-    state: Mutex<ResvState>,
+    state: Mutex<Guarded>,
     /// Set when the namespace can persist its state.
     persist: Option<Persist>,
 }
@@ -498,7 +545,10 @@ impl NsReservation {
         };
         NsReservation {
             held: AtomicBool::new(state.held.is_some()),
-            state: Mutex::new(state),
+            state: Mutex::new(Guarded {
+                state,
+                saving: false,
+            }),
             persist: Some(Persist {
                 store: store.clone(),
                 subnqn: subnqn.to_owned(),
@@ -514,13 +564,13 @@ impl NsReservation {
         let state = match p.store.load(&p.subnqn, p.nsid) {
             Some(b) => ResvState::decode(&b).unwrap_or_else(|| {
                 tracing::error!(subnqn = %p.subnqn, nsid = p.nsid, "stored reservation state unreadable; keeping the one held");
-                self.lock().clone()
+                self.lock().state.clone()
             }),
             None => ResvState::default(),
         };
-        let mut s = self.lock();
-        *s = state;
-        self.held.store(s.held.is_some(), Ordering::Release);
+        let mut h = self.lock();
+        h.state = state;
+        self.held.store(h.state.held.is_some(), Ordering::Release);
     }
 
     /// Whether the state can persist through power loss (RESCAP.PTPLC).
@@ -529,32 +579,87 @@ impl NsReservation {
     }
 
     /// Runs a reservation command on the state. A change is saved (while PTPL is on, or when
-    /// it was just turned off) before this returns; if saving fails the change is undone and
-    /// the command fails with Internal Error, so what the host was told is what a restart
-    /// finds.
+    /// it was just turned off, or always with a shared store) before it counts: with a store
+    /// that saves at once this returns the result; with one that saves on another thread the
+    /// state stays as it was (the I/O path checks that) until the save ends, the result comes
+    /// through [`Change::Saving`]'s slot and `waker` is called. If saving fails the change is
+    /// dropped and the command fails with Internal Error, so what the host was told is what
+    /// a restart finds.
     pub fn command(
-        &self,
+        self: &Arc<Self>,
         f: impl FnOnce(&mut ResvState, bool) -> Result<(), ResvError>,
-    ) -> Result<Vec<(HostId, u8)>, Status> {
-        let mut s = self.lock();
-        let before = s.clone();
-        let r = f(&mut s, self.ptpl_capable());
-        let notices = std::mem::take(&mut s.notices);
-        if let (Ok(()), Some(p)) = (r, &self.persist) {
-            let shared = p.store.shared();
-            if *s != before && (s.ptpl || before.ptpl || shared) {
-                let bytes = (s.ptpl || shared).then(|| s.encode());
-                if let Err(e) = p.store.save(&p.subnqn, p.nsid, bytes.as_deref()) {
-                    tracing::error!(subnqn = %p.subnqn, nsid = p.nsid, error = %e,
-                        "cannot save the reservation state; the command fails");
-                    *s = before;
-                    return Err(Status::INTERNAL);
-                }
-            }
+        waker: Option<&super::Waker>,
+    ) -> Result<Change, Status> {
+        let mut h = self.lock();
+        if h.saving {
+            return Ok(Change::Busy);
         }
-        self.held.store(s.held.is_some(), Ordering::Release);
-        r.map_err(ResvError::status)?;
+        let before = h.state.clone();
+        let r = f(&mut h.state, self.ptpl_capable());
+        let notices = std::mem::take(&mut h.state.notices);
+        let save = match (&r, &self.persist) {
+            (Ok(()), Some(p)) => {
+                let (s, shared) = (&h.state, p.store.shared());
+                (*s != before && (s.ptpl || before.ptpl || shared))
+                    .then(|| (s.ptpl || shared).then(|| s.encode()))
+            }
+            _ => None,
+        };
+        let (Some(bytes), Some(p)) = (save, &self.persist) else {
+            self.held.store(h.state.held.is_some(), Ordering::Release);
+            r.map_err(ResvError::status)?;
+            return Ok(Change::Done(notices));
+        };
+        // Not counted until saved: the state before stays, and the namespace's next command
+        // waits.
+        let next = std::mem::replace(&mut h.state, before);
+        h.saving = true;
+        drop(h);
+        let slot = Arc::new(SaveSlot::default());
+        let (me, out, waker) = (Arc::clone(self), Arc::clone(&slot), waker.cloned());
+        p.store.save_then(
+            &p.subnqn,
+            p.nsid,
+            bytes,
+            Box::new(move |res| {
+                let r = me.saved(next, notices, res);
+                *out.0.lock().unwrap_or_else(PoisonError::into_inner) = Some(r);
+                if let Some(w) = waker {
+                    w();
+                }
+            }),
+        );
+        match slot.take() {
+            Some(Ok(n)) => Ok(Change::Done(n)),
+            Some(Err(st)) => Err(st),
+            None => Ok(Change::Saving(slot)),
+        }
+    }
+
+    /// A save ended: the change counts if it was kept.
+    fn saved(
+        &self,
+        next: ResvState,
+        notices: Vec<(HostId, u8)>,
+        res: std::io::Result<()>,
+    ) -> Result<Vec<(HostId, u8)>, Status> {
+        let mut h = self.lock();
+        h.saving = false;
+        if let Err(e) = res {
+            if let Some(p) = &self.persist {
+                tracing::error!(subnqn = %p.subnqn, nsid = p.nsid, error = %e,
+                    "cannot save the reservation state; the command fails");
+            }
+            return Err(Status::INTERNAL);
+        }
+        h.state = next;
+        self.held.store(h.state.held.is_some(), Ordering::Release);
         Ok(notices)
+    }
+
+    /// A change of this namespace's state is being saved ([`Change::Busy`] until it ends).
+    pub fn saving(&self) -> bool {
+        self.lock().saving
     }
 
     /// Checks an I/O command of `host` against the reservation.
@@ -563,15 +668,15 @@ impl NsReservation {
         if !self.held.load(Ordering::Acquire) {
             return Ok(());
         }
-        self.lock().check(host, access)
+        self.lock().state.check(host, access)
     }
 
     /// The Reservation Report contents.
     pub fn report(&self) -> Report {
-        self.lock().report()
+        self.lock().state.report()
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, ResvState> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Guarded> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
@@ -890,16 +995,22 @@ mod tests {
 
     #[test]
     fn flag_follows_the_reservation() {
-        let r = NsReservation::default();
+        let r = Arc::new(NsReservation::default());
         assert_eq!(r.check(&H2, Access::Write), Ok(()));
-        r.command(|s, _| {
-            reg(s, &H1, 1)?;
-            acq(s, &H1, A::Acquire, ResvType::ExclusiveAccess, 1, 0)
-        })
-        .unwrap();
+        let c = r.command(
+            |s, _| {
+                reg(s, &H1, 1)?;
+                acq(s, &H1, A::Acquire, ResvType::ExclusiveAccess, 1, 0)
+            },
+            None,
+        );
+        assert!(matches!(c, Ok(Change::Done(_))), "{c:?}");
         assert_eq!(r.check(&H2, Access::Read), Err(ResvError::Conflict));
-        r.command(|s, _| rel(s, &H1, L::Release, ResvType::ExclusiveAccess, 1))
-            .unwrap();
+        let c = r.command(
+            |s, _| rel(s, &H1, L::Release, ResvType::ExclusiveAccess, 1),
+            None,
+        );
+        assert!(matches!(c, Ok(Change::Done(_))), "{c:?}");
         assert!(!r.held.load(Ordering::Relaxed));
         assert_eq!(r.check(&H2, Access::Write), Ok(()));
     }

@@ -70,8 +70,8 @@ impl NsTable {
     }
 
     /// The namespace's reservation state.
-    pub fn reservation(&self, nsid: u32) -> Option<&NsReservation> {
-        self.resv.get(&nsid).map(|r| &**r)
+    pub fn reservation(&self, nsid: u32) -> Option<&Arc<NsReservation>> {
+        self.resv.get(&nsid)
     }
     /// The namespace's range locks (also for an NSID this table no longer has, if an earlier
     /// table of the subsystem had it).

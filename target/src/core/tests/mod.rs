@@ -433,7 +433,14 @@ pub(super) const HOSTID_B: [u8; 16] = [0xbb; 16];
 /// A target open to any host, host A's admin queue, and I/O queues for host A (HOSTID) and
 /// host B (HOSTID_B, whose admin queue is the last value: dropping it ends B's controller).
 pub(super) fn two_hosts() -> (Arc<Target>, Host, Host, Host, Host) {
-    let t = test_target();
+    two_hosts_with(|_| {})
+}
+
+/// [`two_hosts`] on a target whose parameters `f` changed.
+pub(super) fn two_hosts_with(
+    f: impl FnOnce(&mut TargetParams),
+) -> (Arc<Target>, Host, Host, Host, Host) {
+    let t = test_target_with(f);
     let mut open = test_subsystems();
     open[0].allow_any_host = true;
     t.reconfigure(open, test_listeners());

@@ -316,3 +316,181 @@ fn preempt_and_abort_waits_for_the_preempted_hosts_writes() {
     )
     .ok_result();
 }
+
+/// A store that saves when the test says (as a gateway group's saves on its own thread):
+/// each save waits in `jobs` until [`SlowStore::finish`].
+#[derive(Default)]
+struct SlowStore {
+    jobs: std::sync::Mutex<Vec<(Option<Vec<u8>>, crate::core::SaveDone)>>,
+    saved: std::sync::Mutex<Option<Vec<u8>>>,
+}
+
+impl std::fmt::Debug for SlowStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "SlowStore({} pending)", self.pending())
+    }
+}
+
+impl SlowStore {
+    fn pending(&self) -> usize {
+        self.jobs.lock().unwrap().len()
+    }
+
+    /// Ends the oldest save: kept (`ok`) or failed.
+    fn finish(&self, ok: bool) {
+        let (state, done) = self.jobs.lock().unwrap().remove(0);
+        if ok {
+            *self.saved.lock().unwrap() = state;
+            done(Ok(()));
+        } else {
+            done(Err(std::io::Error::other("the cluster is away")));
+        }
+    }
+}
+
+impl crate::core::ResvStore for SlowStore {
+    fn capable(&self, _: &str, _: u32) -> bool {
+        true
+    }
+    fn load(&self, _: &str, _: u32) -> Option<Vec<u8>> {
+        self.saved.lock().unwrap().clone()
+    }
+    fn save(&self, _: &str, _: u32, _: Option<&[u8]>) -> std::io::Result<()> {
+        unreachable!("saves go through save_then")
+    }
+    fn save_then(&self, _: &str, _: u32, state: Option<Vec<u8>>, done: crate::core::SaveDone) {
+        self.jobs.lock().unwrap().push((state, done));
+    }
+    fn shared(&self) -> bool {
+        true
+    }
+}
+
+/// Runs deferred command `cmd` again (after its queue's Resume) with its payload `data`.
+fn run_again(q: &mut Host, cmd: &mut Cmd, data: &[u8]) -> Exec {
+    match q.q.poll_event() {
+        Some(QueueEvent::Resume(cid)) => assert_eq!(cid, cmd.sqe.cid()),
+        e => panic!(
+            "expected the resumption of CID {}, got {e:?}",
+            cmd.sqe.cid()
+        ),
+    }
+    let mut buf = data.to_vec();
+    buf.resize(4096, 0);
+    q.q.execute(cmd, &mut buf, q.now)
+}
+
+/// With a store that saves on another thread, a reservation command completes once its change
+/// is saved (the poller is woken then) and not before: meanwhile the I/O path checks the
+/// state before it, and another command on the namespace waits behind it and runs after. A
+/// save that fails fails its command (Internal Error, retryable) and the change does not
+/// count. Preempt and Abort saves first, then fences.
+#[test]
+fn reservation_changes_count_once_saved() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let store = Arc::new(SlowStore::default());
+    let s = Arc::clone(&store) as Arc<dyn crate::core::ResvStore>;
+    let (_t, _admin_a, mut qa, mut qb, _admin_b) = two_hosts_with(move |p| p.resv_store = Some(s));
+    let wakes = Arc::new(AtomicUsize::new(0));
+    let w = Arc::clone(&wakes);
+    qa.q.set_waker(Arc::new(move || {
+        w.fetch_add(1, Ordering::SeqCst);
+    }));
+
+    // A registers: deferred until saved, and woken then.
+    let Reply::Deferred(reg_a) = register(&mut qa, RegisterAction::Register, 0, 0xa) else {
+        panic!("a register completed before its change was saved");
+    };
+    assert!(qa.q.poll_event().is_none());
+    assert_eq!(store.pending(), 1);
+    store.finish(true);
+    assert_eq!(wakes.load(Ordering::SeqCst), 1);
+    assert!(qa.expect_completion(reg_a.sqe.cid()).status().is_success());
+
+    // A acquires Write Exclusive; while that is being saved B still writes (the state before
+    // counts) and B's register waits behind it.
+    let Reply::Deferred(acq_a) = acquire(
+        &mut qa,
+        AcquireAction::Acquire,
+        ResvType::WriteExclusive,
+        0xa,
+        0,
+    ) else {
+        panic!("an acquire completed before its change was saved");
+    };
+    let w = qb.rw(io::WRITE, 1, 0, 1, 12);
+    assert!(matches!(w, Reply::Io(..)), "{w:?}");
+    qb.finish_io(w);
+    let (cdw10, reg_b_data) = RegisterCmd {
+        action: RegisterAction::Register,
+        ignore_key: false,
+        ptpl: ChangePtpl::NoChange,
+        crkey: 0,
+        nrkey: 0xb,
+    }
+    .encode();
+    let Reply::Deferred(mut reg_b) = resv(&mut qb, io::RESV_REGISTER, cdw10, &reg_b_data) else {
+        panic!("B's register ran while A's change was being saved");
+    };
+    assert!(
+        qb.q.poll_event().is_none(),
+        "B's register waits for the save"
+    );
+    assert_eq!(store.pending(), 1);
+    store.finish(true);
+    assert!(qa.expect_completion(acq_a.sqe.cid()).status().is_success());
+    conflict(qb.rw(io::WRITE, 1, 0, 1, 12));
+    // B's register runs again now, and is saved in its turn.
+    assert!(matches!(
+        run_again(&mut qb, &mut reg_b, &reg_b_data),
+        Exec::Deferred
+    ));
+    store.finish(true);
+    assert!(qb.expect_completion(reg_b.sqe.cid()).status().is_success());
+
+    // A release whose save fails: Internal Error without DNR, and A still holds it.
+    let Reply::Deferred(rel_a) = release(
+        &mut qa,
+        ReleaseAction::Release,
+        ResvType::WriteExclusive,
+        0xa,
+    ) else {
+        panic!("a release completed before its change was saved");
+    };
+    store.finish(false);
+    let c = qa.expect_completion(rel_a.sqe.cid());
+    assert_eq!(c.status(), Status::INTERNAL, "{c:?}");
+    conflict(qb.rw(io::WRITE, 1, 0, 1, 12));
+    let rep = Report::decode_ext(report(&mut qa, true).ok_data()).unwrap();
+    assert_eq!(rep.rtype, Some(ResvType::WriteExclusive));
+
+    // B preempts and aborts A: saved, then fenced (nothing of A's in flight), then complete.
+    let Reply::Deferred(pa) = acquire(
+        &mut qb,
+        AcquireAction::PreemptAndAbort,
+        ResvType::WriteExclusive,
+        0xb,
+        0xa,
+    ) else {
+        panic!("a preempt completed before its change was saved");
+    };
+    assert!(qb.q.poll_event().is_none());
+    store.finish(true);
+    assert!(qb.expect_completion(pa.sqe.cid()).status().is_success());
+    conflict(qa.rw(io::WRITE, 1, 0, 1, 12));
+    assert_eq!(store.pending(), 0);
+    // What the store kept is what the namespace holds now.
+    let kept = store.load("", 1).unwrap();
+    let rep = Report::decode_ext(report(&mut qa, true).ok_data()).unwrap();
+    let holder: Vec<_> = rep
+        .registrants
+        .iter()
+        .filter(|r| r.2)
+        .map(|r| r.0)
+        .collect();
+    assert_eq!(holder, vec![HOSTID_B]);
+    let kept = crate::core::reservation::ResvState::decode(&kept)
+        .unwrap()
+        .report();
+    assert_eq!(rep, kept);
+}
