@@ -293,9 +293,11 @@ impl StorageWatch {
         }
     }
 
-    /// Has `dev` (an RBD image) report its header changes here.
+    /// Has `dev` (an RBD image) report its header changes, and its client being fenced, here.
     fn watch(self: &Arc<Self>, dev: &Device) {
         let Some(img) = dev.rbd() else { return };
+        let me = Arc::clone(self);
+        dev.on_fenced(Arc::new(move || me.notify()));
         let me = Arc::clone(self);
         if let Err(e) = img.watch(move || me.notify()) {
             warn!(image = img.name(), error = %e, "no update watch on the image: a resize will be seen only at a reload");
@@ -495,6 +497,16 @@ impl Daemon {
     pub fn refresh_storage(&mut self) -> Option<Result<ReloadReport, ReloadError>> {
         if !self.storage.changed.swap(false, Ordering::SeqCst) {
             return None;
+        }
+        // A fenced client serves nothing any more: its namespaces are opened again (as a
+        // resized one is) on a new connection.
+        for d in self.devices.iter().flatten() {
+            if d.fenced().is_hit() {
+                if let Some(img) = d.rbd() {
+                    warn!(image = img.name(), client = %img.ioctx().cluster().client_name(), "this gateway's cluster client was blocklisted (another gateway fenced it): opening the image again on a new connection");
+                    crate::backend::rbd_forget_cluster(img.ioctx().cluster());
+                }
+            }
         }
         let cfg = self.base.clone();
         Some(self.reload(&cfg))
@@ -798,11 +810,14 @@ impl Daemon {
                 .iter()
                 .any(|l| l.ana_state(group) == config::AnaState::Optimized)
         };
-        let images: Vec<Arc<rbd::Image>> = self
+        let images: Vec<(Arc<rbd::Image>, Arc<crate::backend::Fenced>)> = self
             .ns_slots
             .values()
             .filter(|(ns, _)| optimized(new, ns.ana_group) && !optimized(&self.cfg, ns.ana_group))
-            .filter_map(|&(_, slot)| self.devices.get(slot as usize)?.as_ref()?.rbd().cloned())
+            .filter_map(|&(_, slot)| {
+                let d = self.devices.get(slot as usize)?.as_ref()?;
+                Some((d.rbd()?.clone(), Arc::clone(d.fenced())))
+            })
             .collect();
         if images.is_empty() {
             return;
@@ -818,10 +833,13 @@ impl Daemon {
         let spawned = std::thread::Builder::new()
             .name("nvmf-rbd-takeover".into())
             .spawn(move || {
-                for img in images {
+                for (img, fenced) in images {
                     match img.break_foreign_lock_except(&spare) {
                         Ok(owners) if owners.is_empty() => {}
                         Ok(owners) => info!(image = img.name(), ?owners, "took over the image: the previous owner's exclusive lock was broken (it is blocklisted)"),
+                        // This gateway was fenced itself (while it stalled, a peer took the
+                        // image over): the daemon opens it again on a new connection.
+                        Err(e) if e.errno == crate::backend::Fenced::ERRNO => fenced.hit(),
                         Err(e) => warn!(image = img.name(), error = %e, "could not break the previous owner's lock; writes wait for it"),
                     }
                 }
@@ -838,7 +856,7 @@ impl Daemon {
             return false;
         };
         if d.kind() == crate::backend::DeviceKind::Rbd {
-            return d.rbd_resized();
+            return d.fenced().is_hit() || d.rbd_resized();
         }
         if d.kind() != crate::backend::DeviceKind::File {
             return false;

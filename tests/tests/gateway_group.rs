@@ -235,6 +235,78 @@ fn a_gateway_group_fails_over_and_back_by_itself() {
     assert!(b.terminate(), "{}", b.log_text());
 }
 
+/// `f` until it does not fail with Namespace Not Ready (a namespace being opened again, which
+/// hosts retry: the status has no DNR), for at most 15 s.
+fn retrying<T>(what: &str, mut f: impl FnMut() -> Result<T, initiator::Error>) -> T {
+    let t = Instant::now();
+    loop {
+        match f() {
+            Err(e) if e.status().map(|s| s.code()) == Some(nvme::Status::NS_NOT_READY.code()) => {
+                assert!(t.elapsed() < Duration::from_secs(15), "{what}: {e}");
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            r => return r.unwrap_or_else(|e| panic!("{what}: {e}")),
+        }
+    }
+}
+
+/// A gateway that stalls (SIGSTOP) past its lease is fenced: B takes the group over and breaks
+/// A's lock on the image, so the cluster blocklists A's client. When A runs again it rejoins
+/// and gets its group back (failback); its old connection can do nothing any more, so A finds
+/// itself fenced, opens the image again on a new connection and serves: the writes through A
+/// land, and every block reads back.
+#[test]
+fn a_fenced_gateway_serves_again_on_a_new_connection() {
+    let Some(conf) = ceph::conf() else { return };
+    let img = TestImage::create(&conf, "gf", 32);
+    let group = format!("f{}", std::process::id());
+    let dir = nvmf_tests::TempDir::new("gf");
+    let (sock_a, sock_b) = (dir.0.join("a.sock"), dir.0.join("b.sock"));
+    let mut a = member(&img, &group, "gw-a", &[1], (1, 0x7fff), &sock_a);
+    let mut b = member(&img, &group, "gw-b", &[], (0x8000, 0xffef), &sock_b);
+    a.wait_log("took the ANA group's lease", 1);
+    {
+        let mut c = initiator::Controller::connect(path(&a)).unwrap();
+        let mut ns = c.open_namespace(1).unwrap();
+        for i in 0..16u64 {
+            ns.write_at(&pattern(i), i * 8192).unwrap();
+        }
+        c.shutdown().unwrap();
+    }
+    // A stalls past its lease: B takes the group and fences A.
+    // SAFETY: kill(2) on our own child with plain signal numbers.
+    unsafe { libc::kill(a.child.id() as i32, libc::SIGSTOP) };
+    let log = b.wait_log("took over the image", 1);
+    assert!(log.contains(&img.name), "{log}");
+    // B writes.
+    {
+        let mut c = initiator::Controller::connect(path(&b)).unwrap();
+        let mut ns = c.open_namespace(1).unwrap();
+        for i in 16..32u64 {
+            retrying("write through B", || ns.write_at(&pattern(i), i * 8192));
+        }
+        c.shutdown().unwrap();
+    }
+    // SAFETY: as above.
+    unsafe { libc::kill(a.child.id() as i32, libc::SIGCONT) };
+    // A rejoins, B gives the group back, A finds its client blocklisted and reopens.
+    b.wait_log("failback: giving the ANA group back", 1);
+    a.wait_log("opening the image again on a new connection", 1);
+    let mut c = initiator::Controller::connect(path(&a)).unwrap();
+    let mut ns = c.open_namespace(1).unwrap();
+    for i in 32..48u64 {
+        retrying("write through A", || ns.write_at(&pattern(i), i * 8192));
+    }
+    let mut back = vec![0u8; 8192];
+    for i in 0..48u64 {
+        retrying("read through A", || ns.read_at(&mut back, i * 8192));
+        assert!(back == pattern(i), "block {i} reads back what was written");
+    }
+    c.shutdown().unwrap();
+    assert!(a.terminate(), "{}", a.log_text());
+    assert!(b.terminate(), "{}", b.log_text());
+}
+
 fn ctl(sock: &Path, args: &[&str]) -> String {
     let o = Command::new(target_bin())
         .arg("ctl")

@@ -166,8 +166,55 @@ pub struct Device {
     poll_max: u32,
     /// The image of an RBD namespace.
     rbd: Option<Arc<rbd::Image>>,
+    /// Set when the cluster refused an operation on the image because it blocklisted this
+    /// client (a peer gateway fenced this one).
+    fenced: Arc<Fenced>,
     /// A completed write may still be lost until a flush (see [`Device::volatile_cache`]).
     cache: bool,
+}
+
+/// An RBD namespace's client was blocklisted by the cluster (another gateway broke its lock on
+/// the image after this one stalled past its lease): every operation on that connection fails
+/// from then on (`EBLOCKLISTED`, which is `ESHUTDOWN`), so the namespace must be opened again
+/// on a new connection. Pollers and the takeover thread report it here; the daemon is told
+/// once ([`Device::on_fenced`]) and reopens it.
+#[derive(Default)]
+pub struct Fenced {
+    hit: std::sync::atomic::AtomicBool,
+    wake: std::sync::Mutex<Option<Arc<dyn Fn() + Send + Sync>>>,
+}
+
+impl std::fmt::Debug for Fenced {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Fenced")
+            .field("hit", &self.is_hit())
+            .finish()
+    }
+}
+
+impl Fenced {
+    /// The errno librbd gives a blocklisted client (Ceph's `EBLOCKLISTED`).
+    pub const ERRNO: i32 = libc::ESHUTDOWN;
+
+    /// Reports the fence (the first report wakes the daemon).
+    pub fn hit(&self) {
+        use std::sync::atomic::Ordering;
+        if self.hit.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let wake = self
+            .wake
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        if let Some(w) = wake {
+            w();
+        }
+    }
+
+    pub fn is_hit(&self) -> bool {
+        self.hit.load(std::sync::atomic::Ordering::Acquire)
+    }
 }
 
 impl Device {
@@ -189,6 +236,7 @@ impl Device {
                     dealloc: Deallocate::Zeroes,
                     poll_max: 0,
                     rbd: None,
+                    fenced: Arc::default(),
                     cache: false,
                 })
             }
@@ -274,6 +322,21 @@ impl Device {
     /// The image of an RBD namespace.
     pub fn rbd(&self) -> Option<&Arc<rbd::Image>> {
         self.rbd.as_ref()
+    }
+
+    /// Where an RBD namespace's fence is reported ([`Fenced`]).
+    pub fn fenced(&self) -> &Arc<Fenced> {
+        &self.fenced
+    }
+
+    /// `wake` is called (from any thread) the first time an RBD namespace's client is found
+    /// blocklisted ([`Fenced`]).
+    pub fn on_fenced(&self, wake: Arc<dyn Fn() + Send + Sync>) {
+        *self
+            .fenced
+            .wake
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(wake);
     }
 
     /// For an RBD namespace, whether the image's size (as librbd knows it now) differs from
@@ -453,6 +516,7 @@ fn open_file(spec: &FileSpec) -> Result<Device, DeviceError> {
             dealloc,
             poll_max,
             rbd: None,
+            fenced: Arc::default(),
             cache,
         });
     }
@@ -528,6 +592,7 @@ fn open_file(spec: &FileSpec) -> Result<Device, DeviceError> {
         // the file system and the disk under it.
         poll_max: 0,
         rbd: None,
+        fenced: Arc::default(),
         // The page cache, the file system's metadata and the device's cache: fdatasync.
         cache: true,
     })
@@ -564,6 +629,17 @@ fn rbd_cluster(conf: &Path, user: &str) -> Result<Arc<rbd::Cluster>, rbd::Error>
     map.retain(|_, w| w.strong_count() > 0);
     map.insert(key, Arc::downgrade(&c));
     Ok(c)
+}
+
+/// Forgets `cluster` (its client was blocklisted): namespaces opened from now on connect anew;
+/// those open on it keep it until they are closed.
+pub fn rbd_forget_cluster(cluster: &Arc<rbd::Cluster>) {
+    let mut map = CLUSTERS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some(m) = map.as_mut() {
+        m.retain(|_, w| !std::ptr::eq(w.as_ptr(), Arc::as_ptr(cluster)));
+    }
 }
 
 /// The cluster names (`client.<id>`) of the connections RBD namespaces use now: what the
@@ -609,6 +685,7 @@ fn open_rbd(spec: &RbdSpec) -> Result<Device, DeviceError> {
         },
         poll_max: 0,
         rbd: Some(Arc::new(image)),
+        fenced: Arc::default(),
         // librbd without its client cache (`rbd_cache=false`): a write is on the OSDs, which
         // journal it, when librbd completes it.
         cache: false,

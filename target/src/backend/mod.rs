@@ -20,8 +20,8 @@ mod sys;
 mod watch;
 
 pub use device::{
-    rbd_client_names, Deallocate, Device, DeviceError, DeviceKind, DeviceSpec, Devices, FileSpec,
-    RbdSpec, MAX_BLOCK_SIZE, MIN_BLOCK_SIZE,
+    rbd_client_names, rbd_forget_cluster, Deallocate, Device, DeviceError, DeviceKind, DeviceSpec,
+    Devices, Fenced, FileSpec, RbdSpec, MAX_BLOCK_SIZE, MIN_BLOCK_SIZE,
 };
 pub use pool::{BufId, BufPool, PoolError, BUF_ALIGN, MAX_BUFFERS, MAX_BUFFER_SIZE};
 pub use ring::{Ring, RingConfig, RingError, RingMode, RingStats, SubmitError};

@@ -25,7 +25,7 @@ use std::time::Duration;
 use arrayvec::ArrayVec;
 use io_uring::{opcode, types, IoUring};
 
-use super::device::{Deallocate, Device, DeviceKind, Devices};
+use super::device::{Deallocate, Device, DeviceKind, Devices, Fenced};
 use super::discard::{Discarder, Job};
 use super::pool::{BufId, BufPool};
 use super::sys::{self, MmapRegion};
@@ -156,6 +156,13 @@ struct Dev {
     poll_max: u64,
     /// An RBD image: every operation goes to librbd (`Ring::rbd_images`).
     rbd: bool,
+}
+
+/// An RBD namespace's image and where its fence is reported.
+type RbdImage = (Arc<rbd::Image>, Arc<Fenced>);
+
+fn rbd_image(d: &Device) -> Option<RbdImage> {
+    d.rbd().map(|i| (Arc::clone(i), Arc::clone(d.fenced())))
 }
 
 /// The ring's view of `d`; `iopoll`: the ring has a polled ring.
@@ -341,8 +348,8 @@ pub struct Ring {
     discard_armed: bool,
     /// Reused for the helper's finished jobs.
     discard_done: Vec<(u32, Result<(), i32>)>,
-    /// Per device slot, the image of an RBD namespace.
-    rbd_images: Vec<Option<Arc<rbd::Image>>>,
+    /// Per device slot, the image of an RBD namespace and where its fence is reported.
+    rbd_images: Vec<Option<RbdImage>>,
     /// Where librbd's callbacks leave results (token = slot), made on the first RBD op.
     rbd_done: Option<rbd::Completions>,
     /// librbd operations in flight.
@@ -496,7 +503,7 @@ impl Ring {
             .map(discard_file)
             .collect::<io::Result<_>>()
             .map_err(RingError::Setup)?;
-        let rbd_images = devices.iter().map(|d| d.rbd().cloned()).collect();
+        let rbd_images = devices.iter().map(rbd_image).collect();
         let file_slots = fds.len();
         let n = cfg.max_inflight as usize;
         Ok(Ring {
@@ -559,7 +566,7 @@ impl Ring {
         if self.rbd_images.len() <= i {
             self.rbd_images.resize(i + 1, None);
         }
-        self.rbd_images[i] = device.and_then(|d| d.rbd().cloned());
+        self.rbd_images[i] = device.and_then(rbd_image);
         Ok(())
     }
 
@@ -852,8 +859,8 @@ impl Ring {
         let img = self
             .rbd_images
             .get(op.device as usize)
-            .cloned()
-            .flatten()
+            .and_then(|i| i.as_ref())
+            .map(|(img, _)| Arc::clone(img))
             .ok_or(libc::ENODEV)?;
         if self.rbd_done.is_none() {
             let c = rbd::Completions::new(self.slots.len() as u32)
@@ -1085,6 +1092,11 @@ impl Ring {
             self.rbd_inflight = self.rbd_inflight.saturating_sub(1);
             if ret < 0 && slot.err == 0 {
                 slot.err = i32::try_from(-ret).unwrap_or(libc::EIO);
+                if slot.err == Fenced::ERRNO {
+                    if let Some(Some((_, fenced))) = self.rbd_images.get(slot.dev as usize) {
+                        fenced.hit();
+                    }
+                }
             }
             if kind == RbdKind::Read && ret >= 0 {
                 slot.done = (ret as u64).min(slot.len);
