@@ -24,6 +24,8 @@ RUNTIME=${RUNTIME:-5}
 WORKLOADS=${WORKLOADS:-randread:4k:32 randwrite:4k:32 read:128k:8 randread:4k:1}
 IMAGE_MIB=${IMAGE_MIB:-512}
 CLIENT=${CLIENT:-}
+# Our target's `target:` settings (e.g. "threads: 1, poll: interrupt").
+OURS_SETTINGS=${OURS_SETTINGS:-threads: 1}
 NQN=nqn.2026-11.io.nvmf-rs:bench-rbd
 HOSTNQN=nqn.2014-08.org.nvmexpress:uuid:6b1c2a52-2f4e-4f0e-9d1e-5e0f3c2a7b11
 command -v fio >/dev/null || { echo "$NAME: needs fio (apt-get install fio)" >&2; exit 2; }
@@ -57,7 +59,7 @@ fio --name=fill --ioengine=rbd --clientname=admin --pool=rbd --rbdname=bench --r
 
 # Our target (one poller thread) on the image.
 start_ours() {
-    start_target ours "{ nsid: 1, rbd: { pool: rbd, image: bench, conf: $conf } }" "threads: 1"
+    start_target ours "{ nsid: 1, rbd: { pool: rbd, image: bench, conf: $conf } }" "$OURS_SETTINGS"
     [ -z "$spdk" ] || taskset -pc "$TGT_CPU" "$pid" >/dev/null
 }
 
@@ -76,8 +78,8 @@ child_cpu() {
         printf "%.4f", t }')
 }
 
-# measure CLIENT RW BS QD: one run; sets IOPS, CLI (client + target CPU us per I/O) and OSD
-# (the OSD's CPU us per I/O).
+# measure CLIENT RW BS QD: one run; sets IOPS, CLI (client + target CPU us per I/O), TGT (the
+# target's alone) and OSD (the OSD's CPU us per I/O).
 measure() {
     local client=$1 rw=$2 bs=$3 qd=$4 c0 c1 o0 o1 t0 t1 tp=
     case $client in
@@ -104,9 +106,10 @@ measure() {
     esac
     child_cpu; c1=$CPU_NOW; o1=$(ticks "$osd_pid"); t1=0
     [ -z "$tp" ] || t1=$(ticks "$tp")
-    read -r IOPS CLI OSD < <(awk -v i="$IOPS" -v c0="$c0" -v c1="$c1" -v t0="$t0" -v t1="$t1" \
+    read -r IOPS CLI TGT OSD < <(awk -v i="$IOPS" -v c0="$c0" -v c1="$c1" -v t0="$t0" -v t1="$t1" \
         -v o0="$o0" -v o1="$o1" -v hz="$hz" -v r="$RUNTIME" 'BEGIN {
-        n = i * r; printf "%.0f %.1f %.1f\n", i, 1e6 * ((c1 - c0) + (t1 - t0) / hz) / n, 1e6 * (o1 - o0) / hz / n }')
+        n = i * r; printf "%.0f %.1f %.1f %.1f\n", i, 1e6 * ((c1 - c0) + (t1 - t0) / hz) / n,
+            1e6 * (t1 - t0) / hz / n, 1e6 * (o1 - o0) / hz / n }')
 }
 
 
@@ -117,9 +120,9 @@ case $CLIENT in
     *) echo "$NAME: CLIENT is perf or bench" >&2; exit 2 ;;
 esac
 echo "RBD namespace vs librbd: image rbd/bench ${IMAGE_MIB} MiB on a single-node memstore cluster, NVMe/TCP 127.0.0.1," \
-    "one target thread; $ROUNDS rounds of ${RUNTIME}s per client; clients: $clients; $(tcp_settings)"
+    "our target: { $OURS_SETTINGS }; $ROUNDS rounds of ${RUNTIME}s per client; clients: $clients; $(tcp_settings)"
 [ -n "$spdk" ] || echo "(SPDK with bdev_rbd not found in $SPDK_DIR: WITH_RBD=1 ../shared/tools/build-spdk.sh adds SPDK's target)"
-echo "CPU columns: us of CPU per I/O, client + target (fio: its own process, librbd included) / OSD"
+echo "CPU columns: us of CPU per I/O, client + target (fio: its own process, librbd included) / the target alone / OSD"
 summary=()
 for wl in $WORKLOADS; do
     IFS=: read -r rw bs qd <<<"$wl"
@@ -141,7 +144,7 @@ for wl in $WORKLOADS; do
                 spdk-*) stop_spdk ;;
             esac
             iops[$c]=$IOPS
-            line+=$(printf '  %s %s IOPS (%s/%s us)' "$c" "$IOPS" "$CLI" "$OSD")
+            line+=$(printf '  %s %s IOPS (%s/%s/%s us)' "$c" "$IOPS" "$CLI" "$TGT" "$OSD")
         done
         ours=${iops[ours-bench]:-${iops[ours-perf]:-0}}
         q=$(awk -v a="$ours" -v b="${iops[fio]}" 'BEGIN { printf "%.3f", a / b }')

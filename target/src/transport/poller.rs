@@ -297,7 +297,13 @@ impl Poller {
                 self.shutdown();
                 return;
             }
-            let mut busy = now.saturating_duration_since(last_work) < window
+            // No spin window while operations wait for librbd: their results come from
+            // librbd's threads through an eventfd (a wake-up happens on that side anyway), and
+            // a spin here takes the CPU those threads, and the cluster's daemons on a shared
+            // machine, need to produce them (4k randread QD32 through one poller, measured:
+            // 0.65x fio's librbd spinning, 0.81-0.86x sleeping; target CPU per I/O 43 -> 33 us).
+            let mut busy = (now.saturating_duration_since(last_work) < window
+                && self.store.ring().waiting_on_librbd() == 0)
                 || self.store.inflight_polled() > 0
                 || !self.need_buf.is_empty();
             if !busy && self.store.inflight() > 0 && !self.ring_watched {
