@@ -343,7 +343,7 @@ impl Job {
                     return Err(EINVAL);
                 };
                 let cap = self.caps[index];
-                if b.as_ptr() != xfer || set_len(&mut b, cap, len as usize).is_err() {
+                if b.as_ptr() != xfer || b.set_len(cap, len as usize).is_err() {
                     self.bufs[index] = Some(b);
                     let spec = f.spec.to_string();
                     self.say(format_args!(
@@ -542,25 +542,6 @@ impl Job {
 
 /// How long a wait on one queue lasts while a job has commands in flight on several.
 const SHARED_WAIT: Duration = Duration::from_micros(20);
-
-/// Sets the transfer length of an io_u buffer, keeping its bytes (fio filled a write's data
-/// in already) and its memory.
-fn set_len(b: &mut AnyBuf, cap: usize, len: usize) -> Result<(), Error> {
-    match b {
-        AnyBuf::Rdma(r) => r.set_len(len),
-        AnyBuf::Vec(v) => {
-            if len > cap || len > v.capacity() {
-                return Err(Error::InvalidArgument(format!("{len} bytes")));
-            }
-            // SAFETY: the vector was made with `cap` initialized bytes (`vec![0; cap]`, or
-            // the queue's `alloc_buf(cap)`), and since then only its length has changed: the
-            // bytes up to `cap` are still initialized (fio writes through its pointer, never
-            // past `cap`), and `len <= cap <= capacity`.
-            unsafe { v.set_len(len) };
-            Ok(())
-        }
-    }
-}
 
 fn namespace(ctrl: &Controller, spec: &Spec) -> Result<NsInfo, String> {
     ctrl.namespace(spec.nsid).map_err(|e| match e {

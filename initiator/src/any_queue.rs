@@ -10,7 +10,7 @@ use nvme::Sqe;
 
 use crate::cmd::Transport;
 use crate::error::Error;
-use crate::queue::{sealed, Buf, Carry, Io, Link, PostError, Queue};
+use crate::queue::{sealed, Buf, Carry, Io, Link, PostError, Queue, WaitFds};
 use crate::rdma::{RdmaBuf, RdmaLink, RegisteredBuf};
 use crate::tcp::TcpLink;
 
@@ -47,6 +47,32 @@ impl DerefMut for AnyBuf {
         match self {
             AnyBuf::Vec(v) => v,
             AnyBuf::Rdma(b) => b,
+        }
+    }
+}
+
+impl AnyBuf {
+    /// Sets the length to `len` (a transfer shorter or longer than the last, in the same
+    /// memory), keeping the bytes: for a buffer reused across commands of different sizes (a
+    /// fio engine's io_u, a block device's request buffer). `cap`: the length it was made
+    /// with (a vector: `vec![0; cap]` or the queue's `alloc_buf(cap)`; a registered buffer
+    /// knows its own).
+    pub fn set_len(&mut self, cap: usize, len: usize) -> Result<(), Error> {
+        match self {
+            AnyBuf::Rdma(r) => r.set_len(len),
+            AnyBuf::Vec(v) => {
+                if len > cap || len > v.capacity() {
+                    return Err(Error::InvalidArgument(format!(
+                        "{len} bytes in a buffer of {cap}"
+                    )));
+                }
+                // SAFETY: the vector was made with `cap` initialized bytes and since then
+                // only its length has changed (callers write through its memory, never past
+                // `cap`): the bytes up to `cap` are still initialized, and
+                // `len <= cap <= capacity`.
+                unsafe { v.set_len(len) };
+                Ok(())
+            }
         }
     }
 }
@@ -138,6 +164,12 @@ impl Link for AnyLink {
     }
     fn check(&mut self, io: &mut Io<'_, '_, AnyBuf>) -> Result<(), Error> {
         each!(self, l => l.check(io))
+    }
+    fn prepare_wait(&mut self, io: &mut Io<'_, '_, AnyBuf>) -> Result<Option<WaitFds>, Error> {
+        each!(self, l => l.prepare_wait(io))
+    }
+    fn after_wait(&mut self, io: &mut Io<'_, '_, AnyBuf>) -> Result<(), Error> {
+        each!(self, l => l.after_wait(io))
     }
     fn shut(&mut self) {
         each!(self, l => l.shut())

@@ -262,8 +262,10 @@ macro_rules! rw_submit_methods {
 }
 pub(crate) use rw_submit_methods;
 
-/// A Read/Write/Write Zeroes SQE (CID and data pointer are the queue's business).
-pub(crate) fn rw_sqe(opcode: u8, nsid: u32, slba: u64, nlb: u32) -> Sqe {
+/// A Read/Write/Write Zeroes SQE of `nlb` (1..=65536) blocks at `slba` (CID and data pointer
+/// are the queue's business): for [`crate::Queue::submit`] where the `submit_*` helpers do not
+/// fit (a FUA write: set CDW12 bit 30).
+pub fn rw_sqe(opcode: u8, nsid: u32, slba: u64, nlb: u32) -> Sqe {
     let mut sqe = Sqe::new(opcode, 0);
     sqe.nsid = nsid.into();
     sqe.cdw10 = (slba as u32).into();

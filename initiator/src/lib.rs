@@ -142,13 +142,13 @@ mod tcp;
 
 pub use any_queue::{AnyBuf, AnyLink, AnyQueue, IoQueue, RdmaQueue, TypedQueue};
 pub use auth::DhchapOptions;
-pub use cmd::{Completion, Data, DataRef, NsInfo, Stats, SubmitError, Transport};
+pub use cmd::{rw_sqe, Completion, Data, DataRef, NsInfo, Stats, SubmitError, Transport};
 pub use controller::{
     hostnqn_for, ConnectOptions, Controller, ControllerInfo, Namespace, TlsOptions,
 };
 pub use discovery::{discover, discover_with, DiscoveryEntry};
 pub use error::{CmdError, Error};
-pub use queue::{Buf, Link, Queue};
+pub use queue::{Buf, Link, Queue, WaitFds};
 pub use rdma::{RdmaBuf, RdmaLink};
 pub use tcp::TcpLink;
 pub use tls::{ConfiguredPsk, IdentityVersion};

@@ -116,6 +116,13 @@ pub trait Link: Send + Debug + sealed::Sealed {
     /// Sleep until there may be progress, or `wake`.
     #[doc(hidden)]
     fn sleep(&mut self, io: &mut Io<'_, '_, Self::Buf>, wake: Instant) -> Result<(), Error>;
+    /// [`Link::sleep`] split for another event loop: get ready to wait and say on what
+    /// (`None`: there is progress to make now).
+    #[doc(hidden)]
+    fn prepare_wait(&mut self, io: &mut Io<'_, '_, Self::Buf>) -> Result<Option<WaitFds>, Error>;
+    /// After the wait [`Link::prepare_wait`] asked for (a descriptor fired).
+    #[doc(hidden)]
+    fn after_wait(&mut self, io: &mut Io<'_, '_, Self::Buf>) -> Result<(), Error>;
     /// The occasional check of a spinning queue (RDMA: connection-manager events).
     #[doc(hidden)]
     fn check(&mut self, io: &mut Io<'_, '_, Self::Buf>) -> Result<(), Error>;
@@ -129,6 +136,13 @@ pub trait Link: Send + Debug + sealed::Sealed {
     fn learns_spin(&self) -> bool {
         true
     }
+}
+
+/// What a queue waits on when it has nothing to do ([`Queue::prepare_wait`]): up to two
+/// descriptors, each to be readable, or also writable when its flag is set.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WaitFds {
+    pub fds: [Option<(std::os::fd::RawFd, bool)>; 2],
 }
 
 /// Where a slot's data lives.
@@ -830,6 +844,37 @@ impl<L: Link> Queue<L> {
     /// Collect completions that are ready, without waiting.
     pub fn poll(&mut self, out: &mut Vec<Completion<L::Buf>>) -> Result<usize, Error> {
         self.reap(out, 0, Some(Duration::ZERO))
+    }
+
+    /// For a caller that waits in its own event loop (an async executor, an io_uring) instead
+    /// of in [`Queue::reap`]: after [`Queue::poll`] found nothing, this gets the link ready to
+    /// wait (over RDMA it arms the completion queue) and says on which descriptors; `None`
+    /// when there is progress to make already (poll again). Once one fired, call
+    /// [`Queue::after_wait`], then [`Queue::poll`]. Command timeouts are checked by `poll`,
+    /// so the loop should also call it now and then (every second or so) while commands are
+    /// in flight.
+    pub fn prepare_wait(&mut self) -> Result<Option<WaitFds>, Error> {
+        if let Some(e) = self.failed_error() {
+            return Err(e);
+        }
+        let mut ext = DataRef::None;
+        let mut io = Io {
+            core: &mut self.core,
+            ext: &mut ext,
+        };
+        let r = self.link.prepare_wait(&mut io);
+        r.map_err(|e| self.fail(e))
+    }
+
+    /// A descriptor [`Queue::prepare_wait`] named fired (or the wait ended anyway).
+    pub fn after_wait(&mut self) -> Result<(), Error> {
+        let mut ext = DataRef::None;
+        let mut io = Io {
+            core: &mut self.core,
+            ext: &mut ext,
+        };
+        let r = self.link.after_wait(&mut io);
+        r.map_err(|e| self.fail(e))
     }
 
     /// The slot buffer for a piece `[off, off + len)` of a borrowed buffer: the borrowed

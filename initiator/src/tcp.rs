@@ -50,7 +50,7 @@ use nvme::{Cqe, Sqe};
 
 use crate::cmd::Dir;
 use crate::error::{CmdError, Error};
-use crate::queue::{sealed, Buf, Carry, Io, Link, PostError, Queue, QueueParams};
+use crate::queue::{sealed, Buf, Carry, Io, Link, PostError, Queue, QueueParams, WaitFds};
 use crate::spin::poll_timeout;
 use crate::state::CmdEvent;
 
@@ -926,6 +926,20 @@ impl<B: Buf> Link for TcpLink<B> {
         Ok(())
     }
 
+    fn prepare_wait(&mut self, _: &mut Io<'_, '_, B>) -> Result<Option<WaitFds>, Error> {
+        use std::os::fd::AsRawFd;
+        let out = !self.txq.is_empty() || self.sock.backlog();
+        Ok(Some(WaitFds {
+            fds: [Some((self.sock.tcp().as_raw_fd(), out)), None],
+        }))
+    }
+
+    fn after_wait(&mut self, _: &mut Io<'_, '_, B>) -> Result<(), Error> {
+        // The next read looks (it was dry before the wait).
+        self.rx_dry = false;
+        Ok(())
+    }
+
     fn shut(&mut self) {
         self.txq.clear();
         self.rx_data = None;
@@ -1072,6 +1086,57 @@ mod tests {
             q.reap(&mut out, 1, None).unwrap();
         }
         out
+    }
+
+    /// A caller with its own event loop: `poll` finds nothing while the peer holds the answer,
+    /// `prepare_wait` names the socket (readable only; writable too while a capsule is still
+    /// queued), the socket turns readable when the peer answers, and after `after_wait` the
+    /// next `poll` has the completion.
+    #[test]
+    fn an_outside_event_loop_waits_on_the_named_socket() {
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        let (addr, h) = peer(ic(65536), move |mut p| {
+            let (sqe, _) = p.cmd();
+            rx.recv().unwrap();
+            let d = DataPdu {
+                cccid: sqe.cid(),
+                datal: 4096,
+                last: true,
+                ..Default::default()
+            };
+            p.send(Pdu::C2HData(d), &pattern(4096, 3));
+            p.resp(sqe.cid(), Status::SUCCESS, 0);
+            p.hold();
+        });
+        let mut q = IoQueue::open(&addr, &params(5000)).unwrap();
+        q.submit(read_sqe(1), Data::FromController(vec![0; 4096]), 5)
+            .unwrap();
+        let mut out = Vec::new();
+        assert_eq!(
+            q.poll(&mut out).unwrap(),
+            0,
+            "the capsule left, nothing came back"
+        );
+        let w = q.prepare_wait().unwrap().expect("a socket to wait on");
+        let (fd, write) = w.fds[0].unwrap();
+        assert_eq!(w.fds[1], None);
+        assert!(!write, "nothing left to send");
+        // SAFETY: the queue's socket, open for the whole test.
+        let bfd = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+        let mut fds = [PollFd::new(bfd, PollFlags::POLLIN)];
+        assert_eq!(poll(&mut fds, PollTimeout::from(100u16)).unwrap(), 0);
+        tx.send(()).unwrap();
+        assert_eq!(poll(&mut fds, PollTimeout::from(5000u16)).unwrap(), 1);
+        q.after_wait().unwrap();
+        let t = std::time::Instant::now();
+        while out.is_empty() && t.elapsed() < Duration::from_secs(5) {
+            q.poll(&mut out).unwrap();
+        }
+        assert_eq!(out.len(), 1);
+        assert_eq!((out[0].user_data, out[0].result), (5, Ok(0)));
+        assert_eq!(out[0].buf.as_deref(), Some(&pattern(4096, 3)[..]));
+        drop(q);
+        h.join().unwrap();
     }
 
     #[test]

@@ -24,6 +24,11 @@ pub fn bench_bin() -> PathBuf {
     sibling_bin("nvmf-bench", "nvmf-bench")
 }
 
+/// The `nvmf-ublk` binary next to the test executable (same profile).
+pub fn ublk_bin() -> PathBuf {
+    sibling_bin("nvmf-ublk", "nvmf-ublk")
+}
+
 /// The fio engine (`libnvmf_fio.so`, the nvmf-fio crate) built in the same profile as this test:
 /// the copy in build/<profile>/deps, which building the tests (nvmf-fio is a dev-dependency)
 /// keeps current (cargo copies it up to build/<profile> only when the crate itself is built).

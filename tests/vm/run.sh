@@ -175,9 +175,11 @@ if [ $SETUP = 1 ]; then
 fi
 
 # ---------------- 2. host build ----------------
-need_build=0
+need_build=0 need_ublk=0
 for s in "${SEL[@]}"; do
   [[ " $(header vm-needs "$s") " == *" build "* ]] && need_build=1
+  # nvmf-ublk (and libublk) only for the scenarios that use it (`vm-needs: ublk`).
+  [[ " $(header vm-needs "$s") " == *" ublk "* ]] && need_ublk=1
 done
 
 declare -A BIN=() NOTE=()
@@ -189,8 +191,10 @@ if [ $need_build = 1 ]; then
   for pkg_bin in nvmf-target:nvmf-target nvmf-bench:nvmf-bench nvmf-tests:io_check:example \
       nvmf-tests:reconnect_check:example nvmf-tests:rdma_bad_input:example:raw \
       nvmf-tests:auth_kat:example nvmf-tests:multipath_check:example \
-      nvmf-tests:caw_race:example nvmf-tests:crashpoint:example nvmf-fio:libnvmf_fio.so:lib; do
+      nvmf-tests:caw_race:example nvmf-tests:crashpoint:example nvmf-fio:libnvmf_fio.so:lib \
+      nvmf-ublk:nvmf-ublk; do
     IFS=: read -r pkg bin kind feat <<<"$pkg_bin"
+    [ "$pkg" = nvmf-ublk ] && [ $need_ublk = 0 ] && continue
     sel=() path=$TDIR/release/$bin
     [ "$kind" = example ] && sel=(--example "$bin") path=$TDIR/release/examples/$bin
     [ "$kind" = lib ] && sel=(--lib)
@@ -290,6 +294,7 @@ envs=(
   NVMF_CAWRACE_BIN="${BIN[caw_race]:-}" NVMF_CAWRACE_NOTE="${NOTE[caw_race]:-}"
   NVMF_CRASHPOINT_BIN="${BIN[crashpoint]:-}" NVMF_CRASHPOINT_NOTE="${NOTE[crashpoint]:-}"
   NVMF_FIO_ENGINE="${BIN[libnvmf_fio.so]:-}" NVMF_FIO_ENGINE_NOTE="${NOTE[libnvmf_fio.so]:-}"
+  NVMF_UBLK_BIN="${BIN[nvmf-ublk]:-}" NVMF_UBLK_NOTE="${NOTE[nvmf-ublk]:-}"
   NVMF_NOFLUSH_BIN="$NOFLUSH_BIN" NVMF_NOFLUSH_NOTE="$NOFLUSH_NOTE"
   NVMF_TEST_BREAK="${NVMF_TEST_BREAK:-}" RUST_LOG="${RUST_LOG:-info}" RUST_BACKTRACE=1
 )

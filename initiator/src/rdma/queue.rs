@@ -22,7 +22,7 @@ use super::error::{rejected, RdmaError};
 use super::pool::{IoMr, Pool, RdmaBuf, RegisteredBuf};
 use crate::cmd::Dir;
 use crate::error::{CmdError, Error};
-use crate::queue::{sealed, Carry, Io, Link, PostError, Queue, QueueParams};
+use crate::queue::{sealed, Carry, Io, Link, PostError, Queue, QueueParams, WaitFds};
 use crate::spin::poll_timeout;
 use crate::state::CmdEvent;
 use rdma::active::ConnectError;
@@ -823,6 +823,32 @@ impl<B: RegisteredBuf> Link for RdmaLink<B> {
     }
 
     fn check(&mut self, io: &mut Io<'_, '_, B>) -> Result<(), Error> {
+        self.check_cm(io)
+    }
+
+    fn prepare_wait(&mut self, io: &mut Io<'_, '_, B>) -> Result<Option<WaitFds>, Error> {
+        use std::os::fd::AsRawFd;
+        if let Some(at) = self.conn.nudge_at {
+            self.conn.nudge_if_due(at)?;
+        }
+        // Arm, then look once more: a completion that came before the arm raises no event.
+        self.conn.cq.req_notify(false)?;
+        if self.process_cq(io)? > 0 {
+            return Ok(None);
+        }
+        Ok(Some(WaitFds {
+            fds: [
+                Some((self.conn.comp.as_fd().as_raw_fd(), false)),
+                Some((self.conn.ch.as_fd().as_raw_fd(), false)),
+            ],
+        }))
+    }
+
+    fn after_wait(&mut self, io: &mut Io<'_, '_, B>) -> Result<(), Error> {
+        // Acknowledge the completion events (the next wait re-arms).
+        while self.conn.comp.try_get_event()?.is_some() {
+            io.stats().syscalls += 1;
+        }
         self.check_cm(io)
     }
 
