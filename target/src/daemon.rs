@@ -271,35 +271,22 @@ pub struct Daemon {
     gateway: Option<crate::gateway::View>,
 }
 
-/// Storage changes reported from other threads (librbd's update watches): a flag, and how to
-/// wake the thread that owns the daemon (main: a signal), which then calls
+/// Storage changes reported from other threads (librbd's update watches, a fenced client):
+/// raised, they wake the thread that owns the daemon (main: a signal), which then calls
 /// [`Daemon::refresh_storage`].
 #[derive(Default)]
 struct StorageWatch {
-    changed: AtomicBool,
-    wake: std::sync::Mutex<Option<Arc<dyn Fn() + Send + Sync>>>,
+    changed: crate::backend::Signal,
 }
 
 impl StorageWatch {
-    fn notify(&self) {
-        self.changed.store(true, Ordering::SeqCst);
-        let wake = self
-            .wake
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone();
-        if let Some(w) = wake {
-            w();
-        }
-    }
-
     /// Has `dev` (an RBD image) report its header changes, and its client being fenced, here.
     fn watch(self: &Arc<Self>, dev: &Device) {
         let Some(img) = dev.rbd() else { return };
         let me = Arc::clone(self);
-        dev.on_fenced(Arc::new(move || me.notify()));
+        dev.fenced().on_raise(Arc::new(move || me.changed.raise()));
         let me = Arc::clone(self);
-        if let Err(e) = img.watch(move || me.notify()) {
+        if let Err(e) = img.watch(move || me.changed.raise()) {
             warn!(image = img.name(), error = %e, "no update watch on the image: a resize will be seen only at a reload");
         }
     }
@@ -484,24 +471,20 @@ impl Daemon {
     /// (an RBD image was resized); the daemon's thread then calls
     /// [`Daemon::refresh_storage`].
     pub fn on_storage_change(&self, wake: impl Fn() + Send + Sync + 'static) {
-        *self
-            .storage
-            .wake
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(Arc::new(wake));
+        self.storage.changed.on_raise(Arc::new(wake));
     }
 
     /// If storage reported a change since the last call: applies the running configuration
     /// again, which opens every resized namespace anew and tells the hosts (Namespace
     /// Attribute Changed). `None` when nothing was reported.
     pub fn refresh_storage(&mut self) -> Option<Result<ReloadReport, ReloadError>> {
-        if !self.storage.changed.swap(false, Ordering::SeqCst) {
+        if !self.storage.changed.take() {
             return None;
         }
         // A fenced client serves nothing any more: its namespaces are opened again (as a
         // resized one is) on a new connection.
         for d in self.devices.iter().flatten() {
-            if d.fenced().is_hit() {
+            if d.fenced().is_raised() {
                 if let Some(img) = d.rbd() {
                     warn!(image = img.name(), client = %img.ioctx().cluster().client_name(), "this gateway's cluster client was blocklisted (another gateway fenced it): opening the image again on a new connection");
                     crate::backend::rbd_forget_cluster(img.ioctx().cluster());
@@ -810,7 +793,7 @@ impl Daemon {
                 .iter()
                 .any(|l| l.ana_state(group) == config::AnaState::Optimized)
         };
-        let images: Vec<(Arc<rbd::Image>, Arc<crate::backend::Fenced>)> = self
+        let images: Vec<(Arc<rbd::Image>, Arc<crate::backend::Signal>)> = self
             .ns_slots
             .values()
             .filter(|(ns, _)| optimized(new, ns.ana_group) && !optimized(&self.cfg, ns.ana_group))
@@ -839,7 +822,7 @@ impl Daemon {
                         Ok(owners) => info!(image = img.name(), ?owners, "took over the image: the previous owner's exclusive lock was broken (it is blocklisted)"),
                         // This gateway was fenced itself (while it stalled, a peer took the
                         // image over): the daemon opens it again on a new connection.
-                        Err(e) if e.errno == crate::backend::Fenced::ERRNO => fenced.hit(),
+                        Err(e) if e.errno == crate::backend::EBLOCKLISTED => fenced.raise(),
                         Err(e) => warn!(image = img.name(), error = %e, "could not break the previous owner's lock; writes wait for it"),
                     }
                 }
@@ -856,7 +839,7 @@ impl Daemon {
             return false;
         };
         if d.kind() == crate::backend::DeviceKind::Rbd {
-            return d.fenced().is_hit() || d.rbd_resized();
+            return d.fenced().is_raised() || d.rbd_resized();
         }
         if d.kind() != crate::backend::DeviceKind::File {
             return false;

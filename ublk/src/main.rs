@@ -72,6 +72,9 @@ struct Args {
     /// Bound of each NVMe command, in seconds.
     #[arg(long, default_value_t = 30)]
     io_timeout: u64,
+    /// The device number N of /dev/ublkbN (default: the first free one).
+    #[arg(long)]
+    id: Option<u32>,
 }
 
 /// What the block device is told about the namespace and the controller.
@@ -187,6 +190,7 @@ fn run(args: &Args) -> Result<(), String> {
     let ublk = Arc::new(
         UblkCtrlBuilder::default()
             .name("nvmf")
+            .id(args.id.map_or(-1, |i| i.min(i32::MAX as u32) as i32))
             .nr_queues(queues.len() as u16)
             .depth(depth)
             .io_buf_bytes(caps.max_io)

@@ -166,42 +166,33 @@ pub struct Device {
     poll_max: u32,
     /// The image of an RBD namespace.
     rbd: Option<Arc<rbd::Image>>,
-    /// Set when the cluster refused an operation on the image because it blocklisted this
-    /// client (a peer gateway fenced this one).
-    fenced: Arc<Fenced>,
+    /// Raised when the cluster refused an operation on the image because it blocklisted this
+    /// client ([`EBLOCKLISTED`]: a peer gateway fenced this one); the daemon reopens it.
+    fenced: Arc<Signal>,
     /// A completed write may still be lost until a flush (see [`Device::volatile_cache`]).
     cache: bool,
 }
 
-/// An RBD namespace's client was blocklisted by the cluster (another gateway broke its lock on
-/// the image after this one stalled past its lease): every operation on that connection fails
-/// from then on (`EBLOCKLISTED`, which is `ESHUTDOWN`), so the namespace must be opened again
-/// on a new connection. Pollers and the takeover thread report it here; the daemon is told
-/// once ([`Device::on_fenced`]) and reopens it.
+/// A flag raised from any thread, and whom to wake when it is (the daemon's thread: a
+/// resized image, a fenced client).
 #[derive(Default)]
-pub struct Fenced {
-    hit: std::sync::atomic::AtomicBool,
+pub struct Signal {
+    raised: std::sync::atomic::AtomicBool,
     wake: std::sync::Mutex<Option<Arc<dyn Fn() + Send + Sync>>>,
 }
 
-impl std::fmt::Debug for Fenced {
+impl std::fmt::Debug for Signal {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Fenced")
-            .field("hit", &self.is_hit())
+        f.debug_struct("Signal")
+            .field("raised", &self.is_raised())
             .finish()
     }
 }
 
-impl Fenced {
-    /// The errno librbd gives a blocklisted client (Ceph's `EBLOCKLISTED`).
-    pub const ERRNO: i32 = libc::ESHUTDOWN;
-
-    /// Reports the fence (the first report wakes the daemon).
-    pub fn hit(&self) {
-        use std::sync::atomic::Ordering;
-        if self.hit.swap(true, Ordering::AcqRel) {
-            return;
-        }
+impl Signal {
+    /// Raises the flag and wakes whoever [`Signal::on_raise`] named.
+    pub fn raise(&self) {
+        self.raised.store(true, std::sync::atomic::Ordering::SeqCst);
         let wake = self
             .wake
             .lock()
@@ -212,10 +203,28 @@ impl Fenced {
         }
     }
 
-    pub fn is_hit(&self) -> bool {
-        self.hit.load(std::sync::atomic::Ordering::Acquire)
+    pub fn is_raised(&self) -> bool {
+        self.raised.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Whether it was raised since the last call (lowers it).
+    pub fn take(&self) -> bool {
+        self.raised.swap(false, std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// `wake` is called (on the raising thread) at every raise.
+    pub fn on_raise(&self, wake: Arc<dyn Fn() + Send + Sync>) {
+        *self
+            .wake
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(wake);
     }
 }
+
+/// The errno librbd gives a client the cluster blocklisted (Ceph's `EBLOCKLISTED`): another
+/// gateway broke its lock on the image after it stalled past its lease, and every operation
+/// on that connection fails from then on, so the namespace must be opened again on a new one.
+pub const EBLOCKLISTED: i32 = libc::ESHUTDOWN;
 
 impl Device {
     /// Opens (and if needed creates) the backing store described by `spec`.
@@ -324,19 +333,9 @@ impl Device {
         self.rbd.as_ref()
     }
 
-    /// Where an RBD namespace's fence is reported ([`Fenced`]).
-    pub fn fenced(&self) -> &Arc<Fenced> {
+    /// Raised when an RBD namespace's client is found blocklisted ([`EBLOCKLISTED`]).
+    pub fn fenced(&self) -> &Arc<Signal> {
         &self.fenced
-    }
-
-    /// `wake` is called (from any thread) the first time an RBD namespace's client is found
-    /// blocklisted ([`Fenced`]).
-    pub fn on_fenced(&self, wake: Arc<dyn Fn() + Send + Sync>) {
-        *self
-            .fenced
-            .wake
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(wake);
     }
 
     /// For an RBD namespace, whether the image's size (as librbd knows it now) differs from

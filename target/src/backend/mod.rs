@@ -21,7 +21,7 @@ mod watch;
 
 pub use device::{
     rbd_client_names, rbd_forget_cluster, Deallocate, Device, DeviceError, DeviceKind, DeviceSpec,
-    Devices, Fenced, FileSpec, RbdSpec, MAX_BLOCK_SIZE, MIN_BLOCK_SIZE,
+    Devices, FileSpec, RbdSpec, Signal, EBLOCKLISTED, MAX_BLOCK_SIZE, MIN_BLOCK_SIZE,
 };
 pub use pool::{BufId, BufPool, PoolError, BUF_ALIGN, MAX_BUFFERS, MAX_BUFFER_SIZE};
 pub use ring::{Ring, RingConfig, RingError, RingMode, RingStats, SubmitError};

@@ -25,7 +25,7 @@ use std::time::Duration;
 use arrayvec::ArrayVec;
 use io_uring::{opcode, types, IoUring};
 
-use super::device::{Deallocate, Device, DeviceKind, Devices, Fenced};
+use super::device::{Deallocate, Device, DeviceKind, Devices, Signal, EBLOCKLISTED};
 use super::discard::{Discarder, Job};
 use super::pool::{BufId, BufPool};
 use super::sys::{self, MmapRegion};
@@ -159,7 +159,7 @@ struct Dev {
 }
 
 /// An RBD namespace's image and where its fence is reported.
-type RbdImage = (Arc<rbd::Image>, Arc<Fenced>);
+type RbdImage = (Arc<rbd::Image>, Arc<Signal>);
 
 fn rbd_image(d: &Device) -> Option<RbdImage> {
     d.rbd().map(|i| (Arc::clone(i), Arc::clone(d.fenced())))
@@ -1092,9 +1092,9 @@ impl Ring {
             self.rbd_inflight = self.rbd_inflight.saturating_sub(1);
             if ret < 0 && slot.err == 0 {
                 slot.err = i32::try_from(-ret).unwrap_or(libc::EIO);
-                if slot.err == Fenced::ERRNO {
+                if slot.err == EBLOCKLISTED {
                     if let Some(Some((_, fenced))) = self.rbd_images.get(slot.dev as usize) {
-                        fenced.hit();
+                        fenced.raise();
                     }
                 }
             }
