@@ -234,6 +234,8 @@ impl Nvme {
     /// are in flight; never ends (the queue's thread ends when ublk stops the device).
     async fn reap(&self) {
         let mut out = Vec::new();
+        // One timer for every wait (reset each time): a wait allocates nothing.
+        let mut tick = smol::Timer::after(TICK);
         loop {
             let polled = self.q.borrow_mut().poll(&mut out);
             for c in out.drain(..) {
@@ -253,29 +255,22 @@ impl Nvme {
                 Ok(None) => continue,
                 Err(_) => continue,
             };
-            self.wait(fds).await;
+            tick.set_after(TICK);
+            self.wait(fds, &mut tick).await;
             let _ = self.q.borrow_mut().after_wait();
         }
     }
 
-    /// Until a descriptor of `fds` is ready, or the tick.
-    async fn wait(&self, fds: WaitFds) {
-        let mut waits: Vec<Pin<Box<dyn Future<Output = ()> + '_>>> = Vec::new();
-        for (fd, write) in fds.fds.into_iter().flatten() {
-            let Some(a) = self.watch(fd) else { continue };
-            waits.push(Box::pin(async move {
-                let f = a.readable();
-                if write {
-                    let _ = smol::future::or(f, a.writable()).await;
-                } else {
-                    let _ = f.await;
-                }
-            }));
-        }
-        waits.push(Box::pin(async {
-            smol::Timer::after(TICK).await;
-        }));
-        AnyOf(waits).await
+    /// Until a descriptor of `fds` is ready, or `tick` fires.
+    async fn wait(&self, fds: WaitFds, tick: &mut smol::Timer) {
+        let [a, b] = fds
+            .fds
+            .map(|f| f.and_then(|(fd, write)| Some((self.watch(fd)?, write))));
+        let ready = smol::future::or(ready_of(a), ready_of(b));
+        smol::future::or(ready, async {
+            tick.await;
+        })
+        .await
     }
 
     /// The reactor's watch of `fd` (made the first time).
@@ -298,18 +293,16 @@ impl Nvme {
     }
 }
 
-/// The first of several futures to finish.
-struct AnyOf<'a>(Vec<Pin<Box<dyn Future<Output = ()> + 'a>>>);
-
-impl Future for AnyOf<'_> {
-    type Output = ();
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        for f in self.0.iter_mut() {
-            if f.as_mut().poll(cx).is_ready() {
-                return Poll::Ready(());
-            }
+/// Until `w`'s descriptor is readable (or also writable, with its flag); never without one.
+async fn ready_of(w: Option<(Rc<smol::Async<Fd>>, bool)>) {
+    match w {
+        Some((a, true)) => {
+            let _ = smol::future::or(a.readable(), a.writable()).await;
         }
-        Poll::Pending
+        Some((a, false)) => {
+            let _ = a.readable().await;
+        }
+        None => std::future::pending::<()>().await,
     }
 }
 
