@@ -90,6 +90,39 @@ fn member_lease(
     )
 }
 
+/// Two gateways of one group on a new image: A (controller IDs from 1) home of ANA group 1,
+/// B (from 0x8000) of none, each with its control socket; A holds the group's lease.
+struct Pair {
+    img: TestImage,
+    group: String,
+    dir: nvmf_tests::TempDir,
+    sock_a: PathBuf,
+    sock_b: PathBuf,
+    a: TargetProc,
+    b: TargetProc,
+}
+
+/// [`Pair`] on image `tag` in group `<prefix><pid>` (bind every field: one left unbound is
+/// dropped at once, the image and the gateways with it).
+fn pair(conf: &PathBuf, tag: &str, prefix: &str) -> Pair {
+    let img = TestImage::create(conf, tag, 32);
+    let group = format!("{prefix}{}", std::process::id());
+    let dir = nvmf_tests::TempDir::new(tag);
+    let (sock_a, sock_b) = (dir.0.join("a.sock"), dir.0.join("b.sock"));
+    let a = member(&img, &group, "gw-a", &[1], (1, 0x7fff), &sock_a);
+    let b = member(&img, &group, "gw-b", &[], (0x8000, 0xffef), &sock_b);
+    a.wait_log("took the ANA group's lease", 1);
+    Pair {
+        img,
+        group,
+        dir,
+        sock_a,
+        sock_b,
+        a,
+        b,
+    }
+}
+
 /// The TCP ports `via`'s discovery log lists for the test subsystem.
 fn listed_ports(via: &TargetProc) -> Vec<u16> {
     let mut ports: Vec<u16> = initiator::discover(
@@ -121,13 +154,15 @@ fn state_of(ns: &MultipathNamespace, i: usize) -> Option<AnaState> {
 #[test]
 fn a_gateway_group_fails_over_and_back_by_itself() {
     let Some(conf) = ceph::conf() else { return };
-    let img = TestImage::create(&conf, "gg", 32);
-    let group = format!("t{}", std::process::id());
-    let dir = nvmf_tests::TempDir::new("gg");
-    let (sock_a, sock_b): (PathBuf, PathBuf) = (dir.0.join("a.sock"), dir.0.join("b.sock"));
-    let mut a = member(&img, &group, "gw-a", &[1], (1, 0x7fff), &sock_a);
-    let mut b = member(&img, &group, "gw-b", &[], (0x8000, 0xffef), &sock_b);
-    a.wait_log("took the ANA group's lease", 1);
+    let Pair {
+        img,
+        group,
+        dir: _dir,
+        sock_a: _sock_a,
+        sock_b,
+        mut a,
+        mut b,
+    } = pair(&conf, "gg", "t");
     let (pa, pb) = (a.addr.port(), b.addr.port());
     let mut both = vec![pa, pb];
     both.sort();
@@ -258,13 +293,15 @@ fn retrying<T>(what: &str, mut f: impl FnMut() -> Result<T, initiator::Error>) -
 #[test]
 fn a_fenced_gateway_serves_again_on_a_new_connection() {
     let Some(conf) = ceph::conf() else { return };
-    let img = TestImage::create(&conf, "gf", 32);
-    let group = format!("f{}", std::process::id());
-    let dir = nvmf_tests::TempDir::new("gf");
-    let (sock_a, sock_b) = (dir.0.join("a.sock"), dir.0.join("b.sock"));
-    let mut a = member(&img, &group, "gw-a", &[1], (1, 0x7fff), &sock_a);
-    let mut b = member(&img, &group, "gw-b", &[], (0x8000, 0xffef), &sock_b);
-    a.wait_log("took the ANA group's lease", 1);
+    let Pair {
+        img,
+        group: _group,
+        dir: _dir,
+        sock_a: _sock_a,
+        sock_b: _sock_b,
+        mut a,
+        mut b,
+    } = pair(&conf, "gf", "f");
     {
         let mut c = initiator::Controller::connect(path(&a)).unwrap();
         let mut ns = c.open_namespace(1).unwrap();
@@ -447,13 +484,15 @@ fn reservations_are_kept_by_the_group() {
     use initiator::resv::{AcquireAction, ResvType};
     use nvmf_tests::resv::{acquire, conflict, open_as as open, register};
     let Some(conf) = ceph::conf() else { return };
-    let img = TestImage::create(&conf, "gr", 32);
-    let group = format!("r{}", std::process::id());
-    let dir = nvmf_tests::TempDir::new("gr");
-    let (sock_a, sock_b) = (dir.0.join("a.sock"), dir.0.join("b.sock"));
-    let mut a = member(&img, &group, "gw-a", &[1], (1, 0x7fff), &sock_a);
-    let mut b = member(&img, &group, "gw-b", &[], (0x8000, 0xffef), &sock_b);
-    a.wait_log("took the ANA group's lease", 1);
+    let Pair {
+        img: _img,
+        group: _group,
+        dir: _dir,
+        sock_a: _sock_a,
+        sock_b: _sock_b,
+        mut a,
+        mut b,
+    } = pair(&conf, "gr", "r");
     let (h1, h2) = ([0x11u8; 16], [0x22u8; 16]);
     let block = vec![0x5au8; 4096];
 
