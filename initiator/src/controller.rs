@@ -19,6 +19,8 @@ use crate::any_queue::{AnyLink, AnyQueue, IoQueue, RdmaQueue, TypedQueue};
 use crate::auth::{self, DhchapOptions, TxnIds};
 use crate::cmd::{rw_sqe, DataRef, Dir, NsInfo, Transport};
 use crate::error::{CmdError, Error};
+use crate::namespace::Namespace;
+use crate::path::PathStatus;
 use crate::queue::{Queue, QueueParams};
 use crate::rdma::RdmaLink;
 use crate::spin::{Polling, Spin};
@@ -285,6 +287,10 @@ pub struct Controller {
     namespaces: Vec<NsInfo>,
     timeout: Duration,
     shut_down: bool,
+    /// Where it was reached (a namespace's path status names it).
+    transport: Transport,
+    addr: String,
+    port: u16,
 }
 
 impl std::fmt::Debug for Controller {
@@ -722,6 +728,9 @@ impl Controller {
             namespaces,
             timeout: opts.timeout,
             shut_down: false,
+            transport: opts.transport,
+            addr: opts.addr.clone(),
+            port: opts.port,
         })
     }
 
@@ -790,14 +799,23 @@ impl Controller {
             })
     }
 
-    /// A namespace handle with the synchronous block API, on one of the I/O queues.
+    /// A namespace handle with the synchronous block API, on one of the I/O queues: a
+    /// [`Namespace`] of one path that does not reconnect (the controller stays the
+    /// caller's; [`Namespace::connect`] opens one that owns its connection and reconnects).
     pub fn open_namespace(&mut self, nsid: u32) -> Result<Namespace, Error> {
+        let q = self.open_queue(nsid)?;
+        let status = PathStatus::direct(self.transport, &self.addr, self.port, self.info.cntlid);
+        Ok(Namespace::direct(q, status))
+    }
+
+    /// Namespace `nsid` on one of the I/O queues.
+    pub(crate) fn open_queue(&mut self, nsid: u32) -> Result<NsQueue, Error> {
         let info = self.namespace(nsid)?;
         let queue = self
             .io
             .pop()
             .ok_or_else(|| Error::InvalidArgument("no I/O queue left".into()))?;
-        Ok(Namespace::new(info, queue, &self.info))
+        Ok(NsQueue::new(info, queue, &self.info))
     }
 
     fn lock_admin(&self) -> MutexGuard<'_, AnyQueue> {
@@ -1044,31 +1062,18 @@ struct IoLimits {
     acwu: u16,
 }
 
-/// A namespace on one I/O queue, with a synchronous block API. Offsets and lengths are in
-/// bytes and must be multiples of [`Namespace::block_size`].
-///
-/// ```no_run
-/// # fn f(mut ns: nvmf_initiator::Namespace) -> Result<(), nvmf_initiator::Error> {
-/// let bs = ns.block_size() as usize;
-/// let data = vec![0xa5u8; 16 * bs];
-/// ns.write_at(&data, 0)?;
-/// let mut back = vec![0u8; 16 * bs];
-/// ns.read_at(&mut back, 0)?;
-/// assert_eq!(data, back);
-/// ns.write_zeroes(0, 16 * bs as u64)?;
-/// ns.trim(&[(0, 8 * bs as u64)])?;
-/// # Ok(()) }
-/// ```
+/// A namespace on one I/O queue: the block operations encoded once, run on one connection
+/// ([`Namespace`] runs them on its path set).
 #[derive(Debug)]
-pub struct Namespace {
+pub(crate) struct NsQueue {
     info: NsInfo,
     queue: AnyQueue,
     limits: IoLimits,
 }
 
-impl Namespace {
-    fn new(info: NsInfo, queue: AnyQueue, c: &ControllerInfo) -> Namespace {
-        Namespace {
+impl NsQueue {
+    fn new(info: NsInfo, queue: AnyQueue, c: &ControllerInfo) -> NsQueue {
+        NsQueue {
             info,
             queue,
             limits: IoLimits {
@@ -1080,18 +1085,13 @@ impl Namespace {
         }
     }
 
-    pub fn info(&self) -> &NsInfo {
+    pub(crate) fn info(&self) -> &NsInfo {
         &self.info
     }
 
     /// Size in bytes.
-    pub fn size(&self) -> u64 {
+    pub(crate) fn size(&self) -> u64 {
         self.info.size()
-    }
-
-    /// Logical block size in bytes.
-    pub fn block_size(&self) -> u32 {
-        self.info.block_size
     }
 
     pub(crate) fn queue_ref(&self) -> &AnyQueue {
@@ -1099,13 +1099,8 @@ impl Namespace {
     }
 
     /// The I/O queue, for the asynchronous API (it stays bound to this handle).
-    pub fn queue(&mut self) -> &mut AnyQueue {
+    pub(crate) fn queue(&mut self) -> &mut AnyQueue {
         &mut self.queue
-    }
-
-    /// Give the queue back.
-    pub fn into_queue(self) -> AnyQueue {
-        self.queue
     }
 
     /// Check a byte range and return (first LBA, blocks).
@@ -1147,7 +1142,7 @@ impl Namespace {
 
     /// Read `buf.len()` bytes at byte `offset` (pieces up to MDTS run in parallel on the
     /// queue; data lands directly in `buf`).
-    pub fn read_at(&mut self, buf: &mut [u8], offset: u64) -> Result<(), Error> {
+    pub(crate) fn read_at(&mut self, buf: &mut [u8], offset: u64) -> Result<(), Error> {
         let (slba, nlb) = self.lba_range(offset, buf.len() as u64)?;
         let mut cmds = self.rw_cmds(io::READ, slba, nlb);
         self.queue
@@ -1156,7 +1151,7 @@ impl Namespace {
     }
 
     /// Write `buf` at byte `offset`.
-    pub fn write_at(&mut self, buf: &[u8], offset: u64) -> Result<(), Error> {
+    pub(crate) fn write_at(&mut self, buf: &[u8], offset: u64) -> Result<(), Error> {
         let (slba, nlb) = self.lba_range(offset, buf.len() as u64)?;
         let mut cmds = self.rw_cmds(io::WRITE, slba, nlb);
         self.queue
@@ -1167,7 +1162,7 @@ impl Namespace {
     /// Write `buf` at byte `offset` with Force Unit Access (CDW12 bit 30): when this returns,
     /// the data is on non-volatile media, whatever the controller's write cache (a Flush of
     /// just these blocks).
-    pub fn write_fua_at(&mut self, buf: &[u8], offset: u64) -> Result<(), Error> {
+    pub(crate) fn write_fua_at(&mut self, buf: &[u8], offset: u64) -> Result<(), Error> {
         let (slba, nlb) = self.lba_range(offset, buf.len() as u64)?;
         let mut cmds = self
             .rw_cmds(io::WRITE, slba, nlb)
@@ -1183,7 +1178,7 @@ impl Namespace {
     /// Compare `buf` with the namespace's contents at byte `offset` (Compare, split like a
     /// write): `Ok(true)` if they are equal, `Ok(false)` if the controller answered Compare
     /// Failure.
-    pub fn compare_at(&mut self, buf: &[u8], offset: u64) -> Result<bool, Error> {
+    pub(crate) fn compare_at(&mut self, buf: &[u8], offset: u64) -> Result<bool, Error> {
         if self.limits.oncs & identify::ctrl::ONCS_COMPARE == 0 {
             return Err(Error::Unsupported("Compare (ONCS bit 0 clear)"));
         }
@@ -1221,7 +1216,7 @@ impl Namespace {
     /// `Ok(false)` means the Compare completed with Compare Failure (the Write is then
     /// aborted with Command Aborted due to Failed Fused Command). Any other failure of either
     /// command is `Err`; after a transport failure the write may or may not have happened.
-    pub fn compare_and_write(
+    pub(crate) fn compare_and_write(
         &mut self,
         compare: &[u8],
         write: &[u8],
@@ -1283,14 +1278,14 @@ impl Namespace {
     }
 
     /// Flush the volatile write cache.
-    pub fn flush(&mut self) -> Result<(), Error> {
+    pub(crate) fn flush(&mut self) -> Result<(), Error> {
         let mut sqe = Sqe::new(io::FLUSH, 0);
         sqe.nsid = self.info.nsid.into();
         self.queue.execute("Flush", sqe, DataRef::None).map(|_| ())
     }
 
     /// Write zeroes over `len` bytes at `offset` (Write Zeroes, up to 65536 blocks each).
-    pub fn write_zeroes(&mut self, offset: u64, len: u64) -> Result<(), Error> {
+    pub(crate) fn write_zeroes(&mut self, offset: u64, len: u64) -> Result<(), Error> {
         if self.limits.oncs & identify::ctrl::ONCS_WRITE_ZEROES == 0 {
             return Err(Error::Unsupported("Write Zeroes (ONCS bit 3 clear)"));
         }
@@ -1317,7 +1312,7 @@ impl Namespace {
 
     /// Deallocate byte ranges `(offset, len)` (Dataset Management with AD, up to 256 ranges
     /// per command).
-    pub fn trim(&mut self, ranges: &[(u64, u64)]) -> Result<(), Error> {
+    pub(crate) fn trim(&mut self, ranges: &[(u64, u64)]) -> Result<(), Error> {
         if self.limits.oncs & identify::ctrl::ONCS_DSM == 0 {
             return Err(Error::Unsupported("Dataset Management (ONCS bit 2 clear)"));
         }
@@ -1361,21 +1356,21 @@ impl Namespace {
     /// Reservation Register: register, unregister or replace this host's key (the host is
     /// the Host Identifier of [`ConnectOptions::hostid`]; every controller of the host shares
     /// the registration). A refusal is [`Error::Status`] with Reservation Conflict.
-    pub fn reservation_register(&mut self, c: &resv::RegisterCmd) -> Result<(), Error> {
+    pub(crate) fn reservation_register(&mut self, c: &resv::RegisterCmd) -> Result<(), Error> {
         self.check_reservations()?;
         let (cdw10, data) = c.encode();
         self.resv_command("Reservation Register", io::RESV_REGISTER, cdw10, &data)
     }
 
     /// Reservation Acquire: acquire, preempt, or preempt and abort.
-    pub fn reservation_acquire(&mut self, c: &resv::AcquireCmd) -> Result<(), Error> {
+    pub(crate) fn reservation_acquire(&mut self, c: &resv::AcquireCmd) -> Result<(), Error> {
         self.check_reservations()?;
         let (cdw10, data) = c.encode();
         self.resv_command("Reservation Acquire", io::RESV_ACQUIRE, cdw10, &data)
     }
 
     /// Reservation Release: release or clear.
-    pub fn reservation_release(&mut self, c: &resv::ReleaseCmd) -> Result<(), Error> {
+    pub(crate) fn reservation_release(&mut self, c: &resv::ReleaseCmd) -> Result<(), Error> {
         self.check_reservations()?;
         let (cdw10, data) = c.encode();
         self.resv_command("Reservation Release", io::RESV_RELEASE, cdw10, &data)
@@ -1383,7 +1378,7 @@ impl Namespace {
 
     /// Reservation Report (extended format: fabrics Host Identifiers are 128 bits), with
     /// room for 63 registrants.
-    pub fn reservation_report(&mut self) -> Result<resv::Report, Error> {
+    pub(crate) fn reservation_report(&mut self) -> Result<resv::Report, Error> {
         self.check_reservations()?;
         let mut buf = vec![0u8; 4096];
         let mut sqe = Sqe::new(io::RESV_REPORT, 0);

@@ -69,7 +69,7 @@ pub enum Error {
     /// An NVMe/RDMA connection or queue failed (verbs, rdma_cm, work completions).
     #[error("NVMe/RDMA: {0}")]
     Rdma(#[from] crate::rdma::RdmaError),
-    /// A [`crate::ReconnectingNamespace`] or [`crate::ReconnectingQueue`] could not get its
+    /// A one-path [`crate::Namespace`] or a [`crate::ReconnectingQueue`] could not get its
     /// connection back within its [`crate::ReconnectPolicy`]; `cause` is the last failure (the
     /// command's, or the last connection attempt's).
     #[error("gave up reconnecting after {attempts} attempts in {elapsed:?}: {cause}")]
@@ -78,7 +78,7 @@ pub enum Error {
         elapsed: Duration,
         cause: Arc<Error>,
     },
-    /// A [`crate::MultipathNamespace`] call (or its `open`) found no path it could use
+    /// A multipath [`crate::Namespace`] call (or its opening) found no path it could use
     /// within its wait (ANATT, or [`crate::MultipathOptions::no_path_timeout`]); `paths`
     /// names every path, its connection and ANA state and its last error.
     #[error("{what}: no usable path after {waited:?}: {paths}")]

@@ -86,23 +86,32 @@
 //! commands complete with an error) instead of hanging. Errors carry the NVMe [`nvme::Status`]
 //! when the target answered with one ([`Error::status`]).
 //!
-//! To ride out a target restart or a network outage, open a [`ReconnectingNamespace`] instead
-//! of a [`Namespace`]: the same synchronous block API, and on a transport failure (connection
-//! closed or reset, timeout, protocol error) it drops the controller, reconnects with
-//! exponential backoff as its [`ReconnectPolicy`] says and runs the failed call again. That is
-//! safe because Read, Write, Flush, Write Zeroes and deallocate are idempotent at the block
-//! level. An NVMe status (LBA out of range, write-protected namespace) returns at once; past
-//! the policy's attempts or total time the call fails with [`Error::ReconnectGaveUp`].
-//! [`ReconnectingNamespace::stats`] counts reconnects, failed attempts and retried calls.
-//! [`ReconnectingQueue`] does the same for the asynchronous API (NVMe/TCP and NVMe/RDMA): it
-//! keeps every command in flight (SQE, buffer, caller's value) and, after a reconnect, submits
-//! the ones the failure took down again in their original order.
+//! # One namespace over a set of paths
+//! [`Namespace`] is the one synchronous handle, whatever its paths: on a queue of a
+//! controller the caller keeps ([`Controller::open_namespace`]: one path, no reconnect), on a
+//! connection of its own that reconnects ([`Namespace::connect`] with a [`ReconnectPolicy`]:
+//! on a transport failure it drops the controller, reconnects with exponential backoff and
+//! runs the failed call again, as the Linux host's error recovery does), or over several
+//! paths ([`Namespace::multipath`] with a [`ConnectOptions`] per path, or
+//! [`Namespace::discover`] from a discovery controller: each call goes to an ANA optimized
+//! path, else a non-optimized one, runs again on another path when its path fails or answers
+//! an ANA status, and a failed path reconnects in the background under the same kind of
+//! [`ReconnectPolicy`]). Every operation (read, write, FUA write, compare, Compare and Write,
+//! flush, write zeroes, deallocate, the reservation commands, the `std::io` adapter of
+//! [`Namespace::into_io`]) is written once and works on each form; [`Namespace::paths`] and
+//! [`Namespace::stats`] report the paths the same way for each. An NVMe status (LBA out of
+//! range, a write-protected namespace) returns at once; past the policy's attempts or total
+//! time a call fails with [`Error::ReconnectGaveUp`] (one path) or [`Error::NoUsablePath`]
+//! (several, after waiting ANATT for one).
+//! [`ReconnectingQueue`] does the same for the asynchronous API on one path (NVMe/TCP and
+//! NVMe/RDMA): it keeps every command in flight (SQE, buffer, caller's value) and, after a
+//! reconnect, submits the ones the failure took down again in their original order.
 //!
 //! ```no_run
 //! use std::time::Duration;
-//! use nvmf_initiator::{ConnectOptions, ReconnectPolicy, ReconnectingNamespace};
+//! use nvmf_initiator::{ConnectOptions, MultipathOptions, Namespace, ReconnectPolicy};
 //!
-//! let opts = ConnectOptions::tcp("127.0.0.1", 4420, "nqn.2026-11.io.nvmf-rs:default");
+//! let nqn = "nqn.2026-11.io.nvmf-rs:default";
 //! let policy = ReconnectPolicy {
 //!     max_attempts: 20,
 //!     max_total: Some(Duration::from_secs(30)),
@@ -110,19 +119,21 @@
 //!     max_delay: Duration::from_secs(2),
 //!     multiplier: 2.0,
 //! };
-//! let mut ns = ReconnectingNamespace::connect(opts, 1, policy)?;
-//! let mut buf = vec![0u8; ns.block_size() as usize];
-//! ns.read_at(&mut buf, 0)?;
+//! let mut one = Namespace::connect(ConnectOptions::tcp("127.0.0.1", 4420, nqn), 1, policy)?;
+//! let paths = vec![
+//!     ConnectOptions::tcp("10.0.0.1", 4420, nqn),
+//!     ConnectOptions::rdma("10.0.1.1", 4420, nqn),
+//! ];
+//! let mut several = Namespace::multipath(paths, 1, MultipathOptions::default())?;
+//! let mut buf = vec![0u8; one.block_size() as usize];
+//! for ns in [&mut one, &mut several] {
+//!     ns.read_at(&mut buf, 0)?;
+//!     for p in ns.paths() {
+//!         println!("{}:{} {:?} {:?}", p.addr, p.port, p.state, p.ana_state);
+//!     }
+//! }
 //! # Ok::<(), nvmf_initiator::Error>(())
 //! ```
-//!
-//! To use one namespace over several paths (listeners, transports), open a
-//! [`MultipathNamespace`] ([`MultipathNamespace::open`] with a [`ConnectOptions`] per path, or
-//! [`MultipathNamespace::discover`] from a discovery controller): the same synchronous block
-//! API; each call goes to an ANA optimized path, else a non-optimized one (the controllers'
-//! ANA logs, re-read on the ANA change event, on an ANA status and every second), runs again
-//! on another path when its path fails or answers an ANA status, and a failed path reconnects
-//! in the background. [`MultipathNamespace::paths`] reports each path's state.
 
 mod any_queue;
 mod asyncq;
@@ -132,6 +143,8 @@ mod controller;
 mod discovery;
 mod error;
 mod multipath;
+mod namespace;
+mod path;
 mod queue;
 pub mod rdma;
 mod reconnect;
@@ -144,7 +157,7 @@ pub use any_queue::{AnyBuf, AnyLink, AnyQueue, IoQueue, RdmaQueue, TypedQueue};
 pub use auth::DhchapOptions;
 pub use cmd::{rw_sqe, Completion, Data, DataRef, NsInfo, Stats, SubmitError, Transport};
 pub use controller::{
-    hostnqn_for, ConnectOptions, Controller, ControllerInfo, Namespace, TlsOptions,
+    hostnqn_for, ConnectOptions, Controller, ControllerInfo, TlsOptions, SPLIT_BYTES,
 };
 pub use discovery::{discover, discover_with, DiscoveryEntry};
 pub use error::{CmdError, Error};
@@ -154,13 +167,12 @@ pub use tcp::TcpLink;
 pub use tls::{ConfiguredPsk, IdentityVersion};
 
 pub use asyncq::{AsyncQueue, CmdFuture};
-pub use multipath::{
-    AnaState, MultipathNamespace, MultipathOptions, MultipathStats, PathInfo, PathMonitor,
-    PathPolicy, PathState,
-};
+pub use multipath::{AnaState, MultipathOptions, PathPolicy};
+pub use namespace::Namespace;
 /// Reservation command fields and the Reservation Report, for [`Namespace::reservation_register`] and friends.
 pub use nvme::resv;
-pub use reconnect::{ReconnectPolicy, ReconnectStats, ReconnectingNamespace, ReconnectingQueue};
+pub use path::{PathInfo, PathMonitor, PathState, PathStats, ReconnectPolicy};
+pub use reconnect::ReconnectingQueue;
 pub use spin::{Polling, DEFAULT_SPIN};
 pub use stdio::NamespaceIo;
 

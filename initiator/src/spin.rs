@@ -29,7 +29,7 @@ pub const DEFAULT_SPIN: Duration = Duration::from_micros(50);
 pub enum Polling {
     /// Spin up to [`crate::ConnectOptions::poll_spin`] while commands are in flight, then
     /// sleep; an NVMe/TCP queue whose spins keep running out (a slow device, a load far below
-    /// its pace) stops spinning and sleeps at once, probing one wait in 16 ([`SpinScore`]).
+    /// its pace) stops spinning and sleeps at once, probing one wait in 16 (`SpinScore`).
     /// Low latency at QD1, no spinning core at 10k IOPS on a slow namespace.
     #[default]
     Adaptive,

@@ -10,8 +10,8 @@
 
 use std::io::{self, Read, Seek, SeekFrom, Write};
 
-use crate::controller::Namespace;
 use crate::error::Error;
+use crate::namespace::Namespace;
 
 /// A namespace with a position, for `std::io`. Make one with [`Namespace::into_io`].
 #[derive(Debug)]

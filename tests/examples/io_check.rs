@@ -363,7 +363,7 @@ fn run(a: &Args) -> Res<()> {
                 l.key_mode()
             );
             // A buffer of another queue's pool is refused, and comes back.
-            let other = nsh.queue();
+            let other = nsh.queue().expect("one path");
             ensure!(
                 other.transport() == Transport::Rdma,
                 "second queue is not RDMA"
@@ -389,7 +389,7 @@ fn run(a: &Args) -> Res<()> {
     drop(q);
 
     // ---- synchronous block API (copies through the pool on RDMA, counted) ----
-    let s_sync0 = nsh.queue().stats();
+    let s_sync0 = nsh.queue().expect("one path").stats();
     let big = (4usize << 20).min(a.size as usize);
     let base = a.size - big as u64;
     let mut data = vec![0u8; big];
@@ -412,7 +412,7 @@ fn run(a: &Args) -> Res<()> {
             .map_err(|e| format!("small read_at: {e}"))?;
         check(&r, off, 3)?;
     }
-    let s1 = nsh.queue().stats();
+    let s1 = nsh.queue().expect("one path").stats();
     let s = initiator::Stats {
         payload_bytes: s1.payload_bytes - s_sync0.payload_bytes,
         memcpy_bytes: s1.memcpy_bytes - s_sync0.memcpy_bytes,
@@ -421,7 +421,7 @@ fn run(a: &Args) -> Res<()> {
     println!(
         "sync: write_at/read_at {} MiB + 8 x {bsz} B (in-capsule limit {}): memcpy {} B for payload {} B",
         big >> 20,
-        nsh.queue().in_capsule_limit(),
+        nsh.queue().expect("one path").in_capsule_limit(),
         s.memcpy_bytes,
         s.payload_bytes
     );

@@ -1,6 +1,6 @@
-//! ANA multipath check of the initiator's [`MultipathNamespace`] against a live target whose
+//! ANA multipath check of the initiator's [`Namespace`] against a live target whose
 //! paths' ANA states change (and listeners come and go) while it runs: `--threads` workers,
-//! each with its own `MultipathNamespace` over every `--path` (one host: the same host NQN and
+//! each with its own `Namespace` over every `--path` (one host: the same host NQN and
 //! host ID everywhere) and its own region of `--region-mib` MiB, do random 4 KiB writes of a
 //! per-block pattern (worker, block number, generation) and reads of random earlier-written
 //! blocks, compared with what was last written there, for `--seconds`; then every written block
@@ -32,12 +32,12 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use initiator::{
-    hostnqn_for, ConnectOptions, MultipathNamespace, MultipathOptions, PathInfo, PathMonitor,
-    PathPolicy, PathState, Transport,
+    hostnqn_for, ConnectOptions, MultipathOptions, Namespace, PathInfo, PathMonitor, PathPolicy,
+    PathState, Transport,
 };
 
 #[derive(Parser, Debug)]
-#[command(about = "Verified I/O through MultipathNamespace while the paths' ANA states change")]
+#[command(about = "Verified I/O through Namespace while the paths' ANA states change")]
 struct Args {
     /// A path: TRANSPORT:ADDR:PORT (tcp or rdma), e.g. tcp:127.0.0.1:4420; repeat per path.
     #[arg(long = "path", required = true, value_parser = parse_path)]
@@ -49,7 +49,7 @@ struct Args {
     /// Seconds of random I/O.
     #[arg(long, default_value_t = 60)]
     seconds: u64,
-    /// Workers, each with its own MultipathNamespace and region.
+    /// Workers, each with its own Namespace and region.
     #[arg(long, default_value_t = 2)]
     threads: u32,
     /// MiB per worker (worker i owns [i x size, (i + 1) x size) of the namespace).
@@ -150,7 +150,7 @@ const MAX_REPORTS: u64 = 20;
 
 struct Worker {
     id: u32,
-    ns: MultipathNamespace,
+    ns: Namespace,
     /// First 4 KiB block of the region (namespace-wide index) and the number of blocks.
     first: u64,
     blocks: u64,
@@ -192,7 +192,7 @@ impl Worker {
     }
 
     /// Random writes and verifying reads until `until`; then the final pass.
-    fn run(mut self, until: Instant, final_verify: bool) -> MultipathNamespace {
+    fn run(mut self, until: Instant, final_verify: bool) -> Namespace {
         // Generation last written per block (0: never written, or unknown after a failed
         // write); the written blocks in a list for picking one at random.
         let mut gens = vec![0u64; self.blocks as usize];
@@ -360,7 +360,7 @@ fn run(a: &Args) -> Result<Summary, String> {
     let mut workers = Vec::new();
     for id in 0..a.threads {
         let t = Instant::now();
-        let ns = MultipathNamespace::open_with(paths.clone(), a.nsid, opts.clone())
+        let ns = Namespace::multipath(paths.clone(), a.nsid, opts.clone())
             .map_err(|e| format!("worker {id}: open: {e}"))?;
         let need = (id as u64 + 1) * (a.region_mib << 20);
         if ns.size() < need {

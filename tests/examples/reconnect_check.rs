@@ -1,7 +1,7 @@
 //! Fault check of the initiator's reconnecting handles against a live target, over NVMe/RDMA or
 //! NVMe/TCP: two hosts at once, each on its own controller,
 //!
-//! - `sync`: a [`ReconnectingNamespace`] in a write + read-back-verify loop over 64 regions of
+//! - `sync`: a [`Namespace`] in a write + read-back-verify loop over 64 regions of
 //!   64 KiB at the start of the namespace, a new pattern for every write;
 //! - `async`: a [`ReconnectingQueue`] keeping `--iodepth` 4 KiB writes in flight over 4096
 //!   blocks after the sync regions, each write with a new pattern, every block read back and
@@ -33,10 +33,7 @@ use std::time::{Duration, Instant};
 use clap::{Parser, ValueEnum};
 
 mod common;
-use initiator::{
-    ConnectOptions, Error, ReconnectPolicy, ReconnectStats, ReconnectingNamespace,
-    ReconnectingQueue,
-};
+use initiator::{ConnectOptions, Error, Namespace, PathStats, ReconnectPolicy, ReconnectingQueue};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 enum Mode {
@@ -47,9 +44,7 @@ enum Mode {
 }
 
 #[derive(Parser, Debug)]
-#[command(
-    about = "Verified I/O through ReconnectingNamespace and ReconnectingQueue across a target fault"
-)]
+#[command(about = "Verified I/O through Namespace and ReconnectingQueue across a target fault")]
 struct Args {
     #[command(flatten)]
     target: common::Target,
@@ -123,7 +118,7 @@ const SYNC_REGIONS: usize = 64;
 const SYNC_LEN: usize = 64 << 10;
 const ASYNC_BLOCKS: u64 = 4096;
 
-fn stats_line(s: &ReconnectStats) -> String {
+fn stats_line(s: &PathStats) -> String {
     format!(
         "reconnects={} retries={} failed_attempts={} gave_up={} outage_ms={}",
         s.reconnects,
@@ -169,8 +164,8 @@ fn check_giveup(a: &Args, who: &str, e: &Error, since_ok: Duration) -> Res<Strin
 }
 
 fn sync_host(a: &Args, opts: ConnectOptions, policy: ReconnectPolicy, sh: &Shared) -> Res<String> {
-    let mut ns = ReconnectingNamespace::connect(opts, a.nsid, policy)
-        .map_err(|e| format!("sync: connect: {e}"))?;
+    let mut ns =
+        Namespace::connect(opts, a.nsid, policy).map_err(|e| format!("sync: connect: {e}"))?;
     if ns.size() < (SYNC_REGIONS * SYNC_LEN) as u64 {
         return Err(format!(
             "sync: namespace of {} bytes is too small",

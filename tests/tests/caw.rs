@@ -6,7 +6,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use initiator::{ConnectOptions, Controller, Error, MultipathNamespace, Namespace};
+use initiator::{ConnectOptions, Controller, Error, MultipathOptions, Namespace};
 use nvme::identify::ctrl::FUSES_COMPARE_AND_WRITE;
 use nvmf_tests::caw::{self, RaceOptions};
 use nvmf_tests::{TargetProc, TEST_NQN};
@@ -81,7 +81,7 @@ fn compare_and_write_one_host() {
 
     // Refused before the wire: different lengths, not whole blocks, nothing, an unaligned
     // or out-of-range offset, more than one command's transfer.
-    let sent = ns.queue().stats().commands;
+    let sent = ns.queue().expect("one path").stats().commands;
     invalid(ns.compare_and_write(&new, &other[..bs], off));
     invalid(ns.compare_and_write(&new[..100], &other[..100], off));
     invalid(ns.compare_and_write(&[], &[], off));
@@ -91,8 +91,8 @@ fn compare_and_write_one_host() {
     let max = ((c.info().acwu as usize + 1) * bs).min(c.info().max_transfer as usize);
     let big = max + bs;
     invalid(ns.compare_and_write(&vec![0; big], &vec![0; big], 0));
-    assert_eq!(ns.queue().stats().commands, sent);
-    assert_eq!(ns.queue().in_flight(), 0);
+    assert_eq!(ns.queue().expect("one path").stats().commands, sent);
+    assert_eq!(ns.queue().expect("one path").in_flight(), 0);
 
     ns.read_at(&mut back, off).unwrap();
     assert_eq!(&back[..bs], &other[..bs]);
@@ -115,7 +115,7 @@ fn compare_and_write_one_host() {
 #[test]
 fn compare_and_write_through_a_multipath_namespace() {
     let t = TargetProc::start_default();
-    let mut ns = MultipathNamespace::open(vec![options(&t)], 1).unwrap();
+    let mut ns = Namespace::multipath(vec![options(&t)], 1, MultipathOptions::default()).unwrap();
     let bs = ns.block_size() as usize;
     let (old, new) = (fill(bs, 4), fill(bs, 5));
     ns.write_at(&old, 0).unwrap();

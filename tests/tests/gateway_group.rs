@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use initiator::{AnaState, MultipathNamespace, MultipathOptions};
+use initiator::{AnaState, MultipathOptions, Namespace, ReconnectPolicy};
 use nvmf_tests::ceph::{self, pattern, tcp_path as path, TestImage};
 use nvmf_tests::{target_bin, TargetProc, TEST_NQN};
 
@@ -147,7 +147,7 @@ fn wait_for(what: &str, limit: Duration, mut ok: impl FnMut() -> bool) {
     }
 }
 
-fn state_of(ns: &MultipathNamespace, i: usize) -> Option<AnaState> {
+fn state_of(ns: &Namespace, i: usize) -> Option<AnaState> {
     ns.paths()[i].ana_state
 }
 
@@ -175,12 +175,15 @@ fn a_gateway_group_fails_over_and_back_by_itself() {
     });
 
     let opts = MultipathOptions {
-        reconnect_delay: Duration::from_millis(100),
-        reconnect_max_delay: Duration::from_millis(500),
+        reconnect: ReconnectPolicy {
+            initial_delay: Duration::from_millis(100),
+            max_delay: Duration::from_millis(500),
+            ..ReconnectPolicy::forever()
+        },
         ana_poll: Some(Duration::from_millis(200)),
         ..MultipathOptions::default()
     };
-    let mut ns = MultipathNamespace::open_with(vec![path(&a), path(&b)], 1, opts).unwrap();
+    let mut ns = Namespace::multipath(vec![path(&a), path(&b)], 1, opts).unwrap();
     wait_for(
         "A optimized, B inaccessible",
         Duration::from_secs(10),

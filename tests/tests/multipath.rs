@@ -1,5 +1,5 @@
 //! Initiator multipath (issue #19 item 2): one namespace over several NVMe/TCP listeners of
-//! the real `nvmf-target`, with ANA states per listener. `MultipathNamespace` sends I/O on
+//! the real `nvmf-target`, with ANA states per listener. `Namespace` sends I/O on
 //! optimized paths, moves it when `nvmf-target ctl set-ana-state` changes the states (no call
 //! fails), finds the paths through discovery, fails over when a path's connection is cut (a
 //! TCP proxy in the test, which it cuts and restores) and reconnects the path, and fails with
@@ -17,8 +17,8 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use initiator::{
-    AnaState, ConnectOptions, Error, MultipathNamespace, MultipathOptions, PathInfo, PathMonitor,
-    PathPolicy, PathState,
+    AnaState, ConnectOptions, Error, MultipathOptions, Namespace, PathInfo, PathMonitor,
+    PathPolicy, PathState, ReconnectPolicy,
 };
 use nvmf_tests::{free_port, target_bin, TargetProc, TempDir, TEST_NQN};
 
@@ -119,8 +119,11 @@ fn tcp(port: u16) -> ConnectOptions {
 /// Options for the tests: quick reconnects.
 fn quick() -> MultipathOptions {
     MultipathOptions {
-        reconnect_delay: Duration::from_millis(50),
-        reconnect_max_delay: Duration::from_millis(200),
+        reconnect: ReconnectPolicy {
+            initial_delay: Duration::from_millis(50),
+            max_delay: Duration::from_millis(200),
+            ..ReconnectPolicy::forever()
+        },
         ..MultipathOptions::default()
     }
 }
@@ -176,11 +179,11 @@ fn wait_rounds(w: &mut Writer, n: u64, m: &PathMonitor) {
 struct Writer {
     rounds: Arc<AtomicU64>,
     stop: Arc<AtomicBool>,
-    thread: Option<thread::JoinHandle<Result<MultipathNamespace, String>>>,
+    thread: Option<thread::JoinHandle<Result<Namespace, String>>>,
 }
 
 impl Writer {
-    fn start(mut ns: MultipathNamespace) -> Writer {
+    fn start(mut ns: Namespace) -> Writer {
         let rounds = Arc::new(AtomicU64::new(0));
         let stop = Arc::new(AtomicBool::new(false));
         let (r, s) = (rounds.clone(), stop.clone());
@@ -211,7 +214,7 @@ impl Writer {
         }
     }
 
-    fn finish(mut self) -> MultipathNamespace {
+    fn finish(mut self) -> Namespace {
         self.stop.store(true, Ordering::Relaxed);
         match self.thread.take().unwrap().join().unwrap() {
             Ok(ns) => ns,
@@ -251,8 +254,7 @@ fn io_goes_to_the_optimized_path() {
     let t0 = Instant::now();
     let rig = Rig::start("mp-select", &["optimized", "non-optimized", "optimized"]);
     let mut ns =
-        MultipathNamespace::open_with(vec![rig.path(1), rig.path(0), rig.path(2)], 1, quick())
-            .unwrap();
+        Namespace::multipath(vec![rig.path(1), rig.path(0), rig.path(2)], 1, quick()).unwrap();
     let p = ns.paths();
     assert_eq!(
         states(&p),
@@ -285,7 +287,7 @@ fn io_goes_to_the_optimized_path() {
     // First policy: the first optimized path in the order given takes everything.
     assert_eq!(commands(&ns.paths()), [0, 24, 0]);
     // Round robin: the optimized paths in turn, never the non-optimized one.
-    let mut rr = MultipathNamespace::open_with(
+    let mut rr = Namespace::multipath(
         vec![rig.path(0), rig.path(1), rig.path(2)],
         1,
         MultipathOptions {
@@ -310,7 +312,7 @@ fn ana_changes_move_the_io_without_failing_it() {
     let t0 = Instant::now();
     let rig = Rig::start("mp-ana", &["optimized", "non-optimized"]);
     let (a, b) = (rig.ports[0], rig.ports[1]);
-    let ns = MultipathNamespace::open_with(vec![rig.path(0), rig.path(1)], 1, quick()).unwrap();
+    let ns = Namespace::multipath(vec![rig.path(0), rig.path(1)], 1, quick()).unwrap();
     let m = ns.monitor();
     let mut w = Writer::start(ns);
     io_goes_to(&m, &mut w, 0, 30);
@@ -369,7 +371,8 @@ fn discovery_finds_every_path() {
     let _s = serial();
     let t0 = Instant::now();
     let rig = Rig::start("mp-disc", &["non-optimized", "optimized"]);
-    let mut ns = MultipathNamespace::discover(rig.path(0), TEST_NQN, 1).unwrap();
+    let mut ns =
+        Namespace::discover(rig.path(0), TEST_NQN, 1, MultipathOptions::default()).unwrap();
     let p = ns.paths();
     let mut found: Vec<(u16, Option<AnaState>)> = p.iter().map(|p| (p.port, p.ana_state)).collect();
     found.sort_by_key(|f| f.0);
@@ -390,8 +393,13 @@ fn discovery_finds_every_path() {
     let opt = p.iter().find(|p| p.port == rig.ports[1]).unwrap();
     assert_eq!(opt.commands, 2, "{p:?}");
     // A subsystem nobody serves: a clear error.
-    let e =
-        MultipathNamespace::discover(rig.path(0), "nqn.2026-11.io.nvmf-rs:nobody", 1).unwrap_err();
+    let e = Namespace::discover(
+        rig.path(0),
+        "nqn.2026-11.io.nvmf-rs:nobody",
+        1,
+        MultipathOptions::default(),
+    )
+    .unwrap_err();
     assert!(e.to_string().contains("lists no path"), "{e}");
     ns.shutdown().unwrap();
     println!("discovery_finds_every_path: {:?}", t0.elapsed());
@@ -495,7 +503,7 @@ fn a_cut_path_fails_over_and_comes_back() {
     let t0 = Instant::now();
     let rig = Rig::start("mp-cut", &["optimized", "non-optimized"]);
     let proxy = Proxy::start(SocketAddr::from(([127, 0, 0, 1], rig.ports[0])));
-    let ns = MultipathNamespace::open_with(vec![tcp(proxy.port), rig.path(1)], 1, quick()).unwrap();
+    let ns = Namespace::multipath(vec![tcp(proxy.port), rig.path(1)], 1, quick()).unwrap();
     let m = ns.monitor();
     println!("  [{:?}] open", t0.elapsed());
     assert_eq!(
@@ -547,7 +555,7 @@ fn no_usable_path_waits_then_names_every_path() {
     let t0 = Instant::now();
     let rig = Rig::start("mp-none", &["inaccessible", "persistent-loss"]);
     let wait = Duration::from_millis(1500);
-    let mut ns = MultipathNamespace::open_with(
+    let mut ns = Namespace::multipath(
         vec![rig.path(0), rig.path(1)],
         1,
         MultipathOptions {
@@ -587,7 +595,7 @@ fn no_usable_path_waits_then_names_every_path() {
 
     // A path that becomes usable during the wait takes the waiting call (a handle with the
     // default wait: ANATT, 10 s from nvmf-target).
-    let mut ns = MultipathNamespace::open_with(vec![rig.path(0), rig.path(1)], 1, quick()).unwrap();
+    let mut ns = Namespace::multipath(vec![rig.path(0), rig.path(1)], 1, quick()).unwrap();
     let t = Instant::now();
     let r = thread::scope(|s| {
         s.spawn(|| {

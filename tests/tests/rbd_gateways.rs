@@ -2,7 +2,7 @@
 //! subsystem NQN and namespace (its UUID is derived from both, so it is the same on both),
 //! disjoint controller ID ranges (`target.cntlid_min/max`) so a host's two paths are two
 //! controllers of one subsystem, gateway A's listener optimized and B's inaccessible. The
-//! initiator's `MultipathNamespace` writes and verifies through A; A is killed (SIGKILL), B's
+//! initiator's `Namespace` writes and verifies through A; A is killed (SIGKILL), B's
 //! listener made optimized (`ctl set-ana-state`, what the group's lease will do by itself), and
 //! the same writer goes on through B: every block it wrote before and after reads back.
 //! A test binary of its own (it shares nothing, but kills a target while librbd holds the
@@ -12,7 +12,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use initiator::{AnaState, MultipathNamespace, MultipathOptions};
+use initiator::{AnaState, MultipathOptions, Namespace, ReconnectPolicy};
 use nvmf_tests::caw::{self, RaceOptions};
 use nvmf_tests::ceph::{self, pattern, tcp_path as path, TestImage};
 use nvmf_tests::{target_bin, TargetProc, TEST_NQN};
@@ -62,11 +62,14 @@ fn a_second_gateway_takes_over_an_rbd_namespace() {
         std::thread::sleep(Duration::from_millis(20));
     }
     let opts = MultipathOptions {
-        reconnect_delay: Duration::from_millis(100),
-        reconnect_max_delay: Duration::from_millis(500),
+        reconnect: ReconnectPolicy {
+            initial_delay: Duration::from_millis(100),
+            max_delay: Duration::from_millis(500),
+            ..ReconnectPolicy::forever()
+        },
         ..MultipathOptions::default()
     };
-    let mut ns = MultipathNamespace::open_with(vec![path(&a), path(&b)], 1, opts).unwrap();
+    let mut ns = Namespace::multipath(vec![path(&a), path(&b)], 1, opts).unwrap();
     let paths = ns.paths();
     let ids: Vec<u16> = paths.iter().map(|p| p.cntlid.unwrap()).collect();
     assert!(

@@ -120,7 +120,7 @@ fn metrics_endpoint_and_stats_command() {
         assert!(enters > 0.0, "no io_uring_enter counted:\n{during}");
         // An I/O error shows up by status.
         // (A Read far beyond the namespace end, sent raw: the library would refuse it.)
-        let q = ns.queue();
+        let q = ns.queue().expect("one path");
         let mut sqe = nvme::Sqe::new(nvme::opcode::io::READ, 0);
         sqe.nsid = 1.into();
         sqe.cdw11 = 1.into(); // SLBA 2^32
