@@ -114,44 +114,53 @@ fn every_operation(ns: &mut Namespace, base: u64, hostid: [u8; 16], form: Form) 
     let mut back = vec![0u8; 8 * bs];
 
     // Read and write, with and without FUA; a transfer larger than one command.
-    ns.write_at(&data, base).expect(&ctx("write"));
-    ns.read_at(&mut back, base).expect(&ctx("read"));
+    ns.write_at(&data, base)
+        .unwrap_or_else(|e| panic!("{form:?}: write: {e}"));
+    ns.read_at(&mut back, base)
+        .unwrap_or_else(|e| panic!("{form:?}: read: {e}"));
     assert_eq!(back, data, "{}", ctx("read back"));
     let fua = pattern(4 * bs, 2);
     ns.write_fua_at(&fua, base + 8 * bs as u64)
-        .expect(&ctx("FUA write"));
+        .unwrap_or_else(|e| panic!("{form:?}: FUA write: {e}"));
     let mut fback = vec![0u8; 4 * bs];
     ns.read_at(&mut fback, base + 8 * bs as u64).unwrap();
     assert_eq!(fback, fua, "{}", ctx("FUA read back"));
     let big = pattern(1 << 20, 3);
     ns.write_at(&big[..(1 << 20) - 64 * bs], base + 64 * bs as u64)
-        .expect(&ctx("large write"));
+        .unwrap_or_else(|e| panic!("{form:?}: large write: {e}"));
 
     // Compare: equal, then one byte off.
-    assert!(ns.compare_at(&data, base).expect(&ctx("compare")));
+    assert!(ns
+        .compare_at(&data, base)
+        .unwrap_or_else(|e| panic!("{form:?}: compare: {e}")));
     let mut off = data.clone();
     off[5] ^= 0xff;
-    assert!(!ns.compare_at(&off, base).expect(&ctx("compare, differing")));
+    assert!(!ns
+        .compare_at(&off, base)
+        .unwrap_or_else(|e| panic!("{form:?}: compare, differing: {e}")));
 
     // Compare and Write: the pair that matches writes, the one that does not changes nothing.
     let one = &data[..bs];
     let new = pattern(bs, 9);
-    assert!(ns.compare_and_write(one, &new, base).expect(&ctx("CAW")));
+    assert!(ns
+        .compare_and_write(one, &new, base)
+        .unwrap_or_else(|e| panic!("{form:?}: CAW: {e}")));
     assert!(!ns
         .compare_and_write(one, &data[bs..2 * bs], base)
-        .expect(&ctx("CAW, differing")));
+        .unwrap_or_else(|e| panic!("{form:?}: CAW, differing: {e}")));
     ns.read_at(&mut back[..bs], base).unwrap();
     assert_eq!(&back[..bs], &new[..], "{}", ctx("CAW read back"));
 
     // Flush, Write Zeroes (reads back zeroes), deallocate.
-    ns.flush().expect(&ctx("flush"));
+    ns.flush()
+        .unwrap_or_else(|e| panic!("{form:?}: flush: {e}"));
     ns.write_zeroes(base, 4 * bs as u64)
-        .expect(&ctx("write zeroes"));
+        .unwrap_or_else(|e| panic!("{form:?}: write zeroes: {e}"));
     ns.read_at(&mut back, base).unwrap();
     assert!(back[..4 * bs].iter().all(|&b| b == 0), "{}", ctx("zeroes"));
     assert_eq!(&back[4 * bs..], &data[4 * bs..], "{}", ctx("after zeroes"));
     ns.trim(&[(base + 4 * bs as u64, 4 * bs as u64)])
-        .expect(&ctx("deallocate"));
+        .unwrap_or_else(|e| panic!("{form:?}: deallocate: {e}"));
 
     // Reservations: register, acquire, report (this host holds it), release, unregister.
     let key = 0x1234_5678 + form as u64;
@@ -162,7 +171,7 @@ fn every_operation(ns: &mut Namespace, base: u64, hostid: [u8; 16], form: Form) 
         crkey: 0,
         nrkey: key,
     })
-    .expect(&ctx("register"));
+    .unwrap_or_else(|e| panic!("{form:?}: register: {e}"));
     ns.reservation_acquire(&AcquireCmd {
         action: AcquireAction::Acquire,
         ignore_key: false,
@@ -170,8 +179,10 @@ fn every_operation(ns: &mut Namespace, base: u64, hostid: [u8; 16], form: Form) 
         crkey: key,
         prkey: 0,
     })
-    .expect(&ctx("acquire"));
-    let r = ns.reservation_report().expect(&ctx("report"));
+    .unwrap_or_else(|e| panic!("{form:?}: acquire: {e}"));
+    let r = ns
+        .reservation_report()
+        .unwrap_or_else(|e| panic!("{form:?}: report: {e}"));
     assert_eq!(r.rtype, Some(ResvType::WriteExclusive), "{}", ctx("report"));
     assert_eq!(
         r.registrants,
@@ -185,7 +196,7 @@ fn every_operation(ns: &mut Namespace, base: u64, hostid: [u8; 16], form: Form) 
         rtype: ResvType::WriteExclusive as u8,
         crkey: key,
     })
-    .expect(&ctx("release"));
+    .unwrap_or_else(|e| panic!("{form:?}: release: {e}"));
     ns.reservation_register(&RegisterCmd {
         action: RegisterAction::Unregister,
         ignore_key: false,
@@ -193,7 +204,7 @@ fn every_operation(ns: &mut Namespace, base: u64, hostid: [u8; 16], form: Form) 
         crkey: key,
         nrkey: 0,
     })
-    .expect(&ctx("unregister"));
+    .unwrap_or_else(|e| panic!("{form:?}: unregister: {e}"));
     assert_eq!(ns.reservation_report().unwrap().registrants, vec![]);
 
     // Errors that are answers, not failures: out of range, unaligned.
