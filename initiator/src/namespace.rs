@@ -11,7 +11,7 @@ use crate::controller::{ConnectOptions, ControllerInfo, NsQueue};
 use crate::error::Error;
 use crate::multipath::{AnaPaths, MultipathOptions};
 use crate::path::{
-    connect_path, is_transport_failure, Budget, Connected, Link, PathInfo, PathMonitor, PathState,
+    first_path, is_transport_failure, Budget, Connected, Link, PathInfo, PathMonitor, PathState,
     PathStats, PathStatus, ReconnectPolicy, Shared,
 };
 
@@ -239,25 +239,14 @@ impl Namespace {
     /// namespace owns the controller and reconnects as `policy` says
     /// ([`ReconnectPolicy::never`]: not at all).
     pub fn connect(
-        mut opts: ConnectOptions,
+        opts: ConnectOptions,
         nsid: u32,
         policy: ReconnectPolicy,
     ) -> Result<Namespace, Error> {
-        opts.queues = 1;
-        let c = connect_path(&opts, nsid)?;
-        let mut status = PathStatus::new(&opts);
-        status.state = PathState::Connected;
-        status.epoch = 1;
-        status.cntlid = Some(c.info().cntlid);
-        let link = Link {
-            opts,
-            nsid,
-            identity: c.identity.clone(),
-            idx: 0,
-        };
+        let (c, link, shared) = first_path(opts, nsid, policy)?;
         Ok(Namespace {
             info: c.identity.info,
-            shared: Shared::new(vec![status], policy),
+            shared,
             paths: Paths::One(OnePath {
                 conn: Some(OneConn::Owned(c)),
                 link: Some(link),

@@ -451,6 +451,29 @@ pub(crate) fn connect_path(opts: &ConnectOptions, nsid: u32) -> Result<Connected
     })
 }
 
+/// The first connection of a one-path handle (once, no retry: a first connection that fails
+/// is a configuration problem) with one I/O queue (`opts.queues` is set to 1), how to connect
+/// it again, and its status under `policy`.
+pub(crate) fn first_path(
+    mut opts: ConnectOptions,
+    nsid: u32,
+    policy: ReconnectPolicy,
+) -> Result<(Connected, Link, Arc<Shared>), Error> {
+    opts.queues = 1;
+    let c = connect_path(&opts, nsid)?;
+    let mut status = PathStatus::new(&opts);
+    status.state = PathState::Connected;
+    status.epoch = 1;
+    status.cntlid = Some(c.info().cntlid);
+    let link = Link {
+        opts,
+        nsid,
+        identity: c.identity.clone(),
+        idx: 0,
+    };
+    Ok((c, link, Shared::new(vec![status], policy)))
+}
+
 /// Where one failure stands in its reconnect budget.
 pub(crate) struct Budget {
     since: Instant,

@@ -12,8 +12,7 @@ use crate::cmd::{rw_submit_methods, Completion, Data, Dir, NsInfo, SubmitError, 
 use crate::controller::{ConnectOptions, ControllerInfo};
 use crate::error::{CmdError, Error};
 use crate::path::{
-    connect_path, is_transport_failure, Budget, Connected, Link, PathStats, PathStatus,
-    ReconnectPolicy, Shared,
+    first_path, is_transport_failure, Budget, Connected, Link, PathStats, ReconnectPolicy, Shared,
 };
 use crate::rdma::MAX_BUF;
 
@@ -125,22 +124,13 @@ impl ReconnectingQueue {
     /// Connect over NVMe/TCP or NVMe/RDMA (once, no retry) with one I/O queue of
     /// `opts.queue_depth` and open namespace `nsid`.
     pub fn connect(
-        mut opts: ConnectOptions,
+        opts: ConnectOptions,
         nsid: u32,
         policy: ReconnectPolicy,
     ) -> Result<ReconnectingQueue, Error> {
-        opts.queues = 1;
-        let conn = connect_path(&opts, nsid)?;
+        let (conn, link, shared) = first_path(opts, nsid, policy)?;
         let depth = conn.info().io_queue_depth as usize;
         let tags = conn.ns.queue_ref().depth();
-        let status = PathStatus::new(&opts);
-        let link = Link {
-            opts,
-            nsid,
-            identity: conn.identity.clone(),
-            idx: 0,
-        };
-        let shared = Shared::new(vec![status], policy);
         Ok(ReconnectingQueue {
             link,
             conn: Some(conn),

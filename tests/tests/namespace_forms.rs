@@ -8,13 +8,12 @@ use std::path::Path;
 use std::time::Duration;
 
 use initiator::resv::{
-    AcquireAction, AcquireCmd, ChangePtpl, RegisterAction, RegisterCmd, ReleaseAction, ReleaseCmd,
-    ResvType,
+    AcquireAction, ChangePtpl, RegisterAction, RegisterCmd, ReleaseAction, ReleaseCmd, ResvType,
 };
 use initiator::{
     ConnectOptions, Controller, Error, MultipathOptions, Namespace, PathState, ReconnectPolicy,
 };
-use nvmf_tests::{free_port, TargetProc, TEST_NQN};
+use nvmf_tests::{free_port, resv, TargetProc, TEST_NQN};
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Form {
@@ -164,22 +163,9 @@ fn every_operation(ns: &mut Namespace, base: u64, hostid: [u8; 16], form: Form) 
 
     // Reservations: register, acquire, report (this host holds it), release, unregister.
     let key = 0x1234_5678 + form as u64;
-    ns.reservation_register(&RegisterCmd {
-        action: RegisterAction::Register,
-        ignore_key: false,
-        ptpl: ChangePtpl::NoChange,
-        crkey: 0,
-        nrkey: key,
-    })
-    .unwrap_or_else(|e| panic!("{form:?}: register: {e}"));
-    ns.reservation_acquire(&AcquireCmd {
-        action: AcquireAction::Acquire,
-        ignore_key: false,
-        rtype: ResvType::WriteExclusive,
-        crkey: key,
-        prkey: 0,
-    })
-    .unwrap_or_else(|e| panic!("{form:?}: acquire: {e}"));
+    resv::register(ns, key).unwrap_or_else(|e| panic!("{form:?}: register: {e}"));
+    resv::acquire(ns, AcquireAction::Acquire, ResvType::WriteExclusive, key, 0)
+        .unwrap_or_else(|e| panic!("{form:?}: acquire: {e}"));
     let r = ns
         .reservation_report()
         .unwrap_or_else(|e| panic!("{form:?}: report: {e}"));
