@@ -40,6 +40,9 @@ fn an_osd_stopped_for_10_s_mid_io_loses_no_acknowledged_write() {
     let mut t = TargetProc::start_with(|port, _| ceph::target_yaml(port, &[ns]));
     // 30 s of random verified writes over 16 MiB (each block written many times: a lost or
     // reordered acknowledged write reads back an older generation), then the job's read-back.
+    // A write issued as the OSD stops waits for the 10 s stop and then for the OSD to catch
+    // up on a machine the test keeps busy: each command may take 90 s (a lost completion
+    // still fails the test, at 90 s instead of 30).
     let bench = t
         .bench_command()
         .args([
@@ -49,6 +52,7 @@ fn an_osd_stopped_for_10_s_mid_io_loses_no_acknowledged_write() {
             "--size=16m",
             "--runtime=30",
             "--verify=crc32c",
+            "--io_timeout=90",
         ])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
