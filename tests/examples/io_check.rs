@@ -45,6 +45,11 @@ struct Args {
     /// Seconds every wait may take.
     #[arg(long, default_value_t = 30)]
     timeout: u64,
+    /// Then run every operation of the block API on each form of `Namespace` (one path, one
+    /// that reconnects, and two paths: this transport and this one on the same address and
+    /// port), in the last 12 MiB of the namespace.
+    #[arg(long, value_parser = ["tcp", "rdma"])]
+    forms_with: Option<String>,
 }
 
 fn parse_size(s: &str) -> Result<u64, String> {
@@ -464,6 +469,87 @@ fn run(a: &Args) -> Res<()> {
     ctrl.keep_alive().map_err(|e| format!("keep alive: {e}"))?;
     ctrl.shutdown().map_err(|e| format!("shutdown: {e}"))?;
     println!("shutdown: ok");
+    if let Some(other) = &a.forms_with {
+        forms(a, other)?;
+    }
+    Ok(())
+}
+
+/// Every operation on the plain, reconnecting and multipath forms (`--forms-with`).
+fn forms(a: &Args, other: &str) -> Res<()> {
+    use initiator::{MultipathOptions, Namespace, ReconnectPolicy};
+    use nvmf_tests::forms::{every_operation, through_std_io};
+    let timeout = Duration::from_secs(a.timeout);
+    let with_host = |mut o: initiator::ConnectOptions, id: [u8; 16]| {
+        o.hostid = id;
+        o.hostnqn = initiator::hostnqn_for(&id);
+        o.timeout = timeout;
+        o
+    };
+    let second = common::Target {
+        transport: if other == "rdma" {
+            Transport::Rdma
+        } else {
+            Transport::Tcp
+        },
+        ..a.target.clone()
+    };
+    for (i, form) in ["plain", "reconnecting", "multipath"]
+        .into_iter()
+        .enumerate()
+    {
+        let id: [u8; 16] = std::array::from_fn(|k| (k as u8) ^ (0x60 + i as u8));
+        let o = with_host(a.target.options(), id);
+        let mut ctrl = None;
+        let t0 = Instant::now();
+        let ns = match form {
+            "plain" => {
+                let mut c = Controller::connect(o).map_err(|e| format!("{form}: {e}"))?;
+                let ns = c.open_namespace(a.nsid);
+                ctrl = Some(c);
+                ns
+            }
+            "reconnecting" => Namespace::connect(o, a.nsid, ReconnectPolicy::default()),
+            _ => Namespace::multipath(
+                vec![o, with_host(second.options(), id)],
+                a.nsid,
+                MultipathOptions::default(),
+            ),
+        };
+        let mut ns = ns.map_err(|e| format!("{form}: open: {e}"))?;
+        ensure!(
+            ns.size() >= 12 << 20,
+            "{form}: the namespace is under 12 MiB"
+        );
+        let base = ns.size() - (12 << 20) + i as u64 * (4 << 20);
+        let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            every_operation(&mut ns, base, id, form);
+            through_std_io(ns, base + (2 << 20), form)
+        }));
+        let ns = ran.map_err(|p| {
+            let msg = p
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_default();
+            format!("{form}: {msg}")
+        })?;
+        let paths: Vec<String> = ns
+            .paths()
+            .iter()
+            .map(|p| format!("{:?} {}:{} {:?}", p.transport, p.addr, p.port, p.state))
+            .collect();
+        ns.shutdown()
+            .map_err(|e| format!("{form}: shutdown: {e}"))?;
+        if let Some(c) = ctrl {
+            c.shutdown().map_err(|e| format!("{form}: shutdown: {e}"))?;
+        }
+        println!(
+            "forms: {form}: every operation ok in {:.1} s (paths: {})",
+            t0.elapsed().as_secs_f64(),
+            paths.join(", ")
+        );
+    }
     Ok(())
 }
 

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 pub mod caw;
 pub mod ceph;
 pub mod crashlog;
+pub mod forms;
 pub mod raw;
 pub mod resv;
 

@@ -592,9 +592,9 @@ run_iocheck() {
   [ -n "$b" ] && [ -x "$b" ] || { REASON="io_check not available: ${NVMF_IOCHECK_NOTE:-NVMF_IOCHECK_BIN unset}"; return 1; }
   if step "io_check $tr $addr:$PORT $IOCHECK_SIZE numjobs 2 (verify, flush, write zeroes, trim)" \
       timeout "${NVMF_VM_BENCH_TIMEOUT:-480}" "$b" --transport "$tr" --traddr "$addr" \
-      --trsvcid "$PORT" --subnqn "$nqn" --size "$IOCHECK_SIZE" --numjobs 2; then
+      --trsvcid "$PORT" --subnqn "$nqn" --size "$IOCHECK_SIZE" --numjobs 2 ${IOCHECK_EXTRA:-}; then
     cp "$WORK/step.out" "$OUT/io_check-$tr.txt"
-    grep -E 'OK|ok' "$WORK/step.out" | tail -n 12
+    grep -E 'OK|ok' "$WORK/step.out" | tail -n 15
     return 0
   fi
   cp "$WORK/step.out" "$OUT/io_check-$tr.txt"
