@@ -168,7 +168,7 @@ fn ana_state_in(log: &[u8], nsid: u32, grpid: u32) -> Option<AnaState> {
 
 /// How a failed call's error counts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Failure {
+pub(crate) enum Failure {
     /// An ANA status: the path is in that state now.
     Ana(AnaState),
     /// The path failed: its transport, another path related status (SCT 3h: Internal Path
@@ -179,7 +179,7 @@ enum Failure {
     Other,
 }
 
-fn classify(e: &Error) -> Failure {
+pub(crate) fn classify(e: &Error) -> Failure {
     match e.status() {
         Some(s) => match AnaState::from_status(s) {
             Some(state) => Failure::Ana(state),
@@ -645,42 +645,11 @@ impl AnaPaths {
         resend: bool,
         mut op: impl FnMut(&mut NsQueue) -> Result<T, Error>,
     ) -> Result<T, Error> {
-        let shared = self.shared.clone();
         // Since the first failure or wait of this call.
         let mut since: Option<Instant> = None;
-        let mut waited = false;
-        let mut asked: Option<Instant> = None;
         loop {
-            let mut g = shared.lock();
-            let pick = self.select(&mut g);
-            let Some(i) = pick else {
-                let start = *since.get_or_insert_with(Instant::now);
-                let limit = self.no_path_wait(&g);
-                let elapsed = start.elapsed();
-                if !waited {
-                    waited = true;
-                    g.stats.waits += 1;
-                }
-                if elapsed >= limit {
-                    return Err(self.give_up(&mut g, what, elapsed, None));
-                }
-                // Ask every connected path that is not usable to read its log again.
-                if asked.is_none_or(|t| t.elapsed() >= WAIT_SLICE) {
-                    asked = Some(Instant::now());
-                    for p in g.paths.iter_mut() {
-                        if p.state == PathState::Connected {
-                            p.refresh = true;
-                        }
-                    }
-                    shared.cv.notify_all();
-                }
-                let slice = (limit - elapsed).min(WAIT_SLICE);
-                drop(shared.cv.wait_timeout(g, slice));
-                continue;
-            };
-            drop(g);
-            let (epoch, ns) = self.local[i].as_mut().expect("selected a connected path");
-            let epoch = *epoch;
+            let (i, epoch) = self.usable(what, &mut since)?;
+            let ns = self.queue(i).expect("selected a connected path");
             // A queue failed before the call sends nothing (the call reports the failure).
             let sent = !ns.queue_ref().is_failed();
             let err = match op(ns) {
@@ -691,42 +660,96 @@ impl AnaPaths {
             if failure == Failure::Other {
                 return Err(err);
             }
-            let give_back = !resend && sent && failure == Failure::Path;
-            let mut g = shared.lock();
-            if let Failure::Ana(state) = failure {
-                tracing::debug!(path = i, error = %err, "ANA status; trying another path");
-                let p = &mut g.paths[i];
-                if p.epoch == epoch {
-                    p.ana_state = Some(state);
-                    p.refresh = true;
-                }
-                p.failovers += 1;
-                p.last_error = Some(err.to_string());
-                g.stats.ana_retries += 1;
-            } else {
-                tracing::warn!(path = i, error = %err, "path failed; trying another path");
-                self.local[i] = None;
-                let p = &mut g.paths[i];
-                if p.epoch == epoch {
-                    p.state = PathState::Failed;
-                    p.io_failed = Some(epoch);
-                    p.cntlid = None;
-                    p.pending = None;
-                }
-                p.failovers += 1;
-                p.last_error = Some(err.to_string());
-                g.stats.path_failovers += 1;
-            }
-            shared.cv.notify_all();
-            if give_back {
+            self.failed(i, epoch, failure, &err);
+            if !resend && sent && failure == Failure::Path {
                 return Err(err);
             }
             let start = *since.get_or_insert_with(Instant::now);
             let elapsed = start.elapsed();
+            let mut g = self.shared.lock();
             if elapsed >= self.no_path_wait(&g) {
                 return Err(self.give_up(&mut g, what, elapsed, Some(err)));
             }
         }
+    }
+
+    /// A usable path (its index and connection epoch), waiting for one while there is none,
+    /// up to the no-path wait counted from `since` (set here when the wait starts).
+    pub(crate) fn usable(
+        &mut self,
+        what: &'static str,
+        since: &mut Option<Instant>,
+    ) -> Result<(usize, u64), Error> {
+        let shared = self.shared.clone();
+        let mut waited = false;
+        let mut asked: Option<Instant> = None;
+        loop {
+            let mut g = shared.lock();
+            if let Some(i) = self.select(&mut g) {
+                let epoch = self.local[i].as_ref().map_or(0, |(e, _)| *e);
+                return Ok((i, epoch));
+            }
+            let start = *since.get_or_insert_with(Instant::now);
+            let limit = self.no_path_wait(&g);
+            let elapsed = start.elapsed();
+            if !waited {
+                waited = true;
+                g.stats.waits += 1;
+            }
+            if elapsed >= limit {
+                return Err(self.give_up(&mut g, what, elapsed, None));
+            }
+            // Ask every connected path that is not usable to read its log again.
+            if asked.is_none_or(|t| t.elapsed() >= WAIT_SLICE) {
+                asked = Some(Instant::now());
+                for p in g.paths.iter_mut() {
+                    if p.state == PathState::Connected {
+                        p.refresh = true;
+                    }
+                }
+                shared.cv.notify_all();
+            }
+            let slice = (limit - elapsed).min(WAIT_SLICE);
+            drop(shared.cv.wait_timeout(g, slice));
+        }
+    }
+
+    /// The queue of path `i`'s current connection.
+    pub(crate) fn queue(&mut self, i: usize) -> Option<&mut NsQueue> {
+        self.local.get_mut(i)?.as_mut().map(|(_, q)| q)
+    }
+
+    /// Path `i` (connection `epoch`) failed a command with `err`: an ANA status gives it the
+    /// state the status implies and asks for its log; a path failure hands the connection back
+    /// to its thread to reconnect.
+    pub(crate) fn failed(&mut self, i: usize, epoch: u64, failure: Failure, err: &Error) {
+        let mut g = self.shared.lock();
+        if let Failure::Ana(state) = failure {
+            tracing::debug!(path = i, error = %err, "ANA status; trying another path");
+            let p = &mut g.paths[i];
+            if p.epoch == epoch {
+                p.ana_state = Some(state);
+                p.refresh = true;
+            }
+            p.failovers += 1;
+            p.last_error = Some(err.to_string());
+            g.stats.ana_retries += 1;
+        } else {
+            tracing::warn!(path = i, error = %err, "path failed; trying another path");
+            self.local[i] = None;
+            let p = &mut g.paths[i];
+            if p.epoch == epoch {
+                p.state = PathState::Failed;
+                p.io_failed = Some(epoch);
+                p.cntlid = None;
+                p.pending = None;
+            }
+            p.failovers += 1;
+            p.last_error = Some(err.to_string());
+            g.stats.path_failovers += 1;
+        }
+        drop(g);
+        self.shared.cv.notify_all();
     }
 
     fn give_up(
