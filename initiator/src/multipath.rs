@@ -719,6 +719,21 @@ impl AnaPaths {
         self.local.get_mut(i)?.as_mut().map(|(_, q)| q)
     }
 
+    /// Whether a path in a better ANA state than path `i`'s is usable (optimized, while `i`
+    /// is not).
+    pub(crate) fn better_than(&self, i: usize) -> bool {
+        let g = self.shared.lock();
+        g.paths.get(i).and_then(PathStatus::usable) != Some(AnaState::Optimized)
+            && g.paths
+                .iter()
+                .enumerate()
+                .any(|(j, p)| j != i && p.usable() == Some(AnaState::Optimized))
+    }
+
+    pub(crate) fn queue_ref(&self, i: usize) -> Option<&NsQueue> {
+        self.local.get(i)?.as_ref().map(|(_, q)| q)
+    }
+
     /// Path `i` (connection `epoch`) failed a command with `err`: an ANA status gives it the
     /// state the status implies and asks for its log; a path failure hands the connection back
     /// to its thread to reconnect.

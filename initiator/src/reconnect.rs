@@ -9,8 +9,9 @@ use nvme::Sqe;
 
 use crate::any_queue::{AnyBuf, AnyQueue};
 use crate::cmd::{rw_submit_methods, Completion, Data, Dir, NsInfo, SubmitError, Transport};
-use crate::controller::{ConnectOptions, ControllerInfo};
+use crate::controller::{ConnectOptions, ControllerInfo, NsQueue};
 use crate::error::{CmdError, Error};
+use crate::multipath::{classify, AnaPaths, Failure, MultipathOptions};
 use crate::path::{
     first_path, is_transport_failure, Budget, Connected, Link, PathStats, ReconnectPolicy, Shared,
 };
@@ -62,9 +63,11 @@ use crate::rdma::MAX_BUF;
 /// # Ok::<(), nvmf_initiator::Error>(())
 /// ```
 pub struct ReconnectingQueue {
-    link: Link,
-    conn: Option<Connected>,
-    /// The path's status and counters.
+    paths: QPaths,
+    info: NsInfo,
+    /// A path is NVMe/RDMA: buffers are bounded by the pool's.
+    rdma: bool,
+    /// The paths' status and counters.
     shared: Arc<Shared>,
     /// The connection failed: reconnect before anything else.
     broken: bool,
@@ -79,9 +82,57 @@ pub struct ReconnectingQueue {
     /// again on the same connection (after a data digest error).
     tries: Box<[u32]>,
     budget: Option<Budget>,
+    /// Several paths: since when this queue waits for a usable one.
+    since: Option<Instant>,
+    /// Several paths: a command came back with an ANA or path status; no more go to this
+    /// path, and once its queue has none in flight the queue moves to another.
+    draining: Option<(Failure, Error)>,
     /// Completions of the connection's queue with their SQEs and data directions (reused: no
     /// allocation per I/O).
     scratch: Vec<(Completion<AnyBuf>, Sqe, Dir)>,
+}
+
+/// The path set under the queue (one per queue: an indirection per command would cost
+/// more than the variants' sizes).
+#[allow(clippy::large_enum_variant)]
+enum QPaths {
+    /// One path, reconnected within `reap` as the policy says.
+    One { link: Link, conn: Option<Connected> },
+    /// Several, reconnecting in their threads; the queue uses one at a time (the first
+    /// usable by ANA state) and moves to another when it fails.
+    Ana {
+        set: AnaPaths,
+        /// The path in use and its connection's epoch.
+        cur: Option<(usize, u64)>,
+    },
+}
+
+impl QPaths {
+    fn queue(&mut self) -> Option<&mut AnyQueue> {
+        match self {
+            QPaths::One { conn, .. } => conn.as_mut().map(|c| c.ns.queue()),
+            QPaths::Ana { set, cur } => {
+                let (i, _) = (*cur)?;
+                set.queue(i).map(NsQueue::queue)
+            }
+        }
+    }
+
+    fn in_flight(&self) -> usize {
+        match self {
+            QPaths::One { conn, .. } => conn.as_ref().map_or(0, |c| c.ns.queue_ref().in_flight()),
+            QPaths::Ana { set, cur } => cur
+                .and_then(|(i, _)| set.queue_ref(i))
+                .map_or(0, |q| q.queue_ref().in_flight()),
+        }
+    }
+
+    fn connected(&self) -> bool {
+        match self {
+            QPaths::One { conn, .. } => conn.is_some(),
+            QPaths::Ana { cur, .. } => cur.is_some(),
+        }
+    }
 }
 
 /// A command waiting for a connection.
@@ -95,8 +146,8 @@ struct Held {
 impl std::fmt::Debug for ReconnectingQueue {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ReconnectingQueue")
-            .field("link", &self.link)
-            .field("connected", &self.conn.is_some())
+            .field("info", &self.info)
+            .field("connected", &self.paths.connected())
             .field("in_flight", &self.in_flight())
             .field("held", &self.held.len())
             .finish()
@@ -128,12 +179,56 @@ impl ReconnectingQueue {
         nsid: u32,
         policy: ReconnectPolicy,
     ) -> Result<ReconnectingQueue, Error> {
+        let rdma = opts.transport == Transport::Rdma;
         let (conn, link, shared) = first_path(opts, nsid, policy)?;
         let depth = conn.info().io_queue_depth as usize;
         let tags = conn.ns.queue_ref().depth();
-        Ok(ReconnectingQueue {
+        let info = conn.identity.info;
+        let paths = QPaths::One {
             link,
             conn: Some(conn),
+        };
+        Ok(Self::new(paths, info, rdma, shared, depth, tags))
+    }
+
+    /// Open namespace `nsid` over several paths, as [`crate::Namespace::multipath`] does
+    /// (each path with one I/O queue of its `queue_depth`, reconnecting in the background).
+    /// The queue sends every command on one path at a time, the first usable by ANA state
+    /// ([`MultipathOptions::policy`] is not used), and moves to another when that path fails
+    /// (its commands in flight are submitted again there, as after a reconnect) or answers an
+    /// ANA or path status (the commands that did are sent again on the other path once the
+    /// first has none in flight). With no usable path, `reap` waits for one as long as a
+    /// multipath namespace's call would, then fails the waiting commands with
+    /// [`Error::NoUsablePath`].
+    pub fn multipath(
+        paths: Vec<ConnectOptions>,
+        nsid: u32,
+        opts: MultipathOptions,
+    ) -> Result<ReconnectingQueue, Error> {
+        let rdma = paths.iter().any(|p| p.transport == Transport::Rdma);
+        let (info, shared, mut set) = AnaPaths::open(paths, nsid, opts)?;
+        let mut since = None;
+        let (i, epoch) = set.usable("open", &mut since)?;
+        let tags = set.queue_ref(i).map_or(0, |q| q.queue_ref().depth());
+        let paths = QPaths::Ana {
+            set,
+            cur: Some((i, epoch)),
+        };
+        Ok(Self::new(paths, info, rdma, shared, tags, tags))
+    }
+
+    fn new(
+        paths: QPaths,
+        info: NsInfo,
+        rdma: bool,
+        shared: Arc<Shared>,
+        depth: usize,
+        tags: usize,
+    ) -> ReconnectingQueue {
+        ReconnectingQueue {
+            paths,
+            info,
+            rdma,
             shared,
             broken: false,
             depth,
@@ -141,13 +236,15 @@ impl ReconnectingQueue {
             held: VecDeque::with_capacity(depth),
             tries: vec![0; tags].into_boxed_slice(),
             budget: None,
+            since: None,
+            draining: None,
             scratch: Vec::with_capacity(depth),
-        })
+        }
     }
 
     /// The namespace's geometry.
     pub fn info(&self) -> &NsInfo {
-        &self.link.identity.info
+        &self.info
     }
 
     /// Counters: reconnects, failed attempts, commands submitted again, give-ups.
@@ -162,11 +259,7 @@ impl ReconnectingQueue {
 
     /// Commands submitted and not yet reaped (including those waiting for a reconnect).
     pub fn in_flight(&self) -> usize {
-        self.held.len()
-            + self
-                .conn
-                .as_ref()
-                .map_or(0, |c| c.ns.queue_ref().in_flight())
+        self.held.len() + self.paths.in_flight()
     }
 
     /// Commands in flight at most.
@@ -176,16 +269,23 @@ impl ReconnectingQueue {
 
     /// Whether a working connection is up.
     pub fn is_connected(&self) -> bool {
-        self.conn.is_some() && !self.broken
+        self.paths.connected() && !self.broken
     }
 
-    /// The current controller's bring-up facts.
+    /// The current controller's bring-up facts (one path).
     pub fn controller_info(&self) -> Option<&ControllerInfo> {
-        self.conn.as_ref().map(|c| c.info())
+        match &self.paths {
+            QPaths::One { conn, .. } => conn.as_ref().map(|c| c.info()),
+            QPaths::Ana { .. } => None,
+        }
     }
 
-    fn queue(conn: &mut Connected) -> &mut AnyQueue {
-        conn.ns.queue()
+    /// Every path, as [`crate::Namespace::paths`] reports them.
+    pub fn paths(&self) -> Vec<crate::PathInfo> {
+        crate::PathMonitor {
+            shared: self.shared.clone(),
+        }
+        .paths()
     }
 
     /// Put a command on the connection's queue (a plain vector: over NVMe/RDMA the queue
@@ -224,9 +324,9 @@ impl ReconnectingQueue {
 
     /// Collect completions of the connection's queue into `scratch`.
     fn take(&mut self, min: usize, wait: Option<Duration>) -> Result<usize, Error> {
-        let conn = self.conn.as_mut().expect("connected");
+        let q = self.paths.queue().expect("connected");
         let scratch = &mut self.scratch;
-        Self::queue(conn).reap_with(min, wait, &mut |c, sqe, dir| scratch.push((c, *sqe, dir)))
+        q.reap_with(min, wait, &mut |c, sqe, dir| scratch.push((c, *sqe, dir)))
     }
 
     /// Submit a command ([`crate::Queue::submit`]); returns its sequence number. While the
@@ -241,7 +341,7 @@ impl ReconnectingQueue {
             });
         }
         let seq = self.next_seq;
-        if self.link.opts.transport == Transport::Rdma {
+        if self.rdma {
             let len = match &data {
                 Data::ToController(b) | Data::FromController(b) => Some(b.len()),
                 Data::None => None,
@@ -262,21 +362,20 @@ impl ReconnectingQueue {
             user_data,
             tries: 0,
         };
-        match &mut self.conn {
-            Some(c) if !self.broken && self.held.is_empty() => {
-                match Self::put(Self::queue(c), &mut self.tries, h) {
-                    Ok(()) => {}
-                    Err((error, h)) if is_transport_failure(&error) => {
-                        self.broken = true;
-                        self.budget.get_or_insert_with(|| Budget::start(error));
-                        self.held.push_back(h);
-                    }
-                    Err((error, h)) => {
-                        let (_, buf) = split(h.data);
-                        return Err(SubmitError { error, buf });
-                    }
+        let open = !self.broken && self.held.is_empty() && self.draining.is_none();
+        match self.paths.queue() {
+            Some(q) if open => match Self::put(q, &mut self.tries, h) {
+                Ok(()) => {}
+                Err((error, h)) if is_transport_failure(&error) => {
+                    self.broken = true;
+                    self.budget.get_or_insert_with(|| Budget::start(error));
+                    self.held.push_back(h);
                 }
-            }
+                Err((error, h)) => {
+                    let (_, buf) = split(h.data);
+                    return Err(SubmitError { error, buf });
+                }
+            },
             _ => self.held.push_back(h),
         }
         self.next_seq += 1;
@@ -306,17 +405,17 @@ impl ReconnectingQueue {
             if self.broken {
                 // A failed queue hands out every command it held at once, without waiting:
                 // collect them before dropping it.
-                if self.conn.is_some() {
+                if self.paths.connected() {
                     let _ = self.take(0, Some(Duration::ZERO));
                     debug_assert_eq!(
-                        self.conn.as_mut().map_or(0, |c| Self::queue(c).in_flight()),
+                        self.paths.in_flight(),
                         0,
                         "a broken queue is a failed queue"
                     );
                     got += self.absorb(out, true);
                 }
             }
-            if self.broken || self.conn.is_none() {
+            if self.broken || !self.paths.connected() {
                 if let Err(e) = self.recover() {
                     self.fail_held(out);
                     return Err(e);
@@ -327,14 +426,16 @@ impl ReconnectingQueue {
                 continue;
             }
             let wait = until.map(|u| u.saturating_duration_since(Instant::now()));
-            let q = Self::queue(self.conn.as_mut().expect("connected"));
-            let need = want.saturating_sub(got).min(q.in_flight());
+            let need = want.saturating_sub(got).min(self.paths.in_flight());
             let reaped = self.take(need, wait);
-            let failed = Self::queue(self.conn.as_mut().expect("connected")).is_failed();
+            let failed = self.paths.queue().is_some_and(|q| q.is_failed());
             got += self.absorb(out, failed);
             if let Err(e) = reaped {
                 self.broken = true;
                 self.budget.get_or_insert_with(|| Budget::start(e));
+            }
+            if !self.broken {
+                self.drained();
             }
             if got >= want || until.is_some_and(|u| Instant::now() >= u) {
                 return Ok(got);
@@ -359,7 +460,25 @@ impl ReconnectingQueue {
                 _ => None,
             };
             let tries = self.tries.get(c.tag as usize).copied().unwrap_or(0);
+            let ana = matches!(self.paths, QPaths::Ana { .. });
             match c.result {
+                Err(CmdError::Status(st))
+                    if ana
+                        && classify(&Error::from_cmd("I/O", CmdError::Status(st)))
+                            != Failure::Other =>
+                {
+                    // Another path may serve it: once this one has nothing in flight.
+                    let err = Error::from_cmd("I/O", CmdError::Status(st));
+                    if self.draining.is_none() {
+                        self.draining = Some((classify(&err), err));
+                    }
+                    self.held.push_back(Held {
+                        sqe,
+                        data: join(dir, buf),
+                        user_data: c.user_data,
+                        tries,
+                    });
+                }
                 Err(e)
                     if !matches!(e, CmdError::Status(_))
                         && (failed || tries < self.shared.lock().policy.max_attempts) =>
@@ -388,6 +507,7 @@ impl ReconnectingQueue {
                 result => {
                     if result.is_ok() {
                         self.budget = None;
+                        self.since = None;
                     }
                     out.push(Completion {
                         tag: c.tag,
@@ -403,41 +523,78 @@ impl ReconnectingQueue {
         got
     }
 
-    /// Drop the failed connection and connect again within the budget.
-    fn recover(&mut self) -> Result<(), Error> {
-        if let Some(c) = self.conn.take() {
-            tracing::warn!(
-                cntlid = c.info().cntlid,
-                in_flight = self.held.len(),
-                "connection failed; reconnecting to submit the in-flight commands again"
-            );
-            c.abandon();
+    /// Several paths: once the path that answered an ANA or path status (or one that is not
+    /// optimized while another is) has nothing in flight, leave it (the next `recover` picks
+    /// another).
+    fn drained(&mut self) {
+        let QPaths::Ana { set, cur } = &mut self.paths else {
+            return;
+        };
+        let Some((i, epoch)) = *cur else { return };
+        if self.draining.is_none() && set.better_than(i) {
+            // An optimized path is usable while this one is not: move to it.
+            self.draining = Some((Failure::Other, Error::Closed));
         }
+        if self.draining.is_none()
+            || set
+                .queue_ref(i)
+                .is_some_and(|q| q.queue_ref().in_flight() > 0)
+        {
+            return;
+        }
+        let (failure, err) = self.draining.take().expect("checked above");
+        if failure != Failure::Other {
+            set.failed(i, epoch, failure, &err);
+        }
+        *cur = None;
+    }
+
+    /// Drop the failed connection and connect again within the budget (one path), or move to
+    /// another usable path (several).
+    fn recover(&mut self) -> Result<(), Error> {
         self.broken = false;
         let b = self
             .budget
             .get_or_insert_with(|| Budget::start(Error::Closed));
-        let conn = self.link.reconnect(&self.shared, b, &mut |d| {
-            std::thread::sleep(d);
-            true
-        })?;
-        let tags = conn.ns.queue_ref().depth();
+        match &mut self.paths {
+            QPaths::One { link, conn } => {
+                if let Some(c) = conn.take() {
+                    tracing::warn!(
+                        cntlid = c.info().cntlid,
+                        in_flight = self.held.len(),
+                        "connection failed; reconnecting to submit the in-flight commands again"
+                    );
+                    c.abandon();
+                }
+                *conn = Some(link.reconnect(&self.shared, b, &mut |d| {
+                    std::thread::sleep(d);
+                    true
+                })?);
+            }
+            QPaths::Ana { set, cur } => {
+                if let Some((i, epoch)) = cur.take() {
+                    // Its queue failed: the path's thread reconnects it.
+                    set.failed(i, epoch, Failure::Path, &b.last);
+                }
+                self.draining = None;
+                *cur = Some(set.usable("I/O", &mut self.since)?);
+            }
+        }
+        let tags = self.paths.queue().map_or(0, |q| q.depth());
         if self.tries.len() != tags {
             self.tries = vec![0; tags].into_boxed_slice();
         }
-        self.conn = Some(conn);
         Ok(())
     }
 
     /// Submit held commands in their order while there are free tags.
     fn submit_held(&mut self) {
-        if self.held.is_empty() || self.broken {
+        if self.held.is_empty() || self.broken || self.draining.is_some() {
             return;
         }
-        let Some(c) = self.conn.as_mut() else {
+        let Some(q) = self.paths.queue() else {
             return;
         };
-        let q = Self::queue(c);
         while q.free_slots() > 0 {
             let Some(h) = self.held.pop_front() else {
                 break;
@@ -466,8 +623,14 @@ impl ReconnectingQueue {
         }
     }
 
-    /// Shut the controller down (CC.SHN) if connected; commands still in flight are dropped.
+    /// Shut the controllers down (CC.SHN) if connected; commands still in flight are dropped.
     pub fn shutdown(mut self) -> Result<(), Error> {
-        self.conn.take().map_or(Ok(()), Connected::shutdown)
+        match &mut self.paths {
+            QPaths::One { conn, .. } => conn.take().map_or(Ok(()), Connected::shutdown),
+            QPaths::Ana { set, cur } => {
+                *cur = None;
+                set.close()
+            }
+        }
     }
 }

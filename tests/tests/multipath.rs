@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use initiator::{
     AnaState, ConnectOptions, Error, MultipathOptions, Namespace, PathInfo, PathMonitor,
-    PathPolicy, PathState, ReconnectPolicy,
+    PathPolicy, PathState, ReconnectPolicy, ReconnectingQueue,
 };
 use nvmf_tests::{free_port, target_bin, TargetProc, TempDir, TEST_NQN};
 
@@ -617,6 +617,107 @@ fn no_usable_path_waits_then_names_every_path() {
     ns.shutdown().unwrap();
     println!(
         "no_usable_path_waits_then_names_every_path: {:?}",
+        t0.elapsed()
+    );
+}
+
+/// The asynchronous queue over the same path set: QD16 verified writes go on while the
+/// optimized path turns inaccessible (the commands answered with the ANA status go again on
+/// the other path), the paths flip back, and the path in use is cut (its commands in flight
+/// are sent again on the other): every write completes without an error and reads back.
+#[test]
+fn the_async_queue_follows_ana_changes_and_cut_paths() {
+    let _s = serial();
+    let t0 = Instant::now();
+    let rig = Rig::start("mp-async", &["optimized", "non-optimized"]);
+    let proxy = Proxy::start(SocketAddr::from(([127, 0, 0, 1], rig.ports[0])));
+    let mut o = tcp(proxy.port);
+    o.queue_depth = 16;
+    let mut q = ReconnectingQueue::multipath(vec![o, rig.path(1)], 1, quick()).unwrap();
+    let ns = *q.info();
+    let bs = ns.block_size as usize;
+    let blocks = 256u64;
+    // Block b holds generation g: the word (b, g) repeated.
+    let fill = |b: u64, g: u64| -> Vec<u8> {
+        let w = (b << 32 | g).to_le_bytes();
+        w.iter().copied().cycle().take(bs).collect()
+    };
+    let mut gen = vec![0u64; blocks as usize];
+    let mut next = 0u64;
+    let mut done = Vec::new();
+    let mut completed = 0u64;
+    let mut round = |q: &mut ReconnectingQueue, gen: &mut Vec<u64>, n: u64| {
+        for _ in 0..n {
+            while q.in_flight() < 16 {
+                // Blocks in flight together are distinct (next walks them in turn).
+                let b = next % blocks;
+                next += 1;
+                gen[b as usize] += 1;
+                q.submit_write(&ns, b, fill(b, gen[b as usize]), b)
+                    .map_err(|e| e.error)
+                    .unwrap();
+            }
+            done.clear();
+            q.reap(&mut done, 1, Some(Duration::from_secs(30))).unwrap();
+            for c in &done {
+                assert!(c.result.is_ok(), "block {}: {:?}", c.user_data, c.result);
+            }
+            completed += done.len() as u64;
+        }
+    };
+    let paths_of = |q: &ReconnectingQueue| commands(&q.paths());
+    round(&mut q, &mut gen, 50);
+    println!("  [{:?}] on A: {:?}", t0.elapsed(), paths_of(&q));
+    // A inaccessible, B optimized: the queue moves.
+    rig.set_ana(rig.ports[0], "inaccessible");
+    rig.set_ana(rig.ports[1], "optimized");
+    round(&mut q, &mut gen, 100);
+    let st = q.stats();
+    println!(
+        "  [{:?}] after the flip: {:?} {st:?}",
+        t0.elapsed(),
+        paths_of(&q)
+    );
+    // Back to A, then cut it under load.
+    rig.set_ana(rig.ports[1], "non-optimized");
+    rig.set_ana(rig.ports[0], "optimized");
+    round(&mut q, &mut gen, 100);
+    proxy.cut();
+    round(&mut q, &mut gen, 100);
+    let st = q.stats();
+    println!(
+        "  [{:?}] after the cut: {:?} {st:?}",
+        t0.elapsed(),
+        q.paths()
+    );
+    assert!(st.path_failovers >= 1, "{st:?}");
+    assert_eq!(st.gave_up, 0, "{st:?}");
+    // Drain, then read every block back through the queue.
+    while q.in_flight() > 0 {
+        done.clear();
+        q.reap(&mut done, 1, Some(Duration::from_secs(30))).unwrap();
+        assert!(done.iter().all(|c| c.result.is_ok()), "{done:?}");
+        completed += done.len() as u64;
+    }
+    assert_eq!(completed, next, "every write completed once");
+    for b in 0..blocks {
+        q.submit_read(&ns, b, vec![0u8; bs], b)
+            .map_err(|e| e.error)
+            .unwrap();
+        done.clear();
+        q.reap(&mut done, 1, Some(Duration::from_secs(30))).unwrap();
+        let c = &done[0];
+        assert!(c.result.is_ok(), "read {b}: {:?}", c.result);
+        assert_eq!(
+            c.buf.as_deref(),
+            Some(&fill(b, gen[b as usize])[..]),
+            "block {b} reads back its last write"
+        );
+    }
+    q.shutdown().unwrap();
+    drop(proxy);
+    println!(
+        "the_async_queue_follows_ana_changes_and_cut_paths: {:?}",
         t0.elapsed()
     );
 }

@@ -7,7 +7,8 @@ use std::path::Path;
 use std::time::Duration;
 
 use initiator::{
-    ConnectOptions, Controller, MultipathOptions, Namespace, PathState, ReconnectPolicy,
+    AnyBuf, ConnectOptions, Controller, MultipathOptions, Namespace, PathState, ReconnectPolicy,
+    ReconnectingQueue,
 };
 use nvmf_tests::forms::{every_operation, pattern, through_std_io};
 use nvmf_tests::{free_port, TargetProc, TEST_NQN};
@@ -167,5 +168,104 @@ fn a_target_restart_is_handled_as_each_form_says() {
         if let Some(c) = c {
             assert!(c.shutdown().is_err());
         }
+    }
+}
+
+/// The asynchronous queue on each form: the plain namespace's own queue
+/// (`Namespace::queue`), and `ReconnectingQueue` on one path and on two. QD16 writes of
+/// distinct blocks, then reads of them, every buffer checked.
+#[test]
+fn the_async_queue_works_on_every_form() {
+    let t = TargetProc::start_with(two_listeners);
+    for (i, form) in FORMS.into_iter().enumerate() {
+        let hostid: [u8; 16] = std::array::from_fn(|k| (k as u8) ^ (0x70 + i as u8));
+        let o = options(t.addr.port(), hostid);
+        let base = 1024 * i as u64;
+        match form {
+            Form::Plain => {
+                let (c, mut ns) = open(&t, form, hostid);
+                let info = *ns.info();
+                let bs = info.block_size as usize;
+                let q = ns.queue().expect("one path");
+                let mut got = Vec::new();
+                for write in [true, false] {
+                    for b in 0..64u64 {
+                        let buf = AnyBuf::Vec(if write {
+                            pattern(bs, b as u8)
+                        } else {
+                            vec![0; bs]
+                        });
+                        if write {
+                            q.submit_write(&info, base + b, buf, b)
+                        } else {
+                            q.submit_read(&info, base + b, buf, b)
+                        }
+                        .map_err(|e| e.error)
+                        .unwrap();
+                        while q.in_flight() >= 16 || (b == 63 && q.in_flight() > 0) {
+                            q.reap(&mut got, 1, None).unwrap();
+                        }
+                    }
+                }
+                let bufs: Vec<(u64, Vec<u8>)> = got
+                    .drain(..)
+                    .map(|c| {
+                        assert!(c.result.is_ok(), "{form:?}: {:?}", c.result);
+                        let Some(AnyBuf::Vec(v)) = c.buf else {
+                            panic!("{form:?}: no buffer back")
+                        };
+                        (c.user_data, v)
+                    })
+                    .collect();
+                check_reads(form, bs, &bufs);
+                drop(ns);
+                c.unwrap().shutdown().unwrap();
+            }
+            Form::Reconnecting | Form::Multipath => {
+                let mut q = if form == Form::Reconnecting {
+                    ReconnectingQueue::connect(o, 1, quick_policy()).unwrap()
+                } else {
+                    let paths = vec![o, options(second_port(&t), hostid)];
+                    ReconnectingQueue::multipath(paths, 1, MultipathOptions::default()).unwrap()
+                };
+                let info = *q.info();
+                let bs = info.block_size as usize;
+                let mut got = Vec::new();
+                for write in [true, false] {
+                    for b in 0..64u64 {
+                        if write {
+                            q.submit_write(&info, base + b, pattern(bs, b as u8), b)
+                        } else {
+                            q.submit_read(&info, base + b, vec![0; bs], b)
+                        }
+                        .map_err(|e| e.error)
+                        .unwrap();
+                        while q.in_flight() >= 16 || (b == 63 && q.in_flight() > 0) {
+                            q.reap(&mut got, 1, None).unwrap();
+                        }
+                    }
+                }
+                let bufs: Vec<(u64, Vec<u8>)> = got
+                    .drain(..)
+                    .map(|c| {
+                        assert!(c.result.is_ok(), "{form:?}: {:?}", c.result);
+                        (c.user_data, c.buf.unwrap_or_default())
+                    })
+                    .collect();
+                check_reads(form, bs, &bufs);
+                assert_eq!(q.paths().len(), if form == Form::Multipath { 2 } else { 1 });
+                q.shutdown().unwrap();
+            }
+        }
+    }
+}
+
+/// Of 64 writes, all completed before 64 reads (values `b`), the reads' buffers hold what was
+/// written (writes give their buffers back too: a read is the later completion of `b`).
+fn check_reads(form: Form, bs: usize, done: &[(u64, Vec<u8>)]) {
+    assert_eq!(done.len(), 128, "{form:?}");
+    for b in 0..64u64 {
+        let last = done.iter().rev().find(|(u, _)| *u == b).expect("completed");
+        assert_eq!(last.1, pattern(bs, b as u8), "{form:?}: block {b}");
     }
 }
