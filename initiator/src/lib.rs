@@ -103,9 +103,10 @@
 //! range, a write-protected namespace) returns at once; past the policy's attempts or total
 //! time a call fails with [`Error::ReconnectGaveUp`] (one path) or [`Error::NoUsablePath`]
 //! (several, after waiting ANATT for one).
-//! [`ReconnectingQueue`] does the same for the asynchronous API on one path (NVMe/TCP and
-//! NVMe/RDMA): it keeps every command in flight (SQE, buffer, caller's value) and, after a
-//! reconnect, submits the ones the failure took down again in their original order.
+//! [`ReconnectingQueue`] does the same for the asynchronous API (NVMe/TCP and NVMe/RDMA), on
+//! one path that reconnects or on several: it keeps every command in flight (SQE, buffer,
+//! caller's value) and, after a reconnect or on another path, submits the ones the failure
+//! took down again in their original order.
 //!
 //! ```no_run
 //! use std::time::Duration;

@@ -17,8 +17,11 @@ use crate::path::{
 };
 use crate::rdma::MAX_BUF;
 
-/// The asynchronous counterpart of a reconnecting [`crate::Namespace`] ([`crate::Namespace::connect`]): up to a queue depth of
-/// commands in flight ([`crate::Queue`]'s `submit` / `reap` API, `Vec<u8>` buffers). A
+/// The asynchronous counterpart of a [`crate::Namespace`] that reconnects
+/// ([`ReconnectingQueue::connect`], one path) or has several paths
+/// ([`ReconnectingQueue::multipath`]): up to a queue depth of commands in flight
+/// ([`crate::Queue`]'s `submit` / `reap` API, `Vec<u8>` buffers). (A namespace on a
+/// controller the caller keeps has its queue itself: [`crate::Namespace::queue`].) A
 /// command on the connection is kept by the connection's queue itself (its slot holds the SQE,
 /// the buffer and the caller's value); only commands waiting for a connection are held here.
 /// When the connection fails,
