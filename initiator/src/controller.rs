@@ -1094,6 +1094,10 @@ impl NsQueue {
         self.info.size()
     }
 
+    pub(crate) fn into_queue(self) -> AnyQueue {
+        self.queue
+    }
+
     pub(crate) fn queue_ref(&self) -> &AnyQueue {
         &self.queue
     }

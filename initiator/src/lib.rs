@@ -149,6 +149,7 @@ mod path;
 mod queue;
 pub mod rdma;
 mod reconnect;
+mod reconnector;
 mod spin;
 mod state;
 mod stdio;
@@ -174,6 +175,7 @@ pub use namespace::Namespace;
 pub use nvme::resv;
 pub use path::{PathInfo, PathMonitor, PathState, PathStats, ReconnectPolicy};
 pub use reconnect::ReconnectingQueue;
+pub use reconnector::Reconnector;
 pub use spin::{Polling, DEFAULT_SPIN};
 pub use stdio::NamespaceIo;
 

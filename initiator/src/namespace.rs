@@ -239,10 +239,11 @@ impl Namespace {
     /// namespace owns the controller and reconnects as `policy` says
     /// ([`ReconnectPolicy::never`]: not at all).
     pub fn connect(
-        opts: ConnectOptions,
+        mut opts: ConnectOptions,
         nsid: u32,
         policy: ReconnectPolicy,
     ) -> Result<Namespace, Error> {
+        opts.queues = 1;
         let (c, link, shared) = first_path(opts, nsid, policy)?;
         Ok(Namespace {
             info: c.identity.info,

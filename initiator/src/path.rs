@@ -452,14 +452,13 @@ pub(crate) fn connect_path(opts: &ConnectOptions, nsid: u32) -> Result<Connected
 }
 
 /// The first connection of a one-path handle (once, no retry: a first connection that fails
-/// is a configuration problem) with one I/O queue (`opts.queues` is set to 1), how to connect
-/// it again, and its status under `policy`.
+/// is a configuration problem) with `opts.queues` I/O queues, how to connect it again, and
+/// its status under `policy`.
 pub(crate) fn first_path(
-    mut opts: ConnectOptions,
+    opts: ConnectOptions,
     nsid: u32,
     policy: ReconnectPolicy,
 ) -> Result<(Connected, Link, Arc<Shared>), Error> {
-    opts.queues = 1;
     let c = connect_path(&opts, nsid)?;
     let mut status = PathStatus::new(&opts);
     status.state = PathState::Connected;

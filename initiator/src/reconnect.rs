@@ -178,11 +178,12 @@ impl ReconnectingQueue {
     /// Connect over NVMe/TCP or NVMe/RDMA (once, no retry) with one I/O queue of
     /// `opts.queue_depth` and open namespace `nsid`.
     pub fn connect(
-        opts: ConnectOptions,
+        mut opts: ConnectOptions,
         nsid: u32,
         policy: ReconnectPolicy,
     ) -> Result<ReconnectingQueue, Error> {
         let rdma = opts.transport == Transport::Rdma;
+        opts.queues = 1;
         let (conn, link, shared) = first_path(opts, nsid, policy)?;
         let depth = conn.info().io_queue_depth as usize;
         let tags = conn.ns.queue_ref().depth();
