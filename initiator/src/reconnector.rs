@@ -183,7 +183,7 @@ impl Reconnector {
     }
 
     /// Shut the current controller down (CC.SHN); the queues handed out must be gone.
-    pub fn shutdown(self) -> Result<(), Error> {
+    pub fn shutdown(&self) -> Result<(), Error> {
         let mut st = self.lock();
         st.queues.clear();
         match st.ctrl.take() {

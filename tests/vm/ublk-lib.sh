@@ -55,7 +55,7 @@ ublk_stop() {
 
 # ublk_case TRTYPE ADDR: the whole ublk-* case (see ublk-tcp.sh).
 ublk_case() {
-  local label=$SCENARIO tr=$1 addr=$2 dev secs=${NVMF_VM_UBLK_SECS:-20} rc mnt=$WORK/mnt
+  local label=$SCENARIO tr=$1 addr=$2 dev secs=${NVMF_VM_UBLK_SECS:-60} rc fpid mnt=$WORK/mnt
   teardown
   dev=$(vm_ramdisk 64) || { fail "$label" "vm_ramdisk 64 failed"; return; }
   start_our_target "$tr" "$addr" "$dev" || { fail "$label" "$REASON"; return; }
@@ -67,13 +67,26 @@ ublk_case() {
     { ublk_kill; fail "$label" "$REASON"; return; }
   mkdir -p "$mnt"
   step "mount $UDEV" mount "$UDEV" "$mnt" || { ublk_kill; fail "$label" "$REASON"; return; }
-  step "fio randrw+verify on xfs for ${secs} s" fio --name=fs --directory="$mnt" --size=24M --rw=randrw \
+  # The target is SIGKILLed a third into the run and started again 3 s later (same config,
+  # same ramdisk): nvmf-ublk stalls the requests, reconnects and sends them again.
+  log "fio randrw+verify on xfs for ${secs} s, the target restarted once"
+  fio --name=fs --directory="$mnt" --size=24M --rw=randrw \
     --bs=4k --iodepth=16 --ioengine=libaio --direct=1 --verify=crc32c --verify_fatal=1 \
-    --time_based --runtime="$secs" --output="$OUT/fio-fs.txt"
+    --time_based --runtime="$secs" --output="$OUT/fio-fs.txt" >/dev/null 2>&1 &
+  fpid=$!
+  sleep $((secs / 3))
+  kill_target
+  sleep 3
+  start_our_target "$tr" "$addr" "$dev" || { kill "$fpid"; umount -l "$mnt"; ublk_kill; fail "$label" "restart: $REASON"; return; }
+  echo "target SIGKILLed $((secs / 3)) s into fio and started again 3 s later" >>"$OUT/report.txt"
+  wait "$fpid"
   rc=$?
   grep -E '^[[:space:]]+(write|read):|err=' "$OUT/fio-fs.txt" | head -n 3 >>"$OUT/report.txt"
-  [ $rc = 0 ] || { umount "$mnt"; ublk_kill; fail "$label" "fio on xfs failed: $(grep -m1 -iE 'verify|err=' "$OUT/fio-fs.txt" | cut -c1-160)"; return; }
+  [ $rc = 0 ] || { umount "$mnt"; ublk_kill; fail "$label" "fio on xfs failed across the target restart: $(grep -m1 -iE 'verify|err=' "$OUT/fio-fs.txt" | cut -c1-160)"; return; }
   grep -q 'err= 0' "$OUT/fio-fs.txt" || { umount "$mnt"; ublk_kill; fail "$label" "fio on xfs reports errors"; return; }
+  grep -q 'the NVMe queue is back' "$OUT/ublk.log" ||
+    { umount "$mnt"; ublk_kill; fail "$label" "nvmf-ublk did not reconnect (no 'the NVMe queue is back' in its log)"; return; }
+  echo "nvmf-ublk reconnected: $(grep -c 'the NVMe queue is back' "$OUT/ublk.log") queue(s) back, fio err=0, no verify failure" >>"$OUT/report.txt"
   step "fstrim $mnt" fstrim -v "$mnt" || { umount "$mnt"; ublk_kill; fail "$label" "$REASON"; return; }
   step "umount $mnt" umount "$mnt" || { ublk_kill; fail "$label" "$REASON"; return; }
   ublk_stop || { fail "$label" "$REASON"; return; }

@@ -2,7 +2,11 @@
 //! kernel's ublk driver (Linux 6.0 and later, `ublk_drv`), on nvmf-initiator: a block device on
 //! machines whose kernel has no nvme-tcp or nvme-rdma.
 //!
-//! One controller with one NVMe I/O queue per ublk queue. Each ublk queue runs on a thread of
+//! One controller with one NVMe I/O queue per ublk queue. When the connection fails (a target
+//! restart, a lost link), requests stall instead of failing: the queues' commands wait, the
+//! first queue thread to notice reconnects (`initiator::Reconnector`, backoff up to
+//! `--reconnect-delay`, for up to `--ctrl-loss-tmo`, as the Linux host's options), and every
+//! queue sends its commands again on a queue of the new connection. Each ublk queue runs on a thread of
 //! its own (libublk's), where one executor drives the ublk queue's io_uring and the NVMe
 //! queue together: a task per ublk tag takes the block layer's request, turns it into an NVMe
 //! command on the tag's own buffer, and commits the result; one reaper task per queue sends
@@ -26,7 +30,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use clap::Parser;
-use initiator::{AnyQueue, ConnectOptions, Controller, DhchapOptions, NsInfo, Transport};
+use initiator::{
+    AnyQueue, ConnectOptions, DhchapOptions, NsInfo, ReconnectPolicy, Reconnector, Transport,
+};
 use libublk::ctrl::UblkCtrlBuilder;
 use libublk::io::UblkDev;
 use libublk::UblkFlags;
@@ -75,6 +81,14 @@ struct Args {
     /// The device number N of /dev/ublkbN (default: the first free one).
     #[arg(long)]
     id: Option<u32>,
+    /// Seconds to keep reconnecting after the connection fails, requests stalled meanwhile
+    /// (then they fail); as nvme-cli's option. 0: fail at once.
+    #[arg(long, default_value_t = 600)]
+    ctrl_loss_tmo: u64,
+    /// Longest wait between two reconnect attempts, in seconds (the first comes after 100 ms,
+    /// the wait doubling up to this).
+    #[arg(long, default_value_t = 2)]
+    reconnect_delay: u64,
 }
 
 /// What the block device is told about the namespace and the controller.
@@ -146,15 +160,17 @@ fn run(args: &Args) -> Result<(), String> {
         args.trsvcid,
         args.subnqn
     );
-    let mut ctrl = Controller::connect(opts).map_err(|e| format!("{what}: {e}"))?;
-    let ns = ctrl
-        .namespace(args.nsid)
-        .map_err(|e| format!("{what}: {e}"))?;
-    let info = ctrl.info().clone();
-    let mut queues: Vec<Option<AnyQueue>> = Vec::new();
-    while let Some(q) = ctrl.take_queue() {
-        queues.push(Some(q));
-    }
+    let policy = ReconnectPolicy {
+        max_attempts: if args.ctrl_loss_tmo == 0 { 0 } else { u32::MAX },
+        max_total: Some(Duration::from_secs(args.ctrl_loss_tmo)),
+        initial_delay: Duration::from_millis(100),
+        max_delay: Duration::from_secs(args.reconnect_delay.max(1)),
+        multiplier: 2.0,
+    };
+    let (rc, qs, info, ns) =
+        Reconnector::connect(opts, args.nsid, policy).map_err(|e| format!("{what}: {e}"))?;
+    let rc = Arc::new(rc);
+    let queues: Vec<Option<AnyQueue>> = qs.into_iter().map(Some).collect();
     if queues.is_empty() {
         return Err(format!("{what}: the controller gave no I/O queue"));
     }
@@ -201,11 +217,14 @@ fn run(args: &Args) -> Result<(), String> {
             })?,
     );
     let sig_ublk = Arc::clone(&ublk);
+    let sig_rc = Arc::clone(&rc);
     std::thread::Builder::new()
         .name("nvmf-ublk-signals".into())
         .spawn(move || {
             if let Ok(sig) = signals.wait() {
                 info!(signal = ?sig, "removing the device");
+                // A queue stalled in a reconnect gives up, so that it sees the device stop.
+                sig_rc.stop();
                 // libublk's control commands go through a ring of the calling thread's own.
                 let ring = libublk::ctrl::ublk_init_ctrl_task_ring(|r| {
                     if r.is_none() {
@@ -225,6 +244,7 @@ fn run(args: &Args) -> Result<(), String> {
         .map_err(|e| format!("cannot start the signal thread: {e}"))?;
 
     let queues = Arc::new(Mutex::new(queues));
+    let q_rc = Arc::clone(&rc);
     let tgt_init = move |dev: &mut UblkDev| {
         set_params(dev, &caps);
         Ok(())
@@ -236,7 +256,7 @@ fn run(args: &Args) -> Result<(), String> {
             .get_mut(usize::from(qid))
             .and_then(Option::take);
         match q {
-            Some(q) => queue::serve(qid, dev, q, caps),
+            Some(q) => queue::serve(qid, dev, q, 0, Arc::clone(&q_rc), caps),
             None => error!(qid, "no NVMe queue for this ublk queue"),
         }
     };
@@ -252,7 +272,15 @@ fn run(args: &Args) -> Result<(), String> {
     if let Err(e) = ublk.del_dev() {
         error!(error = %e, "cannot delete the ublk device");
     }
-    let shut = ctrl.shutdown();
+    let stats = rc.stats();
+    if stats.reconnects > 0 || stats.failed_attempts > 0 {
+        info!(
+            reconnects = stats.reconnects,
+            failed_attempts = stats.failed_attempts,
+            "reconnect counters"
+        );
+    }
+    let shut = rc.shutdown();
     r.map_err(|e| format!("ublk device: {e}"))?;
     shut.map_err(|e| format!("{what}: shutdown: {e}"))?;
     info!("device removed, controller disconnected");

@@ -7,22 +7,27 @@ use std::future::Future;
 use std::os::fd::{AsFd, BorrowedFd, RawFd};
 use std::pin::Pin;
 use std::rc::Rc;
+use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
-use initiator::{rw_sqe, AnyBuf, AnyQueue, Completion, Data, WaitFds};
+use initiator::{rw_sqe, AnyBuf, AnyQueue, CmdError, Completion, Data, Reconnector, WaitFds};
 use libublk::io::{with_task_io_ring, with_task_io_ring_mut, UblkDev, UblkQueue};
 use libublk::uring_async::{ublk_reap_io_events_with_update_queue, ublk_wake_task};
 use libublk::{sys, BufDesc, UblkError};
 use nvme::opcode::io;
 use nvme::Sqe;
-use tracing::{error, warn};
+use tracing::{error, info, warn};
 
 use crate::Caps;
 
 /// How often the reaper looks at a queue with commands in flight even without an event (the
 /// NVMe queue checks its command deadlines when polled).
 const TICK: Duration = Duration::from_secs(1);
+
+/// A tag's result meaning: the connection failed under the command; send it again once the
+/// queue is back.
+const RETRY: i32 = i32::MIN;
 
 /// A descriptor the reactor watches: the NVMe queue's (it owns it; this only borrows it while
 /// the queue lives, and the watch is dropped first).
@@ -61,12 +66,18 @@ struct Tag {
 /// The NVMe side of one ublk queue.
 struct Nvme {
     q: RefCell<AnyQueue>,
+    /// The connection the queue belongs to, and what brings a new one.
+    gen: Cell<u64>,
+    rc: Arc<Reconnector>,
+    /// Tags waiting for the queue to come back.
+    retry: RefCell<Vec<Waker>>,
     tags: RefCell<Vec<Tag>>,
     /// The length each tag's data buffer was made with.
     cap: usize,
     inflight: Cell<usize>,
     reaper: RefCell<Option<Waker>>,
-    /// The queue failed: every request fails from now on.
+    /// The connection failed for good (the reconnect policy gave up): every request fails
+    /// from now on.
     failed: Cell<bool>,
     watches: RefCell<Vec<(RawFd, Rc<smol::Async<Fd>>)>>,
     caps: Caps,
@@ -89,18 +100,30 @@ impl Nvme {
     /// Runs the request of `iod` on tag `tag`: the NVMe command's result as ublk wants it
     /// (bytes transferred, or -errno).
     async fn run(&self, tag: u16, iod: &sys::ublksrv_io_desc) -> i32 {
-        if self.failed.get() {
-            return -libc::EIO;
+        loop {
+            if self.failed.get() {
+                return -libc::EIO;
+            }
+            let gen = self.gen.get();
+            match self.submit(tag, iod) {
+                Ok(true) => {}
+                // Nothing to send (a flush without a volatile write cache).
+                Ok(false) => return 0,
+                // The queue is down: wait for the new one (the reaper brings it).
+                Err(RETRY) => {
+                    self.wake_reaper();
+                    Back { nv: self, gen }.await;
+                    continue;
+                }
+                Err(e) => return e,
+            }
+            self.inflight.set(self.inflight.get() + 1);
+            self.wake_reaper();
+            match (Done { nv: self, tag }).await {
+                RETRY => Back { nv: self, gen }.await,
+                r => return r,
+            }
         }
-        match self.submit(tag, iod) {
-            Ok(true) => {}
-            // Nothing to send (a flush without a volatile write cache).
-            Ok(false) => return 0,
-            Err(e) => return e,
-        }
-        self.inflight.set(self.inflight.get() + 1);
-        self.wake_reaper();
-        Done { nv: self, tag }.await
     }
 
     /// Submits the command for `iod` on tag `tag` (`false`: none is needed).
@@ -196,6 +219,7 @@ impl Nvme {
         };
         match submitted {
             Ok(_) => Ok(true),
+            Err(_) if q.is_failed() => Err(RETRY),
             Err(e) => {
                 warn!(tag, error = %e, "cannot submit the NVMe command");
                 Err(-libc::EIO)
@@ -213,6 +237,8 @@ impl Nvme {
         let res = match &c.result {
             Ok(_) if out == Out::Data => c.buf.as_ref().map_or(0, |b| b.len() as i32),
             Ok(_) => 0,
+            // The transport failed under it (not the controller's answer): again, later.
+            Err(e) if !matches!(e, CmdError::Status(_)) => RETRY,
             Err(e) => {
                 warn!(tag = c.user_data, error = %e, "NVMe command failed");
                 -libc::EIO
@@ -241,10 +267,9 @@ impl Nvme {
             for c in out.drain(..) {
                 self.complete(c);
             }
-            if let Err(e) = polled {
-                if !self.failed.replace(true) {
-                    error!(error = %e, "the NVMe queue failed: requests fail from now on");
-                }
+            if (polled.is_err() || self.q.borrow().is_failed()) && !self.failed.get() {
+                self.reconnect();
+                continue;
             }
             if self.inflight.get() == 0 || self.failed.get() {
                 Park { nv: self }.await;
@@ -259,6 +284,64 @@ impl Nvme {
             self.wait(fds, &mut tick).await;
             let _ = self.q.borrow_mut().after_wait();
         }
+    }
+
+    /// The queue failed (every command it had came back for a retry): get a queue of a new
+    /// connection (blocking this queue's thread: its requests stall meanwhile, as the
+    /// Linux host's do while it reconnects), move the tags' buffers to it over NVMe/RDMA (the
+    /// old ones are the dead connection's registered memory), and wake the tags to send
+    /// their commands again. When the policy gives up, requests fail from now on.
+    fn reconnect(&self) {
+        let failed_gen = self.gen.get();
+        warn!(
+            gen = failed_gen,
+            "the NVMe queue failed: stalling requests while reconnecting"
+        );
+        let got = self.rc.queue_again(failed_gen);
+        match got {
+            Ok((gen, nq)) => {
+                if let Err(e) = self.adopt(&nq) {
+                    error!(error = %e, "cannot move the tags' buffers to the new queue");
+                    self.failed.set(true);
+                } else {
+                    info!(
+                        gen,
+                        "the NVMe queue is back: sending the stalled requests again"
+                    );
+                }
+                self.watches.borrow_mut().clear();
+                *self.q.borrow_mut() = nq;
+                self.gen.set(gen);
+            }
+            Err(e) => {
+                error!(error = %e, "reconnecting failed: requests fail from now on");
+                self.failed.set(true);
+            }
+        }
+        for w in self.retry.borrow_mut().drain(..) {
+            w.wake();
+        }
+    }
+
+    /// Over NVMe/RDMA: give every tag buffers of `nq` (registered memory of the new
+    /// connection) with the old ones' contents (a write waiting to go again has its data
+    /// there). Plain memory (NVMe/TCP) stays.
+    fn adopt(&self, nq: &AnyQueue) -> Result<(), initiator::Error> {
+        if nq.transport() != initiator::Transport::Rdma {
+            return Ok(());
+        }
+        let mut tags = self.tags.borrow_mut();
+        for t in tags.iter_mut() {
+            for (slot, len) in [(&mut t.buf, self.cap), (&mut t.range, 16)] {
+                let mut b = nq.alloc_buf(len)?;
+                if let Some(old) = slot.as_ref() {
+                    let n = old.len().min(b.len());
+                    b[..n].copy_from_slice(&old[..n]);
+                }
+                *slot = Some(b);
+            }
+        }
+        Ok(())
     }
 
     /// Until a descriptor of `fds` is ready, or `tick` fires.
@@ -322,6 +405,24 @@ impl Future for Park<'_> {
     }
 }
 
+/// A tag's task waits here for the queue to come back after a failure (a newer connection
+/// than `gen`, or the policy gave up).
+struct Back<'a> {
+    nv: &'a Nvme,
+    gen: u64,
+}
+
+impl Future for Back<'_> {
+    type Output = ();
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        if self.nv.gen.get() > self.gen || self.nv.failed.get() {
+            return Poll::Ready(());
+        }
+        self.nv.retry.borrow_mut().push(cx.waker().clone());
+        Poll::Pending
+    }
+}
+
 /// A tag's task waits here for its command's completion.
 struct Done<'a> {
     nv: &'a Nvme,
@@ -354,24 +455,24 @@ async fn commit(q: &UblkQueue<'_>, tag: u16, addr: *const u8, res: i32) -> Resul
 }
 
 async fn tag_task(q: &UblkQueue<'_>, nv: &Nvme, tag: u16) -> Result<(), UblkError> {
-    let addr = {
+    // The tag's buffer: the same one until a reconnect over NVMe/RDMA replaces it.
+    let addr = || {
         let tags = nv.tags.borrow();
-        match &tags[usize::from(tag)].buf {
-            Some(b) => b.as_ptr(),
-            None => return Err(UblkError::OtherError(-libc::ENOMEM)),
-        }
+        tags[usize::from(tag)].buf.as_ref().map(|b| b.as_ptr())
     };
-    q.submit_io_prep_cmd(tag, BufDesc::RawAddress(addr), 0, None)
+    let first = addr().ok_or(UblkError::OtherError(-libc::ENOMEM))?;
+    q.submit_io_prep_cmd(tag, BufDesc::RawAddress(first), 0, None)
         .await?;
     loop {
         let iod = *q.get_iod(tag);
         let res = nv.run(tag, &iod).await;
-        commit(q, tag, addr, res).await?;
+        let at = addr().ok_or(UblkError::OtherError(-libc::ENOMEM))?;
+        commit(q, tag, at, res).await?;
     }
 }
 
 /// Serves ublk queue `qid` of `dev` with NVMe queue `nq` until the device stops.
-pub fn serve(qid: u16, dev: &UblkDev, nq: AnyQueue, caps: Caps) {
+pub fn serve(qid: u16, dev: &UblkDev, nq: AnyQueue, gen: u64, rc: Arc<Reconnector>, caps: Caps) {
     let depth = dev.dev_info.queue_depth;
     let cap = dev.dev_info.max_io_buf_bytes as usize;
     let mut tags = Vec::with_capacity(usize::from(depth));
@@ -395,6 +496,9 @@ pub fn serve(qid: u16, dev: &UblkDev, nq: AnyQueue, caps: Caps) {
     }
     let nv = Rc::new(Nvme {
         q: RefCell::new(nq),
+        gen: Cell::new(gen),
+        rc,
+        retry: RefCell::new(Vec::new()),
         tags: RefCell::new(tags),
         cap,
         inflight: Cell::new(0),
