@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use initiator::{
     AnyBuf, ConnectOptions, Controller, MultipathOptions, Namespace, PathState, ReconnectPolicy,
-    ReconnectingQueue,
+    ReconnectingQueue, Reconnector,
 };
 use nvmf_tests::forms::{every_operation, pattern, through_std_io};
 use nvmf_tests::{free_port, TargetProc, TEST_NQN};
@@ -268,4 +268,56 @@ fn check_reads(form: Form, bs: usize, done: &[(u64, Vec<u8>)]) {
         let last = done.iter().rev().find(|(u, _)| *u == b).expect("completed");
         assert_eq!(last.1, pattern(bs, b as u8), "{form:?}: block {b}");
     }
+}
+
+/// A controller with two I/O queues behind a `Reconnector` (what nvmf-ublk runs on): the
+/// target killed and restarted, both queues fail; two threads ask for queues of a new
+/// connection at once, one reconnect serves both, and both queues carry I/O again.
+#[test]
+fn a_reconnector_brings_every_queue_of_a_controller_back_with_one_reconnect() {
+    let mut t = TargetProc::start_with(two_listeners);
+    let mut o = options(t.addr.port(), [0x33; 16]);
+    o.queues = 2;
+    let (rc, qs, _info, ns) = Reconnector::connect(o, 1, quick_policy()).unwrap();
+    assert_eq!(qs.len(), 2);
+    assert_eq!(rc.generation(), 0);
+    let bs = ns.block_size as usize;
+    let write_read = |q: &mut initiator::AnyQueue, b: u64| -> Result<(), initiator::Error> {
+        let mut done = Vec::new();
+        q.submit_write(&ns, b, AnyBuf::Vec(pattern(bs, b as u8)), 1)
+            .map_err(|e| e.error)?;
+        q.reap(&mut done, 1, None)?;
+        done.pop().unwrap().result?;
+        q.submit_read(&ns, b, AnyBuf::Vec(vec![0; bs]), 2)
+            .map_err(|e| e.error)?;
+        q.reap(&mut done, 1, None)?;
+        let c = done.pop().unwrap();
+        c.result?;
+        assert!(matches!(c.buf, Some(AnyBuf::Vec(v)) if v == pattern(bs, b as u8)));
+        Ok(())
+    };
+    let mut qs = qs;
+    for (i, q) in qs.iter_mut().enumerate() {
+        write_read(q, i as u64).unwrap();
+    }
+    t.kill_and_restart();
+    for (i, q) in qs.iter_mut().enumerate() {
+        assert!(
+            write_read(q, i as u64).is_err(),
+            "queue {i} works across the restart?"
+        );
+    }
+    drop(qs);
+    let back: Vec<(u64, initiator::AnyQueue)> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..2).map(|_| s.spawn(|| rc.queue_again(0))).collect();
+        hs.into_iter().map(|h| h.join().unwrap().unwrap()).collect()
+    });
+    assert!(back.iter().all(|(g, _)| *g == 1), "generations");
+    let st = rc.stats();
+    assert_eq!(st.reconnects, 1, "{st:?}");
+    for (i, (_, mut q)) in back.into_iter().enumerate() {
+        write_read(&mut q, 10 + i as u64).unwrap();
+    }
+    assert_eq!(rc.paths()[0].state, PathState::Connected);
+    rc.shutdown().unwrap();
 }
