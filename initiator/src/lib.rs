@@ -169,7 +169,7 @@ pub use tcp::TcpLink;
 pub use tls::{ConfiguredPsk, IdentityVersion};
 
 pub use asyncq::{AsyncQueue, CmdFuture};
-pub use multipath::{AnaState, MultipathOptions, PathPolicy};
+pub use multipath::{is_path_status, AnaState, MultipathOptions, PathPolicy};
 pub use namespace::Namespace;
 /// Reservation command fields and the Reservation Report, for [`Namespace::reservation_register`] and friends.
 pub use nvme::resv;

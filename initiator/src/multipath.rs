@@ -166,6 +166,30 @@ fn ana_state_in(log: &[u8], nsid: u32, grpid: u32) -> Option<AnaState> {
     by_group
 }
 
+/// Whether status `s` is about the path rather than the command: an ANA status (the
+/// namespace is not accessible through this controller now), another path related status
+/// (SCT 3h), or Command Aborted due to SQ Deletion (a target tearing the controller down).
+/// Another path may run the command.
+pub fn is_path_status(s: Status) -> bool {
+    AnaState::from_status(s).is_some() || s.sct() == 3 || s.code() == Status::ABORT_QUEUE.code()
+}
+
+/// The namespace's ANA state in `ctrl`'s ANA log (a log of `log_len` bytes at most; a log
+/// that does not list the namespace's group says Inaccessible).
+pub(crate) fn read_ana_state(
+    ctrl: &Controller,
+    log_len: usize,
+    nsid: u32,
+    grpid: u32,
+) -> Result<AnaState, Error> {
+    let mut buf = vec![0u8; log_len.div_ceil(4) * 4];
+    ctrl.get_log_page(nvlog::lid::ANA, 0, 0, &mut buf)?;
+    Ok(ana_state_in(&buf, nsid, grpid).unwrap_or_else(|| {
+        tracing::warn!(grpid, "the ANA log does not list the namespace's group");
+        AnaState::Inaccessible
+    }))
+}
+
 /// How a failed call's error counts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Failure {
@@ -183,7 +207,7 @@ pub(crate) fn classify(e: &Error) -> Failure {
     match e.status() {
         Some(s) => match AnaState::from_status(s) {
             Some(state) => Failure::Ana(state),
-            None if s.sct() == 3 || s.code() == Status::ABORT_QUEUE.code() => Failure::Path,
+            None if is_path_status(s) => Failure::Path,
             None => Failure::Other,
         },
         None if is_transport_failure(e) => Failure::Path,
@@ -278,13 +302,8 @@ impl PathThread {
         for _ in 0..4 {
             self.shared.lock().paths[self.idx].refresh = false;
             let state = if live.ana {
-                let mut buf = vec![0u8; live.log_len.div_ceil(4) * 4];
-                match live.ctrl.get_log_page(nvlog::lid::ANA, 0, 0, &mut buf) {
-                    Ok(()) => ana_state_in(&buf, self.link.nsid, live.grpid).unwrap_or_else(|| {
-                        tracing::warn!(path = %self.label(), grpid = live.grpid,
-                            "the ANA log does not list the namespace's group");
-                        AnaState::Inaccessible
-                    }),
+                match read_ana_state(&live.ctrl, live.log_len, self.link.nsid, live.grpid) {
+                    Ok(state) => state,
                     Err(e) if is_transport_failure(&e) => return Err(e),
                     Err(e) => {
                         tracing::warn!(path = %self.label(), error = %e,

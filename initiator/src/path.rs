@@ -516,65 +516,14 @@ impl Link {
 
     /// Connect again within `b`'s budget under the namespace's policy, waiting the backoff
     /// before each attempt (`sleep` returns `false` when the namespace closes: then the
-    /// result is the budget's last failure). The one reconnect loop of the crate.
+    /// result is the budget's last failure).
     pub(crate) fn reconnect(
         &self,
         shared: &Shared,
         b: &mut Budget,
         sleep: &mut dyn FnMut(Duration) -> bool,
     ) -> Result<Connected, Error> {
-        let policy = shared.lock().policy.clone();
-        loop {
-            let elapsed = b.since.elapsed();
-            let remaining = policy.max_total.map(|t| t.saturating_sub(elapsed));
-            if b.attempts >= policy.max_attempts || remaining == Some(Duration::ZERO) {
-                return Err(self.give_up(shared, b));
-            }
-            let mut delay = policy.delay(b.attempts + 1);
-            if let Some(r) = remaining {
-                delay = delay.min(r);
-            }
-            if !sleep(delay) {
-                return Err(Error::Closed);
-            }
-            b.attempts += 1;
-            match connect_path(&self.opts, self.nsid).and_then(|c| self.same_device(c)) {
-                Ok(c) => {
-                    let outage = b.since.elapsed();
-                    tracing::warn!(
-                        path = %self.label(),
-                        attempt = b.attempts,
-                        cntlid = c.info().cntlid,
-                        outage_ms = outage.as_millis() as u64,
-                        "reconnected"
-                    );
-                    let mut g = shared.lock();
-                    g.stats.reconnects += 1;
-                    g.stats.last_outage = Some(outage);
-                    g.paths[self.idx].reconnects += 1;
-                    return Ok(c);
-                }
-                Err(e) => {
-                    tracing::warn!(
-                        path = %self.label(),
-                        attempt = b.attempts,
-                        max_attempts = policy.max_attempts,
-                        error = %e,
-                        "reconnect attempt failed"
-                    );
-                    let permanent = is_permanent(&e);
-                    let mut g = shared.lock();
-                    g.stats.failed_attempts += 1;
-                    g.paths[self.idx].last_error = Some(e.to_string());
-                    drop(g);
-                    b.last = Arc::new(e);
-                    // A refused secret, or another device, does not get better by asking again.
-                    if permanent {
-                        return Err(self.give_up(shared, b));
-                    }
-                }
-            }
-        }
+        reconnect_any(std::slice::from_ref(self), 0, shared, b, sleep, &|_| Ok(())).map(|(_, c)| c)
     }
 
     fn give_up(&self, shared: &Shared, b: &Budget) -> Error {
@@ -598,6 +547,85 @@ impl Link {
         Err(Error::Controller(format!(
             "the path leads to another device: {what}"
         )))
+    }
+}
+
+/// The one reconnect loop of the crate: connect again within `b`'s budget under the
+/// namespace's policy, waiting the backoff before each attempt, trying `links` in turn from
+/// `start` (one attempt each), and keeping a connection only if it leads to the same device
+/// and `accept` takes it. Returns the link that connected and its connection. With one link,
+/// a permanent failure (a refused secret, another device) gives up at once; with several,
+/// the others are tried.
+pub(crate) fn reconnect_any(
+    links: &[Link],
+    start: usize,
+    shared: &Shared,
+    b: &mut Budget,
+    sleep: &mut dyn FnMut(Duration) -> bool,
+    accept: &dyn Fn(&Connected) -> Result<(), Error>,
+) -> Result<(usize, Connected), Error> {
+    let policy = shared.lock().policy.clone();
+    let n = links.len().max(1);
+    loop {
+        let link = &links[(start + b.attempts as usize) % n];
+        let elapsed = b.since.elapsed();
+        let remaining = policy.max_total.map(|t| t.saturating_sub(elapsed));
+        if b.attempts >= policy.max_attempts || remaining == Some(Duration::ZERO) {
+            return Err(link.give_up(shared, b));
+        }
+        let mut delay = policy.delay(b.attempts + 1);
+        if let Some(r) = remaining {
+            delay = delay.min(r);
+        }
+        if !sleep(delay) {
+            return Err(Error::Closed);
+        }
+        b.attempts += 1;
+        let tried = connect_path(&link.opts, link.nsid)
+            .and_then(|c| link.same_device(c))
+            .and_then(|c| match accept(&c) {
+                Ok(()) => Ok(c),
+                Err(e) => {
+                    let _ = c.shutdown();
+                    Err(e)
+                }
+            });
+        match tried {
+            Ok(c) => {
+                let outage = b.since.elapsed();
+                tracing::warn!(
+                    path = %link.label(),
+                    attempt = b.attempts,
+                    cntlid = c.info().cntlid,
+                    outage_ms = outage.as_millis() as u64,
+                    "reconnected"
+                );
+                let mut g = shared.lock();
+                g.stats.reconnects += 1;
+                g.stats.last_outage = Some(outage);
+                g.paths[link.idx].reconnects += 1;
+                return Ok((link.idx, c));
+            }
+            Err(e) => {
+                tracing::warn!(
+                    path = %link.label(),
+                    attempt = b.attempts,
+                    max_attempts = policy.max_attempts,
+                    error = %e,
+                    "reconnect attempt failed"
+                );
+                let permanent = is_permanent(&e) && links.len() == 1;
+                let mut g = shared.lock();
+                g.stats.failed_attempts += 1;
+                g.paths[link.idx].last_error = Some(e.to_string());
+                drop(g);
+                b.last = Arc::new(e);
+                // A refused secret, or another device, does not get better by asking again.
+                if permanent {
+                    return Err(link.give_up(shared, b));
+                }
+            }
+        }
     }
 }
 

@@ -3,14 +3,16 @@
 //! path's reconnect loop.
 
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::Duration;
 
 use crate::any_queue::AnyQueue;
 use crate::cmd::NsInfo;
 use crate::controller::{ConnectOptions, Controller, ControllerInfo};
 use crate::error::Error;
+use crate::multipath::read_ana_state;
 use crate::path::{
-    first_path, Budget, Connected, Link, PathInfo, PathMonitor, PathState, PathStats,
-    ReconnectPolicy, Shared,
+    connect_path, first_path, reconnect_any, Budget, Connected, Link, PathInfo, PathMonitor,
+    PathState, PathStats, PathStatus, ReconnectPolicy, Shared,
 };
 
 /// A controller with several I/O queues that comes back when its connection fails.
@@ -25,7 +27,8 @@ use crate::path::{
 /// tries again). The owner keeps its commands meanwhile and submits them again on the new
 /// queue: a block device built on this stalls through a target restart instead of failing.
 pub struct Reconnector {
-    link: Link,
+    /// One per path, in the order given.
+    links: Vec<Link>,
     shared: Arc<Shared>,
     state: Mutex<State>,
     cv: Condvar,
@@ -39,6 +42,8 @@ struct State {
     queues: Vec<AnyQueue>,
     /// A caller is reconnecting.
     connecting: bool,
+    /// The path of the current connection.
+    cur: usize,
     /// Finished reconnect attempts (a waiter whose attempt ended without a connection
     /// returns `last`).
     attempts: u64,
@@ -48,7 +53,7 @@ struct State {
 impl std::fmt::Debug for Reconnector {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Reconnector")
-            .field("link", &self.link)
+            .field("links", &self.links)
             .field("gen", &self.lock().gen)
             .finish()
     }
@@ -66,20 +71,97 @@ impl Reconnector {
         let info = c.info().clone();
         let ns = c.identity.info;
         let (ctrl, qs) = split(c);
-        let r = Reconnector {
-            link,
+        Ok((Self::new(vec![link], shared, ctrl, 0), qs, info, ns))
+    }
+
+    /// [`Reconnector::connect`] over several paths to one subsystem (the first path's host
+    /// NQN, host ID and secrets for all; each with the first's `queues` and `queue_depth`):
+    /// the connection is to one path at a time, the first (in the order given) that connects
+    /// and reports the namespace ANA optimized or non-optimized; when it fails, or a queue
+    /// owner asks for another because its commands met an ANA or path status, the next
+    /// reconnect tries the paths in turn from the one after it. Every path must lead to the
+    /// same namespace (subsystem NQN, geometry, NGUID).
+    pub fn connect_paths(
+        paths: Vec<ConnectOptions>,
+        nsid: u32,
+        policy: ReconnectPolicy,
+    ) -> Result<(Reconnector, Vec<AnyQueue>, ControllerInfo, NsInfo), Error> {
+        let Some(first) = paths.first().cloned() else {
+            return Err(Error::InvalidArgument("no paths".into()));
+        };
+        if paths.len() == 1 {
+            return Self::connect(first, nsid, policy);
+        }
+        let mut why = Vec::new();
+        for (k, mut o) in paths.iter().cloned().enumerate() {
+            o.hostnqn.clone_from(&first.hostnqn);
+            o.hostid = first.hostid;
+            o.queues = first.queues;
+            o.queue_depth = first.queue_depth;
+            if o.dhchap.is_none() {
+                o.dhchap.clone_from(&first.dhchap);
+            }
+            let c = match connect_path(&o, nsid).and_then(|c| usable(c, nsid)) {
+                Ok(c) => c,
+                Err(e) => {
+                    why.push(format!("{}:{}: {e}", o.addr, o.port));
+                    continue;
+                }
+            };
+            let mut identity = c.identity.clone();
+            // The controllers of several targets may have serial numbers of their own.
+            identity.serial = None;
+            let mut links = Vec::new();
+            let mut statuses = Vec::new();
+            for (idx, mut p) in paths.iter().cloned().enumerate() {
+                p.hostnqn.clone_from(&o.hostnqn);
+                p.hostid = o.hostid;
+                p.queues = o.queues;
+                p.queue_depth = o.queue_depth;
+                if p.dhchap.is_none() {
+                    p.dhchap.clone_from(&o.dhchap);
+                }
+                let mut st = PathStatus::new(&p);
+                if idx == k {
+                    st.state = PathState::Connected;
+                    st.cntlid = Some(c.info().cntlid);
+                }
+                statuses.push(st);
+                links.push(Link {
+                    opts: p,
+                    nsid,
+                    identity: identity.clone(),
+                    idx,
+                });
+            }
+            let info = c.info().clone();
+            let ns = identity.info;
+            let (ctrl, qs) = split(c);
+            let shared = Shared::new(statuses, policy);
+            return Ok((Self::new(links, shared, ctrl, k), qs, info, ns));
+        }
+        Err(Error::NoUsablePath {
+            what: "open",
+            waited: Duration::ZERO,
+            paths: why.join("; "),
+        })
+    }
+
+    fn new(links: Vec<Link>, shared: Arc<Shared>, ctrl: Controller, cur: usize) -> Reconnector {
+        Reconnector {
+            links,
             shared,
             state: Mutex::new(State {
                 gen: 0,
                 ctrl: Some(ctrl),
                 queues: Vec::new(),
                 connecting: false,
+                cur,
                 attempts: 0,
                 last: None,
             }),
             cv: Condvar::new(),
-        };
-        Ok((r, qs, info, ns))
+        }
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -111,7 +193,7 @@ impl Reconnector {
                 let cause = st.last.clone().unwrap_or_else(|| Arc::new(Error::Closed));
                 return Err(Error::ReconnectGaveUp {
                     attempts: 0,
-                    elapsed: std::time::Duration::ZERO,
+                    elapsed: Duration::ZERO,
                     cause,
                 });
             }
@@ -124,6 +206,7 @@ impl Reconnector {
             }
             st.connecting = true;
             let old = st.ctrl.take();
+            let cur = st.cur;
             st.queues.clear();
             drop(st);
             if let Some(c) = old {
@@ -131,28 +214,44 @@ impl Reconnector {
             }
             {
                 let mut g = self.shared.lock();
-                g.paths[0].state = PathState::Failed;
-                g.paths[0].cntlid = None;
+                g.paths[cur].state = PathState::Failed;
+                g.paths[cur].cntlid = None;
             }
-            tracing::warn!(path = %self.link.label(), "connection failed; reconnecting");
+            tracing::warn!(path = %self.links[cur].label(), "connection lost or left; reconnecting");
             let mut b = Budget::start(Error::Closed);
-            let r = self
-                .link
-                .reconnect(&self.shared, &mut b, &mut |d| self.shared.sleep(d));
+            // One path: that one again. Several: the others first, in turn, then this one.
+            let several = self.links.len() > 1;
+            let nsid = self.links[cur].nsid;
+            let accept = |c: &Connected| {
+                if several {
+                    ana_usable(c, nsid)
+                } else {
+                    Ok(())
+                }
+            };
+            let r = reconnect_any(
+                &self.links,
+                cur + usize::from(several),
+                &self.shared,
+                &mut b,
+                &mut |d| self.shared.sleep(d),
+                &accept,
+            );
             st = self.lock();
             st.connecting = false;
             st.attempts += 1;
             match r {
-                Ok(c) => {
+                Ok((idx, c)) => {
                     let cntlid = c.info().cntlid;
                     let (ctrl, qs) = split(c);
                     st.gen += 1;
                     st.ctrl = Some(ctrl);
                     st.queues = qs;
+                    st.cur = idx;
                     st.last = None;
                     let mut g = self.shared.lock();
-                    g.paths[0].state = PathState::Connected;
-                    g.paths[0].cntlid = Some(cntlid);
+                    g.paths[idx].state = PathState::Connected;
+                    g.paths[idx].cntlid = Some(cntlid);
                 }
                 Err(e) => st.last = Some(Arc::new(e)),
             }
@@ -190,6 +289,32 @@ impl Reconnector {
             Some(c) => c.shutdown(),
             None => Ok(()),
         }
+    }
+}
+
+/// `c` if the namespace is ANA optimized or non-optimized through it (a controller without
+/// ANA counts as optimized).
+fn usable(c: Connected, nsid: u32) -> Result<Connected, Error> {
+    match ana_usable(&c, nsid) {
+        Ok(()) => Ok(c),
+        Err(e) => {
+            let _ = c.shutdown();
+            Err(e)
+        }
+    }
+}
+
+fn ana_usable(c: &Connected, nsid: u32) -> Result<(), Error> {
+    if !c.ana {
+        return Ok(());
+    }
+    let state = read_ana_state(&c.ctrl, c.log_len, nsid, c.grpid)?;
+    if state.is_usable() {
+        Ok(())
+    } else {
+        Err(Error::Controller(format!(
+            "the namespace is ANA {state} through this path"
+        )))
     }
 }
 

@@ -321,3 +321,65 @@ fn a_reconnector_brings_every_queue_of_a_controller_back_with_one_reconnect() {
     assert_eq!(rc.paths()[0].state, PathState::Connected);
     rc.shutdown().unwrap();
 }
+
+/// Two targets exporting the same file as one subsystem (two paths to one namespace, as two
+/// controllers of a dual-headed array): a `Reconnector` over both uses the first; the first is
+/// killed, and the queue of the next connection is the second target's, with the data written
+/// through the first.
+#[test]
+fn a_reconnector_over_two_paths_moves_to_the_other_when_one_dies() {
+    let shared = nvmf_tests::TempDir::new("two-heads");
+    let img = shared.0.join("ns.img");
+    std::fs::File::create(&img)
+        .unwrap()
+        .set_len(64 << 20)
+        .unwrap();
+    let yaml = |port: u16, _: &Path| {
+        format!(
+            "listeners:\n  - {{ transport: tcp, address: 127.0.0.1, port: {port} }}\n\
+             subsystems:\n  - nqn: {TEST_NQN}\n    allow_any_host: true\n    namespaces:\n      \
+             - {{ nsid: 1, path: {} }}\n\
+             target: {{ threads: 1, keep_alive_ms_min: 1000 }}\n",
+            img.display()
+        )
+    };
+    let mut a = TargetProc::start_with(yaml);
+    let b = TargetProc::start_with(yaml);
+    let id = [0x44; 16];
+    let mut oa = options(a.addr.port(), id);
+    oa.queues = 2;
+    let paths = vec![oa, options(b.addr.port(), id)];
+    let (rc, qs, _info, ns) = Reconnector::connect_paths(paths, 1, quick_policy())
+        .unwrap_or_else(|e| panic!("{e}\n{}\n{}", a.log_text(), b.log_text()));
+    assert_eq!(qs.len(), 2);
+    let bs = ns.block_size as usize;
+    let mut done = Vec::new();
+    let mut q = qs.into_iter().next().unwrap();
+    q.submit_write(&ns, 7, AnyBuf::Vec(pattern(bs, 7)), 1)
+        .map_err(|e| e.error)
+        .unwrap();
+    q.reap(&mut done, 1, None).unwrap();
+    done.pop().unwrap().result.unwrap();
+    let p = rc.paths();
+    assert_eq!(
+        (p[0].state, p[1].state),
+        (PathState::Connected, PathState::Failed)
+    );
+    a.kill();
+    drop(q);
+    let (gen, mut q) = rc
+        .queue_again(0)
+        .unwrap_or_else(|e| panic!("{e}\n{}", b.log_text()));
+    assert_eq!(gen, 1);
+    let p = rc.paths();
+    assert_eq!(p[1].state, PathState::Connected, "{p:?}");
+    q.submit_read(&ns, 7, AnyBuf::Vec(vec![0; bs]), 2)
+        .map_err(|e| e.error)
+        .unwrap();
+    q.reap(&mut done, 1, None).unwrap();
+    let c = done.pop().unwrap();
+    c.result.unwrap();
+    assert!(matches!(c.buf, Some(AnyBuf::Vec(v)) if v == pattern(bs, 7)));
+    drop(q);
+    rc.shutdown().unwrap();
+}

@@ -45,15 +45,17 @@ use tracing::{error, info};
     about = "Expose a remote NVMe-oF namespace as /dev/ublkbN (the kernel's ublk driver)"
 )]
 struct Args {
-    /// Transport: tcp or rdma.
-    #[arg(long, default_value = "tcp", value_parser = ["tcp", "rdma"])]
-    transport: String,
-    /// Target address.
-    #[arg(long)]
-    traddr: String,
-    /// Target port.
-    #[arg(long, default_value_t = 4420)]
-    trsvcid: u16,
+    /// Transport: tcp or rdma (repeat it with `--traddr` for paths of other transports; the
+    /// last one given goes for the paths after it).
+    #[arg(long, default_values = ["tcp"], value_parser = ["tcp", "rdma"])]
+    transport: Vec<String>,
+    /// Target address; repeat it for several paths to the subsystem (multipath: one path in
+    /// use at a time, the next when it fails or its namespace is not ANA accessible).
+    #[arg(long, required = true)]
+    traddr: Vec<String>,
+    /// Target port (per path, as `--traddr`; the last one given goes for the paths after it).
+    #[arg(long, default_values_t = [4420])]
+    trsvcid: Vec<u16>,
     /// Subsystem NQN.
     #[arg(long)]
     subnqn: String,
@@ -134,32 +136,46 @@ fn run(args: &Args) -> Result<(), String> {
         .thread_block()
         .map_err(|e| format!("cannot block SIGTERM/SIGINT: {e}"))?;
 
-    let mut opts = match args.transport.as_str() {
-        "rdma" => ConnectOptions::rdma(&args.traddr, args.trsvcid, &args.subnqn),
-        _ => ConnectOptions::tcp(&args.traddr, args.trsvcid, &args.subnqn),
-    };
-    if let Some(h) = &args.hostnqn {
-        opts.hostnqn = h.clone();
+    let nth = |v: &[String], i: usize| v.get(i).or(v.last()).cloned().unwrap_or_default();
+    let mut paths = Vec::new();
+    for (i, addr) in args.traddr.iter().enumerate() {
+        let port = args
+            .trsvcid
+            .get(i)
+            .or(args.trsvcid.last())
+            .copied()
+            .unwrap_or(4420);
+        let mut opts = match nth(&args.transport, i).as_str() {
+            "rdma" => ConnectOptions::rdma(addr, port, &args.subnqn),
+            _ => ConnectOptions::tcp(addr, port, &args.subnqn),
+        };
+        if let Some(h) = &args.hostnqn {
+            opts.hostnqn = h.clone();
+        }
+        if let Some(s) = &args.dhchap_secret {
+            opts.dhchap = Some(
+                DhchapOptions::new(s, args.dhchap_ctrl_secret.as_deref())
+                    .map_err(|e| format!("--dhchap-secret: {e}"))?,
+            );
+        }
+        opts.queues = args.queues.max(1);
+        opts.queue_depth = args.queue_depth.max(1);
+        opts.timeout = Duration::from_secs(args.io_timeout.max(1));
+        paths.push(opts);
     }
-    if let Some(s) = &args.dhchap_secret {
-        opts.dhchap = Some(
-            DhchapOptions::new(s, args.dhchap_ctrl_secret.as_deref())
-                .map_err(|e| format!("--dhchap-secret: {e}"))?,
-        );
-    }
-    opts.queues = args.queues.max(1);
-    opts.queue_depth = args.queue_depth.max(1);
-    opts.timeout = Duration::from_secs(args.io_timeout.max(1));
-    let what = format!(
-        "{} {}:{} {}",
-        match opts.transport {
-            Transport::Rdma => "rdma",
-            _ => "tcp",
-        },
-        args.traddr,
-        args.trsvcid,
-        args.subnqn
-    );
+    let what = paths
+        .iter()
+        .map(|o| {
+            let tr = match o.transport {
+                Transport::Rdma => "rdma",
+                _ => "tcp",
+            };
+            format!("{tr} {}:{}", o.addr, o.port)
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+        + " "
+        + &args.subnqn;
     let policy = ReconnectPolicy {
         max_attempts: if args.ctrl_loss_tmo == 0 { 0 } else { u32::MAX },
         max_total: Some(Duration::from_secs(args.ctrl_loss_tmo)),
@@ -168,7 +184,7 @@ fn run(args: &Args) -> Result<(), String> {
         multiplier: 2.0,
     };
     let (rc, qs, info, ns) =
-        Reconnector::connect(opts, args.nsid, policy).map_err(|e| format!("{what}: {e}"))?;
+        Reconnector::connect_paths(paths, args.nsid, policy).map_err(|e| format!("{what}: {e}"))?;
     let rc = Arc::new(rc);
     let queues: Vec<Option<AnyQueue>> = qs.into_iter().map(Some).collect();
     if queues.is_empty() {

@@ -71,6 +71,9 @@ struct Nvme {
     rc: Arc<Reconnector>,
     /// Tags waiting for the queue to come back.
     retry: RefCell<Vec<Waker>>,
+    /// A command met an ANA or path status: send nothing more on this connection, and move
+    /// to another path once its commands are back.
+    leave: Cell<bool>,
     tags: RefCell<Vec<Tag>>,
     /// The length each tag's data buffer was made with.
     cap: usize,
@@ -141,6 +144,9 @@ impl Nvme {
         let slba = off / bs;
         let nlb = len / bs;
         let user = u64::from(tag);
+        if self.leave.get() {
+            return Err(RETRY);
+        }
         let mut q = self.q.borrow_mut();
         let mut tags = self.tags.borrow_mut();
         let t = &mut tags[usize::from(tag)];
@@ -239,6 +245,13 @@ impl Nvme {
             Ok(_) => 0,
             // The transport failed under it (not the controller's answer): again, later.
             Err(e) if !matches!(e, CmdError::Status(_)) => RETRY,
+            // The namespace is not reachable through this path now: again, on another.
+            Err(CmdError::Status(s)) if initiator::is_path_status(*s) => {
+                if !self.leave.replace(true) {
+                    warn!(status = %s, "a path status: moving to another path");
+                }
+                RETRY
+            }
             Err(e) => {
                 warn!(tag = c.user_data, error = %e, "NVMe command failed");
                 -libc::EIO
@@ -267,7 +280,9 @@ impl Nvme {
             for c in out.drain(..) {
                 self.complete(c);
             }
-            if (polled.is_err() || self.q.borrow().is_failed()) && !self.failed.get() {
+            let dead = polled.is_err() || self.q.borrow().is_failed();
+            let left = self.leave.get() && self.inflight.get() == 0;
+            if (dead || left) && !self.failed.get() {
                 self.reconnect();
                 continue;
             }
@@ -312,6 +327,7 @@ impl Nvme {
                 self.watches.borrow_mut().clear();
                 *self.q.borrow_mut() = nq;
                 self.gen.set(gen);
+                self.leave.set(false);
             }
             Err(e) => {
                 error!(error = %e, "reconnecting failed: requests fail from now on");
@@ -389,7 +405,8 @@ async fn ready_of(w: Option<(Rc<smol::Async<Fd>>, bool)>) {
     }
 }
 
-/// The reaper waits here while no command is in flight (a submission wakes it).
+/// The reaper waits here while no command is in flight and no tag waits for a new queue (a
+/// submission wakes it).
 struct Park<'a> {
     nv: &'a Nvme,
 }
@@ -397,7 +414,10 @@ struct Park<'a> {
 impl Future for Park<'_> {
     type Output = ();
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        if self.nv.inflight.get() > 0 && !self.nv.failed.get() {
+        let nv = self.nv;
+        // Commands to collect, or tags waiting for a queue of a new connection.
+        let work = nv.inflight.get() > 0 || nv.leave.get() || nv.q.borrow().is_failed();
+        if work && !nv.failed.get() {
             return Poll::Ready(());
         }
         *self.nv.reaper.borrow_mut() = Some(cx.waker().clone());
@@ -499,6 +519,7 @@ pub fn serve(qid: u16, dev: &UblkDev, nq: AnyQueue, gen: u64, rc: Arc<Reconnecto
         gen: Cell::new(gen),
         rc,
         retry: RefCell::new(Vec::new()),
+        leave: Cell::new(false),
         tags: RefCell::new(tags),
         cap,
         inflight: Cell::new(0),
