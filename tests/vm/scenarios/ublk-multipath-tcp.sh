@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # ublk-multipath-tcp: nvmf-ublk over two paths (issue #37): two of our targets, on 127.0.0.1
-# and 127.0.0.2, export the same 64 MiB ramdisk as one subsystem (two controllers of one
-# namespace, as a dual-headed array), and nvmf-ublk is given both (--traddr twice). fio
+# and 127.0.0.2, export the same 64 MiB of storage as one subsystem (two controllers of one
+# namespace, as a dual-headed array: each its own loop device over one file, since a target
+# opens its block device exclusively), and nvmf-ublk is given both (--traddr twice). fio
 # randrw with crc32c verify runs on xfs for 60 s (NVMF_VM_UBLK_SECS) and the target serving
 # the path in use is SIGKILLed a third into it: nvmf-ublk moves to the other path, fio ends
 # with err=0 and no verify failure; SIGTERM removes the device.
@@ -14,12 +15,20 @@ source "$(dirname "$0")/../ublk-lib.sh"
 label=$SCENARIO
 secs=${NVMF_VM_UBLK_SECS:-60}
 mnt=$WORK/mnt
-B_PID=
-stop_b() { [ -n "$B_PID" ] && { kill -TERM "$B_PID" 2>/dev/null; wait "$B_PID" 2>/dev/null; B_PID=; }; }
+B_PID= LOOPS=()
+stop_b() {
+  [ -n "$B_PID" ] && { kill -TERM "$B_PID" 2>/dev/null; wait "$B_PID" 2>/dev/null; B_PID=; }
+  local l
+  for l in "${LOOPS[@]}"; do losetup -d "$l" 2>/dev/null; done
+  LOOPS=()
+}
 run_case() {
-  local dev bin rc fpid
+  local dev devb bin rc fpid
   teardown
-  dev=$(vm_ramdisk 64) || { fail "$label" "vm_ramdisk 64 failed"; return; }
+  truncate -s 64M "$WORK/shared.img" || { fail "$label" "truncate failed"; return; }
+  dev=$(losetup -f --show "$WORK/shared.img") && LOOPS+=("$dev") &&
+    devb=$(losetup -f --show "$WORK/shared.img") && LOOPS+=("$devb") ||
+    { stop_b; fail "$label" "losetup failed"; return; }
   bin=$(target_bin) || { fail "$label" "$REASON"; return; }
   # B: the second head, a target of its own on 127.0.0.2 with the same namespace.
   cat >"$OUT/target-b.yaml" <<YAML
@@ -29,7 +38,7 @@ subsystems:
   - nqn: $OUR_NQN
     allow_any_host: true
     namespaces:
-      - { nsid: 1, path: $dev }
+      - { nsid: 1, path: $devb }
 YAML
   RUST_LOG=info NO_COLOR=1 "$bin" --config "$OUT/target-b.yaml" >"$OUT/target-b.log" 2>&1 &
   B_PID=$!
