@@ -26,9 +26,10 @@ run_case() {
   local dev devb bin rc fpid
   teardown
   truncate -s 64M "$WORK/shared.img" || { fail "$label" "truncate failed"; return; }
+  modprobe loop 2>>"$STEPS"
   dev=$(losetup -f --show "$WORK/shared.img") && LOOPS+=("$dev") &&
     devb=$(losetup -f --show "$WORK/shared.img") && LOOPS+=("$devb") ||
-    { stop_b; fail "$label" "losetup failed"; return; }
+    { stop_b; fail "$label" "losetup failed: $(losetup -f 2>&1 | tail -n 1)"; return; }
   bin=$(target_bin) || { fail "$label" "$REASON"; return; }
   # B: the second head, a target of its own on 127.0.0.2 with the same namespace.
   cat >"$OUT/target-b.yaml" <<YAML
