@@ -15,7 +15,7 @@ use crate::controller::{ConnectOptions, Controller, NsQueue};
 use crate::discovery::discover_with;
 use crate::error::Error;
 use crate::path::{
-    connect_path, is_permanent, is_transport_failure, Budget, Connected, Link, PathState,
+    connect_path, is_permanent, is_transport_failure, one_host, Budget, Connected, Link, PathState,
     PathStatus, ReconnectPolicy, Shared, SharedState,
 };
 
@@ -460,24 +460,11 @@ impl AnaPaths {
         nsid: u32,
         opts: MultipathOptions,
     ) -> Result<(NsInfo, Arc<Shared>, AnaPaths), Error> {
-        let Some(first) = paths.first().cloned() else {
-            return Err(Error::InvalidArgument("no paths".into()));
-        };
-        let mut paths = paths;
+        let mut paths = one_host(paths)?;
         for p in &mut paths {
-            if p.subnqn != first.subnqn {
-                return Err(Error::InvalidArgument(format!(
-                    "paths to different subsystems: {} and {}",
-                    first.subnqn, p.subnqn
-                )));
-            }
-            p.hostnqn.clone_from(&first.hostnqn);
-            p.hostid = first.hostid;
-            if p.dhchap.is_none() {
-                p.dhchap.clone_from(&first.dhchap);
-            }
             p.queues = 1;
         }
+        let first = paths[0].clone();
         let results: Vec<Result<Connected, Error>> = std::thread::scope(|s| {
             let handles: Vec<_> = paths
                 .iter()

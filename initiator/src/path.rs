@@ -473,6 +473,29 @@ pub(crate) fn first_path(
     Ok((c, link, Shared::new(vec![status], policy)))
 }
 
+/// The paths of one namespace as one host: every path for the first's subsystem (else an
+/// error), with the first's host NQN and host ID, and its DH-HMAC-CHAP secrets where a path
+/// has none (the target sees one host with several controllers).
+pub(crate) fn one_host(mut paths: Vec<ConnectOptions>) -> Result<Vec<ConnectOptions>, Error> {
+    let Some(first) = paths.first().cloned() else {
+        return Err(Error::InvalidArgument("no paths".into()));
+    };
+    for p in &mut paths {
+        if p.subnqn != first.subnqn {
+            return Err(Error::InvalidArgument(format!(
+                "paths to different subsystems: {} and {}",
+                first.subnqn, p.subnqn
+            )));
+        }
+        p.hostnqn.clone_from(&first.hostnqn);
+        p.hostid = first.hostid;
+        if p.dhchap.is_none() {
+            p.dhchap.clone_from(&first.dhchap);
+        }
+    }
+    Ok(paths)
+}
+
 /// Where one failure stands in its reconnect budget.
 pub(crate) struct Budget {
     since: Instant,

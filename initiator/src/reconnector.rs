@@ -11,8 +11,8 @@ use crate::controller::{ConnectOptions, Controller, ControllerInfo};
 use crate::error::Error;
 use crate::multipath::read_ana_state;
 use crate::path::{
-    connect_path, first_path, reconnect_any, Budget, Connected, Link, PathInfo, PathMonitor,
-    PathState, PathStats, PathStatus, ReconnectPolicy, Shared,
+    connect_path, first_path, one_host, reconnect_any, Budget, Connected, Link, PathInfo,
+    PathMonitor, PathState, PathStats, PathStatus, ReconnectPolicy, Shared,
 };
 
 /// A controller with several I/O queues that comes back when its connection fails.
@@ -86,22 +86,18 @@ impl Reconnector {
         nsid: u32,
         policy: ReconnectPolicy,
     ) -> Result<(Reconnector, Vec<AnyQueue>, ControllerInfo, NsInfo), Error> {
-        let Some(first) = paths.first().cloned() else {
-            return Err(Error::InvalidArgument("no paths".into()));
-        };
+        let mut paths = one_host(paths)?;
+        let first = paths[0].clone();
+        for p in &mut paths {
+            p.queues = first.queues;
+            p.queue_depth = first.queue_depth;
+        }
         if paths.len() == 1 {
             return Self::connect(first, nsid, policy);
         }
         let mut why = Vec::new();
-        for (k, mut o) in paths.iter().cloned().enumerate() {
-            o.hostnqn.clone_from(&first.hostnqn);
-            o.hostid = first.hostid;
-            o.queues = first.queues;
-            o.queue_depth = first.queue_depth;
-            if o.dhchap.is_none() {
-                o.dhchap.clone_from(&first.dhchap);
-            }
-            let c = match connect_path(&o, nsid).and_then(|c| usable(c, nsid)) {
+        for (k, o) in paths.iter().enumerate() {
+            let c = match connect_path(o, nsid).and_then(|c| usable(c, nsid)) {
                 Ok(c) => c,
                 Err(e) => {
                     why.push(format!("{}:{}: {e}", o.addr, o.port));
@@ -113,14 +109,7 @@ impl Reconnector {
             identity.serial = None;
             let mut links = Vec::new();
             let mut statuses = Vec::new();
-            for (idx, mut p) in paths.iter().cloned().enumerate() {
-                p.hostnqn.clone_from(&o.hostnqn);
-                p.hostid = o.hostid;
-                p.queues = o.queues;
-                p.queue_depth = o.queue_depth;
-                if p.dhchap.is_none() {
-                    p.dhchap.clone_from(&o.dhchap);
-                }
+            for (idx, p) in paths.iter().cloned().enumerate() {
                 let mut st = PathStatus::new(&p);
                 if idx == k {
                     st.state = PathState::Connected;

@@ -7,8 +7,8 @@ use std::path::Path;
 use std::time::Duration;
 
 use initiator::{
-    AnyBuf, ConnectOptions, Controller, MultipathOptions, Namespace, PathState, ReconnectPolicy,
-    ReconnectingQueue, Reconnector,
+    AnyBuf, AnyQueue, ConnectOptions, Controller, MultipathOptions, Namespace, NsInfo, PathState,
+    ReconnectPolicy, ReconnectingQueue, Reconnector,
 };
 use nvmf_tests::forms::{every_operation, pattern, through_std_io};
 use nvmf_tests::{free_port, TargetProc, TEST_NQN};
@@ -185,39 +185,7 @@ fn the_async_queue_works_on_every_form() {
             Form::Plain => {
                 let (c, mut ns) = open(&t, form, hostid);
                 let info = *ns.info();
-                let bs = info.block_size as usize;
-                let q = ns.queue().expect("one path");
-                let mut got = Vec::new();
-                for write in [true, false] {
-                    for b in 0..64u64 {
-                        let buf = AnyBuf::Vec(if write {
-                            pattern(bs, b as u8)
-                        } else {
-                            vec![0; bs]
-                        });
-                        if write {
-                            q.submit_write(&info, base + b, buf, b)
-                        } else {
-                            q.submit_read(&info, base + b, buf, b)
-                        }
-                        .map_err(|e| e.error)
-                        .unwrap();
-                        while q.in_flight() >= 16 || (b == 63 && q.in_flight() > 0) {
-                            q.reap(&mut got, 1, None).unwrap();
-                        }
-                    }
-                }
-                let bufs: Vec<(u64, Vec<u8>)> = got
-                    .drain(..)
-                    .map(|c| {
-                        assert!(c.result.is_ok(), "{form:?}: {:?}", c.result);
-                        let Some(AnyBuf::Vec(v)) = c.buf else {
-                            panic!("{form:?}: no buffer back")
-                        };
-                        (c.user_data, v)
-                    })
-                    .collect();
-                check_reads(form, bs, &bufs);
+                writes_then_reads(form, ns.queue().expect("one path"), &info, base);
                 drop(ns);
                 c.unwrap().shutdown().unwrap();
             }
@@ -229,30 +197,7 @@ fn the_async_queue_works_on_every_form() {
                     ReconnectingQueue::multipath(paths, 1, MultipathOptions::default()).unwrap()
                 };
                 let info = *q.info();
-                let bs = info.block_size as usize;
-                let mut got = Vec::new();
-                for write in [true, false] {
-                    for b in 0..64u64 {
-                        if write {
-                            q.submit_write(&info, base + b, pattern(bs, b as u8), b)
-                        } else {
-                            q.submit_read(&info, base + b, vec![0; bs], b)
-                        }
-                        .map_err(|e| e.error)
-                        .unwrap();
-                        while q.in_flight() >= 16 || (b == 63 && q.in_flight() > 0) {
-                            q.reap(&mut got, 1, None).unwrap();
-                        }
-                    }
-                }
-                let bufs: Vec<(u64, Vec<u8>)> = got
-                    .drain(..)
-                    .map(|c| {
-                        assert!(c.result.is_ok(), "{form:?}: {:?}", c.result);
-                        (c.user_data, c.buf.unwrap_or_default())
-                    })
-                    .collect();
-                check_reads(form, bs, &bufs);
+                writes_then_reads(form, &mut q, &info, base);
                 assert_eq!(q.paths().len(), if form == Form::Multipath { 2 } else { 1 });
                 q.shutdown().unwrap();
             }
@@ -260,9 +205,73 @@ fn the_async_queue_works_on_every_form() {
     }
 }
 
-/// Of 64 writes, all completed before 64 reads (values `b`), the reads' buffers hold what was
-/// written (writes give their buffers back too: a read is the later completion of `b`).
-fn check_reads(form: Form, bs: usize, done: &[(u64, Vec<u8>)]) {
+/// The asynchronous API of a form, as `writes_then_reads` drives it.
+trait AsyncForm {
+    /// A write of `data` (a read: `None`) of one block at `lba`, value `v`.
+    fn put(&mut self, ns: &NsInfo, lba: u64, data: Option<Vec<u8>>, v: u64);
+    fn pending(&self) -> usize;
+    /// At least one completion into `out` as (value, buffer), each checked for success.
+    fn take(&mut self, out: &mut Vec<(u64, Vec<u8>)>);
+}
+
+impl AsyncForm for AnyQueue {
+    fn put(&mut self, ns: &NsInfo, lba: u64, data: Option<Vec<u8>>, v: u64) {
+        let r = match data {
+            Some(d) => self.submit_write(ns, lba, AnyBuf::Vec(d), v),
+            None => self.submit_read(ns, lba, AnyBuf::Vec(vec![0; ns.block_size as usize]), v),
+        };
+        r.map_err(|e| e.error).unwrap();
+    }
+    fn pending(&self) -> usize {
+        self.in_flight()
+    }
+    fn take(&mut self, out: &mut Vec<(u64, Vec<u8>)>) {
+        let mut got = Vec::new();
+        self.reap(&mut got, 1, None).unwrap();
+        for c in got {
+            assert!(c.result.is_ok(), "{:?}", c.result);
+            let Some(AnyBuf::Vec(v)) = c.buf else {
+                panic!("no buffer back")
+            };
+            out.push((c.user_data, v));
+        }
+    }
+}
+
+impl AsyncForm for ReconnectingQueue {
+    fn put(&mut self, ns: &NsInfo, lba: u64, data: Option<Vec<u8>>, v: u64) {
+        let r = match data {
+            Some(d) => self.submit_write(ns, lba, d, v),
+            None => self.submit_read(ns, lba, vec![0; ns.block_size as usize], v),
+        };
+        r.map_err(|e| e.error).unwrap();
+    }
+    fn pending(&self) -> usize {
+        self.in_flight()
+    }
+    fn take(&mut self, out: &mut Vec<(u64, Vec<u8>)>) {
+        let mut got = Vec::new();
+        self.reap(&mut got, 1, None).unwrap();
+        for c in got {
+            assert!(c.result.is_ok(), "{:?}", c.result);
+            out.push((c.user_data, c.buf.unwrap_or_default()));
+        }
+    }
+}
+
+/// 64 one-block writes at QD16 from `base`, all completed, then 64 reads of them: each read
+/// (the later completion of its value) holds what was written.
+fn writes_then_reads(form: Form, q: &mut impl AsyncForm, ns: &NsInfo, base: u64) {
+    let bs = ns.block_size as usize;
+    let mut done = Vec::new();
+    for write in [true, false] {
+        for b in 0..64u64 {
+            q.put(ns, base + b, write.then(|| pattern(bs, b as u8)), b);
+            while q.pending() >= 16 || (b == 63 && q.pending() > 0) {
+                q.take(&mut done);
+            }
+        }
+    }
     assert_eq!(done.len(), 128, "{form:?}");
     for b in 0..64u64 {
         let last = done.iter().rev().find(|(u, _)| *u == b).expect("completed");
