@@ -54,6 +54,11 @@ use crate::queue::{sealed, Buf, Carry, Io, Link, PostError, Queue, QueueParams, 
 use crate::spin::poll_timeout;
 use crate::state::CmdEvent;
 
+#[cfg(test)]
+pub(crate) mod mem;
+#[cfg(test)]
+mod mem_tests;
+
 /// Size of the receive buffer for headers (and data that arrives with them).
 const RXBUF_LEN: usize = 64 * 1024;
 /// After a C2HData PDU with at least this much data, header reads are kept short...
@@ -109,13 +114,28 @@ struct RxData {
 enum HostSock {
     Plain(TcpStream),
     Tls(Box<tls::TlsStream<TcpStream>>),
+    /// Memory (the link's unit tests: no socket, every short read and write chosen).
+    #[cfg(test)]
+    Mem(mem::MemEnd),
 }
 
 impl HostSock {
-    fn tcp(&self) -> &TcpStream {
+    /// The socket's descriptor (none for memory).
+    fn fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
         match self {
-            HostSock::Plain(s) => s,
-            HostSock::Tls(t) => t.get_ref(),
+            HostSock::Plain(s) => Some(s.as_fd()),
+            HostSock::Tls(t) => Some(t.get_ref().as_fd()),
+            #[cfg(test)]
+            HostSock::Mem(_) => None,
+        }
+    }
+
+    fn shutdown(&self) {
+        match self {
+            HostSock::Plain(s) => drop(s.shutdown(Shutdown::Both)),
+            HostSock::Tls(t) => drop(t.get_ref().shutdown(Shutdown::Both)),
+            #[cfg(test)]
+            HostSock::Mem(m) => m.shut(),
         }
     }
 
@@ -123,6 +143,8 @@ impl HostSock {
         match self {
             HostSock::Plain(s) => s.read(buf),
             HostSock::Tls(t) => t.read(buf),
+            #[cfg(test)]
+            HostSock::Mem(m) => m.read(&mut [IoSliceMut::new(buf)]),
         }
     }
 
@@ -131,6 +153,8 @@ impl HostSock {
     fn read_vectored(&mut self, iov: &mut [IoSliceMut<'_>]) -> io::Result<usize> {
         match self {
             HostSock::Plain(s) => s.read_vectored(iov),
+            #[cfg(test)]
+            HostSock::Mem(m) => m.read(iov),
             HostSock::Tls(t) => {
                 let mut got = 0;
                 for b in iov.iter_mut() {
@@ -154,6 +178,8 @@ impl HostSock {
         match self {
             HostSock::Plain(s) => s.write_vectored(iov),
             HostSock::Tls(t) => t.write_vectored(iov),
+            #[cfg(test)]
+            HostSock::Mem(m) => m.write(iov),
         }
     }
 
@@ -161,8 +187,8 @@ impl HostSock {
     /// true when none is left.
     fn drain(&mut self) -> io::Result<bool> {
         match self {
-            HostSock::Plain(_) => Ok(true),
             HostSock::Tls(t) => t.drain(),
+            _ => Ok(true),
         }
     }
 
@@ -258,6 +284,16 @@ fn tls_channel(
     Ok(HostSock::Tls(Box::new(tls::TlsStream::new(tcp, sess))))
 }
 
+/// The TCP socket under a socket-backed stream (the set-up only runs on those).
+fn tcp_of(sock: &HostSock) -> &TcpStream {
+    match sock {
+        HostSock::Plain(s) => s,
+        HostSock::Tls(t) => t.get_ref(),
+        #[cfg(test)]
+        HostSock::Mem(_) => unreachable!("a memory stream has no set-up"),
+    }
+}
+
 fn is_timeout(e: &io::Error) -> bool {
     matches!(
         e.kind(),
@@ -286,7 +322,11 @@ impl<B: Buf> TcpLink<B> {
     /// poll(2) the socket for `ev` (no socket lock taken): whether it is ready; an interrupted
     /// wait counts as ready (the caller reads or polls again).
     fn wait_ready(&self, ev: PollFlags, timeout: PollTimeout) -> Result<bool, Error> {
-        let mut fds = [PollFd::new(self.sock.tcp().as_fd(), ev)];
+        // Memory is always "ready": its tests drive the queue with `poll`, never a sleep.
+        let Some(fd) = self.sock.fd() else {
+            return Ok(true);
+        };
+        let mut fds = [PollFd::new(fd, ev)];
         match poll(&mut fds, timeout) {
             Ok(0) => Ok(false),
             Ok(_) | Err(nix::errno::Errno::EINTR) => Ok(true),
@@ -370,9 +410,41 @@ impl<B: Buf> TcpLink<B> {
             return Err(e.into());
         }
         rx.set_digests(p.hdgst, p.ddgst);
-        sock.tcp().set_nonblocking(true)?;
+        tcp_of(&sock).set_nonblocking(true)?;
+        Ok(Self::connected(sock, rx, p, resp.cpda, resp.maxh2cdata))
+    }
+
+    /// A link over `end`, as after an ICResp with CPDA 0 and `maxh2cdata` (the unit tests').
+    #[cfg(test)]
+    pub(crate) fn over_mem(end: mem::MemEnd, p: &QueueParams, maxh2cdata: u32) -> TcpLink<B> {
+        let mut rx = Deframer::new(RxConfig::host());
+        // Past the exchange: the deframer has seen the ICResp.
+        let resp = tcp::IcResp {
+            pfv: 0,
+            cpda: 0,
+            hdgst: p.hdgst,
+            ddgst: p.ddgst,
+            maxh2cdata,
+        }
+        .encode();
+        let mut fed = 0;
+        while fed < resp.len() {
+            let buf = rx.header_buf();
+            let n = buf.len().min(resp.len() - fed);
+            buf[..n].copy_from_slice(&resp[fed..fed + n]);
+            fed += n;
+            if let Ok(Some(_)) = rx.advance(n) {
+                break;
+            }
+        }
+        rx.set_digests(p.hdgst, p.ddgst);
+        Self::connected(HostSock::Mem(end), rx, p, 0, maxh2cdata)
+    }
+
+    /// The link once the connection is up.
+    fn connected(sock: HostSock, rx: Deframer, p: &QueueParams, cpda: u8, maxh2cdata: u32) -> Self {
         let depth = p.depth.max(1);
-        Ok(TcpLink {
+        TcpLink {
             qid: p.qid,
             depth,
             sock,
@@ -380,9 +452,9 @@ impl<B: Buf> TcpLink<B> {
             tx: TxConfig {
                 hdgst: p.hdgst,
                 ddgst: p.ddgst,
-                pda: resp.cpda,
+                pda: cpda,
             },
-            maxh2cdata: resp.maxh2cdata,
+            maxh2cdata,
             icd_max: 0,
             tags: vec![TagXfer::default(); depth as usize].into_boxed_slice(),
             fresh: 0,
@@ -394,7 +466,7 @@ impl<B: Buf> TcpLink<B> {
             rx_data: None,
             rx_read: RXBUF_LEN,
             _buf: PhantomData,
-        })
+        }
     }
 
     /// The same link for another buffer type (it holds no buffers itself).
@@ -929,8 +1001,8 @@ impl<B: Buf> Link for TcpLink<B> {
     fn prepare_wait(&mut self, _: &mut Io<'_, '_, B>) -> Result<Option<WaitFds>, Error> {
         use std::os::fd::AsRawFd;
         let out = !self.txq.is_empty() || self.sock.backlog();
-        Ok(Some(WaitFds {
-            fds: [Some((self.sock.tcp().as_raw_fd(), out)), None],
+        Ok(self.sock.fd().map(|fd| WaitFds {
+            fds: [Some((fd.as_raw_fd(), out)), None],
         }))
     }
 
@@ -943,7 +1015,7 @@ impl<B: Buf> Link for TcpLink<B> {
     fn shut(&mut self) {
         self.txq.clear();
         self.rx_data = None;
-        let _ = self.sock.tcp().shutdown(Shutdown::Both);
+        self.sock.shutdown();
     }
 }
 
