@@ -228,6 +228,45 @@ pub(crate) struct Core<B> {
     /// Finished commands of [`Queue::run_borrowed`].
     ext_done: Vec<u16>,
     pub stats: Stats,
+    /// Where the queue's deadlines read the time.
+    pub(crate) clock: Clock,
+}
+
+/// Where a queue's time comes from: the system's monotonic clock, or (unit tests) a clock the
+/// test holds, which a sleep moves to its wake-up time at once (deadlines and timeouts are
+/// tested without waiting for them).
+#[derive(Debug, Clone, Default)]
+pub(crate) enum Clock {
+    #[default]
+    Real,
+    #[cfg(test)]
+    Virtual(Arc<std::sync::Mutex<Instant>>),
+}
+
+impl Clock {
+    #[inline]
+    pub(crate) fn now(&self) -> Instant {
+        match self {
+            Clock::Real => Instant::now(),
+            #[cfg(test)]
+            Clock::Virtual(t) => *t.lock().unwrap_or_else(|p| p.into_inner()),
+        }
+    }
+
+    /// A virtual clock at the system's now.
+    #[cfg(test)]
+    pub(crate) fn virtual_now() -> Clock {
+        Clock::Virtual(Arc::new(std::sync::Mutex::new(Instant::now())))
+    }
+
+    /// A virtual clock: move it forward to `t` (a sleep until `t` that takes no time).
+    #[cfg(test)]
+    pub(crate) fn pass_until(&self, t: Instant) {
+        if let Clock::Virtual(v) = self {
+            let mut now = v.lock().unwrap_or_else(|p| p.into_inner());
+            *now = (*now).max(t);
+        }
+    }
 }
 
 impl<B> Core<B> {
@@ -238,6 +277,7 @@ impl<B> Core<B> {
             done: VecDeque::with_capacity(tags),
             ext_done: Vec::with_capacity(tags),
             stats,
+            clock: Clock::Real,
         }
     }
 
@@ -495,6 +535,12 @@ impl<L: Link> Queue<L> {
         self.link.in_capsule_limit()
     }
 
+    /// The unit tests' clock (see [`Clock`]).
+    #[cfg(test)]
+    pub(crate) fn set_clock(&mut self, clock: Clock) {
+        self.core.clock = clock;
+    }
+
     pub(crate) fn set_icd_max(&mut self, bytes: u32) {
         self.link.set_icd_max(bytes);
     }
@@ -712,7 +758,7 @@ impl<L: Link> Queue<L> {
             std::hint::spin_loop();
             return Ok(());
         }
-        let now = Instant::now();
+        let now = self.core.clock.now();
         let mut oldest: Option<Instant> = None;
         for s in self.core.slots.iter_mut() {
             if !s.state.in_flight() || s.result.is_some() {
@@ -773,7 +819,7 @@ impl<L: Link> Queue<L> {
         timeout: Option<Duration>,
         each: &mut OnCompletion<'_, L::Buf>,
     ) -> Result<usize, Error> {
-        let until = timeout.map(|t| Instant::now() + t);
+        let until = timeout.map(|t| self.core.clock.now() + t);
         let want = min.min(self.inflight);
         let mut got = 0;
         // Skip the first read when it can only find nothing (see `Link::quiet`) and this call
@@ -824,7 +870,7 @@ impl<L: Link> Queue<L> {
             }
             // After a pass without a read, wait (sleep) once whatever the time: never return
             // without having looked at the link.
-            if !skipped && until.is_some_and(|u| Instant::now() >= u) {
+            if !skipped && until.is_some_and(|u| self.core.clock.now() >= u) {
                 return Ok(got);
             }
             // A failure here (a command timed out) completed everything in flight: the next

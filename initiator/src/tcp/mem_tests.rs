@@ -1,7 +1,8 @@
 //! The host queue and its NVMe/TCP link over an in-memory wire ([`super::mem`]): no socket,
 //! no thread. A controller written here answers through the wire; the tests choose every
 //! short read and write, the order of the answers and how the data is cut, so an interleaving
-//! runs the same way every time. The last test runs many random interleavings and checks the
+//! runs the same way every time; the queue's deadlines run on a virtual clock that a sleep
+//! moves at once. The last test runs many random interleavings and checks the
 //! queue's bookkeeping: every command completes exactly once with its data, and no tag, buffer
 //! or transfer is left behind.
 
@@ -16,7 +17,8 @@ use nvme::{Cqe, Sqe, Status};
 use super::mem::MemEnd;
 use super::TcpLink;
 use crate::cmd::{Completion, Data};
-use crate::queue::{Queue, QueueParams};
+use crate::error::Error;
+use crate::queue::{Clock, Queue, QueueParams};
 use crate::spin::Spin;
 
 type Q = Queue<TcpLink<Vec<u8>>>;
@@ -231,6 +233,68 @@ fn a_closed_stream_fails_every_command_once() {
     assert!(out.iter().all(|c| c.result.is_err() && c.buf.is_some()));
     assert_eq!(q.in_flight(), 0);
     assert_eq!(q.free_slots(), 8);
+}
+
+/// A command the controller never answers: `reap` without a timeout sleeps until the
+/// command's deadline, which on the virtual clock passes at once: the queue fails with a
+/// timeout after exactly its 30 s of (virtual) time, the command completes once with an
+/// error, and no real time went by.
+#[test]
+fn an_unanswered_command_times_out_on_the_virtual_clock() {
+    let (mut q, end) = queue(4, 4096);
+    let clock = Clock::virtual_now();
+    q.set_clock(clock.clone());
+    let t0 = clock.now();
+    let real = std::time::Instant::now();
+    q.submit(rw(io::READ, 0, 1), Data::FromController(vec![0; BS]), 1)
+        .unwrap();
+    let mut out = Vec::new();
+    let n = q.reap(&mut out, 1, None).unwrap();
+    assert_eq!(n, 1);
+    assert!(out[0].result.is_err(), "{:?}", out[0].result);
+    assert!(matches!(q.error(), Some(Error::Timeout(t, _)) if *t == Duration::from_secs(30)));
+    assert_eq!(clock.now() - t0, Duration::from_secs(30), "virtual time");
+    assert!(real.elapsed() < Duration::from_secs(5), "no real wait");
+    assert_eq!((q.in_flight(), q.free_slots()), (0, 4));
+    assert!(end.lock().closed, "the failed queue shut its stream");
+}
+
+/// `reap` with a 5 s timeout and no answer returns nothing after 5 s of virtual time, the
+/// command still in flight; the answer then completes it.
+#[test]
+fn a_reap_timeout_passes_on_the_virtual_clock() {
+    let (mut q, end) = queue(4, 4096);
+    let mut c = Ctrl::new(&end);
+    let clock = Clock::virtual_now();
+    q.set_clock(clock.clone());
+    let t0 = clock.now();
+    q.submit(rw(io::READ, 0, 1), Data::FromController(vec![0; BS]), 1)
+        .unwrap();
+    let mut out = Vec::new();
+    assert_eq!(
+        q.reap(&mut out, 1, Some(Duration::from_secs(5))).unwrap(),
+        0
+    );
+    assert_eq!(clock.now() - t0, Duration::from_secs(5));
+    assert_eq!(q.in_flight(), 1);
+    let p = c.take().expect("the command");
+    let Pdu::CapsuleCmd { sqe, .. } = p.pdu else {
+        panic!("{p:?}")
+    };
+    let d = DataPdu {
+        cccid: sqe.cid(),
+        datal: BS as u32,
+        last: true,
+        success: true,
+        ..Default::default()
+    };
+    c.send(Pdu::C2HData(d), &pattern(BS, 4));
+    assert_eq!(
+        q.reap(&mut out, 1, Some(Duration::from_secs(5))).unwrap(),
+        1
+    );
+    assert_eq!(out[0].buf.as_deref(), Some(&pattern(BS, 4)[..]));
+    assert!(clock.now() - t0 < Duration::from_secs(10));
 }
 
 /// Where `a` and `b` first differ (a length difference counts at the shorter's end).
