@@ -10,7 +10,7 @@ fn main() {
     let bindings = bindgen::Builder::default()
         .header("wrapper.h")
         .allowlist_function("rbd_(open|close|get_size|stat|get_features|aio_.*|update_watch|update_unwatch|invalidate_cache|flush|is_exclusive_lock_owner|lock_get_owners|lock_get_owners_cleanup|lock_break)")
-        .allowlist_function("rados_(create|conf_read_file|conf_set|connect|shutdown|ioctx_create|ioctx_destroy|ioctx_set_namespace|version|get_instance_id|lock_exclusive|unlock|list_lockers|setxattr|rmxattr|getxattrs|getxattrs_next|getxattrs_end|write_full|read|remove|stat|getxattr|create_write_op|release_write_op|write_op_cmpxattr|write_op_setxattr|write_op_create|write_op_write_full|write_op_operate|watch3|unwatch2|watch_check|watch_flush|notify2|notify_ack|buffer_free)")
+        .allowlist_function("rados_(create|conf_read_file|conf_set|connect|shutdown|ioctx_create|ioctx_destroy|ioctx_set_namespace|version|get_instance_id|getaddrs|lock_exclusive|unlock|list_lockers|setxattr|rmxattr|getxattrs|getxattrs_next|getxattrs_end|write_full|read|remove|stat|getxattr|create_write_op|release_write_op|write_op_cmpxattr|write_op_setxattr|write_op_create|write_op_write_full|write_op_operate|watch3|unwatch2|watch_check|watch_flush|notify2|notify_ack|buffer_free)")
         .allowlist_var("RBD_FEATURE_.*|LIBRADOS_OP_FLAG_.*|LIBRADOS_LOCK_FLAG_.*|RBD_WRITE_ZEROES_.*")
         .allowlist_type("rbd_image_info_t")
         .size_t_is_usize(true)

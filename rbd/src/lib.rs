@@ -137,6 +137,51 @@ impl Cluster {
         // SAFETY: a connected handle.
         format!("client.{}", unsafe { sys::rados_get_instance_id(self.h) })
     }
+
+    /// This connection's address in the cluster (`127.0.0.1:0/<nonce>`, maybe several as
+    /// `[v2:...,v1:...]`): what exclusive lock owner lists name the holder by.
+    pub fn addrs(&self) -> Result<String, Error> {
+        let mut p: *mut libc::c_char = ptr::null_mut();
+        // SAFETY: a connected handle and a live out-pointer; librados allocates the string.
+        let r = unsafe { sys::rados_getaddrs(self.h, &mut p) };
+        if r < 0 || p.is_null() {
+            let errno = if r < 0 { r } else { -libc::EIO };
+            return Err(Error::new("rados_getaddrs".to_string(), errno));
+        }
+        // SAFETY: a NUL-terminated string from librados, freed right after.
+        let s = unsafe { std::ffi::CStr::from_ptr(p) }
+            .to_string_lossy()
+            .into_owned();
+        // SAFETY: the buffer rados_getaddrs allocated, freed once.
+        unsafe { sys::rados_buffer_free(p) };
+        Ok(s)
+    }
+}
+
+/// Whether lock owner `owner` (as `rbd_lock_get_owners` names it) is the client `client`: a
+/// `client.<id>` name (`client.412` is not `client.4123`), or an address as
+/// [`Cluster::addrs`] gives it (any of its `v1:`/`v2:` forms, the same `ip:port/nonce`).
+pub fn is_client(owner: &str, client: &str) -> bool {
+    if let Some(rest) = owner.strip_prefix(client) {
+        if client.starts_with("client.") {
+            return !rest.starts_with(|c: char| c.is_ascii_digit());
+        }
+    }
+    let plain = |a: &str| -> Vec<String> {
+        a.trim_matches(|c| c == '[' || c == ']')
+            .split(',')
+            .map(|x| {
+                let x = x.trim();
+                x.split_once(':')
+                    .filter(|(kind, _)| matches!(*kind, "v1" | "v2" | "any"))
+                    .map_or(x, |(_, rest)| rest)
+                    .to_owned()
+            })
+            .filter(|x| x.contains('/'))
+            .collect()
+    };
+    let ours = plain(client);
+    plain(owner).iter().any(|o| ours.contains(o))
 }
 
 impl Drop for Cluster {
@@ -801,8 +846,8 @@ impl Image {
         self.break_foreign_lock_except(&[])
     }
 
-    /// [`Image::break_foreign_lock`], sparing owners named in `spare` (`client.<id>`: live
-    /// peers, which give the lock up when asked).
+    /// [`Image::break_foreign_lock`], sparing owners named in `spare` (`client.<id>` names or
+    /// addresses, see [`is_client`]: live peers, which give the lock up when asked).
     pub fn break_foreign_lock_except(&self, spare: &[String]) -> Result<Vec<String>, Error> {
         let ctx = |what: &str| format!("image {}: {what}", self.name);
         let mut owner = 0i32;
@@ -814,6 +859,38 @@ impl Image {
         if owner != 0 {
             return Ok(Vec::new());
         }
+        let (mode, owners) = self.owners()?;
+        let mut broken = Vec::new();
+        let mut first_err = None;
+        for name in owners {
+            if spare.iter().any(|s| is_client(&name, s)) {
+                continue;
+            }
+            let Ok(c) = std::ffi::CString::new(name.as_str()) else {
+                continue;
+            };
+            // SAFETY: an open image and a NUL-terminated owner string.
+            let r = unsafe { sys::rbd_lock_break(self.h, mode, c.as_ptr()) };
+            if r < 0 && r != -libc::ENOENT {
+                first_err.get_or_insert(Error::new(ctx(&format!("rbd_lock_break {name}")), r));
+            } else {
+                broken.push(name);
+            }
+        }
+        match first_err {
+            Some(e) => Err(e),
+            None => Ok(broken),
+        }
+    }
+
+    /// Who holds the image's exclusive lock (as librbd names them: their addresses); none for
+    /// an image without the exclusive-lock feature or with no holder.
+    pub fn lock_owners(&self) -> Result<Vec<String>, Error> {
+        self.owners().map(|(_, o)| o)
+    }
+
+    /// [`Image::lock_owners`] and the lock's mode.
+    fn owners(&self) -> Result<(sys::rbd_lock_mode_t, Vec<String>), Error> {
         let mut mode: sys::rbd_lock_mode_t = 0;
         let mut owners: [*mut libc::c_char; 16] = [ptr::null_mut(); 16];
         let mut count = owners.len();
@@ -822,41 +899,27 @@ impl Image {
         let r =
             unsafe { sys::rbd_lock_get_owners(self.h, &mut mode, owners.as_mut_ptr(), &mut count) };
         if r == -libc::ENOENT {
-            return Ok(Vec::new());
+            return Ok((mode, Vec::new()));
         }
         if r < 0 {
-            return Err(Error::new(ctx("rbd_lock_get_owners"), r));
+            return Err(Error::new(
+                format!("image {}: rbd_lock_get_owners", self.name),
+                r,
+            ));
         }
-        let mut broken = Vec::new();
-        let mut first_err = None;
-        for &o in &owners[..count.min(owners.len())] {
-            if o.is_null() {
-                continue;
-            }
-            // SAFETY: librbd filled a NUL-terminated string, alive until the cleanup below.
-            let name = unsafe { std::ffi::CStr::from_ptr(o) }
-                .to_string_lossy()
-                .into_owned();
-            if spare.iter().any(|s| {
-                name.starts_with(s.as_str())
-                    && !name[s.len()..].starts_with(|c: char| c.is_ascii_digit())
-            }) {
-                continue;
-            }
-            // SAFETY: an open image and an owner string librbd gave us.
-            let r = unsafe { sys::rbd_lock_break(self.h, mode, o) };
-            if r < 0 && r != -libc::ENOENT {
-                first_err.get_or_insert(Error::new(ctx(&format!("rbd_lock_break {name}")), r));
-            } else {
-                broken.push(name);
-            }
-        }
+        let names = owners[..count.min(owners.len())]
+            .iter()
+            .filter(|o| !o.is_null())
+            // SAFETY: librbd filled NUL-terminated strings, alive until the cleanup below.
+            .map(|&o| {
+                unsafe { std::ffi::CStr::from_ptr(o) }
+                    .to_string_lossy()
+                    .into_owned()
+            })
+            .collect();
         // SAFETY: the array and count rbd_lock_get_owners returned, freed once.
         unsafe { sys::rbd_lock_get_owners_cleanup(owners.as_mut_ptr(), count.min(owners.len())) };
-        match first_err {
-            Some(e) => Err(e),
-            None => Ok(broken),
-        }
+        Ok((mode, names))
     }
 
     /// Calls `f` (on a librbd thread) whenever the image's header changes: a resize, a
@@ -1174,4 +1237,27 @@ pub fn rados_version() -> String {
     // SAFETY: three live out-pointers.
     unsafe { sys::rados_version(&mut a, &mut b, &mut c) };
     format!("{a}.{b}.{c}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_client;
+
+    #[test]
+    fn lock_owners_are_matched_by_name_or_address() {
+        assert!(is_client("client.4123", "client.4123"));
+        assert!(!is_client("client.41234", "client.4123"), "another id");
+        assert!(is_client("127.0.0.1:0/908333599", "127.0.0.1:0/908333599"));
+        assert!(is_client(
+            "127.0.0.1:0/908333599",
+            "v1:127.0.0.1:0/908333599"
+        ));
+        assert!(is_client(
+            "127.0.0.1:0/908333599",
+            "[v2:127.0.0.1:0/908333599,v1:127.0.0.1:0/908333599]"
+        ));
+        assert!(!is_client("127.0.0.1:0/908333599", "127.0.0.1:0/9083335"));
+        assert!(!is_client("127.0.0.1:0/908333599", "client.4123"));
+        assert!(!is_client("127.0.0.1:0/1", ""));
+    }
 }

@@ -200,3 +200,39 @@ fn unreachable_names_what() {
         Cluster::connect(std::path::Path::new("/nonexistent/ceph.conf"), "admin", &[]).unwrap_err();
     assert!(e.to_string().contains("/nonexistent/ceph.conf"), "{e}");
 }
+
+/// A lock holder is named by its address in the owner list: another client that knows the
+/// holder's address (`Cluster::addrs`, what a gateway publishes in its group record) spares it
+/// and breaks nothing, and the holder keeps writing (a live peer is not fenced).
+#[test]
+fn a_lock_holder_is_known_by_its_address_and_spared() {
+    let Some(conf) = conf() else { return };
+    let holder = image(&conf, "nvmf-rbd-lock-test", 16);
+    let done = Completions::new(4).unwrap();
+    let data = vec![0x5au8; 4096];
+    // SAFETY: `data` outlives the wait below.
+    unsafe { holder.aio_write(&done, 0, 0, data.as_ptr(), data.len(), false) }.unwrap();
+    assert!(wait(&done, 1).iter().all(|&(_, v)| v >= 0));
+    let addrs = holder.ioctx().cluster().addrs().unwrap();
+    let name = holder.ioctx().cluster().client_name();
+    // Another connection, as another gateway.
+    let c = Cluster::connect(&conf, "admin", &[]).unwrap();
+    let io = IoCtx::open(&c, "rbd", "").unwrap();
+    let other = Image::open(&io, "nvmf-rbd-lock-test").unwrap();
+    let owners = other.lock_owners().unwrap();
+    println!("holder {name} at {addrs}; lock owners {owners:?}");
+    assert_eq!(owners.len(), 1, "{owners:?}");
+    assert!(
+        nvmf_rbd::is_client(&owners[0], &addrs),
+        "{owners:?} vs {addrs}"
+    );
+    assert!(!nvmf_rbd::is_client(&owners[0], &c.addrs().unwrap()));
+    assert_eq!(
+        other.break_foreign_lock_except(&[name, addrs]).unwrap(),
+        Vec::<String>::new()
+    );
+    // The holder was not fenced: it still writes.
+    // SAFETY: as above.
+    unsafe { holder.aio_write(&done, 1, 4096, data.as_ptr(), data.len(), false) }.unwrap();
+    assert!(wait(&done, 1).iter().all(|&(_, v)| v >= 0));
+}

@@ -641,8 +641,9 @@ pub fn rbd_forget_cluster(cluster: &Arc<rbd::Cluster>) {
     }
 }
 
-/// The cluster names (`client.<id>`) of the connections RBD namespaces use now: what the
-/// other gateways of a group must not fence when they take an image's lock from this one.
+/// The cluster names (`client.<id>`) and addresses of the connections RBD namespaces use now:
+/// what the other gateways of a group must not fence when they take an image's lock from this
+/// one (lock owner lists name a holder by its address).
 pub fn rbd_client_names() -> Vec<String> {
     let map = CLUSTERS
         .lock()
@@ -650,7 +651,8 @@ pub fn rbd_client_names() -> Vec<String> {
     map.iter()
         .flat_map(|m| m.values())
         .filter_map(std::sync::Weak::upgrade)
-        .map(|c| c.client_name())
+        .flat_map(|c| [Some(c.client_name()), c.addrs().ok()])
+        .flatten()
         .collect()
 }
 
