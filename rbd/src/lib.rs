@@ -910,8 +910,8 @@ impl Image {
         let names = owners[..count.min(owners.len())]
             .iter()
             .filter(|o| !o.is_null())
-            // SAFETY: librbd filled NUL-terminated strings, alive until the cleanup below.
             .map(|&o| {
+                // SAFETY: librbd filled NUL-terminated strings, alive until the cleanup below.
                 unsafe { std::ffi::CStr::from_ptr(o) }
                     .to_string_lossy()
                     .into_owned()
