@@ -11,8 +11,8 @@
 # the lapsed lease by itself and its path turns optimized within ANATT (10 s; the time goes to
 # the report); 6 s after that A is started again: it rejoins, B gives the group back (failback) and
 # A's path is optimized again. fio must end with 0 errors and 0 verify failures. Then `rbd
-# resize` to 48 MiB: the optimized path and the multipath disk show the new size within 10 s,
-# without reconnecting (the standby path's size goes to the report).
+# resize` to 48 MiB: both paths and the multipath disk show the new size within 10 s, without
+# reconnecting (A taking the image's lock back did not fence the live B).
 # vm-needs: build
 # vm-timeout: 900
 source "$(dirname "$0")/../lib.sh"
@@ -118,10 +118,17 @@ gw_case() {
     sleep 0.2
   done
   echo "rbd resize to 48 MiB: path A and $DEV show it after $((SECONDS - t0)) s" | tee -a "$OUT/report.txt" >>"$STEPS"
-  # The standby path's size, for the report: gateway B (it served the group before the
-  # failback) has been seen to miss the resize here (issue #39).
-  until [ "$(cat "/sys/block/$P2/size")" = 98304 ] || [ $((SECONDS - t0)) -ge 10 ]; do sleep 0.2; done
-  echo "path B (standby) after $((SECONDS - t0)) s: $(cat "/sys/block/$P2/size") sectors (98304 = 48 MiB)" | tee -a "$OUT/report.txt" >>"$STEPS"
+  # The standby path too: gateway B (it served the group before the failback) must not have
+  # been fenced by A taking the lock back (a live peer is spared), so its update watch sees
+  # the resize.
+  until [ "$(cat "/sys/block/$P2/size")" = 98304 ]; do
+    [ $((SECONDS - t0)) -ge 10 ] && { fail "$label" "10 s after rbd resize to 48 MiB: path B (standby) $(cat "/sys/block/$P2/size") sectors"; return; }
+    sleep 0.2
+  done
+  echo "path B (standby) shows it after $((SECONDS - t0)) s" | tee -a "$OUT/report.txt" >>"$STEPS"
+  if grep -q "took over the image" "$OUT/gw-a2.log"; then
+    fail "$label" "A, back, fenced the live B: $(grep -m1 'took over the image' "$OUT/gw-a2.log" | sed 's/\x1b\[[0-9;]*m//g' | cut -c1-200)"; return
+  fi
   step "nvme disconnect -n $GW_NQN" nvme disconnect -n "$GW_NQN" || { fail "$label" "$REASON"; return; }
   CONNECTED=()
   gw_stop_both || { fail "$label" "$REASON"; return; }
