@@ -1097,7 +1097,7 @@ reconnect_run() {
 rc_field() { grep -m1 "^reconnect_check: $2:" "$1" | tr ' ' '\n' | sed -n "s/^$3=//p" | head -n 1; }
 
 # target_restart_rdma LABEL ADDR: our target serves a file namespace over NVMe/RDMA at ADDR;
-# reconnect_check runs a ReconnectingNamespace (sync write + read-back verify) and a
+# reconnect_check runs a reconnecting Namespace (sync write + read-back verify) and a
 # ReconnectingQueue (QD32 writes) at once; the target is SIGKILLed with both mid-I/O and started
 # again ($NVMF_VM_RESTART_DOWNTIME s later, same config, same file). Both hosts must reconnect
 # (>= 1), the async one resubmit its in-flight writes, and end with every acknowledged write

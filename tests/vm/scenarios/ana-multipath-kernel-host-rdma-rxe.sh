@@ -10,7 +10,7 @@
 # counters), and fio ends with no error and no mismatch. A fourth listener serving another
 # subsystem only refuses a connect to this one (and logs why).
 # Then the same with OUR initiator (verdict ana-multipath-initiator): the target started again
-# the same way, multipath_check (tests/examples/multipath_check.rs: one MultipathNamespace per
+# the same way, multipath_check (tests/examples/multipath_check.rs: one multipath Namespace per
 # worker over the three paths, 2 workers writing random 4 KiB blocks and reading back random
 # earlier ones, 75 s, then every written block read back) runs through the same flips (ctl:
 # A -> B -> R, A removed and added back, A, B; SIGHUP): after each, its per-second per-path

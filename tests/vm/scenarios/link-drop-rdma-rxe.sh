@@ -8,7 +8,7 @@
 # its own, and writes it to report.txt.) Checks: a plain host
 # (nvmf-bench --io_timeout 3) fails with an error within its timeout; the target, hearing
 # nothing, drops every controller after KATO (4 s) and its RDMA gauges return to idle; two
-# reconnecting hosts (reconnect_check: ReconnectingNamespace + ReconnectingQueue) recover after
+# reconnecting hosts (reconnect_check: reconnecting Namespace + ReconnectingQueue) recover after
 # link up with 0 mismatches; a fresh host then passes io_check. NVMF_TEST_BREAK=no-link-drop
 # leaves the link up (the teardown and plain-host checks must fail).
 # vm-needs: build rdma

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # target-restart-rdma-rxe: our target (file namespace, NVMe/RDMA on rxe0) SIGKILLed and restarted
 # (same config and file) under two reconnecting hosts of our initiator (reconnect_check:
-# ReconnectingNamespace verified writes, ReconnectingQueue QD32 writes): both reconnect, the
+# reconnecting Namespace verified writes, ReconnectingQueue QD32 writes): both reconnect, the
 # in-flight writes are resubmitted, every acknowledged write reads back, the restarted target's
 # RDMA gauges return to idle and a fresh host passes io_check; killed for good, both hosts fail
 # with ReconnectGaveUp within the policy's bound.
