@@ -175,10 +175,15 @@ pub(crate) struct PathStatus {
 
 impl PathStatus {
     pub(crate) fn new(opts: &ConnectOptions) -> PathStatus {
+        PathStatus::of(opts.transport, &opts.addr, opts.port)
+    }
+
+    /// A path not connected yet to `addr:port` over `transport`.
+    fn of(transport: Transport, addr: &str, port: u16) -> PathStatus {
         PathStatus {
-            transport: opts.transport,
-            addr: opts.addr.clone(),
-            port: opts.port,
+            transport,
+            addr: addr.to_string(),
+            port,
             state: PathState::Failed,
             epoch: 0,
             pending: None,
@@ -197,24 +202,16 @@ impl PathStatus {
 
     /// The path of a namespace opened on a controller the caller keeps.
     pub(crate) fn direct(transport: Transport, addr: &str, port: u16, cntlid: u16) -> PathStatus {
-        PathStatus {
-            transport,
-            addr: addr.to_string(),
-            port,
-            state: PathState::Connected,
-            epoch: 1,
-            pending: None,
-            ana_state: None,
-            ana_group: 0,
-            anatt: None,
-            cntlid: Some(cntlid),
-            last_error: None,
-            commands: 0,
-            failovers: 0,
-            reconnects: 0,
-            io_failed: None,
-            refresh: false,
-        }
+        let mut p = PathStatus::of(transport, addr, port);
+        p.connected(cntlid);
+        p
+    }
+
+    /// The path's connection number `epoch + 1` is up, as controller `cntlid`.
+    pub(crate) fn connected(&mut self, cntlid: u16) {
+        self.state = PathState::Connected;
+        self.epoch += 1;
+        self.cntlid = Some(cntlid);
     }
 
     pub(crate) fn info(&self) -> PathInfo {
@@ -461,9 +458,7 @@ pub(crate) fn first_path(
 ) -> Result<(Connected, Link, Arc<Shared>), Error> {
     let c = connect_path(&opts, nsid)?;
     let mut status = PathStatus::new(&opts);
-    status.state = PathState::Connected;
-    status.epoch = 1;
-    status.cntlid = Some(c.info().cntlid);
+    status.connected(c.info().cntlid);
     let link = Link {
         opts,
         nsid,

@@ -112,8 +112,7 @@ impl Reconnector {
             for (idx, p) in paths.iter().cloned().enumerate() {
                 let mut st = PathStatus::new(&p);
                 if idx == k {
-                    st.state = PathState::Connected;
-                    st.cntlid = Some(c.info().cntlid);
+                    st.connected(c.info().cntlid);
                 }
                 statuses.push(st);
                 links.push(Link {
