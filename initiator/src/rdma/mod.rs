@@ -95,6 +95,7 @@
 //! `rdma::Error::NoRdma` ("no usable RDMA on this machine ...").
 
 mod error;
+mod ledger;
 mod pool;
 mod queue;
 #[cfg(feature = "raw")]

@@ -19,6 +19,7 @@ use rdma::{
 };
 
 use super::error::{rejected, RdmaError};
+use super::ledger::{KeyFate, Ledger, Wr};
 use super::pool::{IoMr, Pool, RdmaBuf, RegisteredBuf};
 use crate::cmd::Dir;
 use crate::error::{CmdError, Error};
@@ -33,9 +34,9 @@ pub(super) const CQE_LEN: usize = 16;
 /// `wr_id` bit marking a RECV (the low 32 bits are the RECV buffer index); SENDs carry the tag.
 pub(super) const RECV_FLAG: u64 = 1 << 32;
 /// `wr_id` bit marking a memory window bind (low 16 bits: the tag).
-const BIND_FLAG: u64 = 1 << 33;
+pub(super) const BIND_FLAG: u64 = 1 << 33;
 /// `wr_id` bit marking a LOCAL_INV (low 16 bits: the tag).
-const INV_FLAG: u64 = 1 << 34;
+pub(super) const INV_FLAG: u64 = 1 << 34;
 /// `wr_id` of the zero-length RDMA WRITE that nudges an iWARP target's receive stream.
 pub(super) const NUDGE_FLAG: u64 = 1 << 35;
 /// iWARP: how long a new queue waits for its first response before it nudges the target's
@@ -61,16 +62,8 @@ const MAX_DEPTH: u16 = 4096;
 /// completion channel (the rdma crate forces the destruction order).
 struct Conn {
     qid: u16,
-    /// Send-queue entries that may still be posted, so the SQ never overflows: a command takes
-    /// one for its SEND, and with a memory window two more (the bind, and the LOCAL_INV it may
-    /// need); the SEND's completion returns the SEND's and the bind's, the response or the
-    /// LOCAL_INV's completion the last.
-    sq_free: u32,
-    /// Signaled send work requests (SENDs, LOCAL_INVs) posted and not yet completed: what a
-    /// drain waits for (an unsignaled bind completes, or is flushed, before its SEND).
-    signaled_out: u32,
-    /// RECVs posted and not yet completed.
-    recv_posted: u32,
+    /// Send-queue entries left, work completions owed, the tags' keys.
+    ledger: Ledger,
     timeout: Duration,
     wcs: Box<[WorkCompletion]>,
     /// Shut after a failure ([`Link::shut`]): the drop has nothing left to drain.
@@ -143,27 +136,8 @@ pub struct RdmaLink<B = RdmaBuf> {
     tags: u16,
     /// Tags the target can hold at once (its CM reply's crqsize, when smaller).
     usable: u16,
-    /// Per tag: its command's key and send-queue entries (the tag's window or registration
-    /// is in `conn.keys`, dropped in its own order).
-    per_tag: Box<[TagState]>,
     icd_max: u32,
     _buf: PhantomData<fn() -> B>,
-}
-
-/// What a tag's command in flight holds besides its slot.
-#[derive(Clone, Copy, Debug)]
-struct TagState {
-    /// The key named in its keyed SGL (none for in-capsule or no data).
-    rkey: Option<u32>,
-    /// Send-queue entries its SEND's completion returns (1, or 2 after a bind).
-    send_wrs: u8,
-}
-
-impl TagState {
-    const IDLE: TagState = TagState {
-        rkey: None,
-        send_wrs: 1,
-    };
 }
 
 /// How a command opens its buffer to the target, and only for the command (the [module
@@ -258,13 +232,8 @@ impl<B: RegisteredBuf> RdmaLink<B> {
         let policy = KeyPolicy::parse(std::env::var(KEYS_ENV).ok().as_deref())?;
         let rxe = attr.is_rxe();
         let windows = policy.windows((attr.mw_type_2b || attr.max_mw > 0) && !iwarp, rxe);
-        let nrecv = tags as u32 + 1;
-        // A SEND per command, plus a bind and a LOCAL_INV with windows.
-        let nsend = if windows {
-            3 * tags as u32 + 1
-        } else {
-            tags as u32 + 1
-        };
+        let nrecv = Ledger::recvs(tags);
+        let nsend = Ledger::sq_entries(tags, windows);
         if nsend > attr.max_qp_wr {
             return Err(limit_error("work requests", nsend, attr.max_qp_wr, tags));
         }
@@ -353,9 +322,7 @@ impl<B: RegisteredBuf> RdmaLink<B> {
             qid,
             conn: Conn {
                 qid,
-                sq_free: nsend,
-                signaled_out: 0,
-                recv_posted: nrecv,
+                ledger: Ledger::new(tags, matches!(keys, Keys::Windows { .. }), rxe),
                 timeout: p.timeout,
                 wcs: (0..POLL_BATCH).map(|_| WorkCompletion::default()).collect(),
                 shut: false,
@@ -376,7 +343,6 @@ impl<B: RegisteredBuf> RdmaLink<B> {
             pool: Pool::new(&pd, slab_access),
             tags,
             usable,
-            per_tag: vec![TagState::IDLE; tags as usize].into_boxed_slice(),
             icd_max: 0,
             _buf: PhantomData,
         })
@@ -393,7 +359,6 @@ impl<B: RegisteredBuf> RdmaLink<B> {
             pool: self.pool,
             tags: self.tags,
             usable: self.usable,
-            per_tag: self.per_tag,
             icd_max: self.icd_max,
             _buf: PhantomData,
         }
@@ -436,54 +401,30 @@ impl<B: RegisteredBuf> RdmaLink<B> {
     }
 
     fn on_wc(&mut self, io: &mut Io<'_, '_, B>, wc: &WorkCompletion) -> Result<(), Error> {
-        let id = wc.wr_id();
-        let tag = (id & 0xffff) as u16;
-        let op = if id & RECV_FLAG != 0 {
-            self.conn.recv_posted -= 1;
+        let wr = Wr::of(wc.wr_id());
+        if let Wr::Recv(_) = wr {
             self.conn.nudge_at = None;
-            "RECV"
-        } else if id & NUDGE_FLAG != 0 {
-            self.conn.sq_free += 1;
-            self.conn.signaled_out -= 1;
-            "zero-length RDMA WRITE"
-        } else if id & BIND_FLAG != 0 {
-            // Unsignaled: only a failed or flushed bind reports; its entry came back (or
-            // comes back) with its SEND's completion.
-            "memory window bind"
-        } else if id & INV_FLAG != 0 {
-            self.conn.sq_free += 1;
-            self.conn.signaled_out -= 1;
-            "LOCAL_INV"
-        } else {
-            let t = tag as usize;
-            let n = self.per_tag.get(t).map_or(1, |s| s.send_wrs);
-            self.conn.sq_free += u32::from(n);
-            self.conn.signaled_out -= 1;
-            if let Some(s) = self.per_tag.get_mut(t) {
-                s.send_wrs = 1;
-            }
-            "capsule SEND"
-        };
+        }
+        self.conn.ledger.completed(wr);
         if !wc.is_ok() {
             return Err(RdmaError::Completion {
                 qid: self.qid,
-                op,
+                op: wr.name(),
                 status: wc.status(),
                 vendor_err: wc.vendor_err(),
             }
             .into());
         }
-        if id & RECV_FLAG != 0 {
-            self.on_response(io, (id & 0xffff_ffff) as usize, wc)
-        } else if id & (BIND_FLAG | NUDGE_FLAG) != 0 {
-            Ok(())
-        } else if id & INV_FLAG != 0 {
+        match wr {
+            Wr::Recv(idx) => self.on_response(io, idx as usize, wc),
+            Wr::Bind(_) | Wr::Nudge => Ok(()),
             // The key is dead: the response recorded before can complete the command.
-            io.event(tag, CmdEvent::Response)
-                .map_err(|msg| self.protocol_error(msg))
-        } else {
-            io.event(tag, CmdEvent::SendCompleted)
-                .map_err(|msg| self.protocol_error(msg))
+            Wr::Inv(tag) => io
+                .event(tag, CmdEvent::Response)
+                .map_err(|msg| self.protocol_error(msg)),
+            Wr::Send(tag) => io
+                .event(tag, CmdEvent::SendCompleted)
+                .map_err(|msg| self.protocol_error(msg)),
         }
     }
 
@@ -505,8 +446,8 @@ impl<B: RegisteredBuf> RdmaLink<B> {
         // response be sent) only after that, so a RECV is always waiting for every response.
         self.rsp_mr.read_at(idx * CQE_LEN, &mut raw)?;
         let sge = self.rsp_mr.sge(idx * CQE_LEN, CQE_LEN)?;
-        self.conn.qp.post_recv(RECV_FLAG | idx as u64, &[sge])?;
-        self.conn.recv_posted += 1;
+        self.conn.qp.post_recv(Wr::Recv(idx as u32).id(), &[sge])?;
+        self.conn.ledger.recv_reposted();
         let cqe = Cqe::decode(&raw).expect("16 bytes");
         let tag = cqe.cid();
         if !io.awaits_response(tag) {
@@ -514,48 +455,30 @@ impl<B: RegisteredBuf> RdmaLink<B> {
                 "response for command {tag}, which is not waiting for one (bad command_id)"
             )));
         }
-        let named = self.per_tag[tag as usize].rkey.take();
-        let windows = matches!(self.conn.keys, Keys::Windows { .. });
-        // The key the response invalidated: the standard flag says so (and any key it names
-        // must be the command's); rxe's own bit counts only when it names the command's key.
-        let inv = wc.invalidated_rkey().or_else(|| {
-            wc.rxe_invalidated_rkey()
-                .filter(|&k| self.conn.rxe && windows && Some(k) == named)
-        });
+        let fate = self
+            .conn
+            .ledger
+            .response(tag, wc.invalidated_rkey(), wc.rxe_invalidated_rkey())
+            .map_err(|msg| self.protocol_error(msg))?;
         // Whether the command's key is dead once this returns (else a LOCAL_INV is out).
         let mut dead = true;
-        match (inv, named) {
-            (Some(inv), Some(k)) if windows && inv == k => {
-                // The target invalidated the window with its response: return the entry kept
-                // for the LOCAL_INV.
-                self.conn.sq_free += 1;
-                io.stats().keys_invalidated_by_target += 1;
-            }
-            (Some(inv), _) => {
-                // Only a window's key may be invalidated, and only the one the command named
-                // (nvme_rdma_process_nvme_rsp: "Bogus remote invalidation").
-                return Err(self.protocol_error(format!(
-                    "bogus remote invalidation of rkey {inv:#x} by the response to command \
-                     {tag} (its SGL named {named:x?})"
-                )));
-            }
-            (None, Some(k)) if windows => {
-                // The target sent a plain SEND: invalidate the key here, and complete the
-                // command when that is done (nvme_rdma_inv_rkey).
+        match fate {
+            KeyFate::NoKey => {}
+            KeyFate::InvalidatedByTarget => io.stats().keys_invalidated_by_target += 1,
+            KeyFate::InvalidateLocally(k) => {
                 self.conn
                     .qp
-                    .post_send(&[SendWr::local_inv(INV_FLAG | tag as u64, k).signaled()])?;
-                self.conn.signaled_out += 1;
+                    .post_send(&[SendWr::local_inv(Wr::Inv(tag).id(), k).signaled()])?;
+                self.conn.ledger.local_inv_posted();
                 io.stats().keys_invalidated_locally += 1;
                 dead = false;
             }
-            (None, Some(_)) => {
+            KeyFate::Deregister => {
                 if let Keys::PerIo { mrs } = &mut self.conn.keys {
                     // Deregistered: the key opens nothing any more.
                     mrs[tag as usize] = None;
                 }
             }
-            (None, None) => {}
         }
         let st = cqe.status();
         io.record(
@@ -673,8 +596,7 @@ impl<B: RegisteredBuf> Link for RdmaLink<B> {
         let incapsule = dir == Dir::ToCtrl && len > 0 && len <= self.icd_max;
         let keyed = buf.is_some() && !incapsule;
         let windows = matches!(self.conn.keys, Keys::Windows { .. });
-        let need = if keyed && windows { 3 } else { 1 };
-        if self.conn.sq_free < need {
+        if !self.conn.ledger.can_post(keyed) {
             // Cannot happen: the SQ has room for every tag's work requests; refuse rather than
             // overflow it.
             return Err(PostError::Refused(Error::QueueFull));
@@ -736,7 +658,7 @@ impl<B: RegisteredBuf> Link for RdmaLink<B> {
                 (Some(b), Keys::Windows { mws }, Some(key)) => {
                     let (mr, offset) = b.slab();
                     let bind = MwBind {
-                        wr_id: BIND_FLAG | tag as u64,
+                        wr_id: Wr::Bind(tag).id(),
                         mw: &mws[tag as usize],
                         mr,
                         offset,
@@ -772,12 +694,7 @@ impl<B: RegisteredBuf> Link for RdmaLink<B> {
             }
             _ => {}
         }
-        self.conn.sq_free -= need;
-        self.conn.signaled_out += 1;
-        self.per_tag[tag as usize] = TagState {
-            rkey,
-            send_wrs: if keyed && windows { 2 } else { 1 },
-        };
+        self.conn.ledger.posted(tag, rkey);
         Ok(())
     }
 
@@ -872,14 +789,13 @@ impl Conn {
     /// one zero-length RDMA WRITE, so that a target whose siw left the first capsule unread
     /// reads it.
     fn nudge_if_due(&mut self, at: Instant) -> Result<(), Error> {
-        if Instant::now() < at || self.sq_free == 0 {
+        if Instant::now() < at || !self.ledger.can_nudge() {
             return Ok(());
         }
         self.nudge_at = None;
         self.qp
-            .post_send(&[SendWr::zero_length_write(NUDGE_FLAG).signaled()])?;
-        self.sq_free -= 1;
-        self.signaled_out += 1;
+            .post_send(&[SendWr::zero_length_write(Wr::Nudge.id()).signaled()])?;
+        self.ledger.nudge_posted();
         tracing::info!(qid = self.qid, device = %self.dev, after = ?NUDGE_AFTER,
             "no response yet over iWARP: a zero-length RDMA WRITE to move the target's receive \
              stream (Linux siw can leave a new connection's first capsule unread)");
@@ -898,10 +814,10 @@ impl Conn {
             tracing::debug!(qid = self.qid, error = %e, "rdma_disconnect failed");
         }
         let end = Instant::now() + self.timeout.min(DRAIN_WAIT);
-        while self.recv_posted > 0 || self.signaled_out > 0 {
+        while self.ledger.owed() != (0, 0) {
             match self.cq.poll(&mut self.wcs) {
                 Ok(0) if Instant::now() >= end => {
-                    let (recvs, sends) = (self.recv_posted, self.signaled_out);
+                    let (recvs, sends) = self.ledger.owed();
                     if failed {
                         tracing::debug!(qid = self.qid, recvs, sends, "work requests not flushed");
                     } else {
@@ -912,12 +828,7 @@ impl Conn {
                 Ok(0) => std::thread::sleep(Duration::from_micros(200)),
                 Ok(n) => {
                     for wc in &self.wcs[..n] {
-                        let id = wc.wr_id();
-                        if id & RECV_FLAG != 0 {
-                            self.recv_posted = self.recv_posted.saturating_sub(1);
-                        } else if id & BIND_FLAG == 0 {
-                            self.signaled_out = self.signaled_out.saturating_sub(1);
-                        }
+                        self.ledger.flushed(Wr::of(wc.wr_id()));
                     }
                 }
                 Err(e) => {
