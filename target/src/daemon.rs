@@ -3,7 +3,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{mpsc, Arc};
+use std::sync::{mpsc, Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use config::{Backing, Config, Transport};
@@ -269,6 +269,15 @@ pub struct Daemon {
     /// A gateway's view of its group (`None`: not a gateway): the ANA groups it holds, which
     /// override the listeners' states.
     gateway: Option<crate::gateway::View>,
+    /// ANA groups this gateway took with its last views whose RBD images are still being
+    /// taken over ([`Daemon::take_over_rbd`]: the previous owner's lock broken, or this
+    /// gateway found fenced itself): reported in ANA Change (hosts retry, and hold the
+    /// commands) until that is done, so that no command reaches an image through a client a
+    /// peer fenced (librbd would hold it until the host's timeout).
+    taking_over: BTreeSet<u32>,
+    /// Groups whose takeover ended, written by its thread (which then raises the storage
+    /// change that brings the daemon's thread to [`Daemon::refresh_storage`]).
+    taken: Arc<Mutex<BTreeSet<u32>>>,
 }
 
 /// Storage changes reported from other threads (librbd's update watches, a fenced client):
@@ -310,7 +319,7 @@ impl Daemon {
             ..Default::default()
         });
         let base = cfg.clone();
-        let cfg = &overlay(gateway.as_ref(), cfg);
+        let cfg = &overlay(gateway.as_ref(), &BTreeSet::new(), cfg);
         // Namespaces -> devices (index = the core's device id).
         let mut devices = Vec::new();
         let mut ns_slots = NsSlots::new();
@@ -462,6 +471,8 @@ impl Daemon {
             storage,
             base,
             gateway,
+            taking_over: BTreeSet::new(),
+            taken: Arc::default(),
         };
         d.note_addrs();
         Ok(d)
@@ -481,6 +492,10 @@ impl Daemon {
         if !self.storage.changed.take() {
             return None;
         }
+        // Takeovers that ended: their groups are served optimized with this reload (which
+        // also opens a fenced image again).
+        let taken = std::mem::take(&mut *self.taken.lock().unwrap_or_else(PoisonError::into_inner));
+        self.taking_over.retain(|g| !taken.contains(g));
         // A fenced client serves nothing any more: its namespaces are opened again (as a
         // resized one is) on a new connection.
         for d in self.devices.iter().flatten() {
@@ -551,7 +566,14 @@ impl Daemon {
             let n = self.target.reload_reservations(&newly);
             info!(groups = ?newly, namespaces = n, "reservations read from the gateway group");
         }
+        self.taking_over.retain(|g| view.owned.contains(g));
+        // After the view is in place: the new view's live peers are the clients spared.
         self.gateway = Some(view);
+        let checking = self.take_over_rbd(&newly, true);
+        if !checking.is_empty() {
+            info!(groups = ?checking, "taking the groups' RBD images over: ANA change until done");
+        }
+        self.taking_over.extend(checking);
         let base = self.base.clone();
         self.reload(&base)
     }
@@ -651,7 +673,7 @@ impl Daemon {
         if let Some(v) = &mut self.gateway {
             v.leased = leased_groups(&base);
         }
-        let mut new = overlay(self.gateway.as_ref(), &base);
+        let mut new = overlay(self.gateway.as_ref(), &self.taking_over, &base);
         // New listeners join their running transport; a transport the target started without
         // has no threads to serve them, so they wait for a restart. (NVMe/TCP needs nothing
         // but the pollers, which serve every transport: it always runs.)
@@ -776,34 +798,48 @@ impl Daemon {
             report.devices_released += 1;
         }
         new.listeners = running.into_iter().map(|(l, _)| l).collect();
-        self.take_over_rbd(&new);
+        if self.gateway.is_none() {
+            // A gateway takes its images over with each new view (apply_gateway_view).
+            let optimized = |cfg: &Config, group: u32| {
+                cfg.listeners
+                    .iter()
+                    .any(|l| l.ana_state(group) == config::AnaState::Optimized)
+            };
+            let groups: BTreeSet<u32> = self
+                .ns_slots
+                .values()
+                .map(|(ns, _)| ns.ana_group)
+                .filter(|&g| optimized(&new, g) && !optimized(&self.cfg, g))
+                .collect();
+            self.take_over_rbd(&groups, false);
+        }
         self.cfg = new;
         self.base = base;
         Ok(report)
     }
 
-    /// RBD namespaces whose ANA group this target now serves optimized and did not before (a
-    /// reload or `ctl set-ana-state` made this gateway the group's owner): their images'
+    /// The RBD namespaces of ANA `groups`, which this target starts serving (a reload or `ctl
+    /// set-ana-state` made it their owner, or a gateway took their leases): their images'
     /// exclusive locks held by other clients are broken, which fences the old owner (the
     /// cluster blocklists it) and lets this target write at once instead of waiting for a dead
-    /// owner's watch to time out. On a thread of its own: it talks to the cluster.
-    fn take_over_rbd(&self, new: &Config) {
-        let optimized = |cfg: &Config, group: u32| {
-            cfg.listeners
-                .iter()
-                .any(|l| l.ana_state(group) == config::AnaState::Optimized)
-        };
+    /// owner's watch to time out. On a thread of its own: it talks to the cluster. With
+    /// `report`, the thread puts the groups in `taken` when done and raises the storage
+    /// change. Returns the groups that have RBD images.
+    fn take_over_rbd(&self, groups: &BTreeSet<u32>, report: bool) -> BTreeSet<u32> {
+        let mut with_images = BTreeSet::new();
         let images: Vec<(Arc<rbd::Image>, Arc<crate::backend::Signal>)> = self
             .ns_slots
             .values()
-            .filter(|(ns, _)| optimized(new, ns.ana_group) && !optimized(&self.cfg, ns.ana_group))
-            .filter_map(|&(_, slot)| {
-                let d = self.devices.get(slot as usize)?.as_ref()?;
-                Some((d.rbd()?.clone(), Arc::clone(d.fenced())))
+            .filter(|(ns, _)| groups.contains(&ns.ana_group))
+            .filter_map(|(ns, slot)| {
+                let d = self.devices.get(*slot as usize)?.as_ref()?;
+                let img = d.rbd()?.clone();
+                with_images.insert(ns.ana_group);
+                Some((img, Arc::clone(d.fenced())))
             })
             .collect();
         if images.is_empty() {
-            return;
+            return with_images;
         }
         // The group's live gateways give the images' locks up when asked: only the dead are
         // fenced.
@@ -813,6 +849,13 @@ impl Daemon {
             .flat_map(|v| v.peers.iter())
             .flat_map(|p| p.record.clients.iter().cloned())
             .collect();
+        let done = report.then(|| {
+            (
+                Arc::clone(&self.taken),
+                Arc::clone(&self.storage),
+                with_images.clone(),
+            )
+        });
         let spawned = std::thread::Builder::new()
             .name("nvmf-rbd-takeover".into())
             .spawn(move || {
@@ -826,10 +869,18 @@ impl Daemon {
                         Err(e) => warn!(image = img.name(), error = %e, "could not break the previous owner's lock; writes wait for it"),
                     }
                 }
+                if let Some((taken, storage, groups)) = done {
+                    taken.lock().unwrap_or_else(PoisonError::into_inner).extend(groups);
+                    storage.changed.raise();
+                }
             });
         if let Err(e) = spawned {
-            warn!(error = %e, "cannot start the RBD takeover thread");
+            warn!(error = %e, "cannot start the RBD takeover thread: serving the groups as they are");
+            if report {
+                return BTreeSet::new();
+            }
         }
+        with_images
     }
 
     /// Whether the regular file (or RBD image) behind device slot `slot` is no longer the
@@ -969,14 +1020,17 @@ pub fn leased_groups(cfg: &Config) -> BTreeSet<u32> {
         .collect()
 }
 
-/// `cfg` with a gateway's ANA states: each leased group optimized on every listener if held,
-/// inaccessible if not (unchanged without a gateway view).
-fn overlay(view: Option<&crate::gateway::View>, cfg: &Config) -> Config {
+/// `cfg` with a gateway's ANA states: each leased group optimized on every listener if held
+/// (in change while `changing`: its images are being taken over), inaccessible if not
+/// (unchanged without a gateway view).
+fn overlay(view: Option<&crate::gateway::View>, changing: &BTreeSet<u32>, cfg: &Config) -> Config {
     let mut out = cfg.clone();
     let Some(v) = view else { return out };
     for l in &mut out.listeners {
         for &g in &v.leased {
-            if v.owned.contains(&g) {
+            if v.owned.contains(&g) && changing.contains(&g) {
+                l.ana.insert(g, config::AnaState::Change);
+            } else if v.owned.contains(&g) {
                 l.ana.remove(&g);
             } else {
                 l.ana.insert(g, config::AnaState::Inaccessible);

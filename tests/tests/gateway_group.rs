@@ -329,18 +329,49 @@ fn a_fenced_gateway_serves_again_on_a_new_connection() {
     }
     // SAFETY: as above.
     unsafe { libc::kill(a.child.id() as i32, libc::SIGCONT) };
-    // A rejoins, B gives the group back, A finds its client blocklisted and reopens.
+    // A rejoins, B gives the group back, A finds its client blocklisted and reopens. A host
+    // writes through A all along, every 5 ms while A refuses (inaccessible, then in change
+    // until A's takeover check, which finds A fenced, and the reopen are done): no write may
+    // reach the blocklisted client, where librbd would hold it past the host's 5 s timeout.
     b.wait_log("failback: giving the ANA group back", 1);
-    a.wait_log("opening the image again on a new connection", 1);
-    // A command that reaches A between its taking the group back and the reopen (~20 ms here)
-    // waits in the blocklisted librbd until the host's timeout (a known limit, issue #39):
-    // the writes start once the namespace is open again.
-    a.wait_log("storage changed: namespaces opened again", 1);
-    let mut c = initiator::Controller::connect(path(&a)).unwrap();
+    let mut opts = path(&a);
+    opts.timeout = Duration::from_secs(5);
+    let mut c = initiator::Controller::connect(opts).unwrap();
     let mut ns = c.open_namespace(1).unwrap();
+    let t = Instant::now();
+    let mut refused = std::collections::BTreeMap::<String, u32>::new();
     for i in 32..48u64 {
-        retrying("write through A", || ns.write_at(&pattern(i), i * 8192));
+        loop {
+            match ns.write_at(&pattern(i), i * 8192) {
+                Ok(()) => break,
+                Err(e)
+                    if e.status().is_some_and(|s| {
+                        initiator::is_path_status(s)
+                            || s.code() == nvme::Status::NS_NOT_READY.code()
+                    }) =>
+                {
+                    *refused.entry(e.to_string()).or_default() += 1;
+                    assert!(
+                        t.elapsed() < Duration::from_secs(20),
+                        "write through A: {e}"
+                    );
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                Err(e) => panic!(
+                    "write {i} through A after {:?} ({refused:?}): {e}",
+                    t.elapsed()
+                ),
+            }
+        }
     }
+    a.wait_log("opening the image again on a new connection", 1);
+    assert!(
+        a.log_text()
+            .contains("taking the groups' RBD images over: ANA change until done"),
+        "{}",
+        a.log_text()
+    );
+    eprintln!("writes through A refused before they could land: {refused:?}");
     let mut back = vec![0u8; 8192];
     for i in 0..48u64 {
         retrying("read through A", || ns.read_at(&mut back, i * 8192));
