@@ -495,6 +495,9 @@ struct Member {
     /// The watch on the group's configuration object (none while the object does not exist
     /// or the watch could not be made; retried every round).
     watch: Option<rbd::ObjectWatch>,
+    /// Where the core reads until when each held group may be served (`core::LeaseClock`):
+    /// kept in step with `held` before every view goes out.
+    leases: Arc<crate::core::LeaseClock>,
 }
 
 impl Gateway {
@@ -534,6 +537,7 @@ impl Gateway {
             record: String::new(),
             joined: false,
             watch: None,
+            leases: Arc::default(),
         };
         // Liveness first: its errors (no permission on the pool, a name taken by a live
         // gateway) stop the start-up. A gateway restarted after a crash finds its own old
@@ -572,15 +576,20 @@ impl Gateway {
     /// for the peers, the group's configuration watched. `wake` is called (on that thread)
     /// when a new [`View`] or group configuration is ready ([`Gateway::take_view`],
     /// [`Gateway::take_subsystems`]).
+    /// `leases` is the core's ([`crate::core::Target::leases`]): the member bounds each
+    /// group it holds there by the group's last renewal.
     pub fn run(
         &mut self,
         wanted: BTreeSet<u32>,
         listeners: Vec<PeerListener>,
+        leases: Arc<crate::core::LeaseClock>,
         wake: impl Fn() + Send + Sync + 'static,
     ) -> Result<(), String> {
-        let Some(m) = self.member.take() else {
+        let Some(mut m) = self.member.take() else {
             return Err("the gateway runs already".into());
         };
+        m.leases = leases;
+        m.bound_leases();
         {
             let mut s = self.state();
             s.wanted = wanted;
@@ -1135,8 +1144,19 @@ impl Member {
         self.publish(sh, wanted);
     }
 
-    /// Hands the daemon a new view if it differs from the last one.
+    /// The core's bound of every ANA group from `held`: a held group until its last renewal
+    /// stops being trustworthy (as `fresh` counts it), any other not at all.
+    fn bound_leases(&self) {
+        for g in 1..=crate::core::ANA_GROUPS {
+            let until = self.held.get(&g).map(|&at| at + self.lease * 9 / 10);
+            self.leases.hold_until(g, until);
+        }
+    }
+
+    /// Hands the daemon a new view if it differs from the last one (the core's lease bounds
+    /// are brought in step with the held leases first, also when the view is the same).
     fn publish(&mut self, sh: &Shared, wanted: &BTreeSet<u32>) {
+        self.bound_leases();
         let view = View {
             owned: self.held.keys().copied().collect(),
             leased: wanted.clone(),
@@ -1157,7 +1177,9 @@ impl Member {
     /// Leaving: every lease and the liveness lock are given back and the record removed, so
     /// the peers need not wait for them to lapse.
     fn leave(&mut self) {
-        for g in std::mem::take(&mut self.held).into_keys() {
+        let held = std::mem::take(&mut self.held);
+        self.bound_leases();
+        for g in held.into_keys() {
             let _ = self
                 .io
                 .unlock(&self.lease_obj(g), LEASE_LOCK, &self.cfg.name);

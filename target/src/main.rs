@@ -425,6 +425,7 @@ fn main() -> ExitCode {
         let ran = gw.run(
             nvmf_target::daemon::leased_groups(daemon.config()),
             daemon.peer_listeners(),
+            daemon.target().leases(),
             || {
                 let _ = nix::sys::signal::kill(nix::unistd::getpid(), Signal::SIGUSR1);
             },

@@ -382,6 +382,61 @@ fn a_fenced_gateway_serves_again_on_a_new_connection() {
     assert!(b.terminate(), "{}", b.log_text());
 }
 
+/// A gateway stopped past its lease while a host's write waits for it in its socket: the peer
+/// takes the group over and fences it. When it runs again its pollers see the command before
+/// its member thread learns the lease is gone; the lease's bound in the core makes it refuse
+/// the write with a path status (a multipath host moves to B at once) instead of handing it
+/// to the blocklisted client (without the bound: librbd refuses it, and the host is told
+/// Namespace Not Ready, which it retries on the same path).
+#[test]
+fn a_stalled_gateway_refuses_what_waited_for_it_once_its_lease_ran_out() {
+    let Some(conf) = ceph::conf() else { return };
+    let Pair {
+        img: _img,
+        group: _group,
+        dir: _dir,
+        sock_a: _sock_a,
+        sock_b: _sock_b,
+        mut a,
+        mut b,
+    } = pair(&conf, "gs", "s");
+    let mut opts = path(&a);
+    opts.timeout = Duration::from_secs(30);
+    let mut c = initiator::Controller::connect(opts).unwrap();
+    let mut ns = c.open_namespace(1).unwrap();
+    ns.write_at(&pattern(0), 0).unwrap();
+    // SAFETY: kill(2) on our own child with plain signal numbers.
+    unsafe { libc::kill(a.child.id() as i32, libc::SIGSTOP) };
+    let (tx, rx) = std::sync::mpsc::channel();
+    let writer = std::thread::spawn(move || {
+        let r = ns.write_at(&pattern(1), 8192);
+        tx.send(Instant::now()).unwrap();
+        (r, ns, c)
+    });
+    b.wait_log("took over the image", 1);
+    let resumed = Instant::now();
+    // SAFETY: as above.
+    unsafe { libc::kill(a.child.id() as i32, libc::SIGCONT) };
+    let answered = rx
+        .recv_timeout(Duration::from_secs(40))
+        .expect("the write waiting in A's socket is answered");
+    let (r, _ns, c) = writer.join().unwrap();
+    let took = answered.saturating_duration_since(resumed);
+    match r {
+        Err(e) if e.status().is_some_and(initiator::is_path_status) => {
+            assert!(
+                took < Duration::from_secs(5),
+                "answered {took:?} after A resumed: {e}"
+            );
+            eprintln!("the waiting write was refused {took:?} after A resumed: {e}");
+        }
+        other => panic!("the waiting write, {took:?} after A resumed: {other:?}"),
+    }
+    drop(c);
+    assert!(a.terminate(), "{}", a.log_text());
+    assert!(b.terminate(), "{}", b.log_text());
+}
+
 fn ctl(sock: &Path, args: &[&str]) -> String {
     let o = Command::new(target_bin())
         .arg("ctl")

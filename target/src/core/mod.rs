@@ -29,6 +29,7 @@ mod discovery;
 mod fabrics_cmd;
 mod fused;
 mod io;
+mod lease;
 mod queue;
 mod rangelock;
 mod reservation;
@@ -41,6 +42,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Instant;
 
+pub use lease::LeaseClock;
 pub use queue::QueueStats;
 pub use reservation::{ResvStore, SaveDone};
 

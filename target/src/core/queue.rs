@@ -368,10 +368,21 @@ impl Queue {
             };
             self.ana = Some((gen, states));
         }
-        self.ana
+        let state = self
+            .ana
             .as_ref()
             .and_then(|(_, s)| s.get(group as usize).copied())
-            .unwrap_or(nvme::log::ana_state::OPTIMIZED)
+            .unwrap_or(nvme::log::ana_state::OPTIMIZED);
+        // A served group whose gateway lease ran out: in change until the daemon applies the
+        // gateway's next view (core::lease).
+        let served = matches!(
+            state,
+            nvme::log::ana_state::OPTIMIZED | nvme::log::ana_state::NON_OPTIMIZED
+        );
+        if served && self.target.inner().leases.expired(group) {
+            return nvme::log::ana_state::CHANGE;
+        }
+        state
     }
 
     /// One namespace, copied out of the cached table: the I/O path takes no lock and touches
