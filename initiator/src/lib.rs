@@ -154,6 +154,8 @@ mod spin;
 mod state;
 mod stdio;
 mod tcp;
+#[cfg(test)]
+mod test_rng;
 
 pub use any_queue::{AnyBuf, AnyLink, AnyQueue, IoQueue, RdmaQueue, TypedQueue};
 pub use auth::DhchapOptions;

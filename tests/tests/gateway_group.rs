@@ -95,16 +95,14 @@ fn member_lease(
 struct Pair {
     img: TestImage,
     group: String,
-    dir: nvmf_tests::TempDir,
-    sock_a: PathBuf,
+    /// Holds the control sockets (and goes with the test).
+    _dir: nvmf_tests::TempDir,
     sock_b: PathBuf,
-    a: TargetProc,
-    b: TargetProc,
 }
 
-/// [`Pair`] on image `tag` in group `<prefix><pid>` (bind every field: one left unbound is
-/// dropped at once, the image and the gateways with it).
-fn pair(conf: &PathBuf, tag: &str, prefix: &str) -> Pair {
+/// [`Pair`] on image `tag` in group `<prefix><pid>`, and its gateways A and B (keep the `Pair`
+/// bound to the end: the image and the sockets' directory go with it).
+fn pair(conf: &PathBuf, tag: &str, prefix: &str) -> (Pair, TargetProc, TargetProc) {
     let img = TestImage::create(conf, tag, 32);
     let group = format!("{prefix}{}", std::process::id());
     let dir = nvmf_tests::TempDir::new(tag);
@@ -112,15 +110,13 @@ fn pair(conf: &PathBuf, tag: &str, prefix: &str) -> Pair {
     let a = member(&img, &group, "gw-a", &[1], (1, 0x7fff), &sock_a);
     let b = member(&img, &group, "gw-b", &[], (0x8000, 0xffef), &sock_b);
     a.wait_log("took the ANA group's lease", 1);
-    Pair {
+    let p = Pair {
         img,
         group,
-        dir,
-        sock_a,
+        _dir: dir,
         sock_b,
-        a,
-        b,
-    }
+    };
+    (p, a, b)
 }
 
 /// The TCP ports `via`'s discovery log lists for the test subsystem.
@@ -154,15 +150,8 @@ fn state_of(ns: &Namespace, i: usize) -> Option<AnaState> {
 #[test]
 fn a_gateway_group_fails_over_and_back_by_itself() {
     let Some(conf) = ceph::conf() else { return };
-    let Pair {
-        img,
-        group,
-        dir: _dir,
-        sock_a: _sock_a,
-        sock_b,
-        mut a,
-        mut b,
-    } = pair(&conf, "gg", "t");
+    let (p, mut a, mut b) = pair(&conf, "gg", "t");
+    let (img, group, sock_b) = (&p.img, &p.group, &p.sock_b);
     let (pa, pb) = (a.addr.port(), b.addr.port());
     let mut both = vec![pa, pb];
     both.sort();
@@ -296,15 +285,8 @@ fn retrying<T>(what: &str, mut f: impl FnMut() -> Result<T, initiator::Error>) -
 #[test]
 fn a_fenced_gateway_serves_again_on_a_new_connection() {
     let Some(conf) = ceph::conf() else { return };
-    let Pair {
-        img,
-        group: _group,
-        dir: _dir,
-        sock_a: _sock_a,
-        sock_b: _sock_b,
-        mut a,
-        mut b,
-    } = pair(&conf, "gf", "f");
+    let (p, mut a, mut b) = pair(&conf, "gf", "f");
+    let img = &p.img;
     {
         let mut c = initiator::Controller::connect(path(&a)).unwrap();
         let mut ns = c.open_namespace(1).unwrap();
@@ -391,15 +373,7 @@ fn a_fenced_gateway_serves_again_on_a_new_connection() {
 #[test]
 fn a_stalled_gateway_refuses_what_waited_for_it_once_its_lease_ran_out() {
     let Some(conf) = ceph::conf() else { return };
-    let Pair {
-        img: _img,
-        group: _group,
-        dir: _dir,
-        sock_a: _sock_a,
-        sock_b: _sock_b,
-        mut a,
-        mut b,
-    } = pair(&conf, "gs", "s");
+    let (_p, mut a, mut b) = pair(&conf, "gs", "s");
     let mut opts = path(&a);
     opts.timeout = Duration::from_secs(30);
     let mut c = initiator::Controller::connect(opts).unwrap();
@@ -573,15 +547,7 @@ fn reservations_are_kept_by_the_group() {
     use initiator::resv::{AcquireAction, ResvType};
     use nvmf_tests::resv::{acquire, conflict, open_as as open, register};
     let Some(conf) = ceph::conf() else { return };
-    let Pair {
-        img: _img,
-        group: _group,
-        dir: _dir,
-        sock_a: _sock_a,
-        sock_b: _sock_b,
-        mut a,
-        mut b,
-    } = pair(&conf, "gr", "r");
+    let (_p, mut a, mut b) = pair(&conf, "gr", "r");
     let (h1, h2) = ([0x11u8; 16], [0x22u8; 16]);
     let block = vec![0x5au8; 4096];
 

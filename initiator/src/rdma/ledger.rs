@@ -264,6 +264,7 @@ impl Ledger {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::test_rng::Rng;
 
     #[test]
     fn wr_ids_round_trip_and_keep_kinds_apart() {
@@ -369,22 +370,6 @@ mod tests {
         assert_eq!(l.sq_free, full);
     }
 
-    /// A small deterministic generator (xorshift64*).
-    struct Rng(u64);
-
-    impl Rng {
-        fn next(&mut self) -> u64 {
-            self.0 ^= self.0 >> 12;
-            self.0 ^= self.0 << 25;
-            self.0 ^= self.0 >> 27;
-            self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-        }
-
-        fn below(&mut self, n: usize) -> usize {
-            (self.next() % n as u64) as usize
-        }
-    }
-
     /// What the device and the target still owe one tag's command.
     #[derive(Clone, Copy, Default)]
     struct Owed {
@@ -404,7 +389,7 @@ mod tests {
     #[test]
     fn random_interleavings_never_overflow_the_sq_and_leak_no_entry() {
         for seed in 1..=300u64 {
-            let mut r = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
+            let mut r = Rng::new(seed);
             let tags = 1 + r.below(8) as u16;
             let windows = r.below(2) == 0;
             let rxe = r.below(2) == 0;
@@ -415,7 +400,7 @@ mod tests {
             let mut nudges = 0u32;
             let mut posted = 0u32;
             for step in 0..400 {
-                let t = r.below(usize::from(tags));
+                let t = r.below(u64::from(tags)) as usize;
                 let o = &mut owed[t];
                 match r.below(5) {
                     0 | 1 if !o.busy && step < 300 => {

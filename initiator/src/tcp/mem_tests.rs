@@ -20,6 +20,7 @@ use crate::cmd::{Completion, Data};
 use crate::error::Error;
 use crate::queue::{Clock, Queue, QueueParams};
 use crate::spin::Spin;
+use crate::test_rng::Rng;
 
 type Q = Queue<TcpLink<Vec<u8>>>;
 
@@ -302,24 +303,6 @@ fn first_difference(a: &[u8], b: &[u8]) -> Option<usize> {
     (0..a.len().max(b.len())).find(|&i| a.get(i) != b.get(i))
 }
 
-/// xorshift64*: a small deterministic generator (the interleavings repeat from their seed).
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-    fn chance(&mut self, pct: u64) -> bool {
-        self.below(100) < pct
-    }
-}
-
 /// One command as the controller sees it.
 struct Pending {
     sqe: Sqe,
@@ -342,7 +325,7 @@ struct Pending {
 #[test]
 fn random_interleavings_complete_every_command_once_and_leak_nothing() {
     for seed in 1..=200u64 {
-        let mut r = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
+        let mut r = Rng::new(seed);
         let depth = 1 + r.below(8) as u16;
         let (mut q, end) = queue(depth, 4096);
         // Half the runs send writes of up to 4 KiB in the capsule.
