@@ -208,7 +208,7 @@ fn a_gateway_group_fails_over_and_back_by_itself() {
     // `nvmf-target stats` on B says what it serves.
     let o = Command::new(target_bin())
         .args(["stats", "--json", "--control-socket"])
-        .arg(&sock_b)
+        .arg(sock_b)
         .output()
         .unwrap();
     let stats = String::from_utf8_lossy(&o.stdout);
