@@ -129,17 +129,34 @@ impl SpinPolicy {
 /// What a sleeping poller pays per wake-up on this machine, measured the way a host's command
 /// wakes it: a byte over a loopback TCP connection to a thread that either spins on its socket
 /// or sleeps in `epoll_wait` on it, echoed back; the difference of the median round trips
-/// (softirq, wake-up and scheduling included). `rounds` round trips each way. Falls back to
-/// 20 us if the measurement cannot run.
+/// (softirq, wake-up and scheduling included). `rounds` round trips each way. A result below
+/// [`PLAUSIBLE_WAKE`] is a failed measurement (the spinning phase was slowed, e.g. both threads
+/// on one CPU for a while: seen on this shared machine, 1 of 3 starts, and the poller then
+/// never spun and lost 40% of its QD1 IOPS) and is measured again, up to 3 times. Falls back to
+/// [`DEFAULT_WAKE`] if no measurement holds.
 pub fn measure_wake_latency(rounds: usize) -> Duration {
-    match try_measure(rounds) {
-        Ok(d) => d,
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot measure the wake-up latency; assuming 20 us");
-            Duration::from_micros(20)
+    for attempt in 1..=3 {
+        match try_measure(rounds) {
+            Ok(d) if d >= PLAUSIBLE_WAKE => return d,
+            Ok(d) => {
+                tracing::debug!(attempt, measured = ?d, "implausible wake-up latency; measuring again")
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot measure the wake-up latency; assuming 20 us");
+                return DEFAULT_WAKE;
+            }
         }
     }
+    tracing::warn!("no plausible wake-up latency in 3 measurements; assuming 20 us");
+    DEFAULT_WAKE
 }
+
+/// The least a sleeping thread's wake-up costs on any machine (an epoll wake-up and a context
+/// switch): below it the measurement went wrong.
+pub const PLAUSIBLE_WAKE: Duration = Duration::from_micros(2);
+
+/// The wake-up latency assumed when it cannot be measured.
+pub const DEFAULT_WAKE: Duration = Duration::from_micros(20);
 
 fn try_measure(rounds: usize) -> std::io::Result<Duration> {
     use std::io::{Read, Write};
@@ -210,9 +227,7 @@ fn try_measure(rounds: usize) -> std::io::Result<Duration> {
     drop(a);
     echo.join()
         .map_err(|_| std::io::Error::other("the probe thread panicked"))??;
-    Ok(medians[1]
-        .saturating_sub(medians[0])
-        .max(Duration::from_micros(1)))
+    Ok(medians[1].saturating_sub(medians[0]))
 }
 
 #[cfg(test)]
@@ -300,6 +315,9 @@ mod tests {
     #[test]
     fn the_wake_latency_is_measured() {
         let d = measure_wake_latency(20);
-        assert!(d > Duration::ZERO && d < Duration::from_millis(50), "{d:?}");
+        assert!(
+            d >= PLAUSIBLE_WAKE && d < Duration::from_millis(50),
+            "{d:?}"
+        );
     }
 }
