@@ -273,11 +273,15 @@ pub struct Daemon {
     /// taken over ([`Daemon::take_over_rbd`]: the previous owner's lock broken, or this
     /// gateway found fenced itself): reported in ANA Change (hosts retry, and hold the
     /// commands) until that is done, so that no command reaches an image through a client a
-    /// peer fenced (librbd would hold it until the host's timeout).
-    taking_over: BTreeSet<u32>,
-    /// Groups whose takeover ended, written by its thread (which then raises the storage
-    /// change that brings the daemon's thread to [`Daemon::refresh_storage`]).
-    taken: Arc<Mutex<BTreeSet<u32>>>,
+    /// peer fenced (librbd would hold it until the host's timeout). By group, the takeover
+    /// that must end (a group lost and taken again waits for its newer takeover).
+    taking_over: BTreeMap<u32, u64>,
+    /// Groups whose takeover ended, with the takeover's number, written by its thread (which
+    /// then raises the storage change that brings the daemon's thread to
+    /// [`Daemon::refresh_storage`]).
+    taken: Arc<Mutex<Vec<(u32, u64)>>>,
+    /// Takeovers started (numbers them).
+    takeovers: u64,
 }
 
 /// Storage changes reported from other threads (librbd's update watches, a fenced client):
@@ -319,7 +323,7 @@ impl Daemon {
             ..Default::default()
         });
         let base = cfg.clone();
-        let cfg = &overlay(gateway.as_ref(), &BTreeSet::new(), cfg);
+        let cfg = &overlay(gateway.as_ref(), &BTreeMap::new(), cfg);
         // Namespaces -> devices (index = the core's device id).
         let mut devices = Vec::new();
         let mut ns_slots = NsSlots::new();
@@ -471,8 +475,9 @@ impl Daemon {
             storage,
             base,
             gateway,
-            taking_over: BTreeSet::new(),
+            taking_over: BTreeMap::new(),
             taken: Arc::default(),
+            takeovers: 0,
         };
         d.note_addrs();
         Ok(d)
@@ -495,7 +500,11 @@ impl Daemon {
         // Takeovers that ended: their groups are served optimized with this reload (which
         // also opens a fenced image again).
         let taken = std::mem::take(&mut *self.taken.lock().unwrap_or_else(PoisonError::into_inner));
-        self.taking_over.retain(|g| !taken.contains(g));
+        for (g, n) in taken {
+            if self.taking_over.get(&g) == Some(&n) {
+                self.taking_over.remove(&g);
+            }
+        }
         // A fenced client serves nothing any more: its namespaces are opened again (as a
         // resized one is) on a new connection.
         for d in self.devices.iter().flatten() {
@@ -566,14 +575,17 @@ impl Daemon {
             let n = self.target.reload_reservations(&newly);
             info!(groups = ?newly, namespaces = n, "reservations read from the gateway group");
         }
-        self.taking_over.retain(|g| view.owned.contains(g));
+        self.taking_over.retain(|g, _| view.owned.contains(g));
         // After the view is in place: the new view's live peers are the clients spared.
         self.gateway = Some(view);
-        let checking = self.take_over_rbd(&newly, true);
+        self.takeovers += 1;
+        let n = self.takeovers;
+        let checking = self.take_over_rbd(&newly, Some(n));
         if !checking.is_empty() {
             info!(groups = ?checking, "taking the groups' RBD images over: ANA change until done");
         }
-        self.taking_over.extend(checking);
+        self.taking_over
+            .extend(checking.into_iter().map(|g| (g, n)));
         let base = self.base.clone();
         self.reload(&base)
     }
@@ -811,7 +823,7 @@ impl Daemon {
                 .map(|(ns, _)| ns.ana_group)
                 .filter(|&g| optimized(&new, g) && !optimized(&self.cfg, g))
                 .collect();
-            self.take_over_rbd(&groups, false);
+            self.take_over_rbd(&groups, None);
         }
         self.cfg = new;
         self.base = base;
@@ -823,9 +835,9 @@ impl Daemon {
     /// exclusive locks held by other clients are broken, which fences the old owner (the
     /// cluster blocklists it) and lets this target write at once instead of waiting for a dead
     /// owner's watch to time out. On a thread of its own: it talks to the cluster. With
-    /// `report`, the thread puts the groups in `taken` when done and raises the storage
-    /// change. Returns the groups that have RBD images.
-    fn take_over_rbd(&self, groups: &BTreeSet<u32>, report: bool) -> BTreeSet<u32> {
+    /// `report` (the takeover's number), the thread puts the groups in `taken` when done and
+    /// raises the storage change. Returns the groups that have RBD images.
+    fn take_over_rbd(&self, groups: &BTreeSet<u32>, report: Option<u64>) -> BTreeSet<u32> {
         let mut with_images = BTreeSet::new();
         let images: Vec<(Arc<rbd::Image>, Arc<crate::backend::Signal>)> = self
             .ns_slots
@@ -849,11 +861,11 @@ impl Daemon {
             .flat_map(|v| v.peers.iter())
             .flat_map(|p| p.record.clients.iter().cloned())
             .collect();
-        let done = report.then(|| {
+        let done = report.map(|n| {
             (
                 Arc::clone(&self.taken),
                 Arc::clone(&self.storage),
-                with_images.clone(),
+                with_images.iter().map(|&g| (g, n)).collect::<Vec<_>>(),
             )
         });
         let spawned = std::thread::Builder::new()
@@ -876,7 +888,7 @@ impl Daemon {
             });
         if let Err(e) = spawned {
             warn!(error = %e, "cannot start the RBD takeover thread: serving the groups as they are");
-            if report {
+            if report.is_some() {
                 return BTreeSet::new();
             }
         }
@@ -1023,12 +1035,16 @@ pub fn leased_groups(cfg: &Config) -> BTreeSet<u32> {
 /// `cfg` with a gateway's ANA states: each leased group optimized on every listener if held
 /// (in change while `changing`: its images are being taken over), inaccessible if not
 /// (unchanged without a gateway view).
-fn overlay(view: Option<&crate::gateway::View>, changing: &BTreeSet<u32>, cfg: &Config) -> Config {
+fn overlay(
+    view: Option<&crate::gateway::View>,
+    changing: &BTreeMap<u32, u64>,
+    cfg: &Config,
+) -> Config {
     let mut out = cfg.clone();
     let Some(v) = view else { return out };
     for l in &mut out.listeners {
         for &g in &v.leased {
-            if v.owned.contains(&g) && changing.contains(&g) {
+            if v.owned.contains(&g) && changing.contains_key(&g) {
                 l.ana.insert(g, config::AnaState::Change);
             } else if v.owned.contains(&g) {
                 l.ana.remove(&g);
