@@ -8,6 +8,8 @@
 #   scripts/ceph-cluster.sh stop [DIR]      stops the daemons and removes DIR
 #   scripts/ceph-cluster.sh osd-stop|osd-cont [DIR]   SIGSTOP / SIGCONT the OSD (a store that
 #                                           stops answering, nothing lost: memstore)
+#   scripts/ceph-cluster.sh ops [DIR]      the OSD's operations in flight (JSON): where a
+#                                           client op that never completes waits
 # Idempotent: `start` on a running cluster only prints its conf.
 set -euo pipefail
 cmd=${1:-start}
@@ -78,6 +80,14 @@ mon warn on pool no redundancy = false
 # (a disk full of build trees), and its store is a few MiB.
 mon data avail crit = 1
 osd pool default pg autoscale mode = off
+# The read lease of the only OSD's PGs: osd_heartbeat_grace (20 s) x 3 = 60 s (0.8 by default:
+# 16 s, renewed every half). Ceph 16 (Debian 12's) leaves a PG that outlived its lease "laggy"
+# for good when it has no replica to renew it with (the OSD stopped and continued, as
+# ceph/ceph-container#1682 reproduces; the recheck was fixed in Ceph 18): its client ops wait
+# "for readable" forever. Seen here: osd-stop for 10 s on a busy machine parked a write in
+# such a PG (dump_ops_in_flight, 'ops' below). A cluster with replicas renews through them;
+# this one only needs a lease longer than a stop plus a renewal period.
+osd pool default read lease ratio = 3
 # The script puts the OSD into the CRUSH map itself: an OSD that does it at start sends monitor
 # commands before it knows the cluster's fsid on a slow machine (a VM under emulation), gets
 # 'wrong fsid', and exits.
@@ -118,5 +128,6 @@ case $cmd in
   stop) stop ;;
   osd-stop) kill -STOP "$(pid_of osd.0)" ;;
   osd-cont) kill -CONT "$(pid_of osd.0)" ;;
-  *) echo "usage: $0 start|stop|osd-stop|osd-cont [DIR]" >&2; exit 2 ;;
+  ops) timeout 20 ceph -c "$conf" daemon osd.0 dump_ops_in_flight ;;
+  *) echo "usage: $0 start|stop|osd-stop|osd-cont|ops [DIR]" >&2; exit 2 ;;
 esac

@@ -2,6 +2,11 @@
 //! OSD is stopped (SIGSTOP) for 10 s and continued. The I/O waits, resumes, and every write
 //! the host was told is done reads back (0 mismatches). A test binary of its own: stopping the
 //! OSD stalls every client of the cluster, so nothing else may run meanwhile.
+//!
+//! The test cluster's PGs have a 60 s read lease (scripts/ceph-cluster.sh): Ceph 16 leaves a
+//! PG of a replica-less OSD that outlived its 16 s default lease waiting "for readable" for
+//! good, and a 10 s stop on a busy machine did that (a write parked in the OSD, never
+//! answered: the OSD's own bug, shown by the ops dump this test prints when it fails).
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -21,6 +26,29 @@ fn cluster(cmd: &str, conf: &std::path::Path) {
         .status()
         .expect("scripts/ceph-cluster.sh");
     assert!(st.success(), "ceph-cluster.sh {cmd}");
+}
+
+/// What the OSD's operations in flight wait for (each op's description and flag point): where
+/// a write that never completed is, if the cluster holds it.
+fn osd_ops(conf: &std::path::Path) -> String {
+    let dir = conf
+        .parent()
+        .expect("ceph.conf lives in the cluster's directory");
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/ceph-cluster.sh");
+    match Command::new("bash")
+        .arg(script)
+        .arg("ops")
+        .arg(dir)
+        .output()
+    {
+        Ok(o) => String::from_utf8_lossy(&o.stdout)
+            .lines()
+            .filter(|l| l.contains("\"description\"") || l.contains("\"flag_point\""))
+            .map(str::trim)
+            .collect::<Vec<_>>()
+            .join("\n"),
+        Err(e) => format!("scripts/ceph-cluster.sh ops: {e}"),
+    }
 }
 
 /// Continues the OSD if the test ends early, so the cluster is usable afterwards.
@@ -68,7 +96,12 @@ fn an_osd_stopped_for_10_s_mid_io_loses_no_acknowledged_write() {
     let out = bench.wait_with_output().unwrap();
     let text = nvmf_tests::describe(&out, &t.log_text());
     assert!(stalled >= Duration::from_secs(10));
-    assert!(out.status.success(), "{text}");
+    if !out.status.success() {
+        panic!(
+            "{text}\n--- the OSD's operations in flight\n{}",
+            osd_ops(&conf)
+        );
+    }
     assert!(text.contains(" 0 mismatches"), "{text}");
     // The stall shows in the latencies: some write waited for the OSD for seconds.
     let max_ms = text
