@@ -1065,7 +1065,11 @@ impl Ring {
         self.rbd_inflight += issued;
         self.rbd_slots += 1;
         self.stats.sqes += u64::from(issued);
-        self.arm(Helper::Rbd)
+        // The operation is librbd's now: it finishes through `on_rbd_wake` only (failing the
+        // slot here would free its buffer while librbd still reads or fills it). Without the
+        // poll, `reap` takes the results itself.
+        self.arm_or_reap(Helper::Rbd);
+        Ok(())
     }
 
     /// librbd reported results: finish the slots whose last operation came back, and poll
@@ -1170,7 +1174,22 @@ impl Ring {
         slot.kind = SlotKind::Discard;
         slot.pending = 1;
         self.discards += 1;
-        self.arm(Helper::Discard)
+        // The helper has the job: it finishes through `on_discard_wake` only (see above).
+        self.arm_or_reap(Helper::Discard);
+        Ok(())
+    }
+
+    /// [`Ring::arm`] after a helper took an operation: a failure (no room in the submission
+    /// queue and the kernel refusing the enter that would make some) is logged, and `reap`
+    /// then takes the helper's results without the poll.
+    fn arm_or_reap(&mut self, helper: Helper) {
+        if let Err(errno) = self.arm(helper) {
+            tracing::warn!(
+                errno,
+                ?helper,
+                "cannot poll the helper's eventfd; reaping its results without it"
+            );
+        }
     }
 
     /// Puts a POLL_ADD on `helper`'s eventfd into the ring, unless one is there (or the helper
@@ -1729,6 +1748,13 @@ impl Ring {
             let _ = self.poll_once();
         }
         self.drain_cq();
+        // A helper whose poll could not be armed: take its results here.
+        if self.rbd_inflight > 0 && !self.rbd_armed {
+            self.on_rbd_wake();
+        }
+        if self.discards > 0 && !self.discard_armed {
+            self.on_discard_wake();
+        }
         let mut n = 0;
         while let Some(s) = self.ready.pop_front() {
             let slot = &mut self.slots[s as usize];
