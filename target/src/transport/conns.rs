@@ -128,9 +128,10 @@ pub(crate) trait Conns {
     fn remove_all(&mut self, cx: &mut Cx<'_>);
     /// Connections held.
     fn live(&self) -> usize;
-    /// Whether epoll must be asked every busy pass: this transport's descriptors stay ready
-    /// until drained (level-triggered sockets), so a readiness watch alone would miss them.
-    fn level_triggered(&self) -> bool {
+    /// Whether this half left a descriptor ready that no new signal will report (a socket it
+    /// stopped reading before it was empty): the next busy pass must ask epoll, which reports
+    /// it again (level-triggered), while the readiness watch only sees new signals.
+    fn left_ready(&self) -> bool {
         false
     }
     /// Whether a sleep of the poller now waits on something other than sockets (RDMA

@@ -77,51 +77,37 @@ where
     Ok(PollerHandle { thread })
 }
 
-/// Where a busy-polling poller stands with its [`ReadyWatch`] (a pass without progress moves it
-/// one step down, any progress back to `Polling`).
+/// What a pass does about readiness before its work: one decision per pass from what the
+/// [`ReadyWatch`] saw, with this invariant: every signal before the watch's last re-arm was
+/// followed by an `epoll_wait` (the re-arm is always followed by one in the same pass), and
+/// whatever that pass left ready without a new signal (a socket it stopped reading before it
+/// was empty, more events than one wait returns) is reported by the transports. A busy pass
+/// whose watch saw nothing and that nothing was left over makes no system call. While passes
+/// keep finding events (a stream of commands) a signal is left unconsumed and epoll is asked
+/// as it is: re-arming each of those passes would add a system call per pass.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Spin {
-    /// Every pass calls `epoll_wait` (level-triggered: a socket not drained is reported again).
-    Polling,
-    /// A pass found nothing and the watch was re-armed; one more `epoll_wait` catches what
-    /// became ready before the re-arm.
-    Confirm,
-    /// That `epoll_wait` found nothing either: passes call `epoll_wait` only when the watch
-    /// fired, so an idle spin makes no system call.
-    Quiet,
+enum Check {
+    /// Nothing new: skip `epoll_wait`.
+    Skip,
+    /// Ask epoll (blocking, no watch, a stream of events, or something left ready).
+    Wait,
+    /// The watch fired: consume its signal first (re-arm), then ask epoll, so a signal after
+    /// the re-arm shows in the watch and one before it in this `epoll_wait`.
+    RearmThenWait,
 }
 
-/// What one pass saw, for [`Spin::next`].
-#[derive(Debug, Clone, Copy)]
-struct Pass {
-    /// Anything was done (events, completions, buffers, responses).
-    progress: bool,
-    /// The poller was busy (it did not block).
-    busy: bool,
-    /// The poller has a readiness watch.
-    watched: bool,
-    /// The watch saw the epoll descriptor signalled since its last re-arm (read at the end of
-    /// the pass).
-    fired: bool,
-    /// Descriptors `epoll_wait` reported ready (0 when the pass skipped it).
-    ready: usize,
-    /// The pass skipped `epoll_wait`.
-    skipped: bool,
-}
-
-impl Spin {
-    /// The state for the next pass. Moving to `Confirm` means: re-arm the watch first.
-    fn next(self, p: Pass) -> Spin {
-        match self {
-            _ if p.progress || !p.busy || !p.watched => Spin::Polling,
-            // Nothing signalled since the last re-arm and this pass found nothing (its
-            // epoll_wait, if it made one, reported nothing still ready): no re-arm needed.
-            Spin::Polling if !p.fired => Spin::Quiet,
-            Spin::Polling => Spin::Confirm,
-            Spin::Confirm if p.ready == 0 => Spin::Quiet,
-            Spin::Confirm => Spin::Polling,
-            Spin::Quiet if p.skipped => Spin::Quiet,
-            Spin::Quiet => Spin::Polling,
+impl Check {
+    /// `fired`: the watch's state (`None`: no watch); `left_ready`: a descriptor the last
+    /// pass left ready that no new signal will report; `streaming`: the last pass's
+    /// `epoll_wait` reported something.
+    fn of(busy: bool, fired: Option<bool>, left_ready: bool, streaming: bool) -> Check {
+        match fired {
+            _ if !busy => Check::Wait,
+            None => Check::Wait,
+            Some(true) if streaming => Check::Wait,
+            Some(true) => Check::RearmThenWait,
+            Some(false) if left_ready => Check::Wait,
+            Some(false) => Check::Skip,
         }
     }
 }
@@ -276,7 +262,10 @@ impl Poller {
         // CQ poll and this read): deciding whether to block uses the previous pass's time, a
         // few microseconds old, against the policy's spin window.
         let mut now = Instant::now();
-        let mut spin = Spin::Polling;
+        // The last epoll_wait filled `events` (more may be ready than it returned); the last
+        // pass's epoll_wait reported something.
+        let mut more_events = false;
+        let mut streaming = false;
         let mut policy = SpinPolicy::new(self.cfg.poll, self.cfg.wake_latency);
         // How long to spin after the last work; whether the last pass did anything (an idle
         // gap ends at the next pass that does); whether the poller blocked in this gap.
@@ -329,17 +318,16 @@ impl Poller {
                     .clamp(1, 1000) as u16;
                 EpollTimeout::from(ms)
             };
-            // Busy and quiet: skip the epoll_wait unless the watch saw a descriptor signalled.
-            // Without sockets nothing needs epoll's level-triggered report again, so a pass
-            // also skips it while `Polling` if the watch saw nothing (nothing was consumed
-            // since the last re-arm); `Confirm` always asks epoll. RDMA completion queues are
-            // polled below either way.
-            let quiet = match spin {
-                Spin::Quiet => true,
-                Spin::Polling => !each!(self).any(|c| c.level_triggered()),
-                Spin::Confirm => false,
-            };
-            let skip = busy && quiet && self.watch.as_mut().is_some_and(|w| !w.fired());
+            let left_ready = more_events || each!(self).any(|c| c.left_ready());
+            let fired = self.watch.as_mut().map(|w| w.fired());
+            let check = Check::of(busy, fired, left_ready, streaming);
+            if check == Check::RearmThenWait {
+                if let Some(Err(e)) = self.watch.as_mut().map(|w| w.rearm()) {
+                    warn!(error = %e, "readiness watch failed; polling with epoll_wait");
+                    self.watch = None;
+                }
+            }
+            let skip = check == Check::Skip;
             // Only a pass that may block reads the clock before its wait (to count the sleep).
             let wait_from = (!busy).then(Instant::now);
             let n = if skip {
@@ -357,6 +345,8 @@ impl Poller {
                     }
                 }
             };
+            more_events = n == events.len();
+            streaming = n > 0;
             let t = Instant::now();
             // The time since the last pass's clock read was that pass's (working if it did
             // anything, spinning if not), up to this pass's sleep.
@@ -414,28 +404,6 @@ impl Poller {
             if self.live() != live {
                 self.publish(now);
             }
-            // The watch's state for the next pass (see `Spin`).
-            let pass = Pass {
-                progress,
-                busy,
-                watched: self.watch.is_some(),
-                fired: self.watch.as_mut().is_some_and(|w| w.fired()),
-                ready: n,
-                skipped: skip,
-            };
-            spin = match spin.next(pass) {
-                Spin::Confirm if spin != Spin::Confirm => {
-                    match self.watch.as_mut().map(|w| w.rearm()) {
-                        Some(Err(e)) => {
-                            warn!(error = %e, "readiness watch failed; polling with epoll_wait");
-                            self.watch = None;
-                            Spin::Polling
-                        }
-                        _ => Spin::Confirm,
-                    }
-                }
-                next => next,
-            };
             if progress {
                 if !worked || slept {
                     // An idle gap ended (after empty passes, or in this pass's sleep): the
@@ -585,70 +553,28 @@ impl Poller {
 mod tests {
     use super::*;
 
-    const IDLE: Pass = Pass {
-        progress: false,
-        busy: true,
-        watched: true,
-        fired: false,
-        ready: 0,
-        skipped: false,
-    };
-
     #[test]
-    fn spin_goes_quiet_only_when_nothing_is_unconfirmed() {
-        // Work, or blocking, or no watch: back to polling with epoll_wait every pass.
-        for s in [Spin::Polling, Spin::Confirm, Spin::Quiet] {
+    fn a_busy_pass_asks_epoll_only_after_a_signal_or_what_it_left_ready() {
+        let both = [false, true];
+        for (left, streaming) in both.iter().flat_map(|&l| both.map(|s| (l, s))) {
+            // Blocking, or no watch: always epoll_wait.
+            for fired in [None, Some(false), Some(true)] {
+                assert_eq!(Check::of(false, fired, left, streaming), Check::Wait);
+            }
+            assert_eq!(Check::of(true, None, left, streaming), Check::Wait);
+            // A signal after passes that found nothing: consume it, then ask epoll.
             assert_eq!(
-                s.next(Pass {
-                    progress: true,
-                    ..IDLE
-                }),
-                Spin::Polling
+                Check::of(true, Some(true), left, false),
+                Check::RearmThenWait
             );
-            assert_eq!(
-                s.next(Pass {
-                    busy: false,
-                    ..IDLE
-                }),
-                Spin::Polling
-            );
-            assert_eq!(
-                s.next(Pass {
-                    watched: false,
-                    ..IDLE
-                }),
-                Spin::Polling
-            );
+            // A signal while events keep coming: ask epoll, leave the signal (no re-arm).
+            assert_eq!(Check::of(true, Some(true), left, true), Check::Wait);
         }
-        // An empty pass with a signal since the last re-arm: re-arm, then confirm with one
-        // more epoll_wait before trusting the watch.
-        assert_eq!(
-            Spin::Polling.next(Pass {
-                fired: true,
-                ..IDLE
-            }),
-            Spin::Confirm
-        );
-        assert_eq!(Spin::Confirm.next(IDLE), Spin::Quiet);
-        assert_eq!(Spin::Confirm.next(Pass { ready: 1, ..IDLE }), Spin::Polling);
-        // No signal since the last re-arm and nothing found: nothing was consumed, quiet at
-        // once (no re-arm, no confirming system call).
-        assert_eq!(Spin::Polling.next(IDLE), Spin::Quiet);
-        // Quiet stays quiet while passes skip epoll_wait; a pass that called it (the watch
-        // fired) polls again.
-        assert_eq!(
-            Spin::Quiet.next(Pass {
-                skipped: true,
-                ..IDLE
-            }),
-            Spin::Quiet
-        );
-        assert_eq!(
-            Spin::Quiet.next(Pass {
-                fired: true,
-                ..IDLE
-            }),
-            Spin::Polling
-        );
+        // No signal since the last re-arm: epoll only for what the last pass left ready, else
+        // no system call (also right after a pass that found events).
+        for streaming in both {
+            assert_eq!(Check::of(true, Some(false), true, streaming), Check::Wait);
+            assert_eq!(Check::of(true, Some(false), false, streaming), Check::Skip);
+        }
     }
 }

@@ -24,6 +24,8 @@ pub(crate) struct TcpConns {
     free_keys: Vec<u32>,
     /// Connections in `conns`.
     live: usize,
+    /// Connections that stopped reading before their socket was empty ([`Conn::left_ready`]).
+    left_ready: usize,
     wants: Wants,
     closed_totals: ConnStats,
 }
@@ -38,6 +40,7 @@ impl TcpConns {
             out_armed: Vec::new(),
             free_keys: Vec::new(),
             live: 0,
+            left_ready: 0,
             wants: Wants::default(),
             closed_totals: ConnStats::default(),
         }
@@ -81,6 +84,7 @@ impl TcpConns {
 
     fn remove(&mut self, k: usize, cx: &mut Cx<'_>) {
         if let Some(c) = self.conns[k].take() {
+            self.left_ready -= usize::from(c.left_ready());
             let _ = cx.epoll.delete(c.wire());
             self.closed_totals.add(&c.stats_now());
             self.free_keys.push(k as u32);
@@ -104,7 +108,9 @@ impl Conns for TcpConns {
                 | EpollFlags::EPOLLHUP
                 | EpollFlags::EPOLLRDHUP,
         ) {
+            let before = c.left_ready();
             c.on_readable(cx.store, cx.now, &mut self.wants);
+            self.left_ready = self.left_ready + usize::from(c.left_ready()) - usize::from(before);
             self.take_wants(key, cx);
         }
         true
@@ -180,8 +186,8 @@ impl Conns for TcpConns {
         false
     }
 
-    fn level_triggered(&self) -> bool {
-        self.live() > 0
+    fn left_ready(&self) -> bool {
+        self.left_ready > 0
     }
 
     fn close_all(&mut self, reason: &str, cx: &mut Cx<'_>) {

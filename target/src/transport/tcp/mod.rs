@@ -177,6 +177,8 @@ pub struct Conn<W: Wire = NetWire> {
     pub conn_key: u32,
     /// Scratch list of the markers one flush passed (kept to avoid allocating per flush).
     released: Vec<u32>,
+    /// The last [`Conn::on_readable`] stopped before the socket was empty (its read budget).
+    left_ready: bool,
 }
 
 /// What a connection asks its poller to do after an event.
@@ -257,6 +259,7 @@ impl<W: Wire> Conn<W> {
             stats: ConnStats::default(),
             conn_key: 0,
             released: Vec::with_capacity(n),
+            left_ready: false,
         }
     }
 
@@ -288,11 +291,20 @@ impl<W: Wire> Conn<W> {
         self.stats.with_queue(&self.queue.stats())
     }
 
-    /// Read and process everything the socket has. Returns true if anything was read.
+    /// Whether the last [`Conn::on_readable`] left bytes in the socket: it stopped at its read
+    /// budget, not at a read that found the socket empty (the poller must ask epoll again;
+    /// no new readiness signal comes for bytes already there).
+    pub fn left_ready(&self) -> bool {
+        self.left_ready
+    }
+
+    /// Read and process everything the socket has, up to a budget of reads (see
+    /// [`Conn::left_ready`]). Returns true if anything was read.
     pub fn on_readable(&mut self, store: &mut dyn Store, now: Instant, w: &mut Wants) -> bool {
         let mut progress = false;
         let mut reads = 0;
         let mut drained = false;
+        let mut budget_spent = false;
         while self.phase != Phase::Closing {
             // 1. Bytes already staged.
             if self.st_start < self.st_end {
@@ -306,8 +318,10 @@ impl<W: Wire> Conn<W> {
             self.st_start = 0;
             self.st_end = 0;
             // Fairness: after a few socket reads let the other connections of this poller run
-            // (nothing is staged now; level-triggered epoll reports the socket again).
+            // (nothing is staged now; the poller asks the level-triggered epoll again).
             if reads == READ_BUDGET || drained {
+                // The budget ran out before a read found the socket empty: bytes may wait.
+                budget_spent = !drained;
                 break;
             }
             reads += 1;
@@ -343,8 +357,8 @@ impl<W: Wire> Conn<W> {
                     if n < STAGE {
                         // A short read emptied the socket: process what came and stop here
                         // rather than pay for a read that returns EAGAIN (one system call per
-                        // command at QD1). Bytes arriving meanwhile keep the socket readable,
-                        // and the level-triggered epoll reports it on the next pass.
+                        // command at QD1). Bytes arriving after that read signal the socket
+                        // anew (the poller's readiness watch sees it).
                         drained = true;
                     }
                 }
@@ -356,6 +370,7 @@ impl<W: Wire> Conn<W> {
                 }
             }
         }
+        self.left_ready = budget_spent && self.phase != Phase::Closing;
         progress
     }
 
