@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 use crate::model::{
     default_dhchap_dhgroups, default_dhchap_hashes, default_serial, AnaState, Backing, C2hSuccess,
     Config, DhGroup, Gateway, HashId, Host, Key, Listener, Metrics, Namespace, Polling, PskKey,
-    RbdImage, Subsystem, TargetSettings, TlsMode, Transport, Uuid, DEFAULT_CEPH_CONF,
+    RbdImage, Subsystem, TargetSettings, TcpReceive, TlsMode, Transport, Uuid, DEFAULT_CEPH_CONF,
     DEFAULT_LEASE_SECS, DEFAULT_MODEL, DEFAULT_PORT, MAX_ANA_GROUP,
 };
 use crate::size::Size;
@@ -70,6 +70,7 @@ const TARGET_KEYS: &[&str] = &[
     "iopoll",
     "rdma_srq_depth",
     "c2h_success",
+    "tcp_receive",
 ];
 const METRICS_KEYS: &[&str] = &["listen"];
 const GATEWAY_KEYS: &[&str] = &[
@@ -761,6 +762,26 @@ impl Decoder<'_> {
                         n.at,
                         p,
                         format!("unknown c2h_success mode `{other}` (expected spec or always)"),
+                    );
+                    None
+                }
+            }),
+            tcp_receive: optional(r, &m, "tcp_receive", d.tcp_receive, |r, n, p| match string(
+                r, n, p,
+            )?
+            .as_str()
+            {
+                "auto" => Some(TcpReceive::Auto),
+                "io_uring" => Some(TcpReceive::IoUring),
+                "epoll" => Some(TcpReceive::Epoll),
+                other => {
+                    r.error_at(
+                        n.at,
+                        p,
+                        format!(
+                            "unknown tcp_receive mode `{other}` (expected auto, io_uring or \
+                                 epoll)"
+                        ),
                     );
                     None
                 }

@@ -560,6 +560,35 @@ pub struct TargetSettings {
     /// does by default: one PDU fewer per read for hosts that keep SQ flow control on; the
     /// Linux and SPDK hosts accept it).
     pub c2h_success: C2hSuccess,
+    /// `tcp_receive`: how pollers receive from NVMe/TCP sockets: `auto` (the default:
+    /// `io_uring` where the kernel has it, else `epoll`), `io_uring` (a multishot receive per
+    /// socket into provided buffers: no `epoll_wait` and no `recv` per receive; Linux 6.1+) or
+    /// `epoll` (readiness, then a `recv` per ready socket). TLS connections are read through
+    /// epoll either way.
+    pub tcp_receive: TcpReceive,
+}
+
+/// How pollers receive from NVMe/TCP sockets (`target.tcp_receive`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TcpReceive {
+    /// io_uring where the kernel has it, else epoll.
+    #[default]
+    Auto,
+    /// io_uring multishot receives (start-up fails without kernel support).
+    IoUring,
+    /// Readiness through epoll, then a `recv` per socket.
+    Epoll,
+}
+
+impl fmt::Display for TcpReceive {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            TcpReceive::Auto => "auto",
+            TcpReceive::IoUring => "io_uring",
+            TcpReceive::Epoll => "epoll",
+        })
+    }
 }
 
 /// When a C2HData PDU may complete its command (`target.c2h_success`).
@@ -631,6 +660,7 @@ impl Default for TargetSettings {
             iopoll: false,
             rdma_srq_depth: 0,
             c2h_success: C2hSuccess::Spec,
+            tcp_receive: TcpReceive::Auto,
         }
     }
 }

@@ -471,6 +471,7 @@ fn semantic_rules() {
         case(format!("{L}target: {{ rdma_srq_depth: 65537 }}\n"), "t.yaml:3:27: target.rdma_srq_depth:", "out of range (0 for a receive queue per queue pair, or 32 to 65536"),
         case(format!("{L}target: {{ polling: spin }}\n"), "t.yaml:3:20: target.polling:", "unknown polling mode `spin` (expected adaptive, busy or interrupt)"),
         case(format!("{L}target: {{ c2h_success: never }}\n"), "t.yaml:3:24: target.c2h_success:", "unknown c2h_success mode `never` (expected spec or always)"),
+        case(format!("{L}target: {{ tcp_receive: poll }}\n"), "t.yaml:3:24: target.tcp_receive:", "unknown tcp_receive mode `poll` (expected auto, io_uring or epoll)"),
         // Metrics.
         case(format!("{L}metrics: {{ listen: '127.0.0.1:0' }}\n"), "t.yaml:3:20: metrics.listen:", "port 0 is not allowed"),
         case(

@@ -169,6 +169,11 @@ fn target() -> impl Strategy<Value = TargetSettings> {
                     } else {
                         nvmf_config::C2hSuccess::Spec
                     },
+                    tcp_receive: match rdma_srq_depth % 3 {
+                        0 => nvmf_config::TcpReceive::Auto,
+                        1 => nvmf_config::TcpReceive::IoUring,
+                        _ => nvmf_config::TcpReceive::Epoll,
+                    },
                 }
             },
         )

@@ -443,6 +443,7 @@ impl Daemon {
                 caps: caps.clone(),
                 poll,
                 wake_latency,
+                tcp_receive: t.tcp_receive,
                 stop: stop.clone(),
                 rdma: None,
             };

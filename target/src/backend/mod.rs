@@ -9,12 +9,15 @@
 //! - [`Ring`]: one io_uring per poller thread (SINGLE_ISSUER | DEFER_TASKRUN where the kernel
 //!   has it) with the devices as fixed files and the pool as fixed buffers. No locks and no
 //!   heap allocation per operation.
+//! - [`RecvRing`]: a poller's stream sockets received through io_uring (multishot receives
+//!   into provided buffers), so receiving costs no `epoll_wait` and no `recv` per socket.
 //! - [`ReadyWatch`]: a multishot poll on a poller's epoll descriptor in a small private ring, so
 //!   a busy-polling poller checks for socket activity with a memory load, not `epoll_wait`.
 
 mod device;
 mod discard;
 mod pool;
+mod recv;
 mod ring;
 mod sys;
 mod watch;
@@ -24,6 +27,7 @@ pub use device::{
     Devices, FileSpec, RbdSpec, Signal, EBLOCKLISTED, MAX_BLOCK_SIZE, MIN_BLOCK_SIZE,
 };
 pub use pool::{BufId, BufPool, PoolError, BUF_ALIGN, MAX_BUFFERS, MAX_BUFFER_SIZE};
+pub use recv::{Received, RecvRing};
 pub use ring::{Ring, RingConfig, RingError, RingMode, RingStats, SubmitError};
 pub use watch::ReadyWatch;
 

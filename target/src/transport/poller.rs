@@ -24,6 +24,7 @@ use super::adaptive::{PollMode, SpinPolicy};
 use super::conns::{Conns, Cx, PollerHandle, PollerStats, ToPoller, RDMA_KEY};
 use super::rdma::conns::{RdmaConns, RdmaSetup};
 use super::tcp::TcpConns;
+use super::tcp::RECV_RING_KEY;
 use super::thread::PollerThread;
 use super::{Kind, ReqRef, Store};
 use crate::backend::ReadyWatch;
@@ -50,6 +51,8 @@ pub struct PollerConfig {
     pub poll: PollMode,
     /// The wake-up latency measured at start ([`super::adaptive::measure_wake_latency`]).
     pub wake_latency: Duration,
+    /// How NVMe/TCP sockets are received (`target.tcp_receive`).
+    pub tcp_receive: config::TcpReceive,
     pub stop: Arc<AtomicBool>,
     /// Set when the target has RDMA listeners.
     pub(crate) rdma: Option<RdmaSetup>,
@@ -185,6 +188,7 @@ impl Poller {
         wake: Arc<EventFd>,
         stats: Arc<PollerStats>,
     ) -> std::io::Result<Self> {
+        TcpConns::check_receive(cfg.tcp_receive).map_err(std::io::Error::other)?;
         let epoll = Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC)?;
         epoll.add(&*wake, EpollEvent::new(EpollFlags::EPOLLIN, WAKE_KEY))?;
         let watch = match ReadyWatch::new(epoll.0.as_fd()) {
@@ -207,7 +211,7 @@ impl Poller {
         });
         Ok(Poller {
             rdma,
-            tcp: TcpConns::new(cfg.id, target, cfg.caps.clone()),
+            tcp: TcpConns::new(cfg.id, target, cfg.caps.clone(), cfg.tcp_receive),
             store,
             cfg,
             rx,
@@ -368,6 +372,8 @@ impl Poller {
                 let key = ev.data();
                 if key == RBD_KEY {
                     // The ring takes librbd's results (and resets the eventfd) in the reap below.
+                } else if key == RECV_RING_KEY {
+                    // Receive work is due: the TCP half's `poll` below reaps its ring.
                 } else if key == WAKE_KEY {
                     let _ = self.wake.read();
                     self.drain_messages(now);

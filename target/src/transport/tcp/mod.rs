@@ -30,7 +30,7 @@ pub mod sendq;
 pub mod tls;
 pub mod wire;
 
-pub(crate) use self::conns::TcpConns;
+pub(crate) use self::conns::{TcpConns, RECV_RING_KEY};
 use self::sendq::SendQueue;
 use self::tls::{Accepted, NetWire};
 use self::wire::Wire;
@@ -424,12 +424,77 @@ impl<W: Wire> Conn<W> {
         now: Instant,
         w: &mut Wants,
     ) -> Result<(), TcpError> {
-        let start = self.st_start;
-        let (used, fed) = self.rx.feed(&self.stage[start..self.st_end])?;
+        // The stage is lent out for the call (an empty box in its place: no allocation).
+        let stage = std::mem::take(&mut self.stage);
+        let r = self.process_bytes(&stage[self.st_start..self.st_end], store, now, w);
+        self.stage = stage;
+        self.st_start += r?;
+        Ok(())
+    }
+
+    /// Bytes a receive ring delivered (see [`super::conns::TcpConns`]): processed as a read
+    /// into the stage would be. Returns true if anything was processed.
+    pub fn on_received(
+        &mut self,
+        bytes: &[u8],
+        store: &mut dyn Store,
+        now: Instant,
+        w: &mut Wants,
+    ) -> bool {
+        self.stats.rx_bytes += bytes.len() as u64;
+        let mut at = 0;
+        while at < bytes.len() && self.phase != Phase::Closing {
+            match self.process_bytes(&bytes[at..], store, now, w) {
+                Ok(used) => at += used,
+                Err(e) => {
+                    self.fatal(store, e, now);
+                    break;
+                }
+            }
+        }
+        at > 0
+    }
+
+    /// After [`Conn::on_received`]: the rest of a large payload read from the socket straight
+    /// into its destination, as long as the socket has it (the caller has taken every receive
+    /// completion of this socket, so these are the bytes that follow them). True if any.
+    pub fn read_direct_now(&mut self, store: &mut dyn Store, now: Instant, w: &mut Wants) -> bool {
+        let mut progress = false;
+        while self.phase != Phase::Closing {
+            let Need::Data(n) = self.rx.need() else { break };
+            let direct = matches!(self.dst, DataDst::Slot { .. } | DataDst::Spill { .. });
+            if !direct || n < DIRECT_READ_MIN {
+                break;
+            }
+            match self.read_direct(store, n, now, w) {
+                Ok(Some(got)) => {
+                    progress = true;
+                    if got < n {
+                        break;
+                    }
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    self.io_error(store, e);
+                    break;
+                }
+            }
+        }
+        progress
+    }
+
+    /// Feeds `src` to the deframer once and acts on what completes: the bytes used.
+    fn process_bytes(
+        &mut self,
+        src: &[u8],
+        store: &mut dyn Store,
+        now: Instant,
+        w: &mut Wants,
+    ) -> Result<usize, TcpError> {
+        let (used, fed) = self.rx.feed(src)?;
         match fed {
-            None => self.st_start += used,
+            None => {}
             Some(Fed::Header(pdu)) => {
-                self.st_start += used;
                 self.data_progress = 0;
                 self.on_header(pdu, store, now, w)?;
             }
@@ -439,7 +504,7 @@ impl<W: Wire> Conn<W> {
                 done,
             }) => {
                 let len = bytes.len();
-                let src = &self.stage[start..start + len];
+                let src = &src[..len];
                 match self.dst {
                     DataDst::Slot { slot, base } => {
                         let b = self.slots[slot as usize]
@@ -457,17 +522,15 @@ impl<W: Wire> Conn<W> {
                     DataDst::None | DataDst::Discard { .. } => {}
                 }
                 self.data_progress = offset + len as u32;
-                self.st_start += used;
                 if let Some(res) = done {
                     self.data_done(store, res.is_ok(), now, w);
                 }
             }
             Some(Fed::DataDone(res)) => {
-                self.st_start += used;
                 self.data_done(store, res.is_ok(), now, w);
             }
         }
-        Ok(())
+        Ok(used)
     }
 
     fn on_header(
@@ -1083,6 +1146,11 @@ impl<W: Wire> Conn<W> {
         }
         self.stats.errors += 1;
         self.close(store, e.reason);
+    }
+
+    /// The socket's receive failed (the poller's receive ring reported `e`).
+    pub fn receive_failed(&mut self, store: &mut dyn Store, e: io::Error) {
+        self.io_error(store, e);
     }
 
     fn io_error(&mut self, store: &mut dyn Store, e: io::Error) {

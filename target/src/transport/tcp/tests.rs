@@ -23,6 +23,9 @@ use crate::core::{Target, TrType};
 use crate::transport::mem::{MemStore, MemWire};
 use crate::transport::Kind;
 
+/// Buffers of the rig's receive ring: completions one reap hands over at most.
+const RIG_RING_BUFFERS: usize = 64;
+
 /// Namespace 1 of the core tests' target: 4 KiB blocks.
 const BLK: u32 = 4096;
 
@@ -53,6 +56,9 @@ struct Rig {
     _admin: Host,
     _target: Arc<Target>,
     cntlid: u16,
+    /// Receive as the poller's io_uring ring does, in pieces of at most this many bytes
+    /// (None: read the stream as after an epoll report).
+    ring: Option<usize>,
 }
 
 impl Rig {
@@ -87,6 +93,7 @@ impl Rig {
             _admin: admin,
             _target: target,
             cntlid,
+            ring: None,
         }
     }
 
@@ -157,11 +164,41 @@ impl Rig {
         self.conn.wire_mut().deliver(&bytes);
     }
 
+    /// What one reap of the poller's receive ring hands the connection: the stream in
+    /// completions of at most `piece` bytes, as many as [`RIG_RING_BUFFERS`] buffers hold (the
+    /// stream's end when it is closed and empty), then what the connection reads straight
+    /// into a buffer from what is left. True when anything moved.
+    fn receive(&mut self, piece: usize, w: &mut Wants) -> bool {
+        let mut moved = false;
+        for _ in 0..RIG_RING_BUFFERS {
+            if self.conn.is_closing() {
+                return moved;
+            }
+            let wire = self.conn.wire_mut();
+            let n = piece.min(wire.inbound.len());
+            if n == 0 {
+                if wire.peer_closed {
+                    self.conn
+                        .close(&mut self.store, "host closed the connection");
+                    return true;
+                }
+                break;
+            }
+            let bytes: Vec<u8> = wire.inbound.drain(..n).collect();
+            self.conn.on_received(&bytes, &mut self.store, self.now, w);
+            moved = true;
+        }
+        moved | self.conn.read_direct_now(&mut self.store, self.now, w)
+    }
+
     /// One poller pass: read, serve waiting slots, reap the backend, flush, tick.
     /// True when anything moved.
     fn pass(&mut self) -> bool {
         let mut w = Wants::default();
-        let mut moved = self.conn.on_readable(&mut self.store, self.now, &mut w);
+        let mut moved = match self.ring {
+            Some(piece) => self.receive(piece, &mut w),
+            None => self.conn.on_readable(&mut self.store, self.now, &mut w),
+        };
         self.need_buf.extend(w.need_buffer.drain(..));
         moved |= self.serve_buffers();
         let mut done = Vec::new();
@@ -411,6 +448,37 @@ fn data_still_on_the_stream_is_read_straight_into_the_buffer() {
     r.run();
     assert!(r.cqe().status().is_success());
     assert_eq!(r.conn.stats.copied_bytes, copied, "no copy in user space");
+    assert!(r.idle());
+}
+
+#[test]
+fn data_received_through_the_ring_is_read_straight_into_the_buffer_after_it() {
+    let mut r = Rig::connected(2, false);
+    r.ring = Some(16 * 1024);
+    let bytes = Pdu::CapsuleCmd {
+        sqe: write_in_capsule(1, 0, 2),
+        data_len: 8192,
+    }
+    .encode(&r.tx, &[0x44; 8192]);
+    let copied = r.conn.stats.copied_bytes;
+    // A ring buffer holds the header and the first 100 bytes of data: those are copied, the
+    // rest is read from the socket into the slot's buffer.
+    r.conn.wire_mut().deliver(&bytes[..172]);
+    let mut w = Wants::default();
+    r.conn
+        .on_received(&bytes[..172], &mut r.store, r.now, &mut w);
+    r.conn.wire_mut().inbound.clear();
+    r.need_buf.extend(w.need_buffer.drain(..));
+    r.serve_buffers();
+    r.conn.wire_mut().deliver(&bytes[172..]);
+    r.conn.read_direct_now(&mut r.store, r.now, &mut w);
+    r.run();
+    assert!(r.cqe().status().is_success());
+    assert_eq!(
+        r.conn.stats.copied_bytes,
+        copied + 100,
+        "only what the ring buffer held"
+    );
     assert!(r.idle());
 }
 
@@ -919,8 +987,11 @@ impl RandomHost {
     }
 }
 
-fn run_interleaving(bufs: usize, ops: &[Op], steps: &[Step]) {
+/// `ring`: the connection is received as through the poller's io_uring ring, in pieces of at
+/// most this many bytes (a buffer of the ring), from the first step on.
+fn run_interleaving(bufs: usize, ops: &[Op], steps: &[Step], ring: Option<usize>) {
     let mut r = Rig::connected(bufs, false);
+    r.ring = ring;
     let mut h = RandomHost {
         stream: VecDeque::new(),
         owed: BTreeMap::new(),
@@ -962,7 +1033,14 @@ fn run_interleaving(bufs: usize, ops: &[Op], steps: &[Step]) {
                 r.conn.wire_mut().deliver(&bytes);
             }
             Step::Read => {
-                r.conn.on_readable(&mut r.store, r.now, &mut w);
+                match ring {
+                    Some(piece) => {
+                        r.receive(piece, &mut w);
+                    }
+                    None => {
+                        r.conn.on_readable(&mut r.store, r.now, &mut w);
+                    }
+                }
                 r.need_buf.extend(w.need_buffer.drain(..));
             }
             Step::Reap => {
@@ -1002,7 +1080,7 @@ fn run_interleaving(bufs: usize, ops: &[Op], steps: &[Step]) {
     // Then everything the host has goes through, the socket has room, the backend heals.
     r.store.fail = None;
     r.conn.wire_mut().send_room = usize::MAX;
-    for _ in 0..1000 {
+    for _ in 0..100_000 {
         let bytes: Vec<u8> = h.stream.drain(..).collect();
         r.conn.wire_mut().deliver(&bytes);
         let moved = r.pass();
@@ -1051,7 +1129,20 @@ proptest! {
         ops in proptest::collection::vec(op(), 1..40),
         steps in proptest::collection::vec(step(), 0..120),
     ) {
-        run_interleaving(bufs, &ops, &steps);
+        run_interleaving(bufs, &ops, &steps, None);
+    }
+
+    /// The same, received as the poller's io_uring ring delivers a socket: in pieces of any
+    /// size (PDU headers and data split anywhere), a large payload's rest read straight into
+    /// its buffer after them.
+    #[test]
+    fn random_interleavings_received_in_pieces_never_leak_a_slot_or_a_buffer(
+        bufs in 1usize..5,
+        ops in proptest::collection::vec(op(), 1..40),
+        steps in proptest::collection::vec(step(), 0..120),
+        piece in prop_oneof![1usize..16, 16usize..200, 200usize..20_000],
+    ) {
+        run_interleaving(bufs, &ops, &steps, Some(piece));
     }
 }
 
@@ -1086,5 +1177,8 @@ fn an_interleaving_with_every_kind_of_step() {
         Reap,
         Flush(40_000),
     ];
-    run_interleaving(1, &ops, &steps);
+    run_interleaving(1, &ops, &steps, None);
+    for piece in [1, 7, 72, 4096, 16 * 1024] {
+        run_interleaving(1, &ops, &steps, Some(piece));
+    }
 }
