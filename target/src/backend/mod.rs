@@ -33,3 +33,12 @@ pub use watch::ReadyWatch;
 
 #[cfg(test)]
 mod tests;
+
+/// A connected loopback TCP pair (client, server) for the socket rings' tests.
+#[cfg(test)]
+pub(crate) fn tcp_pair() -> (std::net::TcpStream, std::net::TcpStream) {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let c = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+    let (s, _) = l.accept().unwrap();
+    (c, s)
+}

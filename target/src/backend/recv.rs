@@ -26,8 +26,6 @@ use super::sys;
 const GROUP: u16 = 0;
 /// `user_data` of cancel requests (their completions carry nothing).
 const CANCEL_UD: u64 = u64::MAX;
-/// `IORING_ENTER_GETEVENTS`.
-const ENTER_GETEVENTS: u32 = 1;
 
 /// One receive completion: `tag` as given to [`RecvRing::recv`]; `res` the bytes received into
 /// buffer `buf` (see [`RecvRing::buf`]), 0 when the peer closed, or a negative errno (`-ENOBUFS`:
@@ -211,25 +209,8 @@ impl RecvRing {
     }
 
     fn enter(&mut self) -> io::Result<()> {
-        loop {
-            let to_submit = self.ring.submission().len() as u32;
-            // SAFETY: no argument pointer (null with the size of a sigset, as io-uring's own
-            // wrappers do); GETEVENTS with min_complete 0 runs the deferred work and submits.
-            let r = unsafe {
-                self.ring
-                    .submitter()
-                    .enter::<libc::sigset_t>(to_submit, 0, ENTER_GETEVENTS, None)
-            };
-            match r {
-                Ok(_) => return Ok(()),
-                Err(e) if e.raw_os_error() == Some(libc::EINTR) => {}
-                // A completion backlog: the caller's reap drains it.
-                Err(e) if matches!(e.raw_os_error(), Some(libc::EBUSY) | Some(libc::EAGAIN)) => {
-                    return Ok(())
-                }
-                Err(e) => return Err(e),
-            }
-        }
+        // A completion backlog (`Ok(false)`) is drained by the caller's reap.
+        sys::enter_nowait(&mut self.ring).map(drop)
     }
 
     /// Runs the receive work that is due (one `io_uring_enter`, which also submits what is
@@ -344,16 +325,8 @@ impl Drop for RecvRing {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::tcp_pair as pair;
     use std::io::{Read, Write};
-    use std::net::{TcpListener, TcpStream};
-
-    fn pair() -> (TcpStream, TcpStream) {
-        let l = TcpListener::bind("127.0.0.1:0").unwrap();
-        let c = TcpStream::connect(l.local_addr().unwrap()).unwrap();
-        let (s, _) = l.accept().unwrap();
-        s.set_nonblocking(true).unwrap();
-        (c, s)
-    }
 
     fn ring(count: u16, size: u32) -> Option<RecvRing> {
         match RecvRing::new(count, size) {

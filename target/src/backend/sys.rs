@@ -236,3 +236,29 @@ pub(crate) fn eventfd_signal(fd: BorrowedFd<'_>) {
     // SAFETY: writes 8 bytes from a live local u64.
     let _ = unsafe { libc::write(fd.as_raw_fd(), (&v as *const u64).cast(), 8) };
 }
+
+/// One `io_uring_enter` on a poller's small private ring: submits what is queued and runs its
+/// deferred completion work (GETEVENTS with min_complete 0: never waits), retrying EINTR.
+/// `Ok(false)`: the kernel holds a completion backlog (EBUSY/EAGAIN); drain the completion
+/// queue before entering again.
+pub(crate) fn enter_nowait(ring: &mut io_uring::IoUring) -> io::Result<bool> {
+    /// `IORING_ENTER_GETEVENTS`.
+    const ENTER_GETEVENTS: u32 = 1;
+    loop {
+        let to_submit = ring.submission().len() as u32;
+        // SAFETY: no argument pointer is passed (null with the size of a sigset, as io-uring's
+        // own wrappers do).
+        let r = unsafe {
+            ring.submitter()
+                .enter::<libc::sigset_t>(to_submit, 0, ENTER_GETEVENTS, None)
+        };
+        match r {
+            Ok(_) => return Ok(true),
+            Err(e) if e.raw_os_error() == Some(libc::EINTR) => {}
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EBUSY) | Some(libc::EAGAIN)) => {
+                return Ok(false)
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}

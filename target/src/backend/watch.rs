@@ -21,10 +21,10 @@ use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
 
 use io_uring::{cqueue, opcode, types, IoUring};
 
+use super::sys;
+
 /// `user_data` of the poll request.
 const POLL_UD: u64 = 1;
-/// `IORING_ENTER_GETEVENTS`.
-const ENTER_GETEVENTS: u32 = 1;
 
 /// A multishot poll for readability on one descriptor, checked without a system call.
 pub struct ReadyWatch {
@@ -86,21 +86,9 @@ impl ReadyWatch {
             self.armed = true;
         }
         loop {
-            let to_submit = self.ring.submission().len() as u32;
-            // SAFETY: no argument pointer is passed (null with the size of a sigset, as
-            // io-uring's own wrappers do); GETEVENTS with min_complete 0 only runs the deferred
-            // completion work and submits what is queued.
-            let r = unsafe {
-                self.ring
-                    .submitter()
-                    .enter::<libc::sigset_t>(to_submit, 0, ENTER_GETEVENTS, None)
-            };
-            match r {
-                Ok(_) => break,
-                Err(e) if e.raw_os_error() == Some(libc::EINTR) => {}
-                Err(e) if matches!(e.raw_os_error(), Some(libc::EBUSY) | Some(libc::EAGAIN)) => {
-                    self.drain();
-                }
+            match sys::enter_nowait(&mut self.ring) {
+                Ok(true) => break,
+                Ok(false) => self.drain(),
                 Err(e) => {
                     self.armed = false;
                     return Err(e);
@@ -125,18 +113,11 @@ impl ReadyWatch {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::tcp_pair as pair;
     use std::io::{Read, Write};
-    use std::net::{TcpListener, TcpStream};
     use std::os::fd::AsFd;
 
     use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags, EpollTimeout};
-
-    fn pair() -> (TcpStream, TcpStream) {
-        let l = TcpListener::bind("127.0.0.1:0").unwrap();
-        let c = TcpStream::connect(l.local_addr().unwrap()).unwrap();
-        let (s, _) = l.accept().unwrap();
-        (c, s)
-    }
 
     #[test]
     fn fires_when_a_watched_socket_becomes_readable_and_only_then() {
