@@ -14,33 +14,30 @@ use std::time::{Duration, Instant};
 use nvmf_tests::ceph::{self, TestImage};
 use nvmf_tests::TargetProc;
 
-fn cluster(cmd: &str, conf: &std::path::Path) {
+/// `scripts/ceph-cluster.sh CMD DIR` for the cluster of `conf`.
+fn script(cmd: &str, conf: &std::path::Path) -> Command {
     let dir = conf
         .parent()
         .expect("ceph.conf lives in the cluster's directory");
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/ceph-cluster.sh");
-    let st = Command::new("bash")
-        .arg(script)
-        .arg(cmd)
-        .arg(dir)
-        .status()
-        .expect("scripts/ceph-cluster.sh");
+    let mut c = Command::new("bash");
+    c.arg(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../scripts/ceph-cluster.sh"
+    ))
+    .arg(cmd)
+    .arg(dir);
+    c
+}
+
+fn cluster(cmd: &str, conf: &std::path::Path) {
+    let st = script(cmd, conf).status().expect("scripts/ceph-cluster.sh");
     assert!(st.success(), "ceph-cluster.sh {cmd}");
 }
 
 /// What the OSD's operations in flight wait for (each op's description and flag point): where
 /// a write that never completed is, if the cluster holds it.
 fn osd_ops(conf: &std::path::Path) -> String {
-    let dir = conf
-        .parent()
-        .expect("ceph.conf lives in the cluster's directory");
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/ceph-cluster.sh");
-    match Command::new("bash")
-        .arg(script)
-        .arg("ops")
-        .arg(dir)
-        .output()
-    {
+    match script("ops", conf).output() {
         Ok(o) => String::from_utf8_lossy(&o.stdout)
             .lines()
             .filter(|l| l.contains("\"description\"") || l.contains("\"flag_point\""))

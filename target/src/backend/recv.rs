@@ -100,12 +100,7 @@ impl RecvRing {
         if !count.is_power_of_two() || count > 32768 || size == 0 {
             return Err(io::Error::from(io::ErrorKind::InvalidInput));
         }
-        let ring = IoUring::builder()
-            .setup_single_issuer()
-            .setup_defer_taskrun()
-            .setup_taskrun_flag()
-            .setup_cqsize(u32::from(count) * 2)
-            .build(64)?;
+        let ring = sys::private_ring(64, u32::from(count) * 2)?;
         let efd = sys::eventfd()?;
         ring.submitter().register_eventfd(efd.as_raw_fd())?;
         let entries_len =

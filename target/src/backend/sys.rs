@@ -237,6 +237,18 @@ pub(crate) fn eventfd_signal(fd: BorrowedFd<'_>) {
     let _ = unsafe { libc::write(fd.as_raw_fd(), (&v as *const u64).cast(), 8) };
 }
 
+/// A poller's small private ring (the readiness watch, the receive ring): `SINGLE_ISSUER |
+/// DEFER_TASKRUN | TASKRUN_FLAG`, so its work runs only inside the owning thread's enter and
+/// shows in the shared `IORING_SQ_TASKRUN` flag. Fails before Linux 6.1.
+pub(crate) fn private_ring(entries: u32, cq_entries: u32) -> io::Result<io_uring::IoUring> {
+    io_uring::IoUring::builder()
+        .setup_single_issuer()
+        .setup_defer_taskrun()
+        .setup_taskrun_flag()
+        .setup_cqsize(cq_entries)
+        .build(entries)
+}
+
 /// One `io_uring_enter` on a poller's small private ring: submits what is queued and runs its
 /// deferred completion work (GETEVENTS with min_complete 0: never waits), retrying EINTR.
 /// `Ok(false)`: the kernel holds a completion backlog (EBUSY/EAGAIN); drain the completion

@@ -49,12 +49,7 @@ impl ReadyWatch {
     /// kernel lacks DEFER_TASKRUN or TASKRUN_FLAG (before 6.1): the caller then polls with
     /// system calls as before.
     pub fn new(fd: BorrowedFd<'_>) -> io::Result<ReadyWatch> {
-        let ring = IoUring::builder()
-            .setup_single_issuer()
-            .setup_defer_taskrun()
-            .setup_taskrun_flag()
-            .setup_cqsize(16)
-            .build(4)?;
+        let ring = sys::private_ring(4, 16)?;
         let mut w = ReadyWatch {
             ring,
             fd: fd.as_raw_fd(),

@@ -326,21 +326,18 @@ impl<W: Wire> Conn<W> {
             }
             reads += 1;
             // 2. Large data outstanding: read it straight into the slot buffer.
-            if let Need::Data(n) = self.rx.need() {
-                let direct = matches!(self.dst, DataDst::Slot { .. } | DataDst::Spill { .. });
-                if direct && n >= DIRECT_READ_MIN {
-                    match self.read_direct(store, n, now, w) {
-                        Ok(Some(got)) => {
-                            progress = true;
-                            // Short: the socket is empty for now (as above).
-                            drained = got < n;
-                            continue;
-                        }
-                        Ok(None) => break,
-                        Err(e) => {
-                            self.io_error(store, e);
-                            break;
-                        }
+            if let Some(n) = self.direct_need() {
+                match self.read_direct(store, n, now, w) {
+                    Ok(Some(got)) => {
+                        progress = true;
+                        // Short: the socket is empty for now (as above).
+                        drained = got < n;
+                        continue;
+                    }
+                    Ok(None) => break,
+                    Err(e) => {
+                        self.io_error(store, e);
+                        break;
                     }
                 }
             }
@@ -461,11 +458,7 @@ impl<W: Wire> Conn<W> {
     pub fn read_direct_now(&mut self, store: &mut dyn Store, now: Instant, w: &mut Wants) -> bool {
         let mut progress = false;
         while self.phase != Phase::Closing {
-            let Need::Data(n) = self.rx.need() else { break };
-            let direct = matches!(self.dst, DataDst::Slot { .. } | DataDst::Spill { .. });
-            if !direct || n < DIRECT_READ_MIN {
-                break;
-            }
+            let Some(n) = self.direct_need() else { break };
             match self.read_direct(store, n, now, w) {
                 Ok(Some(got)) => {
                     progress = true;
@@ -481,6 +474,16 @@ impl<W: Wire> Conn<W> {
             }
         }
         progress
+    }
+
+    /// The bytes of PDU data still outstanding when they are enough to read straight into
+    /// their destination (a slot's buffer or spill memory), rather than through the stage.
+    fn direct_need(&self) -> Option<usize> {
+        let Need::Data(n) = self.rx.need() else {
+            return None;
+        };
+        let direct = matches!(self.dst, DataDst::Slot { .. } | DataDst::Spill { .. });
+        (direct && n >= DIRECT_READ_MIN).then_some(n)
     }
 
     /// Feeds `src` to the deframer once and acts on what completes: the bytes used.
