@@ -15,8 +15,8 @@ use std::collections::BTreeMap;
 use crate::model::{
     default_dhchap_dhgroups, default_dhchap_hashes, default_serial, AnaState, Backing, C2hSuccess,
     Config, DhGroup, Gateway, HashId, Host, Key, Listener, Metrics, Namespace, Polling, PskKey,
-    RbdImage, Subsystem, TargetSettings, TcpReceive, TlsMode, Transport, Uuid, DEFAULT_CEPH_CONF,
-    DEFAULT_LEASE_SECS, DEFAULT_MODEL, DEFAULT_PORT, MAX_ANA_GROUP,
+    RbdImage, Subsystem, TargetSettings, TcpReceive, TcpSend, TlsMode, Transport, Uuid,
+    DEFAULT_CEPH_CONF, DEFAULT_LEASE_SECS, DEFAULT_MODEL, DEFAULT_PORT, MAX_ANA_GROUP,
 };
 use crate::size::Size;
 use crate::yaml::{Kind, Location, Node};
@@ -71,6 +71,7 @@ const TARGET_KEYS: &[&str] = &[
     "rdma_srq_depth",
     "c2h_success",
     "tcp_receive",
+    "tcp_send",
 ];
 const METRICS_KEYS: &[&str] = &["listen"];
 const GATEWAY_KEYS: &[&str] = &[
@@ -784,6 +785,24 @@ impl Decoder<'_> {
                         ),
                     );
                     None
+                }
+            }),
+            tcp_send: optional(r, &m, "tcp_send", d.tcp_send, |r, n, p| {
+                match string(r, n, p)?.as_str() {
+                    "auto" => Some(TcpSend::Auto),
+                    "io_uring" => Some(TcpSend::IoUring),
+                    "sendmsg" => Some(TcpSend::Sendmsg),
+                    other => {
+                        r.error_at(
+                            n.at,
+                            p,
+                            format!(
+                                "unknown tcp_send mode `{other}` (expected auto, io_uring or \
+                                 sendmsg)"
+                            ),
+                        );
+                        None
+                    }
                 }
             }),
         }

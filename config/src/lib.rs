@@ -59,8 +59,8 @@ pub use error::{ConfigError, Diagnostic, Location, Severity};
 pub use model::{
     default_dhchap_dhgroups, default_dhchap_hashes, default_serial, AnaState, Backing, C2hSuccess,
     Config, DhGroup, Gateway, HashId, Host, InvalidUuid, Key, Listener, Metrics, Namespace,
-    Polling, PskKey, RbdImage, Subsystem, TargetSettings, TcpReceive, TlsMode, Transport, Uuid,
-    DEFAULT_BLOCK_SIZE, DEFAULT_CEPH_CONF, DEFAULT_LEASE_SECS, DEFAULT_MODEL, DEFAULT_PORT,
+    Polling, PskKey, RbdImage, Subsystem, TargetSettings, TcpReceive, TcpSend, TlsMode, Transport,
+    Uuid, DEFAULT_BLOCK_SIZE, DEFAULT_CEPH_CONF, DEFAULT_LEASE_SECS, DEFAULT_MODEL, DEFAULT_PORT,
     MAX_ANA_GROUP,
 };
 pub use nqn::{check_name_text, validate_nqn, InvalidNqn, DISCOVERY_NQN, NQN_MAX_BYTES};

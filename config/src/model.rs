@@ -566,6 +566,34 @@ pub struct TargetSettings {
     /// `epoll` (readiness, then a `recv` per ready socket). TLS connections are read through
     /// epoll either way.
     pub tcp_receive: TcpReceive,
+    /// `tcp_send`: how pollers send on plain NVMe/TCP sockets received through io_uring:
+    /// `auto` (the default: through the receive ring when two or more connections of a poller
+    /// have output in the same pass, one `io_uring_enter` for all of them; else `sendmsg`),
+    /// `io_uring` (through the ring always) or `sendmsg` (a `sendmsg` per connection).
+    pub tcp_send: TcpSend,
+}
+
+/// How pollers send on NVMe/TCP sockets (`target.tcp_send`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TcpSend {
+    /// Through the receive ring when several connections have output in a pass.
+    #[default]
+    Auto,
+    /// Through the receive ring whenever a connection has output.
+    IoUring,
+    /// A `sendmsg` per connection with output.
+    Sendmsg,
+}
+
+impl fmt::Display for TcpSend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            TcpSend::Auto => "auto",
+            TcpSend::IoUring => "io_uring",
+            TcpSend::Sendmsg => "sendmsg",
+        })
+    }
 }
 
 /// How pollers receive from NVMe/TCP sockets (`target.tcp_receive`).
@@ -661,6 +689,7 @@ impl Default for TargetSettings {
             rdma_srq_depth: 0,
             c2h_success: C2hSuccess::Spec,
             tcp_receive: TcpReceive::Auto,
+            tcp_send: TcpSend::Auto,
         }
     }
 }

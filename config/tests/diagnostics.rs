@@ -472,6 +472,7 @@ fn semantic_rules() {
         case(format!("{L}target: {{ polling: spin }}\n"), "t.yaml:3:20: target.polling:", "unknown polling mode `spin` (expected adaptive, busy or interrupt)"),
         case(format!("{L}target: {{ c2h_success: never }}\n"), "t.yaml:3:24: target.c2h_success:", "unknown c2h_success mode `never` (expected spec or always)"),
         case(format!("{L}target: {{ tcp_receive: poll }}\n"), "t.yaml:3:24: target.tcp_receive:", "unknown tcp_receive mode `poll` (expected auto, io_uring or epoll)"),
+        case(format!("{L}target: {{ tcp_send: send }}\n"), "t.yaml:3:21: target.tcp_send:", "unknown tcp_send mode `send` (expected auto, io_uring or sendmsg)"),
         // Metrics.
         case(format!("{L}metrics: {{ listen: '127.0.0.1:0' }}\n"), "t.yaml:3:20: metrics.listen:", "port 0 is not allowed"),
         case(

@@ -259,7 +259,7 @@ subsystems:
     namespaces:
       - {{ nsid: 4294967294, null: 1536, block_size: 512, read_only: true }}
       - {{ nsid: 9, path: {}/existing.img, block_size: 512 }}
-target: {{ threads: 1024, in_capsule_data: 16, max_queue_depth: 2, max_io_size: 4MiB, keep_alive_ms_min: 100, idle_poll_us: 0, polling: busy, c2h_success: always, tcp_receive: io_uring }}
+target: {{ threads: 1024, in_capsule_data: 16, max_queue_depth: 2, max_io_size: 4MiB, keep_alive_ms_min: 100, idle_poll_us: 0, polling: busy, c2h_success: always, tcp_receive: io_uring, tcp_send: sendmsg }}
 metrics: {{ listen: '[::1]:9940' }}
 ",
         dir.str()
@@ -269,6 +269,7 @@ metrics: {{ listen: '[::1]:9940' }}
     assert_eq!(c.target.polling, nvmf_config::Polling::Busy);
     assert_eq!(c.target.c2h_success, nvmf_config::C2hSuccess::Always);
     assert_eq!(c.target.tcp_receive, nvmf_config::TcpReceive::IoUring);
+    assert_eq!(c.target.tcp_send, nvmf_config::TcpSend::Sendmsg);
     assert_round_trip(&c);
 }
 

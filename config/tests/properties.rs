@@ -174,6 +174,11 @@ fn target() -> impl Strategy<Value = TargetSettings> {
                         1 => nvmf_config::TcpReceive::IoUring,
                         _ => nvmf_config::TcpReceive::Epoll,
                     },
+                    tcp_send: match rdma_srq_depth % 5 {
+                        0 => nvmf_config::TcpSend::Auto,
+                        1 | 2 => nvmf_config::TcpSend::IoUring,
+                        _ => nvmf_config::TcpSend::Sendmsg,
+                    },
                 }
             },
         )

@@ -444,6 +444,7 @@ impl Daemon {
                 poll,
                 wake_latency,
                 tcp_receive: t.tcp_receive,
+                tcp_send: t.tcp_send,
                 stop: stop.clone(),
                 rdma: None,
             };

@@ -9,16 +9,17 @@
 //! - [`Ring`]: one io_uring per poller thread (SINGLE_ISSUER | DEFER_TASKRUN where the kernel
 //!   has it) with the devices as fixed files and the pool as fixed buffers. No locks and no
 //!   heap allocation per operation.
-//! - [`RecvRing`]: a poller's stream sockets received through io_uring (multishot receives
-//!   into provided buffers), so receiving costs no `epoll_wait` and no `recv` per socket.
+//! - [`SocketRing`]: a poller's stream sockets received through io_uring (multishot receives
+//!   into provided buffers), so receiving costs no `epoll_wait` and no `recv` per socket; the
+//!   sends of several sockets go out in one `io_uring_enter`.
 //! - [`ReadyWatch`]: a multishot poll on a poller's epoll descriptor in a small private ring, so
 //!   a busy-polling poller checks for socket activity with a memory load, not `epoll_wait`.
 
 mod device;
 mod discard;
 mod pool;
-mod recv;
 mod ring;
+mod sockring;
 mod sys;
 mod watch;
 
@@ -27,8 +28,8 @@ pub use device::{
     Devices, FileSpec, RbdSpec, Signal, EBLOCKLISTED, MAX_BLOCK_SIZE, MIN_BLOCK_SIZE,
 };
 pub use pool::{BufId, BufPool, PoolError, BUF_ALIGN, MAX_BUFFERS, MAX_BUFFER_SIZE};
-pub use recv::{Received, RecvRing};
 pub use ring::{Ring, RingConfig, RingError, RingMode, RingStats, SubmitError};
+pub use sockring::{Received, SocketRing, SEND_TAG};
 pub use watch::ReadyWatch;
 
 #[cfg(test)]

@@ -53,6 +53,8 @@ pub struct PollerConfig {
     pub wake_latency: Duration,
     /// How NVMe/TCP sockets are received (`target.tcp_receive`).
     pub tcp_receive: config::TcpReceive,
+    /// How NVMe/TCP output is sent (`target.tcp_send`).
+    pub tcp_send: config::TcpSend,
     pub stop: Arc<AtomicBool>,
     /// Set when the target has RDMA listeners.
     pub(crate) rdma: Option<RdmaSetup>,
@@ -211,7 +213,13 @@ impl Poller {
         });
         Ok(Poller {
             rdma,
-            tcp: TcpConns::new(cfg.id, target, cfg.caps.clone(), cfg.tcp_receive),
+            tcp: TcpConns::new(
+                cfg.id,
+                target,
+                cfg.caps.clone(),
+                cfg.tcp_receive,
+                cfg.tcp_send,
+            ),
             store,
             cfg,
             rx,

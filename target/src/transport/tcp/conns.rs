@@ -1,9 +1,11 @@
 //! The NVMe/TCP half of a poller: its sockets (registered in the poller's epoll under their
 //! connection key) and their [`Conn`]s. A plain socket is received through the poller's
-//! [`RecvRing`] where the kernel has it (`target.tcp_receive`): a multishot receive per socket,
+//! [`SocketRing`] where the kernel has it (`target.tcp_receive`): a multishot receive per socket,
 //! whose completions [`TcpConns::poll`] hands to the connections (epoll then only reports that
 //! a socket can take more output); TLS sockets, and every socket without the ring, are read
-//! when epoll reports them readable.
+//! when epoll reports them readable. When several ring-received connections have output in the
+//! same pass, their sends go out through the ring too, in one `io_uring_enter`
+//! (`target.tcp_send`).
 
 use std::os::fd::{AsFd, AsRawFd};
 use std::sync::atomic::Ordering;
@@ -14,7 +16,7 @@ use tracing::{debug, info, warn};
 
 use super::tls::{Accepted, NetWire};
 use super::{Conn, Wants, SLOT_STATES};
-use crate::backend::{Received, RecvRing};
+use crate::backend::{Received, SocketRing, SEND_TAG};
 use crate::core::{Target, TransportCaps, Waker};
 use crate::transport::conns::{Conns, Cx, PollerStats};
 use crate::transport::{ConnStats, ReqRef};
@@ -35,14 +37,55 @@ enum Rx {
     Ring,
 }
 
+/// Iovecs of one send through the ring.
+const SEND_IOV: usize = 64;
+
+/// The message header and iovecs of a connection's send through the ring, kept (boxed: at a
+/// fixed address) from the `io_uring_enter` that submits it until its completion.
+struct SendMsg {
+    msg: libc::msghdr,
+    iov: [libc::iovec; SEND_IOV],
+}
+
+// SAFETY: the raw pointers point into the poller's own buffers and into the box itself; a
+// SendMsg is only used by the thread that owns its TcpConns.
+unsafe impl Send for SendMsg {}
+
+impl SendMsg {
+    fn new() -> Box<SendMsg> {
+        // SAFETY: msghdr and iovec are plain data; all-zero is a valid empty header and iovec.
+        Box::new(unsafe { std::mem::zeroed() })
+    }
+}
+
+/// One connection key of the poller.
+struct Key {
+    conn: Option<Conn>,
+    /// Whether EPOLLOUT is armed.
+    out_armed: bool,
+    /// How its socket is received, and its generation (a receive's tag carries it, so a
+    /// completion of a closed connection never reaches the one that reuses its key).
+    rx: Rx,
+    generation: u32,
+    /// For sends through the ring (made at the key's first one).
+    send: Option<Box<SendMsg>>,
+    /// Set by a send through the ring in this pass: whether the queue drained.
+    sent: Option<bool>,
+}
+
+impl Key {
+    /// Its tag as key `k` (see [`TcpConns::tag`]).
+    fn tag(&self, k: usize) -> u64 {
+        u64::from(self.generation & 0x7fff_ffff) << 32 | k as u64
+    }
+}
+
 /// A poller's NVMe/TCP connections.
 pub(crate) struct TcpConns {
     poller: usize,
     target: Arc<Target>,
     caps: TransportCaps,
-    conns: Vec<Option<Conn>>,
-    /// Whether EPOLLOUT is armed, per connection.
-    out_armed: Vec<bool>,
+    keys: Vec<Key>,
     free_keys: Vec<u32>,
     /// Connections in `conns`.
     live: usize,
@@ -51,15 +94,15 @@ pub(crate) struct TcpConns {
     /// `target.tcp_receive`, and the ring once the first connection needs it (None: not
     /// made yet, not wanted, or the kernel lacks it; `ring_failed` says which).
     receive: config::TcpReceive,
-    ring: Option<RecvRing>,
+    ring: Option<SocketRing>,
     ring_failed: bool,
-    /// Per key: how its socket is received, and its generation (a receive's tag carries it,
-    /// so a completion of a closed connection never reaches the one that reuses its key).
-    rx: Vec<Rx>,
-    generation: Vec<u32>,
+    /// `target.tcp_send`: sends go through the ring in a pass where at least this many
+    /// ring-received connections have output (`usize::MAX`: never).
+    ring_send_min: usize,
     /// Ring receives that ended (buffers ran out) and must be started again, by key.
     restart: Vec<u32>,
-    /// Scratch lists: the ring's completions, and the keys they reached.
+    /// The ring's receive completions not handled yet (reaped with sends, or by `poll`), and
+    /// the keys they reached.
     received: Vec<Received>,
     touched: Vec<u32>,
     wants: Wants,
@@ -72,21 +115,24 @@ impl TcpConns {
         target: Arc<Target>,
         caps: TransportCaps,
         receive: config::TcpReceive,
+        send: config::TcpSend,
     ) -> TcpConns {
         TcpConns {
             poller,
             target,
             caps,
-            conns: Vec::new(),
-            out_armed: Vec::new(),
+            keys: Vec::new(),
             free_keys: Vec::new(),
             live: 0,
             left_ready: 0,
             receive,
             ring: None,
             ring_failed: false,
-            rx: Vec::new(),
-            generation: Vec::new(),
+            ring_send_min: match send {
+                config::TcpSend::Auto => 2,
+                config::TcpSend::IoUring => 1,
+                config::TcpSend::Sendmsg => usize::MAX,
+            },
             restart: Vec::new(),
             received: Vec::with_capacity(usize::from(RECV_BUFS) * 2),
             touched: Vec::new(),
@@ -105,7 +151,7 @@ impl TcpConns {
         if self.ring_failed || self.receive == config::TcpReceive::Epoll {
             return false;
         }
-        let made = RecvRing::new(RECV_BUFS, RECV_BUF_SIZE).and_then(|r| {
+        let made = SocketRing::new(RECV_BUFS, RECV_BUF_SIZE).and_then(|r| {
             // Disarmed until the poller is about to sleep (`prepare_sleep`): armed while it
             // spins, every receive would signal epoll and with it the readiness watch.
             let ev = EpollEvent::new(EpollFlags::EPOLLONESHOT, RECV_RING_KEY);
@@ -136,20 +182,26 @@ impl TcpConns {
         if receive != config::TcpReceive::IoUring {
             return Ok(());
         }
-        RecvRing::new(2, 4096).map(drop).map_err(|e| {
+        SocketRing::new(2, 4096).map(drop).map_err(|e| {
             format!("target.tcp_receive: io_uring needs Linux 6.1 or later (io_uring: {e})")
         })
     }
 
+    /// Tag of key `k`'s receive and sends: its generation (31 bits: the top one is
+    /// [`SEND_TAG`]) and the key.
     fn tag(&self, k: usize) -> u64 {
-        u64::from(self.generation[k]) << 32 | k as u64
+        self.keys[k].tag(k)
+    }
+
+    fn conn(&mut self, k: usize) -> Option<&mut Conn> {
+        self.keys.get_mut(k).and_then(|e| e.conn.as_mut())
     }
 
     /// Starts the ring's receive on connection `k`'s socket (submitted at once: from now on
     /// its bytes arrive through the ring).
     fn start_receive(&mut self, k: usize) -> std::io::Result<()> {
         let tag = self.tag(k);
-        let (Some(ring), Some(c)) = (self.ring.as_mut(), self.conns[k].as_ref()) else {
+        let (Some(ring), Some(c)) = (self.ring.as_mut(), self.keys[k].conn.as_ref()) else {
             return Err(std::io::Error::other("no ring or connection"));
         };
         ring.recv(c.wire().as_fd().as_raw_fd(), tag)?;
@@ -168,16 +220,20 @@ impl TcpConns {
         let k = match self.free_keys.pop() {
             Some(k) => k as usize,
             None => {
-                self.conns.push(None);
-                self.out_armed.push(false);
-                self.rx.push(Rx::Epoll);
-                self.generation.push(0);
-                self.conns.len() - 1
+                self.keys.push(Key {
+                    conn: None,
+                    out_armed: false,
+                    rx: Rx::Epoll,
+                    generation: 0,
+                    send: None,
+                    sent: None,
+                });
+                self.keys.len() - 1
             }
         };
-        self.generation[k] = self.generation[k].wrapping_add(1);
+        self.keys[k].generation = self.keys[k].generation.wrapping_add(1);
         let ring = matches!(conn.wire(), NetWire::Plain(_)) && self.ensure_ring(cx);
-        self.rx[k] = if ring { Rx::Ring } else { Rx::Epoll };
+        self.keys[k].rx = if ring { Rx::Ring } else { Rx::Epoll };
         let ev = EpollEvent::new(self.interest(k, false), k as u64);
         if let Err(e) = cx.epoll.add(conn.wire(), ev) {
             warn!(error = %e, "epoll add failed");
@@ -186,13 +242,13 @@ impl TcpConns {
         }
         debug!(poller = self.poller, peer = %conn.peer, ring, "new NVMe/TCP connection");
         conn.conn_key = k as u32;
-        self.out_armed[k] = false;
-        self.conns[k] = Some(conn);
+        self.keys[k].out_armed = false;
+        self.keys[k].conn = Some(conn);
         self.live += 1;
         if ring {
             if let Err(e) = self.start_receive(k) {
                 warn!(error = %e, "cannot receive through io_uring; reading after epoll");
-                self.rx[k] = Rx::Epoll;
+                self.keys[k].rx = Rx::Epoll;
                 self.modify(k, false, cx);
             }
         }
@@ -201,7 +257,7 @@ impl TcpConns {
     /// What epoll watches on connection `k`'s socket: input too unless the ring receives it
     /// (then edge-triggered, so a hang-up is reported once: the ring reports it as well).
     fn interest(&self, k: usize, output: bool) -> EpollFlags {
-        let mut f = match self.rx[k] {
+        let mut f = match self.keys[k].rx {
             Rx::Epoll => EpollFlags::EPOLLIN | EpollFlags::EPOLLRDHUP,
             Rx::Ring => EpollFlags::EPOLLET,
         };
@@ -213,7 +269,7 @@ impl TcpConns {
 
     fn modify(&mut self, k: usize, output: bool, cx: &mut Cx<'_>) {
         let mut ev = EpollEvent::new(self.interest(k, output), k as u64);
-        if let Some(c) = self.conns[k].as_ref() {
+        if let Some(c) = self.keys[k].conn.as_ref() {
             let _ = cx.epoll.modify(c.wire(), &mut ev);
         }
     }
@@ -222,14 +278,12 @@ impl TcpConns {
     /// the ring at once), its end of stream, or the end of its receive.
     fn on_received(&mut self, r: Received, cx: &mut Cx<'_>) {
         let k = (r.tag & u64::from(u32::MAX)) as usize;
-        let current = k < self.conns.len()
-            && self.rx[k] == Rx::Ring
-            && r.tag >> 32 == u64::from(self.generation[k]);
+        let current = k < self.keys.len() && self.keys[k].rx == Rx::Ring && r.tag == self.tag(k);
         let Some(ring) = self.ring.as_mut() else {
             return;
         };
-        let c = match self.conns.get_mut(k) {
-            Some(Some(c)) if current => c,
+        let c = match self.keys.get_mut(k).and_then(|e| e.conn.as_mut()) {
+            Some(c) if current => c,
             _ => {
                 // A closed connection's last completions.
                 if let Some(b) = r.buf {
@@ -275,9 +329,110 @@ impl TcpConns {
         }
     }
 
+    /// Whether connection `k` sends through the ring if this pass does.
+    fn ring_sender(&self, k: usize) -> bool {
+        let e = &self.keys[k];
+        e.rx == Rx::Ring
+            && e.conn
+                .as_ref()
+                .is_some_and(|c| c.has_output() && !c.is_closing())
+    }
+
+    /// Sends the output of every ring-received connection through the ring in one
+    /// `io_uring_enter`, when at least `ring_send_min` of them have output; each one's result
+    /// goes to its key's `sent` for `flush`. Receive completions reaped on the way wait in
+    /// `received` for the next `poll`.
+    fn send_through_ring(&mut self, cx: &mut Cx<'_>) {
+        if self.ring.is_none() || self.ring_send_min == usize::MAX {
+            return;
+        }
+        let mut senders = 0;
+        for k in 0..self.keys.len() {
+            senders += usize::from(self.ring_sender(k));
+            if senders >= self.ring_send_min {
+                break;
+            }
+        }
+        if senders < self.ring_send_min {
+            return;
+        }
+        let mut queued = 0;
+        for k in 0..self.keys.len() {
+            if !self.ring_sender(k) {
+                continue;
+            }
+            let tag = self.tag(k);
+            let (Some(ring), e) = (self.ring.as_mut(), &mut self.keys[k]) else {
+                return;
+            };
+            let Some(c) = e.conn.as_mut() else { continue };
+            let m = e.send.get_or_insert_with(SendMsg::new);
+            let n = c.send_gather(&mut m.iov, cx.store, cx.now);
+            if n == 0 {
+                continue;
+            }
+            m.msg.msg_iov = m.iov.as_mut_ptr();
+            m.msg.msg_iovlen = n as _;
+            let fd = c.wire().as_fd().as_raw_fd();
+            // SAFETY: the header and iovecs live in the key's box, which stays until the
+            // TcpConns is dropped; the bytes they point at stay queued in the connection, which
+            // is not touched before `send_done` below (and its buffers are released only
+            // through `send_done`); `wait_sends` returns only once every send has completed.
+            match unsafe { ring.send(fd, &m.msg, tag) } {
+                Ok(()) => queued += 1,
+                Err(e) => {
+                    // Not queued: `flush` sends it with `sendmsg`.
+                    warn!(error = %e, "cannot queue a send on the ring");
+                }
+            }
+        }
+        if queued == 0 {
+            return;
+        }
+        let Some(ring) = self.ring.as_mut() else {
+            return;
+        };
+        let mut got = std::mem::take(&mut self.received);
+        if let Err(e) = ring.wait_sends(&mut got) {
+            // The ring cannot be entered: its sends may not have gone out. Stop sending through
+            // it, and close the connections it sent for (their sockets are shut down: a send
+            // the ring would still submit later sends nothing).
+            warn!(error = %e, "send ring: io_uring_enter failed; sending with sendmsg");
+            self.ring_send_min = usize::MAX;
+            for k in 0..self.keys.len() {
+                if self.ring_sender(k) && self.keys[k].send.is_some() {
+                    if let Some(c) = self.keys[k].conn.as_mut() {
+                        c.close(cx.store, "send ring failed");
+                    }
+                }
+            }
+        }
+        // Send completions are handled now; receive completions stay, in order, for `poll`.
+        let keys = &mut self.keys;
+        got.retain(|r| {
+            if r.tag & SEND_TAG == 0 {
+                return true;
+            }
+            let k = (r.tag & u64::from(u32::MAX)) as usize;
+            let Some(e) = keys.get_mut(k).filter(|e| r.tag & !SEND_TAG == e.tag(k)) else {
+                return false;
+            };
+            let res = match r.res {
+                n if n >= 0 => Ok(Some(n as usize)),
+                n if n == -libc::EAGAIN => Ok(None),
+                n => Err(std::io::Error::from_raw_os_error(-n)),
+            };
+            if let Some(c) = e.conn.as_mut() {
+                e.sent = Some(c.send_done(res, cx.store, cx.now));
+            }
+            false
+        });
+        self.received = got;
+    }
+
     fn remove(&mut self, k: usize, cx: &mut Cx<'_>) {
-        if let Some(c) = self.conns[k].take() {
-            if self.rx[k] == Rx::Ring {
+        if let Some(c) = self.keys[k].conn.take() {
+            if self.keys[k].rx == Rx::Ring {
                 // The receive holds the socket open until it ends: end it now (its last
                 // completions carry the old generation and are dropped).
                 let tag = self.tag(k);
@@ -286,7 +441,7 @@ impl TcpConns {
                         warn!(error = %e, "cannot cancel a socket's receive");
                     }
                 }
-                self.rx[k] = Rx::Epoll;
+                self.keys[k].rx = Rx::Epoll;
             }
             self.left_ready -= usize::from(c.left_ready());
             let _ = cx.epoll.delete(c.wire());
@@ -300,8 +455,8 @@ impl TcpConns {
 
 impl Conns for TcpConns {
     fn ready(&mut self, key: u32, f: EpollFlags, cx: &mut Cx<'_>) -> bool {
-        let ring = self.rx.get(key as usize) == Some(&Rx::Ring);
-        let Some(Some(c)) = self.conns.get_mut(key as usize) else {
+        let ring = self.keys.get(key as usize).map(|e| e.rx) == Some(Rx::Ring);
+        let Some(c) = self.conn(key as usize) else {
             return false;
         };
         if f.intersects(EpollFlags::EPOLLOUT) {
@@ -318,7 +473,11 @@ impl Conns for TcpConns {
                 | EpollFlags::EPOLLRDHUP,
         ) {
             let before = c.left_ready();
-            c.on_readable(cx.store, cx.now, &mut self.wants);
+            let wants = &mut self.wants;
+            let Some(c) = self.keys[key as usize].conn.as_mut() else {
+                return false;
+            };
+            c.on_readable(cx.store, cx.now, wants);
             self.left_ready = self.left_ready + usize::from(c.left_ready()) - usize::from(before);
             self.take_wants(key, cx);
         }
@@ -330,12 +489,17 @@ impl Conns for TcpConns {
         let Some(ring) = self.ring.as_mut() else {
             return false;
         };
-        if !ring.pending() && self.restart.is_empty() {
+        let due = ring.pending();
+        if !due && self.restart.is_empty() && self.received.is_empty() {
             return false;
         }
+        // After the completions the enter of a send through the ring reaped (they came first;
+        // that enter ran the receives due then, so without new work there is none to enter for).
         let mut received = std::mem::take(&mut self.received);
-        if let Err(e) = ring.reap(&mut received) {
-            warn!(error = %e, "receive ring: io_uring_enter failed");
+        if due {
+            if let Err(e) = ring.reap(&mut received) {
+                warn!(error = %e, "receive ring: io_uring_enter failed");
+            }
         }
         let any = !received.is_empty();
         self.touched.clear();
@@ -347,7 +511,7 @@ impl Conns for TcpConns {
         // reads from its socket now (those bytes follow the ones the ring delivered).
         let mut touched = std::mem::take(&mut self.touched);
         for &k in &touched {
-            if let Some(Some(c)) = self.conns.get_mut(k as usize) {
+            if let Some(c) = self.keys[k as usize].conn.as_mut() {
                 c.read_direct_now(cx.store, cx.now, &mut self.wants);
                 self.take_wants(k, cx);
             }
@@ -357,11 +521,11 @@ impl Conns for TcpConns {
         // Receives that ran out of buffers start again now that the buffers are back.
         while let Some(k) = self.restart.pop() {
             let k = k as usize;
-            let live = matches!(&self.conns[k], Some(c) if !c.is_closing());
-            if live && self.rx[k] == Rx::Ring {
+            let live = matches!(&self.keys[k].conn, Some(c) if !c.is_closing());
+            if live && self.keys[k].rx == Rx::Ring {
                 if let Err(e) = self.start_receive(k) {
                     warn!(error = %e, "cannot restart a socket's receive");
-                    if let Some(c) = self.conns[k].as_mut() {
+                    if let Some(c) = self.keys[k].conn.as_mut() {
                         c.close(cx.store, "receive failed");
                     }
                 }
@@ -377,28 +541,27 @@ impl Conns for TcpConns {
         res: Result<u32, i32>,
         cx: &mut Cx<'_>,
     ) -> bool {
-        match self.conns.get_mut(conn as usize) {
-            Some(Some(c)) => {
+        match self.conn(conn as usize) {
+            Some(c) => {
                 c.backend_done(slot as u16, res, cx.store, cx.now);
                 true
             }
-            _ => false,
+            None => false,
         }
     }
 
     fn takes_buffer(&self, conn: u32) -> bool {
-        matches!(self.conns.get(conn as usize), Some(Some(c)) if !c.is_closing())
+        matches!(self.keys.get(conn as usize), Some(Key { conn: Some(c), .. }) if !c.is_closing())
     }
 
     fn buffer_granted(&mut self, conn: u32, slot: u32, buf: u32, cx: &mut Cx<'_>) {
-        let Some(Some(c)) = self.conns.get_mut(conn as usize) else {
-            return;
-        };
-        c.buffer_granted(slot as u16, buf, cx.store, cx.now);
+        if let Some(c) = self.conn(conn as usize) {
+            c.buffer_granted(slot as u16, buf, cx.store, cx.now);
+        }
     }
 
     fn tick(&mut self, cx: &mut Cx<'_>) {
-        for c in self.conns.iter_mut().flatten() {
+        for c in self.keys.iter_mut().filter_map(|e| e.conn.as_mut()) {
             c.tick(cx.store, cx.now);
         }
     }
@@ -410,19 +573,22 @@ impl Conns for TcpConns {
     }
 
     fn flush(&mut self, cx: &mut Cx<'_>) -> bool {
-        for k in 0..self.conns.len() {
-            let Some(c) = self.conns[k].as_mut() else {
+        self.send_through_ring(cx);
+        for k in 0..self.keys.len() {
+            let e = &mut self.keys[k];
+            let sent = e.sent.take();
+            let Some(c) = e.conn.as_mut() else {
                 continue;
             };
-            let drained = c.flush(cx.store, cx.now);
-            if drained == self.out_armed[k] && !c.is_closing() {
+            let drained = match sent {
+                Some(drained) => drained,
+                None => c.flush(cx.store, cx.now),
+            };
+            if drained == e.out_armed && !c.is_closing() {
+                e.out_armed = !drained;
                 self.modify(k, !drained, cx);
-                self.out_armed[k] = !drained;
             }
-            let Some(c) = self.conns[k].as_ref() else {
-                continue;
-            };
-            if c.is_finished() {
+            if self.keys[k].conn.as_ref().is_some_and(|c| c.is_finished()) {
                 self.remove(k, cx);
             }
         }
@@ -445,7 +611,7 @@ impl Conns for TcpConns {
             warn!(error = %e, "cannot arm the receive ring's eventfd; polling");
             return true;
         }
-        ring.pending()
+        ring.pending() || !self.received.is_empty()
     }
 
     fn left_ready(&self) -> bool {
@@ -453,14 +619,14 @@ impl Conns for TcpConns {
     }
 
     fn close_all(&mut self, reason: &str, cx: &mut Cx<'_>) {
-        for c in self.conns.iter_mut().flatten() {
+        for c in self.keys.iter_mut().filter_map(|e| e.conn.as_mut()) {
             c.flush(cx.store, cx.now);
             c.close(cx.store, reason);
         }
     }
 
     fn remove_all(&mut self, cx: &mut Cx<'_>) {
-        for k in 0..self.conns.len() {
+        for k in 0..self.keys.len() {
             self.remove(k, cx);
         }
     }
@@ -472,7 +638,7 @@ impl Conns for TcpConns {
     fn publish(&mut self, stats: &PollerStats, _cx: &mut Cx<'_>) {
         let mut t = self.closed_totals;
         let mut states = [0u32; SLOT_STATES];
-        for c in self.conns.iter().flatten() {
+        for c in self.keys.iter().filter_map(|e| e.conn.as_ref()) {
             t.add(&c.stats_now());
             for (s, n) in states.iter_mut().zip(c.state_counts()) {
                 *s += n;

@@ -277,6 +277,12 @@ impl<W: Wire> Conn<W> {
         self.phase == Phase::Closing
     }
 
+    /// Whether bytes wait to be sent (in the connection's queue; a TLS wire's own records are
+    /// not counted).
+    pub fn has_output(&self) -> bool {
+        !self.tx.is_empty()
+    }
+
     /// Whether everything is released and the connection can be dropped.
     pub fn is_finished(&self) -> bool {
         self.phase == Phase::Closing && self.inflight == 0
@@ -1079,6 +1085,19 @@ impl<W: Wire> Conn<W> {
         let before = self.tx.queued_bytes();
         let mut rel = std::mem::take(&mut self.released);
         let r = self.tx.flush(&mut self.wire, |t| rel.push(t));
+        self.sent(before, rel, store, now);
+        match r {
+            Ok(done) => done,
+            Err(e) => {
+                self.io_error(store, e);
+                true
+            }
+        }
+    }
+
+    /// Bytes left the queue (`before` was queued) and `rel` are the markers they passed: count
+    /// them and finish what the markers stand for.
+    fn sent(&mut self, before: usize, mut rel: Vec<u32>, store: &mut dyn Store, now: Instant) {
         self.stats.tx_bytes += (before - self.tx.queued_bytes()) as u64;
         for &t in &rel {
             if t & PIECE_SENT != 0 {
@@ -1089,8 +1108,41 @@ impl<W: Wire> Conn<W> {
         }
         rel.clear();
         self.released = rel;
-        match r {
-            Ok(done) => done,
+    }
+
+    /// For a send the caller makes through io_uring (a plain socket only): fills `iov` with
+    /// the bytes to send next and returns how many entries (0: nothing to send). Exactly one
+    /// [`Conn::send_done`] follows before anything else touches the connection.
+    pub fn send_gather(
+        &mut self,
+        iov: &mut [libc::iovec],
+        store: &mut dyn Store,
+        now: Instant,
+    ) -> usize {
+        let mut rel = std::mem::take(&mut self.released);
+        let n = self.tx.gather(iov, |t| rel.push(t));
+        let before = self.tx.queued_bytes();
+        self.sent(before, rel, store, now);
+        n
+    }
+
+    /// The result of the send [`Conn::send_gather`] prepared: bytes sent, Ok(None) when the
+    /// socket took nothing (EAGAIN). True when the queue is empty afterwards (as `flush`).
+    pub fn send_done(
+        &mut self,
+        res: io::Result<Option<usize>>,
+        store: &mut dyn Store,
+        now: Instant,
+    ) -> bool {
+        match res {
+            Ok(Some(n)) => {
+                let before = self.tx.queued_bytes();
+                let mut rel = std::mem::take(&mut self.released);
+                self.tx.advance(n, |t| rel.push(t));
+                self.sent(before, rel, store, now);
+                self.tx.is_empty()
+            }
+            Ok(None) => false,
             Err(e) => {
                 self.io_error(store, e);
                 true

@@ -139,11 +139,7 @@ impl SendQueue {
         mut released: impl FnMut(u32),
     ) -> io::Result<bool> {
         loop {
-            while let Some(Item::Release(t)) = self.items.front() {
-                let t = *t;
-                self.items.pop_front();
-                released(t);
-            }
+            self.release_front(&mut released);
             if self.items.is_empty() {
                 return Ok(true);
             }
@@ -151,61 +147,96 @@ impl SendQueue {
             let sent = {
                 // Not an array of MAX_IOV empty slices: filling one in costs more than gathering.
                 let mut iov = ArrayVec::<IoSlice<'_>, MAX_IOV>::new();
-                for it in self.items.iter() {
-                    if iov.is_full() {
-                        break;
-                    }
-                    match it {
-                        Item::Inline { buf, len, off } => {
-                            iov.push(IoSlice::new(&buf[*off as usize..*len as usize]));
-                        }
-                        Item::Data { ptr, len, off } => {
-                            // SAFETY: `off < len` and [ptr, ptr+len) stays valid and unchanged
-                            // until its release marker is reported (the push_data contract).
-                            iov.push(IoSlice::new(unsafe {
-                                std::slice::from_raw_parts(ptr.add(*off), len - off)
-                            }));
-                        }
-                        Item::Release(_) => {}
-                    }
-                }
+                self.pieces(MAX_IOV, |p| iov.push(IoSlice::new(p)));
                 wire.send(&iov)?
             };
-            let Some(mut sent) = sent else {
+            let Some(sent) = sent else {
                 return Ok(false);
             };
-            self.queued_bytes -= sent;
-            while sent > 0 {
-                match self.items.front_mut() {
-                    Some(Item::Inline { len, off, .. }) => {
-                        let rem = (*len - *off) as usize;
-                        if sent >= rem {
-                            sent -= rem;
-                            self.items.pop_front();
-                        } else {
-                            *off += sent as u8;
-                            sent = 0;
-                        }
-                    }
-                    Some(Item::Data { len, off, .. }) => {
-                        let rem = *len - *off;
-                        if sent >= rem {
-                            sent -= rem;
-                            self.items.pop_front();
-                        } else {
-                            *off += sent;
-                            sent = 0;
-                        }
-                    }
-                    Some(Item::Release(t)) => {
-                        let t = *t;
-                        self.items.pop_front();
-                        released(t);
-                    }
-                    None => break,
+            self.advance(sent, &mut released);
+        }
+    }
+
+    /// For a send the caller makes itself (through io_uring): reports the release markers at
+    /// the front, then fills `iov` with the bytes to send next and returns how many entries it
+    /// filled (0: the queue is empty). The memory they point at stays valid until
+    /// [`SendQueue::advance`] or [`SendQueue::clear`]; nothing may be queued in between.
+    pub fn gather(&mut self, iov: &mut [libc::iovec], mut released: impl FnMut(u32)) -> usize {
+        self.release_front(&mut released);
+        let mut n = 0;
+        self.pieces(iov.len().min(MAX_IOV), |p| {
+            iov[n] = libc::iovec {
+                iov_base: p.as_ptr() as *mut libc::c_void,
+                iov_len: p.len(),
+            };
+            n += 1;
+        });
+        n
+    }
+
+    fn release_front(&mut self, released: &mut impl FnMut(u32)) {
+        while let Some(Item::Release(t)) = self.items.front() {
+            let t = *t;
+            self.items.pop_front();
+            released(t);
+        }
+    }
+
+    /// Calls `f` with the unsent bytes of the first `max` byte items, in order.
+    fn pieces<'a>(&'a self, max: usize, mut f: impl FnMut(&'a [u8])) {
+        let mut n = 0;
+        for it in self.items.iter() {
+            if n == max {
+                break;
+            }
+            match it {
+                Item::Inline { buf, len, off } => f(&buf[*off as usize..*len as usize]),
+                Item::Data { ptr, len, off } => {
+                    // SAFETY: `off < len` and [ptr, ptr+len) stays valid and unchanged until
+                    // its release marker is reported (the push_data contract).
+                    f(unsafe { std::slice::from_raw_parts(ptr.add(*off), len - off) })
                 }
+                Item::Release(_) => continue,
+            }
+            n += 1;
+        }
+    }
+
+    /// `sent` bytes from the front have left: drops them, and reports the markers they pass.
+    pub fn advance(&mut self, mut sent: usize, mut released: impl FnMut(u32)) {
+        self.queued_bytes -= sent.min(self.queued_bytes);
+        while sent > 0 {
+            match self.items.front_mut() {
+                Some(Item::Inline { len, off, .. }) => {
+                    let rem = (*len - *off) as usize;
+                    if sent >= rem {
+                        sent -= rem;
+                        self.items.pop_front();
+                    } else {
+                        *off += sent as u8;
+                        sent = 0;
+                    }
+                }
+                Some(Item::Data { len, off, .. }) => {
+                    let rem = *len - *off;
+                    if sent >= rem {
+                        sent -= rem;
+                        self.items.pop_front();
+                    } else {
+                        *off += sent;
+                        sent = 0;
+                    }
+                }
+                Some(Item::Release(t)) => {
+                    let t = *t;
+                    self.items.pop_front();
+                    released(t);
+                }
+                None => break,
             }
         }
+        // Markers right behind the last byte sent: their data has left.
+        self.release_front(&mut released);
     }
 }
 

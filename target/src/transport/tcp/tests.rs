@@ -212,12 +212,41 @@ impl Rig {
         }
         moved |= self.serve_buffers();
         let sent_before = self.conn.wire().outbound.len();
-        self.conn.flush(&mut self.store, self.now);
+        match self.ring {
+            Some(_) => self.send_gathered(),
+            None => {
+                self.conn.flush(&mut self.store, self.now);
+            }
+        }
         moved |= self.conn.wire().outbound.len() != sent_before;
         self.conn.tick(&mut self.store, self.now);
         self.collect();
         self.check();
         moved
+    }
+
+    /// One send as the poller makes it through its io_uring ring: the connection gathers its
+    /// queue into iovecs, the stream takes what it takes, the connection hears the result.
+    fn send_gathered(&mut self) {
+        let empty = libc::iovec {
+            iov_base: std::ptr::null_mut(),
+            iov_len: 0,
+        };
+        let mut iov = [empty; 64];
+        let n = self.conn.send_gather(&mut iov, &mut self.store, self.now);
+        if n == 0 {
+            return;
+        }
+        let slices: Vec<IoSlice<'_>> = iov[..n]
+            .iter()
+            .map(|v| {
+                // SAFETY: the connection keeps what its iovecs point at until `send_done`.
+                let bytes = unsafe { std::slice::from_raw_parts(v.iov_base.cast(), v.iov_len) };
+                IoSlice::new(bytes)
+            })
+            .collect();
+        let res = self.conn.wire_mut().send(&slices);
+        self.conn.send_done(res, &mut self.store, self.now);
     }
 
     /// The poller's buffer FIFO: oldest waiter first, while the pool has buffers.

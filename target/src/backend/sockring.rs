@@ -1,17 +1,24 @@
-//! [`RecvRing`]: a poller's stream sockets received through io_uring: one multishot receive per
+//! [`SocketRing`]: a poller's stream sockets received through io_uring: one multishot receive per
 //! socket into a ring of provided buffers, in a private ring set up with `SINGLE_ISSUER |
-//! DEFER_TASKRUN | TASKRUN_FLAG` (Linux 6.1+).
+//! DEFER_TASKRUN | TASKRUN_FLAG` (Linux 6.1+); and their sends, several sockets' in one
+//! `io_uring_enter`.
 //!
 //! Against readiness (`epoll_wait`, then `recv` per ready socket) this saves both system calls
 //! of a receive: the kernel runs the receive as deferred work when data arrives, sets
 //! `IORING_SQ_TASKRUN` in the ring's shared flags (a spinning poller sees it with one load), and
-//! the poller's one `io_uring_enter` ([`RecvRing::reap`]) runs every receive that is due and
+//! the poller's one `io_uring_enter` ([`SocketRing::reap`]) runs every receive that is due and
 //! returns their completions. A sleeping poller waits for the ring's eventfd in its epoll set.
 //!
 //! Order: with DEFER_TASKRUN the kernel receives only inside this thread's `io_uring_enter`, so
-//! once [`RecvRing::reap`] has returned every completion, a plain `recv` on one of the sockets
+//! once [`SocketRing::reap`] has returned every completion, a plain `recv` on one of the sockets
 //! (reading a large payload straight into its destination) gets the bytes that follow them, and
 //! the next receive of the ring gets the bytes after those.
+//!
+//! Sends ([`SocketRing::send`]) carry `MSG_DONTWAIT`: the kernel sends what the socket takes
+//! when it issues the request, inside the submitting `io_uring_enter`, and completes it there
+//! (`-EAGAIN` when the socket takes nothing) instead of waiting for room; a send's memory is
+//! therefore free again when the enter returns (the caller still waits for every completion,
+//! [`SocketRing::wait_sends`], rather than rely on it).
 
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd, RawFd};
@@ -26,11 +33,14 @@ use super::sys;
 const GROUP: u16 = 0;
 /// `user_data` of cancel requests (their completions carry nothing).
 const CANCEL_UD: u64 = u64::MAX;
+/// The tag bit of sends (receives' tags must not have it).
+pub const SEND_TAG: u64 = 1 << 63;
 
-/// One receive completion: `tag` as given to [`RecvRing::recv`]; `res` the bytes received into
-/// buffer `buf` (see [`RecvRing::buf`]), 0 when the peer closed, or a negative errno (`-ENOBUFS`:
-/// the buffers ran out); `more`: the receive goes on (otherwise it ended and must be started
-/// again to receive more).
+/// One completion. Of a receive: `tag` as given to [`SocketRing::recv`]; `res` the bytes received
+/// into buffer `buf` (see [`SocketRing::buf`]), 0 when the peer closed, or a negative errno
+/// (`-ENOBUFS`: the buffers ran out); `more`: the receive goes on (otherwise it ended and must be
+/// started again to receive more). Of a send: `tag` with [`SEND_TAG`] set, `res` the bytes sent
+/// or a negative errno.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Received {
     pub tag: u64,
@@ -40,7 +50,7 @@ pub struct Received {
 }
 
 /// Multishot receives on stream sockets into provided buffers (see the module docs).
-pub struct RecvRing {
+pub struct SocketRing {
     ring: IoUring,
     /// Signalled when receive work becomes due (for a poller that sleeps in epoll).
     efd: OwnedFd,
@@ -57,15 +67,17 @@ pub struct RecvRing {
     tail: u16,
     /// Receives started and not yet ended (a completion without `more`).
     active: usize,
+    /// Sends queued or submitted whose completion was not reaped yet.
+    sends: usize,
 }
 
 // SAFETY: the mappings are owned by the ring and only used by the thread that owns it (the
 // ring is created on its poller thread and never shared).
-unsafe impl Send for RecvRing {}
+unsafe impl Send for SocketRing {}
 
-impl std::fmt::Debug for RecvRing {
+impl std::fmt::Debug for SocketRing {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RecvRing")
+        f.debug_struct("SocketRing")
             .field("count", &self.count)
             .field("size", &self.size)
             .field("active", &self.active)
@@ -91,12 +103,12 @@ fn map_anon(len: usize) -> io::Result<NonNull<u8>> {
     NonNull::new(p.cast()).ok_or_else(|| io::Error::other("mmap returned null"))
 }
 
-impl RecvRing {
+impl SocketRing {
     /// A ring with `count` receive buffers (a power of two, at most 32768) of `size` bytes.
     /// Must be called on the thread that uses it (the ring's single issuer). Fails where the
     /// kernel lacks DEFER_TASKRUN, TASKRUN_FLAG or buffer rings (before 6.1): the caller then
     /// reads its sockets itself.
-    pub fn new(count: u16, size: u32) -> io::Result<RecvRing> {
+    pub fn new(count: u16, size: u32) -> io::Result<SocketRing> {
         if !count.is_power_of_two() || count > 32768 || size == 0 {
             return Err(io::Error::from(io::ErrorKind::InvalidInput));
         }
@@ -115,7 +127,7 @@ impl RecvRing {
                 return Err(e);
             }
         };
-        let mut r = RecvRing {
+        let mut r = SocketRing {
             ring,
             efd,
             entries,
@@ -126,6 +138,7 @@ impl RecvRing {
             size,
             tail: 0,
             active: 0,
+            sends: 0,
         };
         for bid in 0..count {
             r.put(bid);
@@ -145,7 +158,7 @@ impl RecvRing {
     }
 
     /// The eventfd the kernel signals when receive work becomes due, for a poller that sleeps
-    /// in epoll ([`RecvRing::reap`] consumes the work, not a read of the counter).
+    /// in epoll ([`SocketRing::reap`] consumes the work, not a read of the counter).
     pub fn eventfd(&self) -> BorrowedFd<'_> {
         use std::os::fd::AsFd;
         self.efd.as_fd()
@@ -156,7 +169,7 @@ impl RecvRing {
         sys::eventfd_drain(self.eventfd());
     }
 
-    /// Whether receive work or completions wait for [`RecvRing::reap`]: one load, no system
+    /// Whether receive work or completions wait for [`SocketRing::reap`]: one load, no system
     /// call.
     pub fn pending(&mut self) -> bool {
         self.ring.submission().taskrun()
@@ -165,11 +178,11 @@ impl RecvRing {
     }
 
     /// Starts a multishot receive on `fd` under `tag` (submitted by the next
-    /// [`RecvRing::reap`] or [`RecvRing::submit`]). The receive holds its own reference to the
+    /// [`SocketRing::reap`] or [`SocketRing::submit`]). The receive holds its own reference to the
     /// socket: it ends when the peer closes, on an error, when the buffers run out, or at
-    /// [`RecvRing::cancel`].
+    /// [`SocketRing::cancel`].
     pub fn recv(&mut self, fd: RawFd, tag: u64) -> io::Result<()> {
-        if tag == CANCEL_UD {
+        if tag & SEND_TAG != 0 {
             return Err(io::Error::from(io::ErrorKind::InvalidInput));
         }
         let e = opcode::RecvMulti::new(types::Fd(fd), GROUP)
@@ -180,8 +193,49 @@ impl RecvRing {
         Ok(())
     }
 
+    /// Queues a gathering send of `msg` on `fd` (flags `MSG_DONTWAIT | MSG_NOSIGNAL`), submitted by
+    /// the next [`SocketRing::reap`] or [`SocketRing::submit`]; its completion carries
+    /// `tag | SEND_TAG`.
+    ///
+    /// # Safety
+    /// `msg`, its iovecs and the bytes they point at stay valid and unchanged until the send's
+    /// completion has been reaped.
+    pub unsafe fn send(&mut self, fd: RawFd, msg: *const libc::msghdr, tag: u64) -> io::Result<()> {
+        let flags = (libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) as u32;
+        let e = opcode::SendMsg::new(types::Fd(fd), msg)
+            .flags(flags)
+            .build()
+            .user_data(tag | SEND_TAG);
+        self.push(e)?;
+        self.sends += 1;
+        Ok(())
+    }
+
+    /// Sends whose completion was not reaped yet.
+    pub fn sends(&self) -> usize {
+        self.sends
+    }
+
+    /// Submits what is queued and reaps until no send is left without its completion (with
+    /// `MSG_DONTWAIT` they complete inside the first enter; this waits should a kernel do
+    /// otherwise). Receive completions reaped on the way are appended to `out` too.
+    pub fn wait_sends(&mut self, out: &mut Vec<Received>) -> io::Result<()> {
+        self.reap(out)?;
+        while self.sends > 0 {
+            self.ring.submit_and_wait(1).or_else(|e| {
+                if e.raw_os_error() == Some(libc::EINTR) {
+                    Ok(0)
+                } else {
+                    Err(e)
+                }
+            })?;
+            self.take(out);
+        }
+        Ok(())
+    }
+
     /// Ends the receive under `tag` (its last completion, `-ECANCELED` or data received before,
-    /// still comes through [`RecvRing::reap`]).
+    /// still comes through [`SocketRing::reap`]).
     pub fn cancel(&mut self, tag: u64) -> io::Result<()> {
         let e = opcode::AsyncCancel::new(tag).build().user_data(CANCEL_UD);
         self.push(e)
@@ -190,7 +244,8 @@ impl RecvRing {
     fn push(&mut self, e: io_uring::squeue::Entry) -> io::Result<()> {
         loop {
             // SAFETY: receive and cancel requests point at no memory of ours but the buffer
-            // ring, registered for the ring's life; the socket is the kernel's reference.
+            // ring, registered for the ring's life; a send's memory is its caller's to keep
+            // (`send`'s contract); the socket is the kernel's reference.
             if unsafe { self.ring.submission().push(&e) }.is_ok() {
                 return Ok(());
             }
@@ -210,15 +265,23 @@ impl RecvRing {
 
     /// Runs the receive work that is due (one `io_uring_enter`, which also submits what is
     /// queued) and appends every completion to `out`. The buffers named in `out` are the
-    /// caller's until it gives them back with [`RecvRing::recycle`].
+    /// caller's until it gives them back with [`SocketRing::recycle`].
     pub fn reap(&mut self, out: &mut Vec<Received>) -> io::Result<()> {
         let r = self.enter();
+        self.take(out);
+        r
+    }
+
+    /// Appends the completions there are to `out` (no system call).
+    fn take(&mut self, out: &mut Vec<Received>) {
         for c in self.ring.completion() {
             if c.user_data() == CANCEL_UD {
                 continue;
             }
             let more = cqueue::more(c.flags());
-            if !more {
+            if c.user_data() & SEND_TAG != 0 {
+                self.sends = self.sends.saturating_sub(1);
+            } else if !more {
                 self.active = self.active.saturating_sub(1);
             }
             out.push(Received {
@@ -228,7 +291,6 @@ impl RecvRing {
                 more,
             });
         }
-        r
     }
 
     /// The first `len` bytes received into buffer `bid` (a buffer a completion named and not
@@ -279,7 +341,7 @@ impl RecvRing {
     }
 }
 
-impl Drop for RecvRing {
+impl Drop for SocketRing {
     fn drop(&mut self) {
         // Cancel every receive and run the cancellations (receives happen only inside this
         // thread's enter, so none writes a buffer after this), then take the buffer group back
@@ -292,7 +354,8 @@ impl Drop for RecvRing {
             let _ = self.enter();
         }
         for c in self.ring.completion() {
-            if c.user_data() != CANCEL_UD && !cqueue::more(c.flags()) {
+            let ud = c.user_data();
+            if ud != CANCEL_UD && ud & SEND_TAG == 0 && !cqueue::more(c.flags()) {
                 self.active = self.active.saturating_sub(1);
             }
         }
@@ -318,19 +381,19 @@ mod tests {
     use crate::backend::tcp_pair as pair;
     use std::io::{Read, Write};
 
-    fn ring(count: u16, size: u32) -> Option<RecvRing> {
-        match RecvRing::new(count, size) {
+    fn ring(count: u16, size: u32) -> Option<SocketRing> {
+        match SocketRing::new(count, size) {
             Ok(r) => Some(r),
             Err(e) if matches!(e.raw_os_error(), Some(libc::EINVAL) | Some(libc::ENOSYS)) => {
                 eprintln!("skipped: kernel without DEFER_TASKRUN or buffer rings ({e})");
                 None
             }
-            Err(e) => panic!("RecvRing::new: {e}"),
+            Err(e) => panic!("SocketRing::new: {e}"),
         }
     }
 
     /// Everything received for `tag` until nothing more is due, recycling the buffers.
-    fn drain(r: &mut RecvRing, tag: u64) -> (Vec<u8>, Vec<Received>) {
+    fn drain(r: &mut SocketRing, tag: u64) -> (Vec<u8>, Vec<Received>) {
         let mut got = Vec::new();
         let mut all = Vec::new();
         let mut out = Vec::new();
@@ -437,6 +500,97 @@ mod tests {
             }
         }
         assert_eq!(got, 40);
+    }
+
+    /// A send of `bytes` through the ring: the header and iovec it needs, kept by the caller.
+    fn msg(bytes: &[u8], iov: &mut libc::iovec) -> libc::msghdr {
+        *iov = libc::iovec {
+            iov_base: bytes.as_ptr() as *mut libc::c_void,
+            iov_len: bytes.len(),
+        };
+        // SAFETY: plain data, all-zero is an empty header.
+        let mut m: libc::msghdr = unsafe { std::mem::zeroed() };
+        m.msg_iov = iov;
+        m.msg_iovlen = 1;
+        m
+    }
+
+    #[test]
+    fn sends_of_several_sockets_complete_in_one_enter_and_a_full_one_says_so() {
+        let Some(mut r) = ring(4, 64) else { return };
+        let (mut c1, s1) = pair();
+        let (mut c2, s2) = pair();
+        // Both sockets' receives run in the ring too: their completions come with the sends'.
+        r.recv(s1.as_raw_fd(), 1).unwrap();
+        r.submit().unwrap();
+        c1.write_all(b"in").unwrap();
+        let (a, b) = (b"to the first".to_vec(), b"to the second".to_vec());
+        let (mut i1, mut i2) = (
+            libc::iovec {
+                iov_base: std::ptr::null_mut(),
+                iov_len: 0,
+            },
+            libc::iovec {
+                iov_base: std::ptr::null_mut(),
+                iov_len: 0,
+            },
+        );
+        let (m1, m2) = (msg(&a, &mut i1), msg(&b, &mut i2));
+        // SAFETY: the headers, iovecs and bytes live until `wait_sends` below returns.
+        unsafe {
+            r.send(s1.as_raw_fd(), &m1, 1).unwrap();
+            r.send(s2.as_raw_fd(), &m2, 2).unwrap();
+        }
+        assert_eq!(r.sends(), 2);
+        let mut out = Vec::new();
+        r.wait_sends(&mut out).unwrap();
+        assert_eq!(r.sends(), 0);
+        let mut sends: Vec<_> = out
+            .iter()
+            .filter(|c| c.tag & SEND_TAG != 0)
+            .map(|c| (c.tag & !SEND_TAG, c.res))
+            .collect();
+        sends.sort();
+        assert_eq!(
+            sends,
+            vec![(1, a.len() as i32), (2, b.len() as i32)],
+            "{out:?}"
+        );
+        let recv: Vec<_> = out.iter().filter(|c| c.tag & SEND_TAG == 0).collect();
+        assert_eq!(recv.len(), 1, "the receive that was due: {out:?}");
+        r.recycle(recv[0].buf.unwrap());
+        let mut got = vec![0u8; a.len()];
+        c1.read_exact(&mut got).unwrap();
+        assert_eq!(got, a);
+        let mut got = vec![0u8; b.len()];
+        c2.read_exact(&mut got).unwrap();
+        assert_eq!(got, b);
+
+        // A socket that takes nothing more: the send completes at once with -EAGAIN instead
+        // of waiting for room (nobody reads c2 in this test).
+        let big = vec![7u8; 1 << 20];
+        let mut i3 = libc::iovec {
+            iov_base: std::ptr::null_mut(),
+            iov_len: 0,
+        };
+        let m3 = msg(&big, &mut i3);
+        let mut sent = 0usize;
+        let mut again = false;
+        for _ in 0..64 {
+            // SAFETY: as above.
+            unsafe { r.send(s2.as_raw_fd(), &m3, 3).unwrap() };
+            let mut out = Vec::new();
+            r.wait_sends(&mut out).unwrap();
+            let res = out.iter().find(|c| c.tag & SEND_TAG != 0).unwrap().res;
+            if res == -libc::EAGAIN {
+                again = true;
+                break;
+            }
+            assert!(res > 0, "{res}");
+            sent += res as usize;
+        }
+        assert!(again, "the socket filled up after {sent} bytes");
+        assert_eq!(r.sends(), 0);
     }
 
     #[test]
