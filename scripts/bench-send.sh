@@ -14,7 +14,7 @@ source "$(dirname "$0")/bench-lib.sh"
 RUNTIME=${RUNTIME:-4}
 ROUNDS=${ROUNDS:-5}
 MODES=${MODES:-sendmsg auto io_uring}
-LOADS=${LOADS:-1:1:4k 4:8:4k 8:4:4k 4:4:128k}
+LOADS=${LOADS:-1:1:4k 8:1:4k 4:8:4k 4:4:128k}
 TARGET_CPU=${TARGET_CPU:-0}
 export CLIENT_CPU=${CLIENT_CPU:-1}
 NQN=nqn.2026-11.io.nvmf-rs:bench-send
