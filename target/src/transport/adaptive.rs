@@ -8,7 +8,9 @@
 //! round trips to a thread that spins, then sleeps, on its socket), and, gap by gap, whether
 //! spinning for three wake-ups (at most `idle_poll_us`) caught the next work. While most
 //! recent spins did, it spins; once they stop paying it sleeps as soon as a pass finds
-//! nothing, and spins through one gap in 16 to notice when the load comes back. (The gaps
+//! nothing, and spins through one gap in 16 to notice when the load comes back, one in 32 after
+//! that probe missed too, and so on to one in 256 (a probe costs three wake-ups of spinning: at
+//! 10k IOPS, one in 16 was a fifth of the CPU per I/O). (The gaps
 //! themselves cannot be averaged: a gap that ends in a sleep is longer by the wake-up, which
 //! would keep a poller asleep under the very load that made it spin.) `busy` never sleeps,
 //! `interrupt` never spins.
@@ -33,8 +35,10 @@ pub enum PollMode {
 /// An adaptive poller spins up to this many wake-up latencies after its last work.
 const WINDOW_WAKEUPS: u32 = 3;
 /// While spinning does not pay, every this many idle gaps are spun through anyway (a probe:
-/// otherwise a poller that sleeps would never see that the gaps became short again).
+/// otherwise a poller that sleeps would never see that the gaps became short again); each probe
+/// that misses doubles the interval, up to [`PROBE_MAX`].
 const PROBE_EVERY: u32 = 16;
+const PROBE_MAX: u32 = 256;
 
 /// The spin decision of one poller: spin after work while recent spins caught the next work
 /// within the window (a success score, 1/4 per idle gap), sleep at once while they did not;
@@ -46,8 +50,9 @@ pub struct SpinPolicy {
     wake: Duration,
     /// Recent spins that caught the work, out of 256 (exponentially weighted).
     score: u32,
-    /// Idle gaps since the last probe (while not spinning).
+    /// Idle gaps since the last probe (while not spinning), and the gaps between probes now.
     since_probe: u32,
+    probe_every: u32,
     /// The idle gap in progress spins (it was given a window).
     spinning: bool,
     /// ... as a probe (spinning did not pay before it).
@@ -64,6 +69,7 @@ impl SpinPolicy {
             wake,
             score: 256,
             since_probe: 0,
+            probe_every: PROBE_EVERY,
             spinning: false,
             probing: false,
             caught: 0,
@@ -98,7 +104,7 @@ impl SpinPolicy {
         };
         self.probing = !self.pays() && {
             self.since_probe += 1;
-            self.since_probe >= PROBE_EVERY
+            self.since_probe >= self.probe_every
         };
         self.spinning = self.pays() || self.probing;
         if self.spinning {
@@ -124,6 +130,13 @@ impl SpinPolicy {
                 // A probe that caught the work: spinning pays again.
                 self.score = 256;
             }
+            self.probe_every = if self.pays() {
+                PROBE_EVERY
+            } else if self.probing {
+                (self.probe_every * 2).min(PROBE_MAX)
+            } else {
+                self.probe_every
+            };
         }
     }
 }
@@ -306,18 +319,27 @@ mod tests {
             assert!(gap(&mut p, Duration::from_micros(13)));
         }
         // 10k IOPS: 100 us gaps. After a few misses it sleeps at once, spinning through only
-        // one gap in PROBE_EVERY.
-        let spun = (0..160)
+        // one gap in PROBE_EVERY, then in twice as many after each probe that missed.
+        let spun = (0..1000)
             .filter(|_| gap(&mut p, Duration::from_micros(100)))
             .count();
-        assert!(spun <= 3 + 160 / PROBE_EVERY as usize, "{spun}");
+        // 3 misses, then probes after 16, 32, 64, 128, 256 and 256 gaps.
+        assert!((6..=3 + 6).contains(&spun), "{spun}");
         assert!(!p.pays());
         // Short gaps again: the next probe finds it, and it spins again.
         let mut n = 0;
         while !p.pays() {
             gap(&mut p, Duration::from_micros(5));
             n += 1;
-            assert!(n <= PROBE_EVERY, "the policy must follow the load back");
+            assert!(n <= PROBE_MAX, "the policy must follow the load back");
+        }
+        // A probe that caught resets the interval: long gaps again are probed every 16.
+        let spun = (0..3 + PROBE_EVERY as usize)
+            .filter(|_| gap(&mut p, Duration::from_micros(100)))
+            .count();
+        assert_eq!(spun, 4, "3 misses and one probe");
+        for _ in 0..30 {
+            gap(&mut p, Duration::from_micros(5));
         }
         // One long pause does not undo a run of short gaps.
         for _ in 0..20 {
