@@ -7,7 +7,9 @@
 //! of a receive: the kernel runs the receive as deferred work when data arrives, sets
 //! `IORING_SQ_TASKRUN` in the ring's shared flags (a spinning poller sees it with one load), and
 //! the poller's one `io_uring_enter` ([`SocketRing::reap`]) runs every receive that is due and
-//! returns their completions. A sleeping poller waits for the ring's eventfd in its epoll set.
+//! returns their completions. A sleeping poller waits for the ring's eventfd in its epoll set;
+//! a spinning one turns the eventfd off ([`SocketRing::notify`], a store to the ring's shared
+//! flags), so receives while it spins signal nobody.
 //!
 //! Order: with DEFER_TASKRUN the kernel receives only inside this thread's `io_uring_enter`, so
 //! once [`SocketRing::reap`] has returned every completion, a plain `recv` on one of the sockets
@@ -112,9 +114,10 @@ impl SocketRing {
         if !count.is_power_of_two() || count > 32768 || size == 0 {
             return Err(io::Error::from(io::ErrorKind::InvalidInput));
         }
-        let ring = sys::private_ring(64, u32::from(count) * 2)?;
+        let mut ring = sys::private_ring(64, u32::from(count) * 2)?;
         let efd = sys::eventfd()?;
         ring.submitter().register_eventfd(efd.as_raw_fd())?;
+        ring.completion().disable_eventfd();
         let entries_len =
             (usize::from(count) * std::mem::size_of::<types::BufRingEntry>()).max(4096);
         let entries = map_anon(entries_len)?.cast::<types::BufRingEntry>();
@@ -164,9 +167,19 @@ impl SocketRing {
         self.efd.as_fd()
     }
 
-    /// Resets the eventfd's counter (before a sleeper arms its epoll entry again).
-    pub fn drain_eventfd(&self) {
-        sys::eventfd_drain(self.eventfd());
+    /// Whether the kernel signals the eventfd when receive work becomes due (off at first):
+    /// a store to the ring's shared flags, no system call. A sleeper turns it on and then looks
+    /// at [`SocketRing::pending`] once more (work queued before it was on signalled nothing).
+    pub fn notify(&mut self, on: bool) {
+        if on {
+            self.ring.completion().enable_eventfd();
+            // The kernel sets the TASKRUN flag and then reads the eventfd flag; this stores the
+            // eventfd flag and then (in `pending`) reads the TASKRUN flag: one of the two sees
+            // the other's store.
+            std::sync::atomic::fence(Ordering::SeqCst);
+        } else {
+            self.ring.completion().disable_eventfd();
+        }
     }
 
     /// Whether receive work or completions wait for [`SocketRing::reap`]: one load, no system
@@ -417,6 +430,12 @@ mod tests {
         r.recv(s.as_raw_fd(), 7).unwrap();
         r.submit().unwrap();
         assert!(!r.pending(), "nothing arrived yet");
+        // Notifications off (the start): flagged, not signalled.
+        c.write_all(b"quiet").unwrap();
+        assert!(r.pending());
+        assert_eq!(sys::eventfd_drain(r.eventfd()), 0, "not signalled while off");
+        assert_eq!(drain(&mut r, 7).0, b"quiet");
+        r.notify(true);
         for round in 0..20u8 {
             // More than one buffer's worth, more than all buffers' worth over the rounds.
             let msg: Vec<u8> = (0..100)

@@ -96,6 +96,8 @@ pub(crate) struct TcpConns {
     receive: config::TcpReceive,
     ring: Option<SocketRing>,
     ring_failed: bool,
+    /// The ring signals its eventfd (between `prepare_sleep` and the next `poll`).
+    notifying: bool,
     /// `target.tcp_send`: sends go through the ring in a pass where at least this many
     /// ring-received connections have output (`usize::MAX`: never).
     ring_send_min: usize,
@@ -128,6 +130,7 @@ impl TcpConns {
             receive,
             ring: None,
             ring_failed: false,
+            notifying: false,
             ring_send_min: match send {
                 config::TcpSend::Auto => 2,
                 config::TcpSend::IoUring => 1,
@@ -152,9 +155,10 @@ impl TcpConns {
             return false;
         }
         let made = SocketRing::new(RECV_BUFS, RECV_BUF_SIZE).and_then(|r| {
-            // Disarmed until the poller is about to sleep (`prepare_sleep`): armed while it
-            // spins, every receive would signal epoll and with it the readiness watch.
-            let ev = EpollEvent::new(EpollFlags::EPOLLONESHOT, RECV_RING_KEY);
+            // Edge-triggered: each signal is one event, and the counter needs no reads. The
+            // ring signals it only while the poller sleeps (`prepare_sleep` turns it on, `poll`
+            // off): while it spins, every receive would signal epoll and the readiness watch.
+            let ev = EpollEvent::new(EpollFlags::EPOLLIN | EpollFlags::EPOLLET, RECV_RING_KEY);
             cx.epoll.add(r.eventfd(), ev)?;
             Ok(r)
         });
@@ -489,6 +493,10 @@ impl Conns for TcpConns {
         let Some(ring) = self.ring.as_mut() else {
             return false;
         };
+        if self.notifying {
+            ring.notify(false);
+            self.notifying = false;
+        }
         let due = ring.pending();
         if !due && self.restart.is_empty() && self.received.is_empty() {
             return false;
@@ -596,21 +604,14 @@ impl Conns for TcpConns {
         false
     }
 
-    fn prepare_sleep(&mut self, cx: &mut Cx<'_>) -> bool {
+    fn prepare_sleep(&mut self, _cx: &mut Cx<'_>) -> bool {
         let Some(ring) = self.ring.as_mut() else {
             return false;
         };
-        // Arm the ring's eventfd for one wake-up (it disarms itself when it fires), then look
-        // once more: work that came before the arm would not signal it again.
-        ring.drain_eventfd();
-        let mut ev = EpollEvent::new(
-            EpollFlags::EPOLLIN | EpollFlags::EPOLLONESHOT,
-            RECV_RING_KEY,
-        );
-        if let Err(e) = cx.epoll.modify(ring.eventfd(), &mut ev) {
-            warn!(error = %e, "cannot arm the receive ring's eventfd; polling");
-            return true;
-        }
+        // Let the ring signal its eventfd while the poller sleeps (no system call), then look
+        // once more: work that came before would not signal it.
+        ring.notify(true);
+        self.notifying = true;
         ring.pending() || !self.received.is_empty()
     }
 
