@@ -433,7 +433,11 @@ mod tests {
         // Notifications off (the start): flagged, not signalled.
         c.write_all(b"quiet").unwrap();
         assert!(r.pending());
-        assert_eq!(sys::eventfd_drain(r.eventfd()), 0, "not signalled while off");
+        assert_eq!(
+            sys::eventfd_drain(r.eventfd()),
+            0,
+            "not signalled while off"
+        );
         assert_eq!(drain(&mut r, 7).0, b"quiet");
         r.notify(true);
         for round in 0..20u8 {
