@@ -74,6 +74,9 @@ pub struct PollerSample {
     pub buffers_in_use: u64,
     /// io_uring_enter system calls of the poller's backend ring so far.
     pub ring_enters: u64,
+    /// NVMe/TCP sends through the socket ring, and the io_uring_enter calls that made them.
+    pub tcp_ring_sends: u64,
+    pub tcp_ring_send_enters: u64,
     /// RDMA memory regions registered now (0 without RDMA).
     pub mrs_registered: u64,
     /// Nanoseconds working, spinning and sleeping so far; the measured wake-up latency.
@@ -116,6 +119,8 @@ impl Source {
                     poller,
                     buffers_in_use: s.buffers_in_use.load(Ordering::Relaxed) as u64,
                     ring_enters: s.ring_enters.load(Ordering::Relaxed),
+                    tcp_ring_sends: s.tcp_ring_sends.load(Ordering::Relaxed),
+                    tcp_ring_send_enters: s.tcp_ring_send_enters.load(Ordering::Relaxed),
                     mrs_registered: s.verbs.mrs_registered.load(Ordering::Relaxed) as u64,
                     work_ns: s.work_ns.load(Ordering::Relaxed),
                     spin_ns: s.spin_ns.load(Ordering::Relaxed),
@@ -225,6 +230,18 @@ impl Source {
                 "counter",
                 "io_uring_enter system calls of the poller's backend ring.",
                 |p| p.ring_enters,
+            ),
+            (
+                "nvmf_tcp_ring_sends_total",
+                "counter",
+                "NVMe/TCP sends submitted through the poller's socket ring (target.tcp_send).",
+                |p| p.tcp_ring_sends,
+            ),
+            (
+                "nvmf_tcp_ring_send_enters_total",
+                "counter",
+                "io_uring_enter calls that submitted those sends (several connections' each).",
+                |p| p.tcp_ring_send_enters,
             ),
             (
                 "nvmf_buffers_in_use",

@@ -115,15 +115,17 @@ fn verify_with_mixed_time_based_writes_and_several_jobs() {
 
 /// Every send through the poller's io_uring ring (`tcp_send: io_uring`, one poller for four
 /// connections, so passes send for several of them in one enter; 128 KiB reads leave partial
-/// sends): written data reads back intact.
+/// sends): written data reads back intact, and the metrics count the ring's sends.
 #[test]
 fn sends_through_io_uring_keep_every_block() {
+    let mport = nvmf_tests::free_port();
     let t = TargetProc::start_with(|port, dir| {
         format!(
             "listeners:\n  - {{ transport: tcp, address: 127.0.0.1, port: {port} }}\n\
              subsystems:\n  - nqn: {}\n    allow_any_host: true\n    namespaces:\n      \
              - {{ nsid: 1, path: {}/ns1.img, size: 64MiB }}\n\
-             target: {{ threads: 1, tcp_send: io_uring }}\n",
+             target: {{ threads: 1, tcp_send: io_uring }}\n\
+             metrics: {{ listen: \"127.0.0.1:{mport}\" }}\n",
             nvmf_tests::TEST_NQN,
             dir.display()
         )
@@ -143,4 +145,19 @@ fn sends_through_io_uring_keep_every_block() {
         assert!(out.status.success(), "{bs}: {text}");
         assert!(text.contains(" 0 mismatches"), "{bs}: {text}");
     }
+    std::thread::sleep(std::time::Duration::from_millis(200)); // counters publish every 50 ms
+    let m = nvmf_tests::get_metrics(mport);
+    let sum = |name: &str| -> f64 {
+        m.lines()
+            .filter(|l| l.starts_with(name))
+            .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
+            .sum()
+    };
+    let (sends, enters) = (
+        sum("nvmf_tcp_ring_sends_total{"),
+        sum("nvmf_tcp_ring_send_enters_total{"),
+    );
+    // Every response went out through the ring: thousands in 4 s of I/O.
+    assert!(sends > 1_000.0, "{m}");
+    assert!(enters > 0.0 && enters <= sends, "{m}");
 }

@@ -70,6 +70,9 @@ pub struct PollerStats {
     pub buffers_in_use: AtomicUsize,
     /// io_uring_enter system calls of this poller's backend ring so far.
     pub ring_enters: AtomicU64,
+    /// NVMe/TCP sends through the socket ring, and the io_uring_enter calls that made them.
+    pub tcp_ring_sends: AtomicU64,
+    pub tcp_ring_send_enters: AtomicU64,
     /// Nanoseconds of passes that did work, of passes that spun without work, and blocked in
     /// epoll, so far.
     pub work_ns: AtomicU64,

@@ -98,6 +98,9 @@ pub(crate) struct TcpConns {
     ring_failed: bool,
     /// The ring signals its eventfd (between `prepare_sleep` and the next `poll`).
     notifying: bool,
+    /// Sends through the ring, and the enters that submitted them, so far.
+    ring_sends: u64,
+    ring_send_enters: u64,
     /// `target.tcp_send`: sends go through the ring in a pass where at least this many
     /// ring-received connections have output (`usize::MAX`: never).
     ring_send_min: usize,
@@ -131,6 +134,8 @@ impl TcpConns {
             ring: None,
             ring_failed: false,
             notifying: false,
+            ring_sends: 0,
+            ring_send_enters: 0,
             ring_send_min: match send {
                 config::TcpSend::Auto => 2,
                 config::TcpSend::IoUring => 1,
@@ -396,6 +401,8 @@ impl TcpConns {
         let Some(ring) = self.ring.as_mut() else {
             return;
         };
+        self.ring_sends += queued;
+        self.ring_send_enters += 1;
         let mut got = std::mem::take(&mut self.received);
         if let Err(e) = ring.wait_sends(&mut got) {
             // The ring cannot be entered: its sends may not have gone out. Stop sending through
@@ -646,6 +653,12 @@ impl Conns for TcpConns {
             }
         }
         stats.tcp.store(self.live, &t);
+        stats
+            .tcp_ring_sends
+            .store(self.ring_sends, Ordering::Relaxed);
+        stats
+            .tcp_ring_send_enters
+            .store(self.ring_send_enters, Ordering::Relaxed);
         for (a, n) in stats.tcp_requests.iter().zip(states) {
             a.store(n, Ordering::Relaxed);
         }
