@@ -245,7 +245,9 @@ pub(crate) fn private_ring(entries: u32, cq_entries: u32) -> io::Result<io_uring
         .setup_single_issuer()
         .setup_defer_taskrun()
         .setup_taskrun_flag()
-        .setup_cqsize(cq_entries)
+        // Linux 6.1 refuses (EINVAL) a completion queue smaller than the submission queue
+        // (`tcp_receive: io_uring`'s start-up check failed on it for that alone).
+        .setup_cqsize(cq_entries.max(entries))
         .build(entries)
 }
 
