@@ -1119,11 +1119,19 @@ impl<W: Wire> Conn<W> {
         store: &mut dyn Store,
         now: Instant,
     ) -> usize {
-        let mut rel = std::mem::take(&mut self.released);
-        let n = self.tx.gather(iov, |t| rel.push(t));
-        let before = self.tx.queued_bytes();
-        self.sent(before, rel, store, now);
-        n
+        // Markers at the front first: what they finish may queue more (the next piece of a
+        // large read), which must happen before the iovecs point into the queue.
+        loop {
+            let mut rel = std::mem::take(&mut self.released);
+            self.tx.release_front(&mut |t| rel.push(t));
+            let any = !rel.is_empty();
+            let before = self.tx.queued_bytes();
+            self.sent(before, rel, store, now);
+            if !any {
+                break;
+            }
+        }
+        self.tx.gather(iov)
     }
 
     /// The result of the send [`Conn::send_gather`] prepared: bytes sent, Ok(None) when the

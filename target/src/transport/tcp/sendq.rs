@@ -157,12 +157,16 @@ impl SendQueue {
         }
     }
 
-    /// For a send the caller makes itself (through io_uring): reports the release markers at
-    /// the front, then fills `iov` with the bytes to send next and returns how many entries it
-    /// filled (0: the queue is empty). The memory they point at stays valid until
-    /// [`SendQueue::advance`] or [`SendQueue::clear`]; nothing may be queued in between.
-    pub fn gather(&mut self, iov: &mut [libc::iovec], mut released: impl FnMut(u32)) -> usize {
-        self.release_front(&mut released);
+    /// For a send the caller makes itself (through io_uring): fills `iov` with the bytes to
+    /// send next and returns how many entries it filled (0: nothing to send). The memory they
+    /// point at stays valid until [`SendQueue::advance`] or [`SendQueue::clear`]; nothing may be
+    /// queued in between (an item queued may move the inline ones). Release markers at the
+    /// front are the caller's to take first ([`SendQueue::release_front`]).
+    pub fn gather(&self, iov: &mut [libc::iovec]) -> usize {
+        debug_assert!(
+            !matches!(self.items.front(), Some(Item::Release(_))),
+            "release markers at the front are taken before a gather"
+        );
         let mut n = 0;
         self.pieces(iov.len().min(MAX_IOV), |p| {
             iov[n] = libc::iovec {
@@ -174,7 +178,8 @@ impl SendQueue {
         n
     }
 
-    fn release_front(&mut self, released: &mut impl FnMut(u32)) {
+    /// Reports the release markers at the front (everything before them has left).
+    pub fn release_front(&mut self, released: &mut impl FnMut(u32)) {
         while let Some(Item::Release(t)) = self.items.front() {
             let t = *t;
             self.items.pop_front();
@@ -266,6 +271,43 @@ mod tests {
         assert_eq!(&got[..4], b"hdr1");
         assert!(got[4..10_004].iter().all(|&x| x == 7));
         assert_eq!(&got[10_004..], b"cqe");
+    }
+
+    #[test]
+    fn gather_and_advance_report_each_release_once_its_bytes_left() {
+        let data = vec![3u8; 1000];
+        let mut q = SendQueue::with_capacity(8);
+        q.push_release(1);
+        q.push_inline(b"hdr");
+        // SAFETY: `data` outlives the queue's use of it.
+        unsafe { q.push_data(data.as_ptr(), data.len()) };
+        q.push_release(2);
+        q.push_inline(b"cqe");
+        q.push_release(3);
+        let mut rel = Vec::new();
+        q.release_front(&mut |t| rel.push(t));
+        assert_eq!(rel, vec![1], "nothing before it");
+        let empty = libc::iovec {
+            iov_base: std::ptr::null_mut(),
+            iov_len: 0,
+        };
+        let mut iov = [empty; 8];
+        assert_eq!(q.gather(&mut iov), 3);
+        assert_eq!(
+            iov[..3].iter().map(|v| v.iov_len).collect::<Vec<_>>(),
+            vec![3, 1000, 3]
+        );
+        // The socket took the header and part of the data: no release yet.
+        q.advance(500, |t| rel.push(t));
+        assert_eq!(rel, vec![1]);
+        assert_eq!(q.queued_bytes(), 3 + 1000 + 3 - 500);
+        assert_eq!(q.gather(&mut iov), 2);
+        assert_eq!((iov[0].iov_len, iov[1].iov_len), (503, 3));
+        // The rest: both markers behind it are reported, in order.
+        q.advance(506, |t| rel.push(t));
+        assert_eq!(rel, vec![1, 2, 3]);
+        assert!(q.is_empty());
+        assert_eq!(q.gather(&mut iov), 0);
     }
 
     #[test]
