@@ -235,13 +235,13 @@ impl SocketRing {
     pub fn wait_sends(&mut self, out: &mut Vec<Received>) -> io::Result<()> {
         self.reap(out)?;
         while self.sends > 0 {
-            self.ring.submit_and_wait(1).or_else(|e| {
-                if e.raw_os_error() == Some(libc::EINTR) {
-                    Ok(0)
-                } else {
-                    Err(e)
-                }
-            })?;
+            // EBUSY/EAGAIN: a completion backlog, drained by the take below.
+            self.ring
+                .submit_and_wait(1)
+                .or_else(|e| match e.raw_os_error() {
+                    Some(libc::EINTR) | Some(libc::EBUSY) | Some(libc::EAGAIN) => Ok(0),
+                    _ => Err(e),
+                })?;
             self.take(out);
         }
         Ok(())
